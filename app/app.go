@@ -1,0 +1,257 @@
+// Package app builds outboxd's parts from a Config and runs them under one
+// context: cmd/outboxd only parses flags and calls it.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/httpapi"
+	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/metrics"
+	"github.com/outboxd/outboxd/poller"
+	"github.com/outboxd/outboxd/store"
+)
+
+// App holds the connections and parts built from a Config.
+type App struct {
+	Cfg     *config.Config
+	Log     *slog.Logger
+	Store   *store.Store
+	Nodes   []redis.UniversalClient // lock nodes: one, or several in redlock mode
+	KV      redis.UniversalClient   // idempotency keys (the first node)
+	Locks   *lock.Client
+	Metrics *metrics.Metrics
+}
+
+// New connects lazily: it does not wait for Postgres or Redis to be up.
+func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, error) {
+	st, err := store.Open(ctx, cfg.Postgres.DSN)
+	if err != nil {
+		return nil, err
+	}
+	a := &App{Cfg: cfg, Log: log, Store: st, Metrics: metrics.New()}
+	a.Nodes = RedisNodes(cfg.Redis)
+	a.KV = a.Nodes[0]
+	a.Locks = lock.New(a.Nodes, lock.WithKeyPrefix(cfg.Redis.KeyPrefix), lock.WithHooks(a.Metrics.LockHooks()))
+	return a, nil
+}
+
+// RedisNodes returns one client (single, sentinel, cluster) or one per
+// address (redlock). Context deadlines bound every command.
+func RedisNodes(c config.Redis) []redis.UniversalClient {
+	opts := func(addrs []string) *redis.UniversalOptions {
+		return &redis.UniversalOptions{
+			Addrs: addrs, Username: c.Username, Password: c.Password, DB: c.DB,
+			MasterName: c.MasterName, ContextTimeoutEnabled: true,
+			DialTimeout: 2 * time.Second, ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second,
+			// Fail fast instead of piling up retries inside a lease.
+			MaxRetries: 1,
+		}
+	}
+	switch c.Mode {
+	case "redlock":
+		nodes := make([]redis.UniversalClient, len(c.Addrs))
+		for i, addr := range c.Addrs {
+			nodes[i] = redis.NewClient(opts([]string{addr}).Simple())
+		}
+		return nodes
+	case "cluster":
+		return []redis.UniversalClient{redis.NewClusterClient(opts(c.Addrs).Cluster())}
+	case "sentinel":
+		return []redis.UniversalClient{redis.NewFailoverClient(opts(c.Addrs).Failover())}
+	default:
+		return []redis.UniversalClient{redis.NewClient(opts(c.Addrs).Simple())}
+	}
+}
+
+// Close closes every connection.
+func (a *App) Close() {
+	for _, n := range a.Nodes {
+		_ = n.Close()
+	}
+	a.Store.Close()
+}
+
+// Sink builds the configured sink.
+func (a *App) Sink() (dispatch.Sink, error) {
+	switch a.Cfg.Dispatch.Sink {
+	case "noop":
+		return dispatch.Noop{}, nil
+	default:
+		w := a.Cfg.Dispatch.Webhook
+		return dispatch.NewWebhook(dispatch.WebhookConfig{URL: w.URL, Secret: w.Secret, Timeout: w.Timeout})
+	}
+}
+
+// Poller builds the batch runner.
+func (a *App) Poller(sink dispatch.Sink) *poller.Poller {
+	c := a.Cfg.Poller
+	return poller.New(poller.Config{
+		LockTTL: c.LockTTL, LockWait: c.LockWait, BatchSize: c.BatchSize, PollInterval: c.PollInterval,
+		MaxAttempts: c.MaxAttempts, Concurrency: c.Concurrency, ClaimTTL: c.ClaimTTL,
+		BackoffBase: c.BackoffBase, BackoffMax: c.BackoffMax, ShutdownTimeout: a.Cfg.ShutdownTimeout,
+		KeyPrefix: a.Cfg.Redis.KeyPrefix, Notify: c.Notify,
+	}, a.Store, a.Locks, a.KV, sink, a.Log, a.Metrics)
+}
+
+// Run runs the daemon until ctx is cancelled: the batch runner and the HTTP
+// endpoints, each owned by one errgroup. It returns nil on a clean shutdown.
+func (a *App) Run(ctx context.Context) error {
+	sink, err := a.Sink()
+	if err != nil {
+		return err
+	}
+	p := a.Poller(sink)
+	a.syncNotifyTrigger(ctx)
+
+	ln, err := net.Listen("tcp", a.Cfg.HTTP.Addr)
+	if err != nil {
+		return fmt.Errorf("http.addr %s: %w", a.Cfg.HTTP.Addr, err)
+	}
+	srv := &http.Server{Handler: httpapi.Handler(httpapi.Deps{
+		Checks: map[string]httpapi.Check{
+			"postgres": a.Store.Ping,
+			"redis":    a.pingRedis,
+		},
+		Registry: a.Metrics.Registry,
+		Status: func(ctx context.Context) (any, error) {
+			return a.status(ctx, p.HeldToken)
+		},
+	}), ReadHeaderTimeout: 5 * time.Second}
+
+	a.Log.Info("outboxd started", "http_addr", ln.Addr().String(), "redis_mode", a.Cfg.Redis.Mode,
+		"sink", a.Cfg.Dispatch.Sink, "poller_notify", a.Cfg.Poller.Notify)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return p.Run(gctx) })
+	g.Go(func() error { return a.collectStats(gctx) })
+	g.Go(func() error {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("http: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		return srv.Shutdown(sctx)
+	})
+	err = g.Wait()
+	a.Log.Info("outboxd stopped")
+	return err
+}
+
+// syncNotifyTrigger makes the NOTIFY trigger match poller.notify, retrying in
+// the background is not worth it: a failure only costs the faster wake-up.
+func (a *App) syncNotifyTrigger(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := a.Store.SetNotifyTrigger(cctx, a.Cfg.Poller.Notify); err != nil {
+		a.Log.Warn("notify trigger not changed", "error", err)
+	}
+}
+
+func (a *App) pingRedis(ctx context.Context) error {
+	var errs []error
+	for _, n := range a.Nodes {
+		if err := n.Ping(ctx).Err(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 && len(a.Nodes)-len(errs) < len(a.Nodes)/2+1 {
+		return errors.Join(errs...)
+	}
+	return nil
+}
+
+// collectStats refreshes the backlog gauges.
+func (a *App) collectStats(ctx context.Context) error {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		qctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		st, err := a.Store.Stats(qctx)
+		cancel()
+		if err == nil {
+			a.Metrics.PendingEvents.Set(float64(st.Pending))
+			a.Metrics.OldestPendingAge.Set(st.OldestPendingAge)
+			a.Metrics.DeadEvents.Set(float64(st.Dead))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// LockStatus is one lock as /status and `outboxd status` show it.
+type LockStatus struct {
+	Name         string `json:"name"`
+	HeldByMe     bool   `json:"held_by_this_replica"`
+	Token        int64  `json:"token,omitempty"`
+	Owner        string `json:"owner,omitempty"`
+	TTLMillis    int64  `json:"ttl_ms,omitempty"`
+	FenceToken   int64  `json:"postgres_fence_token"`
+	RedisCounter int64  `json:"redis_fence_counter"`
+}
+
+// Status is the /status body.
+type Status struct {
+	Locks []LockStatus `json:"locks"`
+	store.Stats
+}
+
+// Status reads Postgres and Redis directly (for `outboxd status`).
+func (a *App) Status(ctx context.Context) (Status, error) {
+	return a.status(ctx, func() int64 { return 0 })
+}
+
+func (a *App) status(ctx context.Context, pollerToken func() int64) (Status, error) {
+	st, err := a.Store.Stats(ctx)
+	if err != nil {
+		return Status{}, err
+	}
+	fences, err := a.Store.FenceTokens(ctx)
+	if err != nil {
+		return Status{}, err
+	}
+	out := Status{Stats: st}
+	for _, name := range []string{poller.LockName} {
+		ls := LockStatus{Name: name, FenceToken: fences[name]}
+		if t := pollerToken(); name == poller.LockName && t > 0 {
+			ls.HeldByMe, ls.Token = true, t
+		}
+		owner, ttl, err := a.Locks.Holder(ctx, name)
+		if err != nil {
+			return Status{}, fmt.Errorf("redis: %w", err)
+		}
+		ls.Owner, ls.TTLMillis = owner, ttl.Milliseconds()
+		ls.RedisCounter, _ = a.Locks.LastToken(ctx, name)
+		out.Locks = append(out.Locks, ls)
+	}
+	return out, nil
+}
+
+// NewLogger returns the JSON (or text) slog logger on w's level.
+func NewLogger(level, format string, w interface{ Write([]byte) (int, error) }) *slog.Logger {
+	var lv slog.Level
+	_ = lv.UnmarshalText([]byte(strings.ToUpper(level)))
+	opts := &slog.HandlerOptions{Level: lv}
+	if format == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}

@@ -1,0 +1,195 @@
+// Command outboxd relays transactional-outbox rows from Postgres to a sink,
+// with one active replica at a time. See README.md.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/outboxd/outboxd/app"
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/migrations"
+)
+
+// Set by -ldflags "-X main.version=... -X main.commit=...".
+var (
+	version = "dev"
+	commit  = ""
+)
+
+// usageError marks errors that exit 2.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	root := newRoot(stdout)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.Execute()
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintln(stderr, "outboxd:", err)
+	var ue usageError
+	var ke *config.KeyError
+	if errors.As(err, &ue) || errors.As(err, &ke) {
+		return 2
+	}
+	return 1
+}
+
+type globals struct {
+	configFile string
+	sets       []string
+}
+
+func newRoot(stdout io.Writer) *cobra.Command {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:           "outboxd",
+		Short:         "Transactional-outbox relay: Postgres outbox rows to a sink, one active replica, fenced writes",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringVar(&g.configFile, "config", "", "config file (YAML); env OUTBOXD_<SECTION>_<KEY> and --set override it")
+	root.PersistentFlags().StringArrayVar(&g.sets, "set", nil, "override one key, e.g. --set poller.batch_size=1000 (repeatable)")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.AddCommand(runCmd(g, stdout), migrateCmd(g, stdout), versionCmd(stdout), statusCmd(g, stdout))
+	return root
+}
+
+func (g *globals) load() (*config.Config, error) {
+	return config.Load(g.configFile, g.sets)
+}
+
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usageError{fmt.Errorf("%s takes no arguments, got %q", cmd.Name(), args)}
+	}
+	return nil
+}
+
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+}
+
+func runCmd(g *globals, stdout io.Writer) *cobra.Command {
+	return &cobra.Command{
+		Use:   "run",
+		Short: "Run the relay until SIGTERM/SIGINT",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := g.load()
+			if err != nil {
+				return err
+			}
+			log := app.NewLogger(cfg.Log.Level, cfg.Log.Format, stdout)
+			ctx, stop := signalContext()
+			defer stop()
+			a, err := app.New(ctx, cfg, log)
+			if err != nil {
+				return err
+			}
+			defer a.Close()
+			if err := a.Run(ctx); err != nil {
+				log.Error("outboxd failed", "error", err)
+				return err
+			}
+			return nil
+		},
+	}
+}
+
+func migrateCmd(g *globals, stdout io.Writer) *cobra.Command {
+	return &cobra.Command{
+		Use:   "migrate",
+		Short: "Apply the embedded schema migrations (safe from several replicas at once)",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := g.load()
+			if err != nil {
+				return err
+			}
+			log := app.NewLogger(cfg.Log.Level, cfg.Log.Format, stdout)
+			ctx, stop := signalContext()
+			defer stop()
+			applied, err := migrations.Up(ctx, cfg.Postgres.DSN, func(r migrations.Result) {
+				log.Info("migration applied", "version", r.Version, "source", r.Source, "duration", r.Duration)
+			})
+			if err != nil {
+				return err
+			}
+			log.Info("migrations up to date", "applied", len(applied))
+			return nil
+		},
+	}
+}
+
+func versionCmd(stdout io.Writer) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print version and commit",
+		Args:  noArgs,
+		Run: func(cmd *cobra.Command, _ []string) {
+			v, c := version, commit
+			if info, ok := debug.ReadBuildInfo(); ok {
+				for _, s := range info.Settings {
+					if s.Key == "vcs.revision" && c == "" {
+						c = s.Value
+					}
+				}
+				if v == "dev" && info.Main.Version != "" && info.Main.Version != "(devel)" {
+					v = info.Main.Version
+				}
+			}
+			if c == "" {
+				c = "unknown"
+			}
+			fmt.Fprintf(stdout, "outboxd %s (commit %s)\n", v, c)
+		},
+	}
+}
+
+func statusCmd(g *globals, stdout io.Writer) *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "Show lock holders, fence tokens and the backlog (JSON)",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := g.load()
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext()
+			defer stop()
+			a, err := app.New(ctx, cfg, app.NewLogger("error", "json", io.Discard))
+			if err != nil {
+				return err
+			}
+			defer a.Close()
+			st, err := a.Status(ctx)
+			if err != nil {
+				return err
+			}
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(st)
+		},
+	}
+}

@@ -1,0 +1,401 @@
+// Package config loads outboxd's typed configuration: defaults, then a YAML
+// file, then OUTBOXD_<SECTION>_<KEY> environment variables, then --set
+// key=value flags. Decoding is strict (unknown keys are errors) and every
+// error names the key at fault.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-viper/mapstructure/v2"
+	"github.com/robfig/cron/v3"
+	"github.com/spf13/viper"
+)
+
+// Config is the whole configuration. Its mapstructure tags are the contract's
+// key names.
+type Config struct {
+	Postgres        Postgres      `mapstructure:"postgres"`
+	Redis           Redis         `mapstructure:"redis"`
+	Poller          Poller        `mapstructure:"poller"`
+	Reconcile       Reconcile     `mapstructure:"reconcile"`
+	Dispatch        Dispatch      `mapstructure:"dispatch"`
+	HTTP            HTTP          `mapstructure:"http"`
+	Log             Log           `mapstructure:"log"`
+	ShutdownTimeout time.Duration `mapstructure:"shutdown_timeout"`
+}
+
+type Postgres struct {
+	DSN string `mapstructure:"dsn"`
+}
+
+type Redis struct {
+	Addrs     []string `mapstructure:"addrs"`
+	Mode      string   `mapstructure:"mode"` // single | redlock | sentinel | cluster
+	Username  string   `mapstructure:"username"`
+	Password  string   `mapstructure:"password"`
+	DB        int      `mapstructure:"db"`
+	KeyPrefix string   `mapstructure:"key_prefix"`
+	// MasterName is the Sentinel master name (mode sentinel).
+	MasterName string `mapstructure:"master_name"`
+}
+
+type Poller struct {
+	LockTTL      time.Duration `mapstructure:"lock_ttl"`
+	LockWait     time.Duration `mapstructure:"lock_wait"`
+	BatchSize    int           `mapstructure:"batch_size"`
+	PollInterval time.Duration `mapstructure:"poll_interval"`
+	MaxAttempts  int           `mapstructure:"max_attempts"`
+	Concurrency  int           `mapstructure:"concurrency"`
+	ClaimTTL     time.Duration `mapstructure:"claim_ttl"`
+	BackoffBase  time.Duration `mapstructure:"backoff_base"`
+	BackoffMax   time.Duration `mapstructure:"backoff_max"`
+	Notify       bool          `mapstructure:"notify"`
+}
+
+type Reconcile struct {
+	Schedule  string        `mapstructure:"schedule"`
+	LockTTL   time.Duration `mapstructure:"lock_ttl"`
+	Retention time.Duration `mapstructure:"retention"`
+}
+
+type Dispatch struct {
+	Sink    string  `mapstructure:"sink"`
+	Webhook Webhook `mapstructure:"webhook"`
+}
+
+type Webhook struct {
+	URL     string        `mapstructure:"url"`
+	Secret  string        `mapstructure:"secret"`
+	Timeout time.Duration `mapstructure:"timeout"`
+}
+
+type HTTP struct {
+	Addr string `mapstructure:"addr"`
+}
+
+type Log struct {
+	Level  string `mapstructure:"level"`
+	Format string `mapstructure:"format"`
+}
+
+// Defaults is every key with its default value. Every key needs a default so
+// that viper sees env-only values.
+var Defaults = map[string]any{
+	"postgres.dsn":             "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
+	"redis.addrs":              []string{"127.0.0.1:6379"},
+	"redis.mode":               "single",
+	"redis.username":           "",
+	"redis.password":           "",
+	"redis.db":                 0,
+	"redis.key_prefix":         "",
+	"redis.master_name":        "",
+	"poller.lock_ttl":          "30s",
+	"poller.lock_wait":         "5s",
+	"poller.batch_size":        500,
+	"poller.poll_interval":     "500ms",
+	"poller.max_attempts":      25,
+	"poller.concurrency":       16,
+	"poller.claim_ttl":         "60s",
+	"poller.backoff_base":      "1s",
+	"poller.backoff_max":       "1h",
+	"poller.notify":            false,
+	"reconcile.schedule":       "*/5 * * * *",
+	"reconcile.lock_ttl":       "300s",
+	"reconcile.retention":      "168h",
+	"dispatch.sink":            "webhook",
+	"dispatch.webhook.url":     "http://127.0.0.1:8081/events",
+	"dispatch.webhook.secret":  "",
+	"dispatch.webhook.timeout": "10s",
+	"http.addr":                "127.0.0.1:9090",
+	"log.level":                "info",
+	"log.format":               "json",
+	"shutdown_timeout":         "25s",
+}
+
+// Secret keys are redacted wherever the config is shown.
+var secretKeys = []string{"redis.password", "dispatch.webhook.secret"}
+
+// KeyError is a configuration error about one key.
+type KeyError struct {
+	Key string
+	Err error
+}
+
+func (e *KeyError) Error() string { return fmt.Sprintf("config: %s: %v", e.Key, e.Err) }
+func (e *KeyError) Unwrap() error { return e.Err }
+
+// Load reads file (optional: "" skips it), then the environment, then sets
+// ("key=value"), and validates the result.
+func Load(file string, sets []string) (*Config, error) {
+	v := viper.New()
+	for k, d := range Defaults {
+		v.SetDefault(k, d)
+	}
+	if file != "" {
+		v.SetConfigFile(file)
+		v.SetConfigType("yaml")
+		if err := v.ReadInConfig(); err != nil {
+			return nil, &KeyError{Key: "--config", Err: fmt.Errorf("read %s: %w", file, err)}
+		}
+	}
+	v.SetEnvPrefix("OUTBOXD")
+	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
+	v.AutomaticEnv()
+	for _, s := range sets {
+		k, val, ok := strings.Cut(s, "=")
+		if !ok {
+			return nil, &KeyError{Key: "--set", Err: fmt.Errorf("%q is not key=value", s)}
+		}
+		k = strings.ToLower(strings.TrimSpace(k))
+		if _, known := Defaults[k]; !known {
+			return nil, &KeyError{Key: k, Err: errors.New("unknown key")}
+		}
+		v.Set(k, val)
+	}
+	if err := checkUnknown(v); err != nil {
+		return nil, err
+	}
+	// Decode key by key so a bad value is reported with its own key name.
+	for k := range Defaults {
+		if err := checkType(k, v.Get(k)); err != nil {
+			return nil, err
+		}
+	}
+	var c Config
+	err := v.UnmarshalExact(&c, viper.DecodeHook(mapstructure.ComposeDecodeHookFunc(
+		mapstructure.StringToTimeDurationHookFunc(),
+		mapstructure.StringToSliceHookFunc(","),
+	)))
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	for i, a := range c.Redis.Addrs {
+		c.Redis.Addrs[i] = strings.TrimSpace(a)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// checkUnknown rejects keys in the file that outboxd does not know, naming them.
+func checkUnknown(v *viper.Viper) error {
+	for _, k := range v.AllKeys() {
+		if _, ok := Defaults[k]; !ok {
+			return &KeyError{Key: k, Err: errors.New("unknown key")}
+		}
+	}
+	return nil
+}
+
+func checkType(key string, val any) error {
+	s, isString := val.(string)
+	if durationKeys[key] {
+		switch {
+		case isString:
+			if _, err := time.ParseDuration(strings.TrimSpace(s)); err != nil {
+				return &KeyError{Key: key, Err: fmt.Errorf("invalid duration %q (use e.g. 500ms, 30s, 5m, 168h)", s)}
+			}
+		default:
+			if _, ok := val.(time.Duration); !ok {
+				return &KeyError{Key: key, Err: fmt.Errorf("want a duration such as \"30s\", got %v", val)}
+			}
+		}
+		return nil
+	}
+	if !isString {
+		return nil
+	}
+	switch Defaults[key].(type) {
+	case int:
+		if _, err := strconv.Atoi(strings.TrimSpace(s)); err != nil {
+			return &KeyError{Key: key, Err: fmt.Errorf("want an integer, got %q", s)}
+		}
+	case bool:
+		if _, err := strconv.ParseBool(strings.TrimSpace(s)); err != nil {
+			return &KeyError{Key: key, Err: fmt.Errorf("want true or false, got %q", s)}
+		}
+	}
+	return nil
+}
+
+// durationKeys are the keys whose field is a time.Duration.
+var durationKeys = func() map[string]bool {
+	flat := map[string]any{}
+	walk(reflect.ValueOf(Config{}), "", flat)
+	out := map[string]bool{}
+	for k, v := range flat {
+		if _, ok := v.(time.Duration); ok {
+			out[k] = true
+		}
+	}
+	return out
+}()
+
+// Validate checks ranges and formats; the error names the key.
+func (c *Config) Validate() error {
+	bad := func(key, format string, a ...any) error {
+		return &KeyError{Key: key, Err: fmt.Errorf(format, a...)}
+	}
+	if c.Postgres.DSN == "" {
+		return bad("postgres.dsn", "must be set")
+	}
+	if len(c.Redis.Addrs) == 0 || slices.Contains(c.Redis.Addrs, "") {
+		return bad("redis.addrs", "must list at least one host:port, without empty entries")
+	}
+	switch c.Redis.Mode {
+	case "single", "sentinel", "cluster":
+	case "redlock":
+		if len(c.Redis.Addrs) < 3 {
+			return bad("redis.mode", "redlock needs at least 3 independent nodes in redis.addrs, got %d", len(c.Redis.Addrs))
+		}
+	default:
+		return bad("redis.mode", "want single, redlock, sentinel or cluster, got %q", c.Redis.Mode)
+	}
+	if c.Redis.Mode == "single" && len(c.Redis.Addrs) != 1 {
+		return bad("redis.addrs", "mode single takes one address, got %d (use redis.mode redlock, sentinel or cluster)", len(c.Redis.Addrs))
+	}
+	if c.Redis.Mode == "sentinel" && c.Redis.MasterName == "" {
+		return bad("redis.master_name", "must be set in sentinel mode")
+	}
+	if c.Redis.DB < 0 || c.Redis.DB > 15 {
+		return bad("redis.db", "want 0..15, got %d", c.Redis.DB)
+	}
+	positive := []struct {
+		key string
+		d   time.Duration
+	}{
+		{"poller.lock_ttl", c.Poller.LockTTL}, {"poller.lock_wait", c.Poller.LockWait},
+		{"poller.poll_interval", c.Poller.PollInterval}, {"poller.claim_ttl", c.Poller.ClaimTTL},
+		{"poller.backoff_base", c.Poller.BackoffBase}, {"poller.backoff_max", c.Poller.BackoffMax},
+		{"reconcile.lock_ttl", c.Reconcile.LockTTL}, {"reconcile.retention", c.Reconcile.Retention},
+		{"dispatch.webhook.timeout", c.Dispatch.Webhook.Timeout}, {"shutdown_timeout", c.ShutdownTimeout},
+	}
+	for _, p := range positive {
+		if p.d <= 0 {
+			return bad(p.key, "must be a positive duration, got %s", p.d)
+		}
+	}
+	if c.Poller.LockTTL < 300*time.Millisecond {
+		return bad("poller.lock_ttl", "must be at least 300ms, got %s", c.Poller.LockTTL)
+	}
+	if c.Poller.BackoffMax < c.Poller.BackoffBase {
+		return bad("poller.backoff_max", "must not be below poller.backoff_base (%s), got %s", c.Poller.BackoffBase, c.Poller.BackoffMax)
+	}
+	if c.Poller.BatchSize < 1 || c.Poller.BatchSize > 10000 {
+		return bad("poller.batch_size", "want 1..10000, got %d", c.Poller.BatchSize)
+	}
+	if c.Poller.MaxAttempts < 1 {
+		return bad("poller.max_attempts", "must be at least 1, got %d", c.Poller.MaxAttempts)
+	}
+	if c.Poller.Concurrency < 1 || c.Poller.Concurrency > 1024 {
+		return bad("poller.concurrency", "want 1..1024, got %d", c.Poller.Concurrency)
+	}
+	if _, err := ParseSchedule(c.Reconcile.Schedule); err != nil {
+		return bad("reconcile.schedule", "%v", err)
+	}
+	switch c.Dispatch.Sink {
+	case "webhook":
+		u, err := url.Parse(c.Dispatch.Webhook.URL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return bad("dispatch.webhook.url", "want an http(s) URL, got %q", c.Dispatch.Webhook.URL)
+		}
+	case "noop":
+	default:
+		return bad("dispatch.sink", "want webhook or noop, got %q", c.Dispatch.Sink)
+	}
+	switch strings.ToLower(c.Log.Level) {
+	case "debug", "info", "warn", "error":
+	default:
+		return bad("log.level", "want debug, info, warn or error, got %q", c.Log.Level)
+	}
+	switch c.Log.Format {
+	case "json", "text":
+	default:
+		return bad("log.format", "want json or text, got %q", c.Log.Format)
+	}
+	return nil
+}
+
+// ParseSchedule parses a cron spec: five standard fields or a descriptor
+// such as @every 30s, @hourly.
+func ParseSchedule(spec string) (cron.Schedule, error) {
+	return cron.ParseStandard(spec)
+}
+
+// Redacted returns the effective configuration as nested maps with secrets
+// (and a password inside postgres.dsn) replaced.
+func (c *Config) Redacted() map[string]any {
+	flat := map[string]any{}
+	walk(reflect.ValueOf(*c), "", flat)
+	for _, k := range secretKeys {
+		if s, _ := flat[k].(string); s != "" {
+			flat[k] = "[redacted]"
+		}
+	}
+	flat["postgres.dsn"] = RedactDSN(c.Postgres.DSN)
+	out := map[string]any{}
+	for k, v := range flat {
+		parts := strings.Split(k, ".")
+		m := out
+		for _, p := range parts[:len(parts)-1] {
+			next, ok := m[p].(map[string]any)
+			if !ok {
+				next = map[string]any{}
+				m[p] = next
+			}
+			m = next
+		}
+		if d, ok := v.(time.Duration); ok {
+			v = d.String()
+		}
+		m[parts[len(parts)-1]] = v
+	}
+	return out
+}
+
+func walk(v reflect.Value, prefix string, out map[string]any) {
+	t := v.Type()
+	for i := range t.NumField() {
+		name := t.Field(i).Tag.Get("mapstructure")
+		if prefix != "" {
+			name = prefix + "." + name
+		}
+		f := v.Field(i)
+		if f.Kind() == reflect.Struct {
+			walk(f, name, out)
+			continue
+		}
+		out[name] = f.Interface()
+	}
+}
+
+// RedactDSN hides the password of a URL or key=value Postgres DSN.
+func RedactDSN(dsn string) string {
+	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "redacted")
+		}
+		q := u.Query()
+		if q.Has("password") {
+			q.Set("password", "redacted")
+			u.RawQuery = q.Encode()
+		}
+		return u.String()
+	}
+	fields := strings.Fields(dsn)
+	for i, f := range fields {
+		if strings.HasPrefix(f, "password=") {
+			fields[i] = "password=redacted"
+		}
+	}
+	return strings.Join(fields, " ")
+}

@@ -1,0 +1,33 @@
+// Package lock is a Redis lease with fencing tokens.
+//
+// What it guarantees:
+//
+//   - Acquire is one Lua script per node: SET key owner NX PX ttl and, only when
+//     that set the key, advance the fence counter beside it (fence:{key}, same
+//     hash slot) and return it as the fencing token. The owner is a fresh UUID
+//     per acquisition.
+//   - Tokens per lock strictly increase, even after Redis loses its data
+//     (restart without persistence, FLUSHALL, failover), provided the caller
+//     passes Options.Floor = the highest token its downstream store accepted:
+//     the script returns max(counter+1, floor+1) and stores it.
+//   - Release and extend are owner-checked scripts; they tell "the key is gone"
+//     (ErrNotHeld) apart from "someone else owns it" (ErrOwnedByOther).
+//   - A held lock renews itself every RenewInterval (TTL/3) and exposes a
+//     Context that is cancelled, with cause ErrLost, the moment a renewal finds
+//     the key gone or owned by another, or when the local trust deadline passes
+//     (start of the last successful renewal + TTL − drift − safety margin). The
+//     deadline runs on this process' monotonic clock, so a holder that cannot
+//     reach Redis stops before its lease can expire there.
+//   - A waiter wakes as soon as the holder releases (pub/sub), so a graceful
+//     handover takes milliseconds, not a retry interval or a TTL.
+//   - With several independent nodes (Redlock) a lock needs N/2+1 of them and is
+//     valid for TTL − elapsed − drift; its token is the maximum over the quorum,
+//     written back to the quorum's counters before it is handed out, so any later
+//     majority issues a larger one.
+//
+// What it does not guarantee: a lease alone cannot stop a holder that is paused
+// (GC, SIGSTOP, a slow network) between checking its lease and acting on it.
+// Only the resource can refuse a stale holder; in outboxd that is Postgres'
+// outbox_fence row, checked on every write (package store). Treat the token as
+// the authority and the lease as an optimisation that keeps the holders few.
+package lock

@@ -1,0 +1,100 @@
+// Package metrics defines outboxd's Prometheus metrics on a registry of its
+// own (no global state). Labels are bounded: lock names and outcome kinds,
+// never event ids.
+package metrics
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/outboxd/outboxd/lock"
+)
+
+// Metrics holds every collector. The zero value is not usable; use New.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	Dispatched       prometheus.Counter
+	DispatchFailures prometheus.Counter
+	DeadLettered     prometheus.Counter
+	Duplicates       prometheus.Counter // found already delivered in Redis, not resent
+	FenceRejections  *prometheus.CounterVec
+	DispatchLatency  prometheus.Histogram
+	BatchSize        prometheus.Histogram
+	BatchDuration    prometheus.Histogram
+
+	LockHeld         *prometheus.GaugeVec
+	LockAcquisitions *prometheus.CounterVec
+	LockLosses       *prometheus.CounterVec
+	LockRenewFails   *prometheus.CounterVec
+	LockWait         *prometheus.HistogramVec
+
+	PendingEvents    prometheus.Gauge
+	OldestPendingAge prometheus.Gauge
+	DeadEvents       prometheus.Gauge
+
+	ReconcileRuns  *prometheus.CounterVec // result: ok, skipped, failed
+	ReconcileSwept *prometheus.CounterVec // sweep: marked, purged
+}
+
+// New registers every collector, plus Go runtime and process collectors.
+func New() *Metrics {
+	r := prometheus.NewRegistry()
+	f := func(c prometheus.Collector) { r.MustRegister(c) }
+	m := &Metrics{Registry: r}
+
+	m.Dispatched = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_dispatched_total", Help: "Events delivered to the sink."})
+	m.DispatchFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_dispatch_failures_total", Help: "Failed delivery attempts."})
+	m.DeadLettered = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_dead_lettered_total", Help: "Events dead-lettered (max attempts or permanent error)."})
+	m.Duplicates = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_already_delivered_total", Help: "Events found delivered in Redis and marked without resending."})
+	m.FenceRejections = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_fence_rejections_total", Help: "Writes refused by the Postgres fence (stale token)."}, []string{"lock"})
+	m.DispatchLatency = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outboxd_dispatch_latency_seconds", Help: "From created_at to delivered.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}})
+	m.BatchSize = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outboxd_batch_size", Help: "Rows per fetched batch.",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 14)})
+	m.BatchDuration = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outboxd_batch_duration_seconds", Help: "Fetch to results written.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)})
+
+	m.LockHeld = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outboxd_lock_held", Help: "1 while this replica holds the lock."}, []string{"lock"})
+	m.LockAcquisitions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_lock_acquisitions_total", Help: "Locks acquired."}, []string{"lock"})
+	m.LockLosses = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_lock_losses_total", Help: "Held locks lost (renewal refused or trust deadline passed)."}, []string{"lock"})
+	m.LockRenewFails = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_lock_renew_failures_total", Help: "Failed lease renewals."}, []string{"lock"})
+	m.LockWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "outboxd_lock_wait_seconds", Help: "Time from starting to wait to acquiring.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10)}, []string{"lock"})
+
+	m.PendingEvents = prometheus.NewGauge(prometheus.GaugeOpts{Name: "outboxd_pending_events", Help: "Undelivered, not dead rows."})
+	m.OldestPendingAge = prometheus.NewGauge(prometheus.GaugeOpts{Name: "outboxd_oldest_pending_age_seconds", Help: "Age of the oldest undelivered row."})
+	m.DeadEvents = prometheus.NewGauge(prometheus.GaugeOpts{Name: "outboxd_dead_events", Help: "Dead-lettered rows in the table."})
+
+	m.ReconcileRuns = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_reconcile_runs_total", Help: "Reconciliation fire times by result."}, []string{"result"})
+	m.ReconcileSwept = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_reconcile_rows_total", Help: "Rows changed by reconciliation sweeps."}, []string{"sweep"})
+
+	for _, c := range []prometheus.Collector{
+		m.Dispatched, m.DispatchFailures, m.DeadLettered, m.Duplicates, m.FenceRejections, m.DispatchLatency,
+		m.BatchSize, m.BatchDuration, m.LockHeld, m.LockAcquisitions, m.LockLosses, m.LockRenewFails, m.LockWait,
+		m.PendingEvents, m.OldestPendingAge, m.DeadEvents, m.ReconcileRuns, m.ReconcileSwept,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	} {
+		f(c)
+	}
+	return m
+}
+
+// LockHooks returns lock.Hooks that keep the lock metrics.
+func (m *Metrics) LockHooks() lock.Hooks {
+	return lock.Hooks{
+		Acquired: func(name string, _ int64, waited time.Duration) {
+			m.LockAcquisitions.WithLabelValues(name).Inc()
+			m.LockWait.WithLabelValues(name).Observe(waited.Seconds())
+			m.LockHeld.WithLabelValues(name).Set(1)
+		},
+		Released: func(name string) { m.LockHeld.WithLabelValues(name).Set(0) },
+		Lost: func(name string, _ error) {
+			m.LockLosses.WithLabelValues(name).Inc()
+			m.LockHeld.WithLabelValues(name).Set(0)
+		},
+		RenewFailed: func(name string, _ error) { m.LockRenewFails.WithLabelValues(name).Inc() },
+	}
+}

@@ -1,0 +1,532 @@
+// Package poller is the active batch runner: it holds lock:outbox:poller,
+// reads due rows, claims their idempotency keys, delivers them and writes the
+// results back fenced.
+//
+// Guarantees:
+//   - At most one runner acts at a time as far as Postgres is concerned: all
+//     of its writes carry its fencing token, and a write from a runner whose
+//     token has been superseded is refused (store.ErrStaleFence), after which
+//     that runner steps down.
+//   - No event is lost: a row is marked delivered only after its send
+//     succeeded; a failed or abandoned send releases its claim (owner-checked)
+//     so nothing blocks the retry; a crash at any point costs at most a
+//     duplicate delivery, which receivers dedupe by id (Idempotency-Key).
+//   - Per-aggregate order: rows of one (aggregate_type, aggregate_id) are sent
+//     one after another in id order; the first failure stops that aggregate
+//     for the batch, and later rows wait while an earlier one backs off.
+//   - Work runs in the lock's context: when the lease is lost, no new send
+//     starts.
+//
+// Not guaranteed: exactly-once delivery (a crash between send and mark
+// resends), and order across aggregates. Dead-lettered rows do not block
+// their aggregate.
+package poller
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/metrics"
+	"github.com/outboxd/outboxd/store"
+)
+
+// LockName is the contract's lock key for the batch runner.
+const LockName = "lock:outbox:poller"
+
+// DeliveredTTL is how long an idempotency key says "delivered".
+const DeliveredTTL = 24 * time.Hour
+
+var (
+	//go:embed scripts/delivered.lua
+	deliveredSrc    string
+	deliveredScript = redis.NewScript(deliveredSrc)
+	//go:embed scripts/unclaim.lua
+	unclaimSrc    string
+	unclaimScript = redis.NewScript(unclaimSrc)
+)
+
+// errShutdownTimeout cancels in-flight work when shutdown_timeout runs out.
+var errShutdownTimeout = errors.New("poller: shutdown timeout")
+
+// Config tunes the runner. Zero values get defaults from New.
+type Config struct {
+	LockTTL         time.Duration // 30 s
+	LockWait        time.Duration // 5 s
+	BatchSize       int           // 500
+	PollInterval    time.Duration // idle poll ceiling, 500 ms
+	MaxAttempts     int           // 25
+	Concurrency     int           // aggregates in parallel, 16
+	ClaimTTL        time.Duration // 60 s
+	BackoffBase     time.Duration // 1 s
+	BackoffMax      time.Duration // 1 h
+	ShutdownTimeout time.Duration // 25 s
+	KeyPrefix       string        // before every Redis key
+	Notify          bool          // LISTEN outbox_events for faster wake-ups
+}
+
+func (c Config) withDefaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.LockTTL, 30*time.Second)
+	def(&c.LockWait, 5*time.Second)
+	def(&c.PollInterval, 500*time.Millisecond)
+	def(&c.ClaimTTL, 60*time.Second)
+	def(&c.BackoffBase, time.Second)
+	def(&c.BackoffMax, time.Hour)
+	def(&c.ShutdownTimeout, 25*time.Second)
+	if c.BatchSize <= 0 {
+		c.BatchSize = 500
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = 25
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = 16
+	}
+	return c
+}
+
+// Poller is the batch runner. Create with New; Run blocks.
+type Poller struct {
+	cfg   Config
+	store *store.Store
+	locks *lock.Client
+	rdb   redis.UniversalClient
+	sink  dispatch.Sink
+	log   *slog.Logger
+	m     *metrics.Metrics
+	wake  chan struct{}
+	held  atomic.Int64 // token while leading, 0 otherwise
+}
+
+// HeldToken is the fencing token while this runner leads, 0 while it stands by.
+func (p *Poller) HeldToken() int64 { return p.held.Load() }
+
+// New returns a runner. rdb holds the idempotency keys.
+func New(cfg Config, st *store.Store, locks *lock.Client, rdb redis.UniversalClient, sink dispatch.Sink, log *slog.Logger, m *metrics.Metrics) *Poller {
+	return &Poller{
+		cfg: cfg.withDefaults(), store: st, locks: locks, rdb: rdb, sink: sink,
+		log: log.With("lock", LockName), m: m, wake: make(chan struct{}, 1),
+	}
+}
+
+// Run competes for the lock and, while it holds it, relays events. It
+// returns nil when ctx is cancelled, after in-flight work has finished (or
+// ShutdownTimeout passed) and the lock has been released. Losing the lock or
+// an outage of Redis or Postgres never ends Run: it waits and tries again.
+func (p *Poller) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	if p.cfg.Notify {
+		lctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		wg.Go(func() { p.listen(lctx) })
+	}
+	retry := newBackoff(100*time.Millisecond, 5*time.Second)
+	for ctx.Err() == nil {
+		l, err := p.acquire(ctx)
+		if err != nil {
+			if !errors.Is(err, lock.ErrNotObtained) || !isOnlyHeld(err) {
+				p.log.Warn("lock attempt failed", "error", err)
+				sleep(ctx, retry.next())
+			}
+			continue
+		}
+		retry.reset()
+		p.lead(ctx, l)
+	}
+	return nil
+}
+
+// isOnlyHeld tells a plain "someone else holds it" from an outage.
+func isOnlyHeld(err error) bool {
+	var h *lock.HolderError
+	return errors.As(err, &h) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+}
+
+func (p *Poller) acquire(ctx context.Context) (*lock.Lock, error) {
+	floor, err := p.store.FenceToken(ctx, LockName)
+	if err != nil {
+		return nil, err
+	}
+	return p.locks.Acquire(ctx, LockName, lock.Options{TTL: p.cfg.LockTTL, Wait: p.cfg.LockWait, Floor: floor})
+}
+
+// lead runs batches while l is held and ctx is live, then releases l.
+// Shutdown order: stop fetching (ctx) → finish the batch in flight (bounded by
+// ShutdownTimeout) → release the lock.
+func (p *Poller) lead(ctx context.Context, l *lock.Lock) {
+	log := p.log.With("fencing_token", l.Token())
+	fence := store.Fence{Lock: LockName, Token: l.Token()}
+	log.Info("lock acquired")
+	p.held.Store(l.Token())
+	defer func() {
+		p.held.Store(0)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		if err := l.Release(rctx); err != nil && !errors.Is(err, lock.ErrNotHeld) {
+			log.Warn("lock release failed", "error", err)
+			return
+		}
+		log.Info("lock released")
+	}()
+
+	workCtx, cancelWork := context.WithCancelCause(l.Context())
+	defer cancelWork(nil)
+	stopTimer := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(p.cfg.ShutdownTimeout, func() { cancelWork(errShutdownTimeout) })
+		context.AfterFunc(workCtx, func() { t.Stop() })
+	})
+	defer stopTimer()
+
+	// Raise the fence before the first send: from now on the predecessor's
+	// writes are refused, and this token is the floor for the next holder.
+	if err := p.store.ClaimFence(workCtx, fence); err != nil {
+		p.stepDown(log, err)
+		return
+	}
+
+	idle := time.Duration(0)
+	for {
+		if ctx.Err() != nil {
+			return
+		}
+		if l.Context().Err() != nil {
+			log.Warn("lock lost", "error", context.Cause(l.Context()))
+			return
+		}
+		n, err := p.batch(workCtx, fence)
+		switch {
+		case errors.Is(err, store.ErrStaleFence):
+			p.stepDown(log, err)
+			return
+		case l.Context().Err() != nil:
+			log.Warn("lock lost", "error", context.Cause(l.Context()))
+			return
+		case err != nil:
+			log.Error("batch failed", "error", err)
+			idle = p.cfg.PollInterval
+		case n >= p.cfg.BatchSize:
+			idle = 0 // more waiting: go again at once
+		case n > 0:
+			idle = 2 * time.Millisecond
+		default:
+			idle = min(max(2*idle, 5*time.Millisecond), p.cfg.PollInterval)
+		}
+		if idle == 0 {
+			continue
+		}
+		t := time.NewTimer(idle)
+		select {
+		case <-ctx.Done():
+		case <-l.Context().Done():
+		case <-p.wake:
+			idle = 0
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+func (p *Poller) stepDown(log *slog.Logger, err error) {
+	if errors.Is(err, store.ErrStaleFence) {
+		p.m.FenceRejections.WithLabelValues(LockName).Inc()
+		log.Warn("fence rejected", "error", err)
+		return
+	}
+	log.Error("stepping down", "error", err)
+}
+
+// listen wakes the leader on NOTIFY outbox_events. Polling continues either
+// way; this only shortens the wait.
+func (p *Poller) listen(ctx context.Context) {
+	retry := newBackoff(100*time.Millisecond, 5*time.Second)
+	for ctx.Err() == nil {
+		err := p.store.Listen(ctx, "outbox_events", func() {
+			retry.reset()
+			select {
+			case p.wake <- struct{}{}:
+			default:
+			}
+		})
+		if ctx.Err() == nil {
+			p.log.Warn("listen failed", "error", err)
+			sleep(ctx, retry.next())
+		}
+	}
+}
+
+// outcome of one row in a batch.
+type outcome uint8
+
+const (
+	pending   outcome = iota // not reached (aggregate stopped earlier): unclaim
+	sent                     // delivered by us
+	duplicate                // Redis said delivered: mark without sending
+	foreign                  // another runner's claim: leave alone
+	failed                   // send failed: unclaim, count the attempt
+)
+
+type item struct {
+	row     store.Row
+	outcome outcome
+	err     error
+}
+
+// batch runs one fetch-claim-send-write cycle and returns how many rows it
+// fetched.
+func (p *Poller) batch(ctx context.Context, fence store.Fence) (int, error) {
+	start := time.Now()
+	rows, err := p.store.FetchDue(ctx, p.cfg.BatchSize)
+	if err != nil || len(rows) == 0 {
+		return 0, err
+	}
+	p.m.BatchSize.Observe(float64(len(rows)))
+	items := make([]item, len(rows))
+	for i, r := range rows {
+		items[i].row = r
+	}
+	claim := "claim:" + strconv.FormatInt(fence.Token, 10) + ":" + strconv.FormatInt(start.UnixNano(), 36)
+	if err := p.claim(ctx, items, claim); err != nil {
+		return len(rows), err
+	}
+
+	p.deliver(ctx, items, fence.Token)
+
+	// Results are written even if the lease was lost meanwhile: the fence, not
+	// the lease, decides whether they land, and landing them saves duplicates.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	return len(rows), p.finish(wctx, items, claim, fence, start)
+}
+
+func (p *Poller) key(id int64) string {
+	return p.cfg.KeyPrefix + "idempotency:notify:" + strconv.FormatInt(id, 10)
+}
+
+// claim sets every row's idempotency key to our claim if absent, in one
+// pipelined round trip, and classifies the rows by what was there.
+func (p *Poller) claim(ctx context.Context, items []item, claim string) error {
+	pipe := p.rdb.Pipeline()
+	cmds := make([]*redis.Cmd, len(items))
+	ttl := strconv.FormatInt(p.cfg.ClaimTTL.Milliseconds(), 10)
+	for i := range items {
+		cmds[i] = pipe.Do(ctx, "set", p.key(items[i].row.ID), claim, "px", ttl, "nx", "get")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("poller: claim idempotency keys: %w", err)
+	}
+	for i, c := range cmds {
+		v, err := c.Text()
+		switch {
+		case errors.Is(err, redis.Nil):
+			items[i].outcome = pending // ours to send
+		case err != nil:
+			return fmt.Errorf("poller: claim %s: %w", p.key(items[i].row.ID), err)
+		case v == "1":
+			items[i].outcome = duplicate
+		default:
+			items[i].outcome = foreign
+		}
+	}
+	return nil
+}
+
+// deliver sends aggregates in parallel (bounded) and each aggregate in order,
+// stopping an aggregate at its first failure or foreign claim.
+func (p *Poller) deliver(ctx context.Context, items []item, token int64) {
+	type aggKey struct{ t, id string }
+	var order []aggKey
+	groups := map[aggKey][]int{}
+	for i := range items {
+		k := aggKey{items[i].row.AggregateType, items[i].row.AggregateID}
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], i)
+	}
+	sem := make(chan struct{}, p.cfg.Concurrency)
+	var wg sync.WaitGroup
+	for _, k := range order {
+		idx := groups[k]
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			p.deliverAggregate(ctx, items, idx, token)
+		})
+	}
+	wg.Wait()
+}
+
+func (p *Poller) deliverAggregate(ctx context.Context, items []item, idx []int, token int64) {
+	for _, i := range idx {
+		it := &items[i]
+		switch it.outcome {
+		case duplicate:
+			continue
+		case foreign:
+			return // someone is mid-flight on an earlier row: keep order, retry later
+		}
+		if ctx.Err() != nil {
+			return // lease lost or shutdown timeout: abandon, claims get released
+		}
+		r := it.row
+		err := p.sink.Send(ctx, dispatch.Event{
+			ID: r.ID, AggregateType: r.AggregateType, AggregateID: r.AggregateID, EventType: r.EventType,
+			Payload: r.Payload, Headers: r.Headers, CreatedAt: r.CreatedAt,
+		}, token)
+		if err != nil {
+			if ctx.Err() != nil {
+				return // our own cancellation, not the receiver's fault: no attempt counted
+			}
+			it.outcome, it.err = failed, err
+			return
+		}
+		it.outcome = sent
+	}
+}
+
+// finish turns claims into delivered marks or releases them (one pipelined
+// round trip), then writes every outcome to Postgres in one fenced statement.
+func (p *Poller) finish(ctx context.Context, items []item, claim string, fence store.Fence, start time.Time) error {
+	var delivered []int64
+	var failures []store.Failure
+	pipe := p.rdb.Pipeline()
+	deliveredTTL := strconv.FormatInt(DeliveredTTL.Milliseconds(), 10)
+	now := time.Now()
+	for _, it := range items {
+		key := []string{p.key(it.row.ID)}
+		switch it.outcome {
+		case sent:
+			delivered = append(delivered, it.row.ID)
+			deliveredScript.Run(ctx, pipe, key, claim, deliveredTTL)
+		case duplicate:
+			delivered = append(delivered, it.row.ID)
+		case pending:
+			unclaimScript.Run(ctx, pipe, key, claim)
+		case failed:
+			unclaimScript.Run(ctx, pipe, key, claim)
+			failures = append(failures, p.failure(it, now))
+		}
+	}
+	if err := execScripts(ctx, p.rdb, pipe); err != nil {
+		// Not fatal: an unreleased claim expires after ClaimTTL, and a missing
+		// delivered mark costs at most a duplicate. Postgres is the record.
+		p.log.Warn("idempotency keys not updated", "error", err, "batch_size", len(items))
+	}
+
+	nd, _, err := p.store.Complete(ctx, fence, delivered, failures)
+	if err != nil {
+		return err
+	}
+	for _, it := range items {
+		switch it.outcome {
+		case sent:
+			p.m.Dispatched.Inc()
+			p.m.DispatchLatency.Observe(now.Sub(it.row.CreatedAt).Seconds())
+			p.log.Debug("event delivered", "outbox_id", it.row.ID)
+		case duplicate:
+			p.m.Duplicates.Inc()
+			p.log.Debug("event already delivered, marked", "outbox_id", it.row.ID)
+		case failed:
+			p.m.DispatchFailures.Inc()
+		}
+	}
+	for _, f := range failures {
+		if f.Dead {
+			p.m.DeadLettered.Inc()
+			p.log.Warn("event dead-lettered", "outbox_id", f.ID, "error", f.Error)
+		} else {
+			p.log.Debug("delivery failed, will retry", "outbox_id", f.ID, "error", f.Error, "retry_at", f.RetryAt)
+		}
+	}
+	p.m.BatchDuration.Observe(time.Since(start).Seconds())
+	p.log.Debug("batch done", "batch_size", len(items), "delivered", nd, "failed", len(failures),
+		"duration_ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// failure decides retry or dead-letter: exponential backoff with full jitter,
+// capped, never sooner than the receiver's Retry-After.
+func (p *Poller) failure(it item, now time.Time) store.Failure {
+	attempts := it.row.Attempts + 1
+	f := store.Failure{ID: it.row.ID, Error: truncate(it.err.Error(), 1000)}
+	if dispatch.IsPermanent(it.err) || attempts >= p.cfg.MaxAttempts {
+		f.Dead = true
+		return f
+	}
+	ceiling := p.cfg.BackoffMax
+	if shift := attempts - 1; shift < 40 {
+		ceiling = min(ceiling, p.cfg.BackoffBase<<shift)
+	}
+	delay := time.Duration(rand.Int64N(int64(ceiling) + 1))
+	delay = max(delay, dispatch.RetryAfter(it.err))
+	f.RetryAt = now.Add(delay)
+	return f
+}
+
+// execScripts runs a pipeline of scripts sent as EVALSHA; if Redis lost its
+// script cache (restart), it loads them and runs the pipeline once more (the
+// scripts are idempotent).
+func execScripts(ctx context.Context, rdb redis.UniversalClient, pipe redis.Pipeliner) error {
+	cmds := pipe.Cmds()
+	if len(cmds) == 0 {
+		return nil
+	}
+	_, err := pipe.Exec(ctx)
+	if err == nil || !redis.HasErrorPrefix(err, "NOSCRIPT") {
+		return err
+	}
+	for _, s := range []*redis.Script{deliveredScript, unclaimScript} {
+		if err := s.Load(ctx, rdb).Err(); err != nil {
+			return err
+		}
+	}
+	retry := rdb.Pipeline()
+	for _, c := range cmds {
+		_ = retry.Process(ctx, c)
+	}
+	_, err = retry.Exec(ctx)
+	return err
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+type backoff struct{ base, cap, cur time.Duration }
+
+func newBackoff(base, cap time.Duration) *backoff { return &backoff{base: base, cap: cap} }
+func (b *backoff) reset()                           { b.cur = 0 }
+func (b *backoff) next() time.Duration {
+	b.cur = min(max(2*b.cur, b.base), b.cap)
+	return b.cur/2 + time.Duration(rand.Int64N(int64(b.cur/2)+1))
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+

@@ -1,0 +1,128 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Fence identifies a writer: the lock it holds and that lock's token.
+type Fence struct {
+	Lock  string
+	Token int64
+}
+
+// fenceCTE locks the lock's fence row and raises it to the writer's token, or
+// returns no row when Postgres already accepted a higher one. Every fenced
+// statement starts with it and guards its write with EXISTS (SELECT 1 FROM fence).
+const fenceCTE = `WITH fence AS (
+  INSERT INTO outbox_fence AS f (lock_name, token) VALUES ($1, $2)
+  ON CONFLICT (lock_name) DO UPDATE SET token = EXCLUDED.token
+  WHERE f.token <= EXCLUDED.token
+  RETURNING token)`
+
+// fenced runs a statement built on fenceCTE whose final SELECT returns the
+// fence's outcome first and then the write counts; ErrStaleFence when the
+// fence refused.
+func (s *Store) fenced(ctx context.Context, f Fence, sql string, counts []*int64, args ...any) error {
+	if f.Token <= 0 {
+		return fmt.Errorf("store: fenced write for %q without a token", f.Lock)
+	}
+	var ok bool
+	dest := []any{&ok}
+	for _, c := range counts {
+		dest = append(dest, c)
+	}
+	if err := s.pool.QueryRow(ctx, sql, append([]any{f.Lock, f.Token}, args...)...).Scan(dest...); err != nil {
+		return fmt.Errorf("store: fenced write (%s token %d): %w", f.Lock, f.Token, err)
+	}
+	if !ok {
+		return fmt.Errorf("%w: %s token %d", ErrStaleFence, f.Lock, f.Token)
+	}
+	return nil
+}
+
+// FenceToken returns the highest token Postgres has accepted for lock, 0 if
+// none: the floor for the next acquisition.
+func (s *Store) FenceToken(ctx context.Context, lock string) (int64, error) {
+	var t int64
+	err := s.pool.QueryRow(ctx, `SELECT token FROM outbox_fence WHERE lock_name = $1`, lock).Scan(&t)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("store: read fence %s: %w", lock, err)
+	}
+	return t, nil
+}
+
+// FenceTokens returns every lock's accepted token.
+func (s *Store) FenceTokens(ctx context.Context) (map[string]int64, error) {
+	rows, err := s.pool.Query(ctx, `SELECT lock_name, token FROM outbox_fence ORDER BY lock_name`)
+	if err != nil {
+		return nil, fmt.Errorf("store: read fences: %w", err)
+	}
+	out := map[string]int64{}
+	var name string
+	var tok int64
+	_, err = pgx.ForEachRow(rows, []any{&name, &tok}, func() error { out[name] = tok; return nil })
+	if err != nil {
+		return nil, fmt.Errorf("store: read fences: %w", err)
+	}
+	return out, nil
+}
+
+// ClaimFence raises the fence to f.Token before the holder acts, so a
+// paused predecessor is refused from now on, and so that every token used
+// anywhere is recorded as the floor for the next acquisition.
+func (s *Store) ClaimFence(ctx context.Context, f Fence) error {
+	return s.fenced(ctx, f, fenceCTE+` SELECT EXISTS (SELECT 1 FROM fence)`, nil)
+}
+
+// Failure is one failed delivery's outcome.
+type Failure struct {
+	ID      int64
+	Error   string
+	RetryAt time.Time // when to try again; ignored when Dead
+	Dead    bool      // dead-letter now
+}
+
+const completeSQL = fenceCTE + `,
+delivered AS (
+  UPDATE outbox SET dispatched_at = now(), last_error = NULL
+  WHERE id = ANY($3::bigint[]) AND dispatched_at IS NULL AND EXISTS (SELECT 1 FROM fence)
+  RETURNING 1),
+failed AS (
+  UPDATE outbox o SET attempts = o.attempts + 1, last_error = x.err,
+    available_at = CASE WHEN x.dead THEN o.available_at ELSE x.retry_at END,
+    dead_at = CASE WHEN x.dead THEN now() END
+  FROM unnest($4::bigint[], $5::text[], $6::timestamptz[], $7::bool[]) AS x(id, err, retry_at, dead)
+  WHERE o.id = x.id AND o.dispatched_at IS NULL AND o.dead_at IS NULL AND EXISTS (SELECT 1 FROM fence)
+  RETURNING 1)
+SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM delivered), (SELECT count(*) FROM failed)`
+
+// Complete writes a batch's outcome in one fenced statement: delivered ids
+// get dispatched_at, failures bump attempts and get last_error plus either a
+// new available_at or dead_at. The id sets must be disjoint. It returns how
+// many rows each part changed (rows already delivered by someone are skipped).
+func (s *Store) Complete(ctx context.Context, f Fence, delivered []int64, failures []Failure) (nDelivered, nFailed int64, err error) {
+	if len(delivered) == 0 && len(failures) == 0 {
+		return 0, 0, nil
+	}
+	n := len(failures)
+	ids, errs, at, dead := make([]int64, n), make([]string, n), make([]time.Time, n), make([]bool, n)
+	for i, x := range failures {
+		ids[i], errs[i], at[i], dead[i] = x.ID, x.Error, x.RetryAt, x.Dead
+		if at[i].IsZero() {
+			at[i] = time.Now()
+		}
+	}
+	if delivered == nil {
+		delivered = []int64{}
+	}
+	err = s.fenced(ctx, f, completeSQL, []*int64{&nDelivered, &nFailed}, delivered, ids, errs, at, dead)
+	return nDelivered, nFailed, err
+}

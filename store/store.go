@@ -1,0 +1,236 @@
+// Package store is outboxd's Postgres side: the pool, the producer API
+// (Enqueue), the poller's queries, and fenced writes.
+//
+// Fencing guarantee: every write the poller or reconciler makes to outbox runs
+// in one statement (one transaction) that first upserts the lock's
+// outbox_fence row. If the stored token is higher than the writer's, the write
+// changes nothing and returns ErrStaleFence; otherwise the stored token is
+// raised to the writer's and the write proceeds while the fence row stays
+// locked. Writers of one lock therefore serialise on that row, and a paused
+// ex-holder can never overwrite what a newer holder did.
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrStaleFence: a fenced write carried a token lower than one Postgres has
+// already accepted for that lock. The writer is no longer the holder.
+var ErrStaleFence = errors.New("store: stale fencing token")
+
+// Store wraps a pgx pool.
+type Store struct {
+	pool *pgxpool.Pool
+}
+
+// Open creates a pool for dsn. It does not wait for Postgres to be reachable:
+// callers retry their queries.
+func Open(ctx context.Context, dsn string) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("store: parse postgres.dsn: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	return &Store{pool: pool}, nil
+}
+
+// New wraps an existing pool.
+func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+
+// Pool returns the underlying pool.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Close closes the pool.
+func (s *Store) Close() { s.pool.Close() }
+
+// Ping checks that Postgres answers.
+func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
+
+// Event is what a producer writes.
+type Event struct {
+	AggregateType string
+	AggregateID   string
+	EventType     string
+	Payload       json.RawMessage   // any JSON value
+	Headers       map[string]string // optional; e.g. traceparent
+	AvailableAt   time.Time         // optional; zero means now
+}
+
+const enqueueSQL = `
+INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, headers, available_at)
+SELECT t, a, e, p::jsonb, h::jsonb, COALESCE(v, now())
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::timestamptz[]) AS x(t, a, e, p, h, v)`
+
+// Enqueue writes events inside the caller's transaction, in one round trip,
+// so they commit or roll back with the business rows. Their ids follow the
+// order given.
+func Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) error {
+	if len(events) == 0 {
+		return nil
+	}
+	n := len(events)
+	types, ids, kinds := make([]string, n), make([]string, n), make([]string, n)
+	payloads, headers := make([]string, n), make([]string, n)
+	avail := make([]*time.Time, n)
+	for i, ev := range events {
+		switch {
+		case ev.AggregateType == "":
+			return fmt.Errorf("store: event %d: aggregate_type is empty", i)
+		case ev.AggregateID == "":
+			return fmt.Errorf("store: event %d: aggregate_id is empty", i)
+		case ev.EventType == "":
+			return fmt.Errorf("store: event %d: event_type is empty", i)
+		case !json.Valid(ev.Payload):
+			return fmt.Errorf("store: event %d: payload is not valid JSON", i)
+		}
+		h := []byte("{}")
+		if len(ev.Headers) > 0 {
+			h, _ = json.Marshal(ev.Headers)
+		}
+		types[i], ids[i], kinds[i] = ev.AggregateType, ev.AggregateID, ev.EventType
+		payloads[i], headers[i] = string(ev.Payload), string(h)
+		if !ev.AvailableAt.IsZero() {
+			avail[i] = &ev.AvailableAt
+		}
+	}
+	if _, err := tx.Exec(ctx, enqueueSQL, types, ids, kinds, payloads, headers, avail); err != nil {
+		return fmt.Errorf("store: enqueue: %w", err)
+	}
+	return nil
+}
+
+// Row is an outbox row as the poller sees it.
+type Row struct {
+	ID            int64
+	AggregateType string
+	AggregateID   string
+	EventType     string
+	Payload       json.RawMessage
+	Headers       json.RawMessage
+	CreatedAt     time.Time
+	Attempts      int
+}
+
+// fetchDueSQL: due rows in id order, skipping every row of an aggregate that
+// has an earlier undelivered row still backing off, so per-aggregate order is
+// never broken. Dead rows do not block their aggregate (see README).
+const fetchDueSQL = `
+SELECT o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload, o.headers, o.created_at, o.attempts
+FROM outbox o
+WHERE o.dispatched_at IS NULL AND o.dead_at IS NULL AND o.available_at <= now()
+  AND NOT EXISTS (
+    SELECT 1 FROM outbox e
+    WHERE e.aggregate_type = o.aggregate_type AND e.aggregate_id = o.aggregate_id
+      AND e.id < o.id AND e.dispatched_at IS NULL AND e.dead_at IS NULL
+      AND e.available_at > now())
+ORDER BY o.id
+LIMIT $1`
+
+// FetchDue reads up to limit due rows in id order.
+func (s *Store) FetchDue(ctx context.Context, limit int) ([]Row, error) {
+	rows, err := s.pool.Query(ctx, fetchDueSQL, limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: fetch due: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Row, error) {
+		var x Row
+		err := r.Scan(&x.ID, &x.AggregateType, &x.AggregateID, &x.EventType, &x.Payload, &x.Headers, &x.CreatedAt, &x.Attempts)
+		return x, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: fetch due: %w", err)
+	}
+	return out, nil
+}
+
+// Listen holds one connection in LISTEN channel and calls fn for each
+// notification until ctx is done or the connection fails.
+func (s *Store) Listen(ctx context.Context, channel string, fn func()) error {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("store: listen: %w", err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		return fmt.Errorf("store: listen: %w", err)
+	}
+	defer func() {
+		// The connection goes back to the pool: stop listening on it.
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		if _, err := conn.Exec(uctx, "UNLISTEN *"); err != nil {
+			conn.Conn().Close(uctx)
+		}
+	}()
+	for {
+		if _, err := conn.Conn().WaitForNotification(ctx); err != nil {
+			return fmt.Errorf("store: listen: %w", err)
+		}
+		fn()
+	}
+}
+
+// SetNotifyTrigger installs or removes the insert trigger that NOTIFYs
+// outbox_events once per inserting statement (poller.notify). It changes
+// nothing when the trigger is already as asked, so replicas starting up do
+// not take the table lock that DDL needs.
+func (s *Store) SetNotifyTrigger(ctx context.Context, on bool) error {
+	var exists bool
+	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_trigger
+		WHERE tgname = 'outbox_notify' AND tgrelid = 'outbox'::regclass)`).Scan(&exists)
+	if err != nil {
+		return fmt.Errorf("store: read notify trigger: %w", err)
+	}
+	if exists == on {
+		return nil
+	}
+	sql := `DROP TRIGGER IF EXISTS outbox_notify ON outbox`
+	if on {
+		sql = `CREATE OR REPLACE TRIGGER outbox_notify AFTER INSERT ON outbox
+		       FOR EACH STATEMENT EXECUTE FUNCTION outbox_notify()`
+	}
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		// Never queue behind a long transaction while blocking producers.
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, sql)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("store: set notify trigger (poller.notify=%t): %w", on, err)
+	}
+	return nil
+}
+
+// Stats is the outbox's backlog as operators see it.
+type Stats struct {
+	Pending          int64   `json:"pending"`
+	OldestPendingAge float64 `json:"oldest_pending_age_seconds"`
+	Dead             int64   `json:"dead"`
+}
+
+// Stats counts pending and dead rows and the oldest pending row's age.
+func (s *Store) Stats(ctx context.Context) (Stats, error) {
+	var st Stats
+	err := s.pool.QueryRow(ctx, `
+SELECT
+  (SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL),
+  COALESCE((SELECT extract(epoch FROM now() - created_at)::float8 FROM outbox
+            WHERE dispatched_at IS NULL AND dead_at IS NULL ORDER BY id LIMIT 1), 0),
+  (SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL)`).Scan(&st.Pending, &st.OldestPendingAge, &st.Dead)
+	if err != nil {
+		return st, fmt.Errorf("store: stats: %w", err)
+	}
+	return st, nil
+}
