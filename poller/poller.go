@@ -515,7 +515,7 @@ func truncate(s string, n int) string {
 type backoff struct{ base, cap, cur time.Duration }
 
 func newBackoff(base, cap time.Duration) *backoff { return &backoff{base: base, cap: cap} }
-func (b *backoff) reset()                           { b.cur = 0 }
+func (b *backoff) reset()                         { b.cur = 0 }
 func (b *backoff) next() time.Duration {
 	b.cur = min(max(2*b.cur, b.base), b.cap)
 	return b.cur/2 + time.Duration(rand.Int64N(int64(b.cur/2)+1))
@@ -529,4 +529,3 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-t.C:
 	}
 }
-

@@ -1,0 +1,112 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisServer is a redis-server process of the test's own, on a free
+// loopback port, without persistence: for restarts, FLUSHALL, pauses and
+// Redlock nodes without touching the shared server.
+type RedisServer struct {
+	t    testing.TB
+	Addr string
+	port int
+	dir  string
+	cmd  *exec.Cmd
+}
+
+// StartRedisServer starts one; it is killed at cleanup.
+func StartRedisServer(t testing.TB) *RedisServer {
+	t.Helper()
+	_, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatalf("testenv: redis-server not on PATH (install the redis-server package): %v", err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	s := &RedisServer{t: t, port: port, Addr: "127.0.0.1:" + strconv.Itoa(port), dir: t.TempDir()}
+	s.Start()
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Start (re)starts the process and waits until it answers.
+func (s *RedisServer) Start() {
+	s.t.Helper()
+	s.cmd = exec.Command("redis-server", "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", s.dir,
+		"--logfile", filepath.Join(s.dir, "redis.log"))
+	s.cmd.Stdout, s.cmd.Stderr = os.Stderr, os.Stderr
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatalf("testenv: start redis-server: %v", err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("testenv: redis-server on %s did not answer: %v", s.Addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Stop kills the process (data is lost: no persistence).
+func (s *RedisServer) Stop() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGCONT) // a paused process cannot die of SIGKILL until resumed on some kernels
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+	s.cmd = nil
+}
+
+// Restart stops and starts the process on the same port: all data is gone.
+func (s *RedisServer) Restart() { s.Stop(); s.Start() }
+
+// Pause sends SIGSTOP: connections hang as on a network partition.
+func (s *RedisServer) Pause() { s.signal(syscall.SIGSTOP) }
+
+// Resume sends SIGCONT.
+func (s *RedisServer) Resume() { s.signal(syscall.SIGCONT) }
+
+func (s *RedisServer) signal(sig syscall.Signal) {
+	if s.cmd == nil || s.cmd.Process == nil {
+		s.t.Fatalf("testenv: redis-server %s is not running", s.Addr)
+	}
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		s.t.Fatalf("testenv: signal %v to redis-server: %v", sig, err)
+	}
+}
+
+// Client returns a client for this server, closed at cleanup.
+func (s *RedisServer) Client() *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, ContextTimeoutEnabled: true,
+		DialTimeout: 500 * time.Millisecond, MaxRetries: 1})
+	s.t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func (s *RedisServer) String() string { return fmt.Sprintf("redis-server %s", s.Addr) }

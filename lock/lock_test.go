@@ -1,0 +1,324 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/lock"
+)
+
+func TestMain(m *testing.M) {
+	if hammerChild() {
+		return
+	}
+	testenv.Main(m)
+}
+
+func newClient(t *testing.T) (*lock.Client, *redis.Client, string) {
+	rdb, prefix := testenv.Redis(t)
+	return lock.New([]redis.UniversalClient{rdb}, lock.WithKeyPrefix(prefix)), rdb, prefix
+}
+
+func release(t *testing.T, l *lock.Lock) {
+	t.Helper()
+	if err := l.Release(context.Background()); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+}
+
+func TestAcquireExcludesAndReleaseHandsOver(t *testing.T) {
+	c, rdb, prefix := newClient(t)
+	ctx := context.Background()
+	opts := lock.Options{TTL: 5 * time.Second}
+
+	a, err := c.TryAcquire(ctx, "lock:x", opts)
+	if err != nil {
+		t.Fatalf("first acquire: %v", err)
+	}
+	if a.Token() < 1 {
+		t.Fatalf("token %d, want >= 1", a.Token())
+	}
+	if v := rdb.Get(ctx, prefix+"lock:x").Val(); v != a.Owner() {
+		t.Fatalf("key holds %q, want owner %q", v, a.Owner())
+	}
+	if ttl := rdb.PTTL(ctx, prefix+"lock:x").Val(); ttl <= 0 || ttl > 5*time.Second {
+		t.Fatalf("key TTL %s, want (0, 5s]", ttl)
+	}
+
+	_, err = c.TryAcquire(ctx, "lock:x", opts)
+	var held *lock.HolderError
+	if !errors.Is(err, lock.ErrNotObtained) || !errors.As(err, &held) || held.TTL <= 0 {
+		t.Fatalf("second acquire: got %v, want ErrNotObtained with the holder's TTL", err)
+	}
+
+	release(t, a)
+	if ctxErr := context.Cause(a.Context()); !errors.Is(ctxErr, lock.ErrReleased) {
+		t.Fatalf("context cause after release: %v", ctxErr)
+	}
+	b, err := c.TryAcquire(ctx, "lock:x", opts)
+	if err != nil {
+		t.Fatalf("acquire after release: %v", err)
+	}
+	defer release(t, b)
+	if b.Token() <= a.Token() {
+		t.Fatalf("token did not increase: %d then %d", a.Token(), b.Token())
+	}
+}
+
+func TestAcquireWaitGivesUpWithCause(t *testing.T) {
+	c, _, _ := newClient(t)
+	ctx := context.Background()
+	a, err := c.TryAcquire(ctx, "lock:w", lock.Options{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release(t, a)
+	_, err = c.Acquire(ctx, "lock:w", lock.Options{TTL: time.Second, Wait: 200 * time.Millisecond})
+	if !errors.Is(err, lock.ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("got %v, want ErrNotObtained joined with DeadlineExceeded", err)
+	}
+}
+
+func TestTokensIncreaseOverManyAcquisitions(t *testing.T) {
+	c, _, _ := newClient(t)
+	ctx := context.Background()
+	var last int64
+	for i := range 1000 {
+		l, err := c.TryAcquire(ctx, "lock:seq", lock.Options{TTL: time.Second, RenewInterval: -1})
+		if err != nil {
+			t.Fatalf("acquisition %d: %v", i, err)
+		}
+		if l.Token() <= last {
+			t.Fatalf("acquisition %d: token %d after %d", i, l.Token(), last)
+		}
+		last = l.Token()
+		release(t, l)
+	}
+}
+
+func TestFloorKeepsTokensIncreasingAfterDataLoss(t *testing.T) {
+	srv := testenv.StartRedisServer(t)
+	rdb := srv.Client()
+	c := lock.New([]redis.UniversalClient{rdb})
+	ctx := context.Background()
+	opts := lock.Options{TTL: time.Second, RenewInterval: -1}
+
+	var accepted int64 // stands in for outbox_fence
+	acquire := func(step string) int64 {
+		t.Helper()
+		o := opts
+		o.Floor = accepted
+		l, err := c.Acquire(ctx, "lock:f", o)
+		if err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		if l.Token() <= accepted {
+			t.Fatalf("%s: token %d not above accepted %d", step, l.Token(), accepted)
+		}
+		accepted = l.Token()
+		_ = l.Release(ctx)
+		return l.Token()
+	}
+	for range 5 {
+		acquire("before")
+	}
+	before := accepted
+
+	if err := rdb.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if tok := acquire("after FLUSHALL"); tok <= before {
+		t.Fatalf("after FLUSHALL: token %d, want > %d", tok, before)
+	}
+
+	before = accepted
+	srv.Restart()
+	if tok := acquire("after restart"); tok <= before {
+		t.Fatalf("after restart: token %d, want > %d", tok, before)
+	}
+
+	// Without the floor the counter really did reset: the floor is what saved us.
+	_ = rdb.FlushAll(ctx).Err()
+	l, err := c.TryAcquire(ctx, "lock:f", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	if l.Token() != 1 {
+		t.Fatalf("without floor after FLUSHALL: token %d, want 1 (test premise)", l.Token())
+	}
+}
+
+func TestExpiresWithoutRenewal(t *testing.T) {
+	c, rdb, prefix := newClient(t)
+	ctx := context.Background()
+	a, err := c.TryAcquire(ctx, "lock:e", lock.Options{TTL: 300 * time.Millisecond, RenewInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-a.Context().Done():
+	case <-time.After(2 * time.Second):
+		t.Fatal("context not done after the lease ran out")
+	}
+	if !errors.Is(context.Cause(a.Context()), lock.ErrLost) {
+		t.Fatalf("cause %v, want ErrLost", context.Cause(a.Context()))
+	}
+	// Wait for Redis to expire the key, then someone else can take it.
+	for rdb.Exists(ctx, prefix+"lock:e").Val() == 1 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	b, err := c.TryAcquire(ctx, "lock:e", lock.Options{TTL: time.Second})
+	if err != nil {
+		t.Fatalf("acquire after expiry: %v", err)
+	}
+	release(t, b)
+	if err := a.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
+		t.Fatalf("late release: %v, want ErrNotHeld", err)
+	}
+}
+
+func TestWatchdogKeepsLockPastThreeTTLs(t *testing.T) {
+	c, rdb, prefix := newClient(t)
+	ctx := context.Background()
+	ttl := 300 * time.Millisecond
+	a, err := c.TryAcquire(ctx, "lock:r", lock.Options{TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release(t, a)
+	time.Sleep(3*ttl + 100*time.Millisecond)
+	if a.Context().Err() != nil {
+		t.Fatalf("lock lost while renewing: %v", context.Cause(a.Context()))
+	}
+	if v := rdb.Get(ctx, prefix+"lock:r").Val(); v != a.Owner() {
+		t.Fatalf("key holds %q after 3 TTLs, want the owner", v)
+	}
+	if _, err := c.TryAcquire(ctx, "lock:r", lock.Options{TTL: ttl}); !errors.Is(err, lock.ErrNotObtained) {
+		t.Fatalf("second holder got in: %v", err)
+	}
+}
+
+func TestNonOwnerCannotReleaseOrExtend(t *testing.T) {
+	c, rdb, prefix := newClient(t)
+	ctx := context.Background()
+	a, err := c.TryAcquire(ctx, "lock:o", lock.Options{TTL: 5 * time.Second, RenewInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Someone else takes the key (as if a's lease had expired and b acquired).
+	if err := rdb.Set(ctx, prefix+"lock:o", "someone-else", 5*time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Extend(ctx); !errors.Is(err, lock.ErrOwnedByOther) || !errors.Is(err, lock.ErrLost) {
+		t.Fatalf("extend by non-owner: %v, want ErrLost + ErrOwnedByOther", err)
+	}
+	if err := a.Release(ctx); !errors.Is(err, lock.ErrOwnedByOther) {
+		t.Fatalf("release by non-owner: %v, want ErrOwnedByOther", err)
+	}
+	if v := rdb.Get(ctx, prefix+"lock:o").Val(); v != "someone-else" {
+		t.Fatalf("non-owner changed the key: %q", v)
+	}
+	if ttl := rdb.PTTL(ctx, prefix+"lock:o").Val(); ttl > 5*time.Second || ttl < 4*time.Second {
+		t.Fatalf("non-owner changed the TTL: %s", ttl)
+	}
+}
+
+func TestLostSignalWhenKeyDeletedOrStolen(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		tamper func(rdb *redis.Client, key string)
+		want   error
+	}{
+		{"deleted", func(rdb *redis.Client, key string) { rdb.Del(context.Background(), key) }, lock.ErrNotHeld},
+		{"stolen", func(rdb *redis.Client, key string) { rdb.Set(context.Background(), key, "thief", time.Minute) }, lock.ErrOwnedByOther},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, rdb, prefix := newClient(t)
+			renew := 100 * time.Millisecond
+			a, err := c.TryAcquire(context.Background(), "lock:l", lock.Options{TTL: 10 * time.Second, RenewInterval: renew})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Release(context.Background())
+			tc.tamper(rdb, prefix+"lock:l")
+			select {
+			case <-a.Context().Done():
+			case <-time.After(10 * renew): // generous; the watchdog checks every renew
+				t.Fatal("context not done after the key was tampered with")
+			}
+			cause := context.Cause(a.Context())
+			if !errors.Is(cause, lock.ErrLost) || !errors.Is(cause, tc.want) {
+				t.Fatalf("cause %v, want ErrLost and %v", cause, tc.want)
+			}
+		})
+	}
+}
+
+func TestLostBeforeTTLWhenRedisUnreachable(t *testing.T) {
+	srv := testenv.StartRedisServer(t)
+	c := lock.New([]redis.UniversalClient{srv.Client()})
+	ttl := 2 * time.Second
+	a, err := c.TryAcquire(context.Background(), "lock:p", lock.Options{TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	acquired := time.Now()
+	srv.Pause()
+	defer srv.Resume()
+	select {
+	case <-a.Context().Done():
+	case <-time.After(2 * ttl):
+		t.Fatal("holder kept trusting a lease it could not renew")
+	}
+	// The guarantee: we stop before Redis could have expired the lease and
+	// handed it to someone else (monotonic clock, no timing race on the holder).
+	if !a.TrustedUntil().Before(acquired.Add(ttl)) {
+		t.Fatalf("trusted until %s, beyond the lease's end %s", a.TrustedUntil(), acquired.Add(ttl))
+	}
+	if !errors.Is(context.Cause(a.Context()), lock.ErrLost) {
+		t.Fatalf("cause %v, want ErrLost", context.Cause(a.Context()))
+	}
+	srv.Resume()
+	_ = a.Release(context.Background())
+}
+
+func TestWaiterWakesOnRelease(t *testing.T) {
+	c, _, _ := newClient(t)
+	ctx := context.Background()
+	a, err := c.TryAcquire(ctx, "lock:h", lock.Options{TTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan time.Time, 1)
+	errc := make(chan error, 1)
+	go func() {
+		// A retry interval far longer than the test: only the release
+		// notification can wake this waiter in time.
+		b, err := c.Acquire(ctx, "lock:h", lock.Options{TTL: time.Second, Wait: 20 * time.Second, RetryInterval: 10 * time.Second})
+		if err != nil {
+			errc <- err
+			return
+		}
+		got <- time.Now()
+		_ = b.Release(ctx)
+	}()
+	time.Sleep(200 * time.Millisecond) // let the waiter subscribe and fail its first try
+	released := time.Now()
+	release(t, a)
+	select {
+	case at := <-got:
+		if d := at.Sub(released); d > 5*time.Second {
+			t.Fatalf("handover took %s: the waiter was not woken by the release", d)
+		}
+	case err := <-errc:
+		t.Fatal(err)
+	case <-time.After(8 * time.Second):
+		t.Fatal("waiter not woken by the release")
+	}
+}
