@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -48,7 +49,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintln(stderr, "outboxd:", err)
 	var ue usageError
 	var ke *config.KeyError
-	if errors.As(err, &ue) || errors.As(err, &ke) {
+	// cobra reports an unknown subcommand as a plain error.
+	if errors.As(err, &ue) || errors.As(err, &ke) || strings.HasPrefix(err.Error(), "unknown command") {
 		return 2
 	}
 	return 1

@@ -1,0 +1,217 @@
+package store_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/store"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+func enqueue(t *testing.T, st *store.Store, events ...store.Event) {
+	t.Helper()
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error { return store.Enqueue(ctx, tx, events...) })
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func ev(agg, id string, n int) store.Event {
+	return store.Event{AggregateType: agg, AggregateID: id, EventType: agg + ".happened",
+		Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, n))}
+}
+
+type rowState struct {
+	dispatched, dead bool
+	attempts         int
+	lastError        *string
+}
+
+func state(t *testing.T, st *store.Store, id int64) rowState {
+	t.Helper()
+	var s rowState
+	err := st.Pool().QueryRow(context.Background(),
+		`SELECT dispatched_at IS NOT NULL, dead_at IS NOT NULL, attempts, last_error FROM outbox WHERE id = $1`, id).
+		Scan(&s.dispatched, &s.dead, &s.attempts, &s.lastError)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestEnqueueCommitsWithTheCallersTransaction(t *testing.T) {
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	enqueue(t, st, ev("deal", "1", 1), store.Event{
+		AggregateType: "deal", AggregateID: "1", EventType: "deal.funded",
+		Payload: json.RawMessage(`{"amount":10}`), Headers: map[string]string{"traceparent": "00-abc-def-01"},
+	})
+	// A rolled-back transaction leaves nothing behind.
+	tx, err := st.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Enqueue(ctx, tx, ev("deal", "2", 3)); err != nil {
+		t.Fatal(err)
+	}
+	_ = tx.Rollback(ctx)
+
+	rows, err := st.FetchDue(ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 2 || rows[0].ID >= rows[1].ID {
+		t.Fatalf("got %d rows %+v, want the 2 committed in id order", len(rows), rows)
+	}
+	var h map[string]string
+	if err := json.Unmarshal(rows[1].Headers, &h); err != nil || h["traceparent"] != "00-abc-def-01" {
+		t.Fatalf("headers %s, want the traceparent passed through", rows[1].Headers)
+	}
+}
+
+func TestEnqueueNamesTheBadField(t *testing.T) {
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		ev   store.Event
+		want string
+	}{
+		{store.Event{AggregateID: "1", EventType: "x", Payload: json.RawMessage(`{}`)}, "aggregate_type"},
+		{store.Event{AggregateType: "a", EventType: "x", Payload: json.RawMessage(`{}`)}, "aggregate_id"},
+		{store.Event{AggregateType: "a", AggregateID: "1", Payload: json.RawMessage(`{}`)}, "event_type"},
+		{store.Event{AggregateType: "a", AggregateID: "1", EventType: "x", Payload: json.RawMessage(`{nope`)}, "payload"},
+	} {
+		err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error { return store.Enqueue(ctx, tx, tc.ev) })
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("event %+v: error %v, want one naming %s", tc.ev, err, tc.want)
+		}
+	}
+}
+
+func TestStaleFenceIsRejectedAndChangesNothing(t *testing.T) {
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	enqueue(t, st, ev("deal", "1", 1), ev("deal", "2", 2))
+	rows, _ := st.FetchDue(ctx, 10)
+	a, b := rows[0].ID, rows[1].ID
+
+	newer := store.Fence{Lock: "lock:outbox:poller", Token: 7}
+	older := store.Fence{Lock: "lock:outbox:poller", Token: 6}
+	if err := st.ClaimFence(ctx, newer); err != nil {
+		t.Fatal(err)
+	}
+
+	_, _, err := st.Complete(ctx, older, []int64{a}, []store.Failure{{ID: b, Error: "boom", Dead: true}})
+	if !errors.Is(err, store.ErrStaleFence) {
+		t.Fatalf("write with token 6 after 7: %v, want ErrStaleFence", err)
+	}
+	if s := state(t, st, a); s.dispatched {
+		t.Fatal("stale writer marked a row delivered")
+	}
+	if s := state(t, st, b); s.dead || s.attempts != 0 || s.lastError != nil {
+		t.Fatalf("stale writer changed a row: %+v", s)
+	}
+	if tok, _ := st.FenceToken(ctx, newer.Lock); tok != 7 {
+		t.Fatalf("fence token %d, want 7", tok)
+	}
+	if err := st.ClaimFence(ctx, older); !errors.Is(err, store.ErrStaleFence) {
+		t.Fatalf("claiming an older token: %v", err)
+	}
+
+	// The current holder (and a newer one) may write; the fence only rises.
+	nd, nf, err := st.Complete(ctx, newer, []int64{a}, []store.Failure{{ID: b, Error: "boom", RetryAt: time.Now().Add(time.Hour)}})
+	if err != nil || nd != 1 || nf != 1 {
+		t.Fatalf("current holder: delivered %d failed %d err %v", nd, nf, err)
+	}
+	if s := state(t, st, b); s.attempts != 1 || s.lastError == nil || *s.lastError != "boom" {
+		t.Fatalf("failure not recorded: %+v", s)
+	}
+	if err := st.ClaimFence(ctx, store.Fence{Lock: newer.Lock, Token: 9}); err != nil {
+		t.Fatal(err)
+	}
+	if tok, _ := st.FenceToken(ctx, newer.Lock); tok != 9 {
+		t.Fatalf("fence token %d, want 9", tok)
+	}
+	// Fences of different locks are independent.
+	if err := st.ClaimFence(ctx, store.Fence{Lock: "lock:reconciliation", Token: 1}); err != nil {
+		t.Fatalf("other lock: %v", err)
+	}
+}
+
+func TestFetchDueKeepsAggregateOrderBehindBackoff(t *testing.T) {
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	enqueue(t, st, ev("deal", "A", 1), ev("deal", "A", 2), ev("deal", "B", 3), ev("deal", "A", 4))
+	rows, _ := st.FetchDue(ctx, 10)
+	if len(rows) != 4 {
+		t.Fatalf("got %d rows, want 4", len(rows))
+	}
+	first := rows[0].ID
+	f := store.Fence{Lock: "lock:outbox:poller", Token: 1}
+	// A's first row backs off: A's later rows must wait; B flows.
+	if _, _, err := st.Complete(ctx, f, nil, []store.Failure{{ID: first, Error: "503", RetryAt: time.Now().Add(time.Hour)}}); err != nil {
+		t.Fatal(err)
+	}
+	rows, _ = st.FetchDue(ctx, 10)
+	if len(rows) != 1 || rows[0].AggregateID != "B" {
+		t.Fatalf("due rows %+v, want only B's", rows)
+	}
+	// A dead row does not block its aggregate.
+	if _, _, err := st.Complete(ctx, f, nil, []store.Failure{{ID: first, Error: "400", Dead: true}}); err != nil {
+		t.Fatal(err)
+	}
+	rows, _ = st.FetchDue(ctx, 10)
+	if len(rows) != 3 || rows[0].AggregateID != "A" {
+		t.Fatalf("due rows after dead-letter: %+v, want A's two later rows and B's", rows)
+	}
+}
+
+func TestNotifyTriggerSwitch(t *testing.T) {
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	has := func() bool {
+		var ok bool
+		_ = st.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'outbox_notify')`).Scan(&ok)
+		return ok
+	}
+	if has() {
+		t.Fatal("trigger present before being switched on")
+	}
+	woke := make(chan struct{}, 1)
+	lctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	if err := st.SetNotifyTrigger(ctx, true); err != nil || !has() {
+		t.Fatalf("on: %v", err)
+	}
+	go func() { done <- st.Listen(lctx, "outbox_events", func() { woke <- struct{}{} }) }()
+	// Listen is asynchronous: insert until the notification arrives.
+	deadline := time.After(5 * time.Second)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+wait:
+	for {
+		select {
+		case <-woke:
+			break wait
+		case <-tick.C:
+			enqueue(t, st, ev("deal", "n", 1))
+		case <-deadline:
+			t.Fatal("no notification after inserts with the trigger on")
+		}
+	}
+	cancel()
+	<-done
+	if err := st.SetNotifyTrigger(ctx, false); err != nil || has() {
+		t.Fatalf("off: %v", err)
+	}
+}
