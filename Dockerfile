@@ -1,0 +1,21 @@
+# syntax=docker/dockerfile:1
+# Multi-stage: a static binary on a distroless base, running as non-root.
+FROM golang:1.26-bookworm AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+ARG VERSION=dev
+ARG COMMIT=unknown
+RUN CGO_ENABLED=0 GOOS=linux go build -trimpath \
+      -ldflags "-s -w -X main.version=${VERSION} -X main.commit=${COMMIT}" \
+      -o /out/outboxd ./cmd/outboxd \
+ && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/outboxd-demo ./cmd/outboxd-demo
+
+FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=build /out/outboxd /out/outboxd-demo /usr/local/bin/
+COPY config.yaml /etc/outboxd/config.yaml
+USER 65532:65532
+EXPOSE 9090
+ENTRYPOINT ["/usr/local/bin/outboxd"]
+CMD ["run", "--config", "/etc/outboxd/config.yaml"]
