@@ -9,19 +9,23 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Fence identifies a writer: the lock it holds and that lock's token.
+// Fence identifies a writer: the lock it holds, that lock's token, and the
+// acquisition's owner value.
 type Fence struct {
 	Lock  string
 	Token int64
+	Owner string
 }
 
 // fenceCTE locks the lock's fence row and raises it to the writer's token, or
-// returns no row when Postgres already accepted a higher one. Every fenced
-// statement starts with it and guards its write with EXISTS (SELECT 1 FROM fence).
+// returns no row when Postgres already accepted a higher token, or the same
+// token from another owner. Every fenced statement starts with it and guards
+// its write with EXISTS (SELECT 1 FROM fence).
 const fenceCTE = `WITH fence AS (
-  INSERT INTO outbox_fence AS f (lock_name, token) VALUES ($1, $2)
-  ON CONFLICT (lock_name) DO UPDATE SET token = EXCLUDED.token
-  WHERE f.token <= EXCLUDED.token
+  INSERT INTO outbox_fence AS f (lock_name, token, owner) VALUES ($1, $2, $3)
+  ON CONFLICT (lock_name) DO UPDATE SET token = EXCLUDED.token, owner = EXCLUDED.owner
+  WHERE f.token < EXCLUDED.token
+     OR (f.token = EXCLUDED.token AND f.owner IS NOT DISTINCT FROM EXCLUDED.owner)
   RETURNING token)`
 
 // fenced runs a statement built on fenceCTE whose final SELECT returns the
@@ -36,7 +40,7 @@ func (s *Store) fenced(ctx context.Context, f Fence, sql string, counts []*int64
 	for _, c := range counts {
 		dest = append(dest, c)
 	}
-	if err := s.pool.QueryRow(ctx, sql, append([]any{f.Lock, f.Token}, args...)...).Scan(dest...); err != nil {
+	if err := s.pool.QueryRow(ctx, sql, append([]any{f.Lock, f.Token, f.Owner}, args...)...).Scan(dest...); err != nil {
 		return fmt.Errorf("store: fenced write (%s token %d): %w", f.Lock, f.Token, err)
 	}
 	if !ok {
@@ -93,13 +97,13 @@ type Failure struct {
 const completeSQL = fenceCTE + `,
 delivered AS (
   UPDATE outbox SET dispatched_at = now(), last_error = NULL
-  WHERE id = ANY($3::bigint[]) AND dispatched_at IS NULL AND EXISTS (SELECT 1 FROM fence)
+  WHERE id = ANY($4::bigint[]) AND dispatched_at IS NULL AND EXISTS (SELECT 1 FROM fence)
   RETURNING 1),
 failed AS (
   UPDATE outbox o SET attempts = o.attempts + 1, last_error = x.err,
     available_at = CASE WHEN x.dead THEN o.available_at ELSE x.retry_at END,
     dead_at = CASE WHEN x.dead THEN now() END
-  FROM unnest($4::bigint[], $5::text[], $6::timestamptz[], $7::bool[]) AS x(id, err, retry_at, dead)
+  FROM unnest($5::bigint[], $6::text[], $7::timestamptz[], $8::bool[]) AS x(id, err, retry_at, dead)
   WHERE o.id = x.id AND o.dispatched_at IS NULL AND o.dead_at IS NULL AND EXISTS (SELECT 1 FROM fence)
   RETURNING 1)
 SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM delivered), (SELECT count(*) FROM failed)`

@@ -105,10 +105,15 @@ func TestStaleFenceIsRejectedAndChangesNothing(t *testing.T) {
 	rows, _ := st.FetchDue(ctx, 10)
 	a, b := rows[0].ID, rows[1].ID
 
-	newer := store.Fence{Lock: "lock:outbox:poller", Token: 7}
-	older := store.Fence{Lock: "lock:outbox:poller", Token: 6}
+	newer := store.Fence{Lock: "lock:outbox:poller", Token: 7, Owner: "owner-7"}
+	older := store.Fence{Lock: "lock:outbox:poller", Token: 6, Owner: "owner-6"}
 	if err := st.ClaimFence(ctx, newer); err != nil {
 		t.Fatal(err)
+	}
+	// The same token from another holder (a lost counter handed it out twice).
+	twin := store.Fence{Lock: newer.Lock, Token: 7, Owner: "other-owner"}
+	if _, _, err := st.Complete(ctx, twin, []int64{a}, nil); !errors.Is(err, store.ErrStaleFence) {
+		t.Fatalf("equal token, other owner: %v, want ErrStaleFence", err)
 	}
 
 	_, _, err := st.Complete(ctx, older, []int64{a}, []store.Failure{{ID: b, Error: "boom", Dead: true}})
@@ -136,7 +141,7 @@ func TestStaleFenceIsRejectedAndChangesNothing(t *testing.T) {
 	if s := state(t, st, b); s.attempts != 1 || s.lastError == nil || *s.lastError != "boom" {
 		t.Fatalf("failure not recorded: %+v", s)
 	}
-	if err := st.ClaimFence(ctx, store.Fence{Lock: newer.Lock, Token: 9}); err != nil {
+	if err := st.ClaimFence(ctx, store.Fence{Lock: newer.Lock, Token: 9, Owner: "owner-9"}); err != nil {
 		t.Fatal(err)
 	}
 	if tok, _ := st.FenceToken(ctx, newer.Lock); tok != 9 {
