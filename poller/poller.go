@@ -112,6 +112,20 @@ type Poller struct {
 	m     *metrics.Metrics
 	wake  chan struct{}
 	held  atomic.Int64 // token while leading, 0 otherwise
+	hooks hooks        // crash points, for tests only
+}
+
+// hooks run at the protocol's crash windows; tests kill the process there.
+type hooks struct {
+	afterClaim    func() // claims set, nothing sent
+	afterSend     func() // sends done, idempotency keys not finalised
+	afterFinalize func() // keys say delivered, Postgres not marked
+}
+
+func run(f func()) {
+	if f != nil {
+		f()
+	}
 }
 
 // HeldToken is the fencing token while this runner leads, 0 while it stands by.
@@ -172,7 +186,7 @@ func (p *Poller) acquire(ctx context.Context) (*lock.Lock, error) {
 // ShutdownTimeout) → release the lock.
 func (p *Poller) lead(ctx context.Context, l *lock.Lock) {
 	log := p.log.With("fencing_token", l.Token())
-	fence := store.Fence{Lock: LockName, Token: l.Token()}
+	fence := store.Fence{Lock: LockName, Token: l.Token(), Owner: l.Owner()}
 	log.Info("lock acquired")
 	p.held.Store(l.Token())
 	defer func() {
@@ -210,7 +224,7 @@ func (p *Poller) lead(ctx context.Context, l *lock.Lock) {
 			log.Warn("lock lost", "error", context.Cause(l.Context()))
 			return
 		}
-		n, err := p.batch(workCtx, fence)
+		n, err := p.batch(workCtx, fence, l.TrustedUntil)
 		switch {
 		case errors.Is(err, store.ErrStaleFence):
 			p.stepDown(log, err)
@@ -290,7 +304,9 @@ type item struct {
 
 // batch runs one fetch-claim-send-write cycle and returns how many rows it
 // fetched.
-func (p *Poller) batch(ctx context.Context, fence store.Fence) (int, error) {
+// trusted is the lease's local trust deadline: no send starts past it, and
+// none outlives it.
+func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() time.Time) (int, error) {
 	start := time.Now()
 	rows, err := p.store.FetchDue(ctx, p.cfg.BatchSize)
 	if err != nil || len(rows) == 0 {
@@ -305,8 +321,9 @@ func (p *Poller) batch(ctx context.Context, fence store.Fence) (int, error) {
 	if err := p.claim(ctx, items, claim); err != nil {
 		return len(rows), err
 	}
-
-	p.deliver(ctx, items, fence.Token)
+	run(p.hooks.afterClaim)
+	p.deliver(ctx, items, fence.Token, trusted)
+	run(p.hooks.afterSend)
 
 	// Results are written even if the lease was lost meanwhile: the fence, not
 	// the lease, decides whether they land, and landing them saves duplicates.
@@ -349,7 +366,7 @@ func (p *Poller) claim(ctx context.Context, items []item, claim string) error {
 
 // deliver sends aggregates in parallel (bounded) and each aggregate in order,
 // stopping an aggregate at its first failure or foreign claim.
-func (p *Poller) deliver(ctx context.Context, items []item, token int64) {
+func (p *Poller) deliver(ctx context.Context, items []item, token int64, trusted func() time.Time) {
 	type aggKey struct{ t, id string }
 	var order []aggKey
 	groups := map[aggKey][]int{}
@@ -367,13 +384,13 @@ func (p *Poller) deliver(ctx context.Context, items []item, token int64) {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			p.deliverAggregate(ctx, items, idx, token)
+			p.deliverAggregate(ctx, items, idx, token, trusted)
 		})
 	}
 	wg.Wait()
 }
 
-func (p *Poller) deliverAggregate(ctx context.Context, items []item, idx []int, token int64) {
+func (p *Poller) deliverAggregate(ctx context.Context, items []item, idx []int, token int64, trusted func() time.Time) {
 	for _, i := range idx {
 		it := &items[i]
 		switch it.outcome {
@@ -382,17 +399,23 @@ func (p *Poller) deliverAggregate(ctx context.Context, items []item, idx []int, 
 		case foreign:
 			return // someone is mid-flight on an earlier row: keep order, retry later
 		}
-		if ctx.Err() != nil {
+		// Trust the lease less than Redis does: past the local deadline (a pause,
+		// a slow network) stop without waiting to hear from Redis.
+		until := trusted()
+		if ctx.Err() != nil || !time.Now().Before(until) {
 			return // lease lost or shutdown timeout: abandon, claims get released
 		}
 		r := it.row
-		err := p.sink.Send(ctx, dispatch.Event{
+		sctx, cancel := context.WithDeadline(ctx, until)
+		err := p.sink.Send(sctx, dispatch.Event{
 			ID: r.ID, AggregateType: r.AggregateType, AggregateID: r.AggregateID, EventType: r.EventType,
 			Payload: r.Payload, Headers: r.Headers, CreatedAt: r.CreatedAt,
 		}, token)
+		abandoned := sctx.Err() != nil // read before cancel, which sets it
+		cancel()
 		if err != nil {
-			if ctx.Err() != nil {
-				return // our own cancellation, not the receiver's fault: no attempt counted
+			if abandoned {
+				return // our own cancellation or deadline, not the receiver's fault: no attempt counted
 			}
 			it.outcome, it.err = failed, err
 			return
@@ -429,6 +452,7 @@ func (p *Poller) finish(ctx context.Context, items []item, claim string, fence s
 		// delivered mark costs at most a duplicate. Postgres is the record.
 		p.log.Warn("idempotency keys not updated", "error", err, "batch_size", len(items))
 	}
+	run(p.hooks.afterFinalize)
 
 	nd, _, err := p.store.Complete(ctx, fence, delivered, failures)
 	if err != nil {

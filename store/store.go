@@ -234,3 +234,56 @@ SELECT
 	}
 	return st, nil
 }
+
+// ReplayFilter selects dead rows to requeue; the zero value selects all.
+type ReplayFilter struct {
+	IDs           []int64 // only these ids
+	AggregateType string  // with AggregateID: only this aggregate
+	AggregateID   string
+}
+
+const replaySQL = `
+WITH picked AS (
+  SELECT id FROM outbox
+  WHERE dead_at IS NOT NULL AND id > $1
+    AND (cardinality($2::bigint[]) = 0 OR id = ANY($2))
+    AND ($3 = '' OR (aggregate_type = $3 AND aggregate_id = $4))
+  ORDER BY id LIMIT $5
+  FOR UPDATE SKIP LOCKED)
+UPDATE outbox o SET dead_at = NULL, attempts = 0, available_at = now()
+FROM picked WHERE o.id = picked.id
+RETURNING o.id`
+
+// ReplayDead requeues dead rows (clears dead_at, resets attempts, due now;
+// last_error stays for the record) in batches of batchSize, calling progress
+// after each. The poller never writes dead rows, so this needs no fence.
+func (s *Store) ReplayDead(ctx context.Context, f ReplayFilter, batchSize int, progress func(done int64)) (int64, error) {
+	if batchSize <= 0 {
+		batchSize = 1000
+	}
+	ids := f.IDs
+	if ids == nil {
+		ids = []int64{}
+	}
+	var total, cursor int64
+	for {
+		rows, err := s.pool.Query(ctx, replaySQL, cursor, ids, f.AggregateType, f.AggregateID, batchSize)
+		if err != nil {
+			return total, fmt.Errorf("store: replay: %w", err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return total, fmt.Errorf("store: replay: %w", err)
+		}
+		for _, id := range got {
+			cursor = max(cursor, id)
+		}
+		total += int64(len(got))
+		if progress != nil && len(got) > 0 {
+			progress(total)
+		}
+		if len(got) < batchSize {
+			return total, nil
+		}
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/outboxd/outboxd/app"
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/migrations"
+	"github.com/outboxd/outboxd/store"
 )
 
 // Set by -ldflags "-X main.version=... -X main.commit=...".
@@ -72,7 +73,7 @@ func newRoot(stdout io.Writer) *cobra.Command {
 	root.PersistentFlags().StringVar(&g.configFile, "config", "", "config file (YAML); env OUTBOXD_<SECTION>_<KEY> and --set override it")
 	root.PersistentFlags().StringArrayVar(&g.sets, "set", nil, "override one key, e.g. --set poller.batch_size=1000 (repeatable)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(runCmd(g, stdout), migrateCmd(g, stdout), versionCmd(stdout), statusCmd(g, stdout))
+	root.AddCommand(runCmd(g, stdout), migrateCmd(g, stdout), versionCmd(stdout), statusCmd(g, stdout), replayCmd(g, stdout))
 	return root
 }
 
@@ -194,4 +195,53 @@ func statusCmd(g *globals, stdout io.Writer) *cobra.Command {
 			return enc.Encode(st)
 		},
 	}
+}
+
+func replayCmd(g *globals, stdout io.Writer) *cobra.Command {
+	var dead bool
+	var ids []int64
+	var aggregate string
+	cmd := &cobra.Command{
+		Use:   "replay --dead [--id N ...] [--aggregate TYPE/ID]",
+		Short: "Requeue dead-lettered events (all, by id, or one aggregate's)",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !dead {
+				return usageError{errors.New("replay needs --dead (only dead-lettered rows can be replayed)")}
+			}
+			var f store.ReplayFilter
+			f.IDs = ids
+			if aggregate != "" {
+				t, id, ok := strings.Cut(aggregate, "/")
+				if !ok || t == "" || id == "" {
+					return usageError{fmt.Errorf("--aggregate wants TYPE/ID, got %q", aggregate)}
+				}
+				f.AggregateType, f.AggregateID = t, id
+			}
+			cfg, err := g.load()
+			if err != nil {
+				return err
+			}
+			log := app.NewLogger(cfg.Log.Level, cfg.Log.Format, stdout)
+			ctx, stop := signalContext()
+			defer stop()
+			st, err := store.Open(ctx, cfg.Postgres.DSN)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			n, err := st.ReplayDead(ctx, f, 1000, func(done int64) {
+				log.Info("replay progress", "requeued", done)
+			})
+			if err != nil {
+				return err
+			}
+			log.Info("replay finished", "requeued", n)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&dead, "dead", false, "requeue dead-lettered rows")
+	cmd.Flags().Int64SliceVar(&ids, "id", nil, "only these outbox ids (repeatable or comma-separated)")
+	cmd.Flags().StringVar(&aggregate, "aggregate", "", "only this aggregate, as TYPE/ID")
+	return cmd
 }

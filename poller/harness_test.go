@@ -1,0 +1,398 @@
+package poller
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/metrics"
+	"github.com/outboxd/outboxd/store"
+)
+
+func TestMain(m *testing.M) {
+	if childMain() {
+		return
+	}
+	testenv.Main(m)
+}
+
+// hit is one request as the receiver saw it, in arrival order.
+type hit struct {
+	id     int64
+	agg    string
+	token  int64
+	status int
+}
+
+// recv is a programmable webhook receiver.
+type recv struct {
+	mu       sync.Mutex
+	hits     []*hit
+	attempts map[int64]int
+	// respond decides the answer (nil: 204).
+	respond func(ev dispatch.Event, token int64, attempt int) (int, http.Header)
+	// hold, if it returns true, blocks the request until release is closed.
+	hold    func(ev dispatch.Event, token int64) bool
+	release chan struct{}
+	heldN   int
+}
+
+func newRecv() *recv { return &recv{attempts: map[int64]int{}, release: make(chan struct{})} }
+
+func (rc *recv) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	var ev dispatch.Event
+	if err := json.Unmarshal(body, &ev); err != nil {
+		w.WriteHeader(http.StatusBadRequest)
+		return
+	}
+	token, _ := strconv.ParseInt(r.Header.Get("X-Fencing-Token"), 10, 64)
+	h := &hit{id: ev.ID, agg: ev.AggregateType + "/" + ev.AggregateID, token: token}
+	rc.mu.Lock()
+	rc.hits = append(rc.hits, h) // arrival order
+	hold := rc.hold != nil && rc.hold(ev, token)
+	if hold {
+		rc.heldN++
+	}
+	rc.mu.Unlock()
+	if hold {
+		<-rc.release
+	}
+	rc.mu.Lock()
+	rc.attempts[ev.ID]++
+	status, hdr := http.StatusNoContent, http.Header(nil)
+	if rc.respond != nil {
+		status, hdr = rc.respond(ev, token, rc.attempts[ev.ID])
+	}
+	h.status = status
+	rc.mu.Unlock()
+	for k, v := range hdr {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(status)
+}
+
+func (rc *recv) held() int {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return rc.heldN
+}
+
+// okCounts returns how many 2xx answers each id got.
+func (rc *recv) okCounts() map[int64]int {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	out := map[int64]int{}
+	for _, h := range rc.hits {
+		if h.status >= 200 && h.status < 300 {
+			out[h.id]++
+		}
+	}
+	return out
+}
+
+func (rc *recv) snapshot() []hit {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	out := make([]hit, len(rc.hits))
+	for i, h := range rc.hits {
+		out[i] = *h
+	}
+	return out
+}
+
+type env struct {
+	t      *testing.T
+	st     *store.Store
+	dsn    string
+	rdb    *redis.Client
+	prefix string
+	rc     *recv
+	srv    *httptest.Server
+}
+
+func newEnv(t *testing.T) *env {
+	st, dsn := testenv.Store(t)
+	rdb, prefix := testenv.Redis(t)
+	rc := newRecv()
+	srv := httptest.NewServer(rc)
+	t.Cleanup(func() {
+		rc.mu.Lock()
+		select {
+		case <-rc.release:
+		default:
+			close(rc.release)
+		}
+		rc.mu.Unlock()
+		srv.Close()
+	})
+	return &env{t: t, st: st, dsn: dsn, rdb: rdb, prefix: prefix, rc: rc, srv: srv}
+}
+
+func (e *env) releaseHeld() {
+	e.rc.mu.Lock()
+	defer e.rc.mu.Unlock()
+	close(e.rc.release)
+}
+
+// insert writes n events round-robin over aggregates "deal/0".. and returns
+// their ids in order.
+func (e *env) insert(n, aggregates int) []int64 {
+	e.t.Helper()
+	ctx := context.Background()
+	var evs []store.Event
+	for i := range n {
+		evs = append(evs, store.Event{AggregateType: "deal", AggregateID: strconv.Itoa(i % aggregates),
+			EventType: "deal.funded", Payload: json.RawMessage(fmt.Sprintf(`{"i":%d}`, i))})
+	}
+	for len(evs) > 0 {
+		chunk := evs[:min(len(evs), 1000)]
+		evs = evs[len(chunk):]
+		if err := pgx.BeginFunc(ctx, e.st.Pool(), func(tx pgx.Tx) error { return store.Enqueue(ctx, tx, chunk...) }); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	rows, _ := e.st.Pool().Query(ctx, `SELECT id FROM outbox ORDER BY id`)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ids
+}
+
+func testConfig() Config {
+	return Config{
+		LockTTL: 2 * time.Second, LockWait: 500 * time.Millisecond, BatchSize: 100, PollInterval: 20 * time.Millisecond,
+		MaxAttempts: 25, Concurrency: 8, ClaimTTL: time.Second, BackoffBase: 10 * time.Millisecond,
+		BackoffMax: 100 * time.Millisecond, ShutdownTimeout: 5 * time.Second,
+	}
+}
+
+type runner struct {
+	*Poller
+	m *metrics.Metrics
+}
+
+// poller builds a runner on e's services; lockPrefix "" means e.prefix.
+func (e *env) poller(cfg Config, lockPrefix string) *runner {
+	if lockPrefix == "" {
+		lockPrefix = e.prefix
+	}
+	cfg.KeyPrefix = e.prefix
+	sink, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: e.srv.URL, Timeout: 5 * time.Second})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	m := metrics.New()
+	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(lockPrefix), lock.WithHooks(m.LockHooks()))
+	log := slog.New(slog.NewJSONHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	return &runner{New(cfg, e.st, locks, e.rdb, sink, log, m), m}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// run starts r; the returned stop cancels it and waits for Run to return.
+func (e *env) run(r *runner) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				e.t.Errorf("Run returned %v", err)
+			}
+		})
+	}
+	e.t.Cleanup(stop)
+	return stop
+}
+
+// waitFor polls cond until it holds or timeout passes.
+func (e *env) waitFor(what string, timeout time.Duration, cond func() bool) {
+	e.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (e *env) count(where string) int {
+	e.t.Helper()
+	var n int
+	if err := e.st.Pool().QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE `+where).Scan(&n); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
+func (e *env) waitAllDispatched(timeout time.Duration) {
+	e.t.Helper()
+	e.waitFor("every row dispatched", timeout, func() bool { return e.count("dispatched_at IS NULL") == 0 })
+}
+
+// checkDelivered asserts every id got at least one 2xx.
+func (e *env) checkDelivered(ids []int64) (duplicates int) {
+	e.t.Helper()
+	ok := e.rc.okCounts()
+	for _, id := range ids {
+		if ok[id] == 0 {
+			e.t.Fatalf("event %d never delivered (lost)", id)
+		}
+		duplicates += ok[id] - 1
+	}
+	return duplicates
+}
+
+// checkOrder asserts first successful deliveries are in id order per aggregate.
+func (e *env) checkOrder() {
+	e.t.Helper()
+	seen, last := map[int64]bool{}, map[string]int64{}
+	for _, h := range e.rc.snapshot() {
+		if h.status < 200 || h.status >= 300 || seen[h.id] {
+			continue
+		}
+		seen[h.id] = true
+		if h.id < last[h.agg] {
+			e.t.Fatalf("aggregate %s: event %d first delivered after %d", h.agg, h.id, last[h.agg])
+		}
+		last[h.agg] = h.id
+	}
+}
+
+// ---- a runner in its own process, to kill or pause for real ----
+
+const childEnv = "OUTBOXD_POLLER_CHILD"
+
+type child struct {
+	cmd      *exec.Cmd
+	mu       sync.Mutex
+	out      strings.Builder
+	wg       sync.WaitGroup
+	waitOnce sync.Once
+	waitErr  error
+}
+
+// startChild runs a runner as a process: crash names the window where it
+// SIGKILLs itself ("" runs normally until SIGTERM).
+func (e *env) startChild(crash string, cfg Config) *child {
+	e.t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=1", "C_DSN="+e.dsn, "C_REDIS="+testenv.RedisAddr(),
+		"C_PREFIX="+e.prefix, "C_URL="+e.srv.URL, "C_CRASH="+crash,
+		"C_TTL="+cfg.LockTTL.String(), "C_BATCH="+strconv.Itoa(cfg.BatchSize),
+		"C_CONC="+strconv.Itoa(cfg.Concurrency), "C_CLAIM="+cfg.ClaimTTL.String())
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	c := &child{cmd: cmd}
+	c.wg.Go(func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			c.mu.Lock()
+			c.out.WriteString(sc.Text() + "\n")
+			c.mu.Unlock()
+		}
+	})
+	e.t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		c.wait()
+	})
+	return c
+}
+
+// wait returns how the process ended (after its output has been read).
+func (c *child) wait() error {
+	c.waitOnce.Do(func() {
+		c.wg.Wait()
+		c.waitErr = c.cmd.Wait()
+	})
+	return c.waitErr
+}
+
+func (c *child) logs() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.out.String()
+}
+
+func (c *child) signal(t *testing.T, s syscall.Signal) {
+	if err := c.cmd.Process.Signal(s); err != nil {
+		t.Fatalf("signal %v: %v", s, err)
+	}
+}
+
+func childMain() bool {
+	if os.Getenv(childEnv) == "" {
+		return false
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	fail := func(err error) { fmt.Fprintln(os.Stderr, "child:", err); os.Exit(3) }
+	st, err := store.Open(ctx, os.Getenv("C_DSN"))
+	if err != nil {
+		fail(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("C_REDIS"), ContextTimeoutEnabled: true})
+	prefix := os.Getenv("C_PREFIX")
+	sink, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: os.Getenv("C_URL"), Timeout: 30 * time.Second})
+	if err != nil {
+		fail(err)
+	}
+	cfg := testConfig()
+	cfg.KeyPrefix = prefix
+	cfg.LockTTL, _ = time.ParseDuration(os.Getenv("C_TTL"))
+	cfg.ClaimTTL, _ = time.ParseDuration(os.Getenv("C_CLAIM"))
+	cfg.BatchSize, _ = strconv.Atoi(os.Getenv("C_BATCH"))
+	cfg.Concurrency, _ = strconv.Atoi(os.Getenv("C_CONC"))
+	m := metrics.New()
+	locks := lock.New([]redis.UniversalClient{rdb}, lock.WithKeyPrefix(prefix), lock.WithHooks(m.LockHooks()))
+	p := New(cfg, st, locks, rdb, sink, slog.New(slog.NewJSONHandler(os.Stdout, nil)), m)
+	kill := func() { _ = syscall.Kill(os.Getpid(), syscall.SIGKILL); select {} }
+	switch os.Getenv("C_CRASH") {
+	case "after-claim":
+		p.hooks.afterClaim = kill
+	case "after-send":
+		p.hooks.afterSend = kill
+	case "after-finalize":
+		p.hooks.afterFinalize = kill
+	}
+	_ = p.Run(ctx)
+	os.Exit(0)
+	return true
+}

@@ -1,0 +1,357 @@
+package poller
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"net/http"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/store"
+)
+
+// A runner killed at each crash window loses nothing: a successor delivers
+// every event. Duplicates appear only where the protocol says they may.
+func TestCrashWindowsLoseNothing(t *testing.T) {
+	for _, tc := range []struct {
+		crash            string
+		childSends       bool // the child's first batch reached the receiver
+		duplicatesExpect bool
+	}{
+		{"after-claim", false, false},   // claimed, nothing sent
+		{"after-send", true, true},      // sent, keys not yet 1: a successor resends
+		{"after-finalize", true, false}, // keys 1, Postgres not marked: marked without resending
+	} {
+		t.Run(tc.crash, func(t *testing.T) {
+			e := newEnv(t)
+			ids := e.insert(200, 20)
+			cfg := testConfig()
+			cfg.LockTTL, cfg.BatchSize, cfg.ClaimTTL = time.Second, 50, time.Second
+			c := e.startChild(tc.crash, cfg)
+			err := c.wait()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+				t.Fatalf("child ended with %v, want killed at %s; logs:\n%s", err, tc.crash, c.logs())
+			}
+			if n := e.count("dispatched_at IS NOT NULL"); n != 0 {
+				t.Fatalf("%d rows marked before the crash, want 0", n)
+			}
+			sentBefore := len(e.rc.snapshot())
+			if tc.childSends != (sentBefore > 0) {
+				t.Fatalf("child sent %d before dying at %s", sentBefore, tc.crash)
+			}
+
+			r := e.poller(testConfig(), "")
+			e.run(r)
+			e.waitAllDispatched(30 * time.Second)
+			dups := e.checkDelivered(ids)
+			e.checkOrder()
+			if tc.duplicatesExpect && dups == 0 {
+				t.Fatalf("no duplicates after a crash between send and mark: the test did not hit the window")
+			}
+			if !tc.duplicatesExpect && dups != 0 {
+				t.Fatalf("%d duplicates, want none after a crash at %s", dups, tc.crash)
+			}
+			if tc.crash == "after-finalize" && testutil.ToFloat64(r.m.Duplicates) < float64(sentBefore) {
+				t.Fatalf("successor marked %v rows from Redis' delivered keys, want %d", testutil.ToFloat64(r.m.Duplicates), sentBefore)
+			}
+		})
+	}
+}
+
+// A receiver down for a while (503) delays but loses nothing and keeps order.
+func TestReceiverOutageRecovers(t *testing.T) {
+	e := newEnv(t)
+	ids := e.insert(300, 10)
+	var mu sync.Mutex
+	down := true
+	e.rc.respond = func(dispatch.Event, int64, int) (int, http.Header) {
+		mu.Lock()
+		defer mu.Unlock()
+		if down {
+			return http.StatusServiceUnavailable, nil
+		}
+		return http.StatusOK, nil
+	}
+	r := e.poller(testConfig(), "")
+	e.run(r)
+	e.waitFor("failures recorded", 10*time.Second, func() bool { return e.count("attempts > 0") >= 10 })
+	mu.Lock()
+	down = false
+	mu.Unlock()
+	e.waitAllDispatched(30 * time.Second)
+	e.checkDelivered(ids)
+	e.checkOrder()
+	if n := e.count("dead_at IS NOT NULL"); n != 0 {
+		t.Fatalf("%d rows dead-lettered by a temporary outage", n)
+	}
+	if testutil.ToFloat64(r.m.DispatchFailures) == 0 {
+		t.Fatal("failures not counted")
+	}
+}
+
+// 429 with Retry-After: the row is not retried before the receiver asked.
+func TestRetryAfterIsHonoured(t *testing.T) {
+	e := newEnv(t)
+	e.insert(1, 1)
+	e.rc.respond = func(_ dispatch.Event, _ int64, attempt int) (int, http.Header) {
+		if attempt == 1 {
+			return http.StatusTooManyRequests, http.Header{"Retry-After": {"3"}}
+		}
+		return http.StatusOK, nil
+	}
+	r := e.poller(testConfig(), "")
+	e.run(r)
+	e.waitFor("the 429 recorded", 10*time.Second, func() bool { return e.count("attempts = 1") == 1 })
+	// Backoff alone would be <= 10 ms here; the row must wait for Retry-After.
+	var wait time.Duration
+	if err := e.st.Pool().QueryRow(context.Background(),
+		`SELECT (available_at - now())::interval FROM outbox`).Scan(&wait); err != nil {
+		t.Fatal(err)
+	}
+	if wait < 2*time.Second {
+		t.Fatalf("retry scheduled in %s, want about 3s (Retry-After)", wait)
+	}
+	e.waitAllDispatched(15 * time.Second)
+}
+
+// 400 dead-letters at once; other aggregates keep flowing; replay delivers it.
+func TestPermanentErrorDeadLettersAndReplayDelivers(t *testing.T) {
+	e := newEnv(t)
+	ids := e.insert(100, 10) // deal/0 .. deal/9
+	var mu sync.Mutex
+	reject := true
+	e.rc.respond = func(ev dispatch.Event, _ int64, _ int) (int, http.Header) {
+		mu.Lock()
+		defer mu.Unlock()
+		if reject && ev.AggregateID == "3" {
+			return http.StatusBadRequest, nil
+		}
+		return http.StatusOK, nil
+	}
+	r := e.poller(testConfig(), "")
+	e.run(r)
+	e.waitFor("all but deal/3 delivered, deal/3 dead", 20*time.Second, func() bool {
+		return e.count("dispatched_at IS NULL AND dead_at IS NULL") == 0
+	})
+	if n := e.count("dead_at IS NOT NULL"); n != 10 || e.count("dead_at IS NOT NULL AND aggregate_id <> '3'") != 0 {
+		t.Fatalf("%d dead rows, want deal/3's 10 only", n)
+	}
+	if e.count("dead_at IS NOT NULL AND attempts = 1") != 10 {
+		t.Fatal("a 400 must dead-letter on the first attempt")
+	}
+	if got := testutil.ToFloat64(r.m.DeadLettered); got != 10 {
+		t.Fatalf("dead-lettered counter %v, want 10", got)
+	}
+
+	mu.Lock()
+	reject = false
+	mu.Unlock()
+	n, err := e.st.ReplayDead(context.Background(), store.ReplayFilter{AggregateType: "deal", AggregateID: "3"}, 4, nil)
+	if err != nil || n != 10 {
+		t.Fatalf("replayed %d, err %v; want 10", n, err)
+	}
+	e.waitAllDispatched(20 * time.Second)
+	e.checkDelivered(ids)
+}
+
+// Per-aggregate order holds across 10k events, 500 aggregates, concurrency
+// 32 and 5% random failures.
+func TestOrderUnderFailuresAtScale(t *testing.T) {
+	if testing.Short() {
+		t.Skip("10k events")
+	}
+	e := newEnv(t)
+	ids := e.insert(10000, 500)
+	rnd := rand.New(rand.NewPCG(1, 2))
+	var mu sync.Mutex
+	e.rc.respond = func(dispatch.Event, int64, int) (int, http.Header) {
+		mu.Lock()
+		defer mu.Unlock()
+		if rnd.IntN(100) < 5 {
+			return http.StatusServiceUnavailable, nil
+		}
+		return http.StatusOK, nil
+	}
+	cfg := testConfig()
+	cfg.Concurrency, cfg.BatchSize, cfg.BackoffMax = 32, 500, 20*time.Millisecond
+	e.run(e.poller(cfg, ""))
+	e.waitAllDispatched(120 * time.Second)
+	e.checkDelivered(ids)
+	e.checkOrder()
+	if e.count("dead_at IS NOT NULL") != 0 {
+		t.Fatal("rows dead-lettered under 5% transient failures")
+	}
+}
+
+// A leader paused (SIGSTOP) past its TTL is replaced; when it resumes, none
+// of its old-token deliveries arrives after the new leader's, and its
+// Postgres writes are refused by the fence.
+func TestPausedLeaderIsFencedOut(t *testing.T) {
+	e := newEnv(t)
+	ids := e.insert(200, 10)
+	// Hold the stale leader's first request for deal/0 so that its batch is in
+	// flight when it is paused, with other aggregates already delivered.
+	var once sync.Once
+	e.rc.hold = func(ev dispatch.Event, token int64) bool {
+		held := false
+		if token == 1 && ev.AggregateID == "0" {
+			once.Do(func() { held = true })
+		}
+		return held
+	}
+	cfg := testConfig()
+	cfg.LockTTL, cfg.BatchSize, cfg.Concurrency, cfg.ClaimTTL = time.Second, 50, 4, time.Second
+	old := e.startChild("", cfg)
+	e.waitFor("the old leader's request held and its other sends done", 10*time.Second, func() bool {
+		if e.rc.held() == 0 {
+			return false
+		}
+		n := 0
+		for _, h := range e.rc.snapshot() {
+			if h.status != 0 {
+				n++
+			}
+		}
+		return n >= 10
+	})
+	old.signal(t, syscall.SIGSTOP)
+	time.Sleep(2 * cfg.LockTTL) // the fault: paused for 2x TTL
+
+	r := e.poller(testConfig(), "")
+	e.run(r)
+	e.waitAllDispatched(30 * time.Second)
+	if tok := r.HeldToken(); tok < 2 {
+		t.Fatalf("new leader's token %d, want > 1", tok)
+	}
+
+	old.signal(t, syscall.SIGCONT)
+	e.releaseHeld()
+	e.waitFor("the resumed leader to be refused by the fence", 10*time.Second, func() bool {
+		return strings.Contains(old.logs(), `"msg":"fence rejected"`)
+	})
+	old.signal(t, syscall.SIGTERM)
+	if err := old.wait(); err != nil {
+		t.Fatalf("old leader did not exit cleanly after resuming: %v\n%s", err, old.logs())
+	}
+
+	newest := int64(0)
+	for _, h := range e.rc.snapshot() {
+		if h.token < newest {
+			t.Fatalf("event %d with token %d arrived after token %d", h.id, h.token, newest)
+		}
+		newest = max(newest, h.token)
+	}
+	e.checkDelivered(ids)
+	if e.count("dispatched_at IS NULL") != 0 {
+		t.Fatal("rows left undelivered")
+	}
+	var fence int64
+	_ = e.st.Pool().QueryRow(context.Background(), `SELECT token FROM outbox_fence WHERE lock_name = $1`, LockName).Scan(&fence)
+	if fence < 2 {
+		t.Fatalf("fence %d, want the new leader's token", fence)
+	}
+}
+
+// Split brain (two runners each believing they lead, as after a Redis
+// failover that lost the key): the fence refuses the superseded one, no row
+// is written after it was marked delivered, and fence tokens only rise.
+func TestSplitBrainRunnersNeverOverwriteEachOther(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	audit := []string{
+		`CREATE TABLE audit (id bigint, was_dispatched bool, attempts int, at timestamptz DEFAULT clock_timestamp())`,
+		`CREATE TABLE fence_audit (seq bigserial, token bigint)`,
+		`CREATE FUNCTION audit_outbox() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+		   INSERT INTO audit (id, was_dispatched, attempts) VALUES (OLD.id, OLD.dispatched_at IS NOT NULL, NEW.attempts);
+		   RETURN NEW; END $$`,
+		`CREATE TRIGGER audit_outbox AFTER UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION audit_outbox()`,
+		`CREATE FUNCTION audit_fence() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+		   INSERT INTO fence_audit (token) VALUES (NEW.token); RETURN NEW; END $$`,
+		`CREATE TRIGGER audit_fence AFTER INSERT OR UPDATE ON outbox_fence FOR EACH ROW EXECUTE FUNCTION audit_fence()`,
+	}
+	for _, sql := range audit {
+		if _, err := e.st.Pool().Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids := e.insert(2000, 100)
+	rnd := rand.New(rand.NewPCG(3, 4))
+	var mu sync.Mutex
+	e.rc.respond = func(dispatch.Event, int64, int) (int, http.Header) {
+		mu.Lock()
+		defer mu.Unlock()
+		if rnd.IntN(100) < 20 {
+			return http.StatusServiceUnavailable, nil
+		}
+		return http.StatusOK, nil
+	}
+	cfg := testConfig()
+	cfg.BatchSize = 50
+	a := e.poller(cfg, "")
+	b := e.poller(cfg, e.prefix+"split:") // its own lock key: both hold "the" lock
+	e.run(a)
+	e.run(b)
+	e.waitAllDispatched(60 * time.Second)
+	e.checkDelivered(ids)
+
+	rejections := testutil.ToFloat64(a.m.FenceRejections.WithLabelValues(LockName)) +
+		testutil.ToFloat64(b.m.FenceRejections.WithLabelValues(LockName))
+	if rejections == 0 {
+		t.Fatal("two leaders ran and the fence refused nothing")
+	}
+	var rewritten int
+	_ = e.st.Pool().QueryRow(ctx, `SELECT count(*) FROM audit WHERE was_dispatched`).Scan(&rewritten)
+	if rewritten != 0 {
+		t.Fatalf("%d writes to rows already marked delivered", rewritten)
+	}
+	rows, _ := e.st.Pool().Query(ctx, `SELECT token FROM fence_audit ORDER BY seq`)
+	var prev, tok int64
+	for rows.Next() {
+		_ = rows.Scan(&tok)
+		if tok < prev {
+			t.Fatalf("fence went back from %d to %d", prev, tok)
+		}
+		prev = tok
+	}
+	t.Logf("fence rejections %v, final token %d", rejections, prev)
+}
+
+// SIGTERM-style shutdown lets the batch in flight finish, writes its results
+// and releases the lock.
+func TestShutdownFinishesInFlightThenReleases(t *testing.T) {
+	e := newEnv(t)
+	e.insert(20, 20)
+	var once sync.Once
+	e.rc.hold = func(dispatch.Event, int64) bool {
+		held := false
+		once.Do(func() { held = true })
+		return held
+	}
+	r := e.poller(testConfig(), "")
+	stop := e.run(r)
+	e.waitFor("a request in flight", 10*time.Second, func() bool { return e.rc.held() == 1 })
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	select {
+	case <-stopped:
+		t.Fatal("Run returned with a delivery in flight")
+	case <-time.After(200 * time.Millisecond):
+	}
+	e.releaseHeld()
+	<-stopped
+	if n := e.count("dispatched_at IS NULL"); n != 0 {
+		t.Fatalf("%d rows of the in-flight batch not marked", n)
+	}
+	if e.rdb.Exists(context.Background(), e.prefix+LockName).Val() != 0 {
+		t.Fatal("lock not released")
+	}
+}
