@@ -195,12 +195,13 @@ func (c *Client) TryAcquire(ctx context.Context, name string, opts Options) (*Lo
 
 // HolderError tells who holds a lock when an attempt fails.
 type HolderError struct {
-	Key string
-	TTL time.Duration // time left on the holder's lease
+	Key   string
+	Owner string        // the holder's owner value
+	TTL   time.Duration // time left on the holder's lease
 }
 
 func (e *HolderError) Error() string {
-	return fmt.Sprintf("%s is held by another owner for %s more", e.Key, e.TTL.Round(time.Millisecond))
+	return fmt.Sprintf("%s is held by owner %s for %s more", e.Key, e.Owner, e.TTL.Round(time.Millisecond))
 }
 
 func (e *HolderError) Unwrap() error { return ErrNotObtained }
@@ -208,6 +209,7 @@ func (e *HolderError) Unwrap() error { return ErrNotObtained }
 type nodeResult struct {
 	token int64
 	pttl  int64
+	owner string
 	ok    bool
 	err   error
 }
@@ -219,14 +221,21 @@ func (c *Client) try(opCtx context.Context, name string, opts Options, waitStart
 	start := time.Now()
 
 	results := c.onAll(opCtx, opts.TTL, func(ctx context.Context, n redis.UniversalClient) nodeResult {
-		vals, err := acquireScript.Run(ctx, n, []string{key, fence}, owner, opts.TTL.Milliseconds(), opts.Floor).Int64Slice()
+		vals, err := acquireScript.Run(ctx, n, []string{key, fence}, owner, opts.TTL.Milliseconds(), opts.Floor).Slice()
 		if err != nil {
 			return nodeResult{err: err}
 		}
-		return nodeResult{token: vals[0], pttl: vals[1], ok: vals[0] > 0}
+		if len(vals) != 3 {
+			return nodeResult{err: fmt.Errorf("lock: acquire script returned %v", vals)}
+		}
+		token, _ := vals[0].(int64)
+		pttl, _ := vals[1].(int64)
+		holder, _ := vals[2].(string)
+		return nodeResult{token: token, pttl: pttl, owner: holder, ok: token > 0}
 	})
 
 	var token, holderTTL int64
+	var holder string
 	var errs []error
 	got := 0
 	for _, r := range results {
@@ -237,7 +246,9 @@ func (c *Client) try(opCtx context.Context, name string, opts Options, waitStart
 			got++
 			token = max(token, r.token)
 		default:
-			holderTTL = max(holderTTL, r.pttl)
+			if r.pttl >= holderTTL {
+				holderTTL, holder = r.pttl, r.owner
+			}
 		}
 	}
 	validity := opts.TTL - time.Since(start) - drift(opts.TTL)
@@ -248,7 +259,7 @@ func (c *Client) try(opCtx context.Context, name string, opts Options, waitStart
 		if got > 0 {
 			c.releaseAll(context.WithoutCancel(opCtx), opts.TTL, key, owner, c.channel(name))
 		}
-		var err error = &HolderError{Key: key, TTL: time.Duration(holderTTL) * time.Millisecond}
+		var err error = &HolderError{Key: key, Owner: holder, TTL: time.Duration(holderTTL) * time.Millisecond}
 		if holderTTL <= 0 {
 			err = ErrNotObtained
 		}

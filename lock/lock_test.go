@@ -52,8 +52,8 @@ func TestAcquireExcludesAndReleaseHandsOver(t *testing.T) {
 
 	_, err = c.TryAcquire(ctx, "lock:x", opts)
 	var held *lock.HolderError
-	if !errors.Is(err, lock.ErrNotObtained) || !errors.As(err, &held) || held.TTL <= 0 {
-		t.Fatalf("second acquire: got %v, want ErrNotObtained with the holder's TTL", err)
+	if !errors.Is(err, lock.ErrNotObtained) || !errors.As(err, &held) || held.TTL <= 0 || held.Owner != a.Owner() {
+		t.Fatalf("second acquire: got %v, want ErrNotObtained naming the holder %s and its TTL", err, a.Owner())
 	}
 
 	release(t, a)
