@@ -21,6 +21,7 @@ import (
 	"github.com/outboxd/outboxd/lock"
 	"github.com/outboxd/outboxd/metrics"
 	"github.com/outboxd/outboxd/poller"
+	"github.com/outboxd/outboxd/reconcile"
 	"github.com/outboxd/outboxd/store"
 )
 
@@ -106,14 +107,28 @@ func (a *App) Poller(sink dispatch.Sink) *poller.Poller {
 	}, a.Store, a.Locks, a.KV, sink, a.Log, a.Metrics)
 }
 
-// Run runs the daemon until ctx is cancelled: the batch runner and the HTTP
-// endpoints, each owned by one errgroup. It returns nil on a clean shutdown.
+// Reconciler builds the scheduled reconciliation.
+func (a *App) Reconciler() (*reconcile.Reconciler, error) {
+	c := a.Cfg.Reconcile
+	return reconcile.New(reconcile.Config{
+		Schedule: c.Schedule, LockTTL: c.LockTTL, Retention: c.Retention, DeadRetention: c.DeadRetention,
+		BatchSize: c.BatchSize, KeyPrefix: a.Cfg.Redis.KeyPrefix,
+	}, a.Store, a.Locks, a.KV, a.Log, a.Metrics)
+}
+
+// Run runs the daemon until ctx is cancelled: the batch runner, the
+// reconciliation schedule and the HTTP endpoints, each owned by one errgroup.
+// It returns nil on a clean shutdown.
 func (a *App) Run(ctx context.Context) error {
 	sink, err := a.Sink()
 	if err != nil {
 		return err
 	}
 	p := a.Poller(sink)
+	rec, err := a.Reconciler()
+	if err != nil {
+		return err
+	}
 	a.syncNotifyTrigger(ctx)
 
 	ln, err := net.Listen("tcp", a.Cfg.HTTP.Addr)
@@ -135,6 +150,7 @@ func (a *App) Run(ctx context.Context) error {
 		"sink", a.Cfg.Dispatch.Sink, "poller_notify", a.Cfg.Poller.Notify)
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return p.Run(gctx) })
+	g.Go(func() error { return rec.Run(gctx) })
 	g.Go(func() error { return a.collectStats(gctx) })
 	g.Go(func() error {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -229,7 +245,7 @@ func (a *App) status(ctx context.Context, pollerToken func() int64) (Status, err
 		return Status{}, err
 	}
 	out := Status{Stats: st}
-	for _, name := range []string{poller.LockName} {
+	for _, name := range []string{poller.LockName, reconcile.LockName} {
 		ls := LockStatus{Name: name, FenceToken: fences[name]}
 		if t := pollerToken(); name == poller.LockName && t > 0 {
 			ls.HeldByMe, ls.Token = true, t

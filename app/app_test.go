@@ -265,3 +265,91 @@ func TestEndToEndRelaysEveryEventInAggregateOrder(t *testing.T) {
 		t.Fatalf("lock transitions not logged (acquired %t, released %t)", sawAcquired, sawReleased)
 	}
 }
+
+// The poller and the reconciler run together (retention 1 s, every second)
+// while events flow: neither undoes the other's writes and nothing pending
+// is ever deleted.
+func TestPollerAndReconcilerNeverUndoEachOther(t *testing.T) {
+	st, dsn := testenv.Store(t)
+	_, prefix := testenv.Redis(t)
+	ctx := context.Background()
+	for _, sql := range []string{
+		`CREATE TABLE audit (id bigint, what text)`,
+		`CREATE FUNCTION audit_outbox() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+		   IF TG_OP = 'DELETE' AND OLD.dispatched_at IS NULL THEN INSERT INTO audit VALUES (OLD.id, 'deleted pending'); END IF;
+		   IF TG_OP = 'UPDATE' AND OLD.dispatched_at IS NOT NULL THEN INSERT INTO audit VALUES (OLD.id, 'rewrote delivered'); END IF;
+		   RETURN NULL; END $$`,
+		`CREATE TRIGGER audit_outbox AFTER UPDATE OR DELETE ON outbox FOR EACH ROW EXECUTE FUNCTION audit_outbox()`,
+	} {
+		if _, err := st.Pool().Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const events = 600
+	rc := &receiver{t: t, secret: []byte("s"), unique: map[int64]bool{}, all: make(chan struct{}), want: events}
+	srv := httptest.NewServer(rc)
+	defer srv.Close()
+	cfg, err := config.Load("", []string{
+		"postgres.dsn=" + dsn, "redis.addrs=" + testenv.RedisAddr(), "redis.key_prefix=" + prefix,
+		"dispatch.webhook.url=" + srv.URL, "dispatch.webhook.secret=s", "http.addr=127.0.0.1:0",
+		"poller.poll_interval=10ms", "poller.batch_size=20",
+		"reconcile.schedule=@every 1s", "reconcile.retention=1s", "reconcile.batch_size=7",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := app.New(ctx, cfg, app.NewLogger("warn", "json", io.Discard))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- a.Run(runCtx) }()
+	for i := range events / 20 {
+		err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
+			var evs []store.Event
+			for j := range 20 {
+				evs = append(evs, store.Event{AggregateType: "deal", AggregateID: strconv.Itoa(j % 9),
+					EventType: "deal.funded", Payload: json.RawMessage(`{}`)})
+			}
+			return store.Enqueue(ctx, tx, evs...)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Duration(10+i%3*20) * time.Millisecond)
+	}
+	select {
+	case <-rc.all:
+	case <-time.After(60 * time.Second):
+		t.Fatal("not every event delivered")
+	}
+	// Let at least two more reconciliations purge what was delivered.
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var left int
+		_ = st.Pool().QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&left)
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d rows never purged", left)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var violations int
+	_ = st.Pool().QueryRow(ctx, `SELECT count(*) FROM audit`).Scan(&violations)
+	if violations != 0 {
+		t.Fatalf("%d writes undid another's (deleted pending or rewrote delivered rows)", violations)
+	}
+	var runs int
+	_ = st.Pool().QueryRow(ctx, `SELECT count(*) FROM reconcile_runs WHERE finished_at IS NOT NULL`).Scan(&runs)
+	if runs < 2 {
+		t.Fatalf("%d reconciliations ran", runs)
+	}
+}

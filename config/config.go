@@ -61,9 +61,11 @@ type Poller struct {
 }
 
 type Reconcile struct {
-	Schedule  string        `mapstructure:"schedule"`
-	LockTTL   time.Duration `mapstructure:"lock_ttl"`
-	Retention time.Duration `mapstructure:"retention"`
+	Schedule      string        `mapstructure:"schedule"`
+	LockTTL       time.Duration `mapstructure:"lock_ttl"`
+	Retention     time.Duration `mapstructure:"retention"`
+	DeadRetention time.Duration `mapstructure:"dead_retention"` // 0 keeps dead rows
+	BatchSize     int           `mapstructure:"batch_size"`
 }
 
 type Dispatch struct {
@@ -110,6 +112,8 @@ var Defaults = map[string]any{
 	"reconcile.schedule":       "*/5 * * * *",
 	"reconcile.lock_ttl":       "300s",
 	"reconcile.retention":      "168h",
+	"reconcile.dead_retention": "0s",
+	"reconcile.batch_size":     1000,
 	"dispatch.sink":            "webhook",
 	"dispatch.webhook.url":     "http://127.0.0.1:8081/events",
 	"dispatch.webhook.secret":  "",
@@ -299,6 +303,15 @@ func (c *Config) Validate() error {
 	if c.Poller.Concurrency < 1 || c.Poller.Concurrency > 1024 {
 		return bad("poller.concurrency", "want 1..1024, got %d", c.Poller.Concurrency)
 	}
+	if c.Reconcile.DeadRetention < 0 {
+		return bad("reconcile.dead_retention", "must be 0 (keep dead rows) or a positive duration, got %s", c.Reconcile.DeadRetention)
+	}
+	if c.Reconcile.DeadRetention > 0 && c.Reconcile.DeadRetention < c.Reconcile.Retention {
+		return bad("reconcile.dead_retention", "must not be shorter than reconcile.retention (%s), got %s", c.Reconcile.Retention, c.Reconcile.DeadRetention)
+	}
+	if c.Reconcile.BatchSize < 1 || c.Reconcile.BatchSize > 100000 {
+		return bad("reconcile.batch_size", "want 1..100000, got %d", c.Reconcile.BatchSize)
+	}
 	if _, err := ParseSchedule(c.Reconcile.Schedule); err != nil {
 		return bad("reconcile.schedule", "%v", err)
 	}
@@ -326,9 +339,32 @@ func (c *Config) Validate() error {
 }
 
 // ParseSchedule parses a cron spec: five standard fields or a descriptor
-// such as @every 30s, @hourly.
+// such as @every 30s or @hourly, optionally prefixed with CRON_TZ=<zone>
+// (default UTC, so replicas in different zones agree on fire times).
+// "@every d" fires at multiples of d from a fixed origin, not d after
+// whenever the process started, for the same reason.
 func ParseSchedule(spec string) (cron.Schedule, error) {
-	return cron.ParseStandard(spec)
+	if !strings.HasPrefix(spec, "CRON_TZ=") && !strings.HasPrefix(spec, "TZ=") && !strings.HasPrefix(spec, "@every") {
+		spec = "CRON_TZ=UTC " + spec
+	}
+	s, err := cron.ParseStandard(spec)
+	if err != nil {
+		return nil, err
+	}
+	if every, ok := s.(cron.ConstantDelaySchedule); ok {
+		if every.Delay < time.Second {
+			return nil, fmt.Errorf("@every needs at least 1s, got %s", every.Delay)
+		}
+		return alignedEvery(every.Delay), nil
+	}
+	return s, nil
+}
+
+// alignedEvery fires at every multiple of its duration since the epoch.
+type alignedEvery time.Duration
+
+func (d alignedEvery) Next(t time.Time) time.Time {
+	return t.Truncate(time.Duration(d)).Add(time.Duration(d))
 }
 
 // Redacted returns the effective configuration as nested maps with secrets

@@ -162,21 +162,19 @@ func (c *Client) Acquire(ctx context.Context, name string, opts Options) (*Lock,
 	wake, closeWake := c.subscribe(wctx, name)
 	defer closeWake()
 
-	var lastErr error
+	var lastErr error // the last attempt's: a *HolderError, or Redis errors; always wraps ErrNotObtained
 	for {
 		l, err := c.try(wctx, name, opts, start)
 		if err == nil {
 			return l, nil
 		}
-		if !errors.Is(err, ErrNotObtained) {
-			lastErr = err
-		}
+		lastErr = err
 		jitter := time.Duration(rand.Int64N(int64(opts.RetryInterval) + 1))
 		t := time.NewTimer(opts.RetryInterval + jitter)
 		select {
 		case <-wctx.Done():
 			t.Stop()
-			return nil, errors.Join(ErrNotObtained, lastErr, context.Cause(wctx))
+			return nil, errors.Join(lastErr, context.Cause(wctx))
 		case <-wake:
 		case <-t.C:
 		}

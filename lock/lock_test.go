@@ -79,8 +79,10 @@ func TestAcquireWaitGivesUpWithCause(t *testing.T) {
 	}
 	defer release(t, a)
 	_, err = c.Acquire(ctx, "lock:w", lock.Options{TTL: time.Second, Wait: 200 * time.Millisecond})
-	if !errors.Is(err, lock.ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("got %v, want ErrNotObtained joined with DeadlineExceeded", err)
+	var held *lock.HolderError
+	if !errors.Is(err, lock.ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) ||
+		!errors.As(err, &held) || held.Owner != a.Owner() {
+		t.Fatalf("got %v, want ErrNotObtained naming holder %s, joined with DeadlineExceeded", err, a.Owner())
 	}
 }
 

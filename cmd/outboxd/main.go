@@ -13,12 +13,15 @@ import (
 	"runtime/debug"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/outboxd/outboxd/app"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/lock"
 	"github.com/outboxd/outboxd/migrations"
+	"github.com/outboxd/outboxd/reconcile"
 	"github.com/outboxd/outboxd/store"
 )
 
@@ -73,7 +76,7 @@ func newRoot(stdout io.Writer) *cobra.Command {
 	root.PersistentFlags().StringVar(&g.configFile, "config", "", "config file (YAML); env OUTBOXD_<SECTION>_<KEY> and --set override it")
 	root.PersistentFlags().StringArrayVar(&g.sets, "set", nil, "override one key, e.g. --set poller.batch_size=1000 (repeatable)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(runCmd(g, stdout), migrateCmd(g, stdout), versionCmd(stdout), statusCmd(g, stdout), replayCmd(g, stdout))
+	root.AddCommand(runCmd(g, stdout), migrateCmd(g, stdout), versionCmd(stdout), statusCmd(g, stdout), replayCmd(g, stdout), reconcileCmd(g, stdout))
 	return root
 }
 
@@ -243,5 +246,49 @@ func replayCmd(g *globals, stdout io.Writer) *cobra.Command {
 	cmd.Flags().BoolVar(&dead, "dead", false, "requeue dead-lettered rows")
 	cmd.Flags().Int64SliceVar(&ids, "id", nil, "only these outbox ids (repeatable or comma-separated)")
 	cmd.Flags().StringVar(&aggregate, "aggregate", "", "only this aggregate, as TYPE/ID")
+	return cmd
+}
+
+func reconcileCmd(g *globals, stdout io.Writer) *cobra.Command {
+	var once bool
+	cmd := &cobra.Command{
+		Use:   "reconcile --once",
+		Short: "Run one reconciliation now (waits up to poller.lock_wait for lock:reconciliation) and print its summary",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !once {
+				return usageError{errors.New("reconcile needs --once (scheduled runs happen inside `outboxd run`)")}
+			}
+			cfg, err := g.load()
+			if err != nil {
+				return err
+			}
+			log := app.NewLogger(cfg.Log.Level, cfg.Log.Format, cmd.ErrOrStderr())
+			ctx, stop := signalContext()
+			defer stop()
+			a, err := app.New(ctx, cfg, log)
+			if err != nil {
+				return err
+			}
+			defer a.Close()
+			rec, err := a.Reconciler()
+			if err != nil {
+				return err
+			}
+			sum, err := rec.RunOnce(ctx, time.Now(), cfg.Poller.LockWait)
+			var held *lock.HolderError
+			if errors.As(err, &held) {
+				return fmt.Errorf("%s is held by owner %s for %s more; try again later", reconcile.LockName,
+					held.Owner, held.TTL.Round(time.Second))
+			}
+			if err != nil {
+				return err
+			}
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(sum)
+		},
+	}
+	cmd.Flags().BoolVar(&once, "once", false, "run one reconciliation now")
 	return cmd
 }

@@ -1,0 +1,343 @@
+// Package reconcile runs cron-scheduled repair and housekeeping under
+// lock:reconciliation.
+//
+// Guarantees:
+//   - Every replica schedules; at each fire time the replica that gets the
+//     lock runs and the others skip. A fire time runs once across replicas:
+//     it is recorded (fenced) in reconcile_runs before any sweep, and a fire
+//     time already recorded is skipped, even when clocks differ and a fast
+//     sweep released the lock before a slower replica fired.
+//   - The 300 s lock is renewed by its watchdog while a sweep runs; sweeps run
+//     in the lock's context and stop at the next batch once it is lost. Every
+//     write carries the reconciliation token, so a sweep that lost its lock
+//     changes nothing after its successor's first write.
+//   - Sweeps work in bounded batches with an id cursor: short transactions,
+//     no long locks. They never delete or alter pending rows, and the poller's
+//     and the reconciler's writes are both guarded by dispatched_at IS NULL,
+//     so neither undoes the other.
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/robfig/cron/v3"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/metrics"
+	"github.com/outboxd/outboxd/store"
+)
+
+// LockName is the contract's reconciliation lock key.
+const LockName = "lock:reconciliation"
+
+// ErrAlreadyRan: the fire time was reconciled already (by any replica).
+var ErrAlreadyRan = errors.New("reconcile: fire time already ran")
+
+// Config tunes the reconciler.
+type Config struct {
+	Schedule      string        // cron spec (see config.ParseSchedule)
+	LockTTL       time.Duration // 300 s
+	LockWait      time.Duration // how long a scheduled run waits for the lock; short
+	Retention     time.Duration // delivered rows older than this are purged
+	DeadRetention time.Duration // dead rows older than this are purged; 0 keeps them
+	BatchSize     int           // rows per sweep batch
+	KeyPrefix     string        // before every Redis key
+}
+
+// Reconciler runs sweeps on a schedule or on demand.
+type Reconciler struct {
+	cfg      Config
+	schedule cron.Schedule
+	store    *store.Store
+	locks    *lock.Client
+	rdb      redis.UniversalClient
+	log      *slog.Logger
+	m        *metrics.Metrics
+	hooks    hooks
+}
+
+// hooks are test-only pause points.
+type hooks struct {
+	beforeMark func(ctx context.Context) // before each sweep-1 write
+}
+
+// New validates the schedule and returns a reconciler.
+func New(cfg Config, st *store.Store, locks *lock.Client, rdb redis.UniversalClient, log *slog.Logger, m *metrics.Metrics) (*Reconciler, error) {
+	sched, err := config.ParseSchedule(cfg.Schedule)
+	if err != nil {
+		return nil, &config.KeyError{Key: "reconcile.schedule", Err: err}
+	}
+	if cfg.LockTTL <= 0 {
+		cfg.LockTTL = 300 * time.Second
+	}
+	if cfg.LockWait <= 0 {
+		cfg.LockWait = 500 * time.Millisecond
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = 1000
+	}
+	return &Reconciler{cfg: cfg, schedule: sched, store: st, locks: locks, rdb: rdb,
+		log: log.With("lock", LockName), m: m}, nil
+}
+
+// Summary is what one run did and found.
+type Summary struct {
+	FireTime          time.Time     `json:"fire_time"`
+	FencingToken      int64         `json:"fencing_token"`
+	MarkedFromRedis   int64         `json:"marked_from_redis"`
+	PurgedDelivered   int64         `json:"purged_delivered"`
+	PurgedDead        int64         `json:"purged_dead"`
+	Pending           int64         `json:"pending"`
+	OldestPendingAge  float64       `json:"oldest_pending_age_seconds"`
+	Dead              int64         `json:"dead"`
+	PendingByAttempts map[int]int64 `json:"pending_by_attempts"`
+	DurationMS        int64         `json:"duration_ms"`
+}
+
+// Run schedules sweeps until ctx is cancelled, then waits for a running
+// sweep to finish. Overlapping runs are skipped and a panic is recovered.
+func (r *Reconciler) Run(ctx context.Context) error {
+	logger := cronLogger{r.log}
+	c := cron.New(cron.WithLogger(logger), cron.WithChain(cron.Recover(logger), cron.SkipIfStillRunning(logger)))
+	var id cron.EntryID
+	id = c.Schedule(r.schedule, cron.FuncJob(func() {
+		fire := c.Entry(id).Prev // the scheduled time, identical on every replica
+		r.fire(ctx, fire)
+	}))
+	c.Start()
+	r.log.Info("reconciliation scheduled", "schedule", r.cfg.Schedule, "next", c.Entry(id).Next)
+	<-ctx.Done()
+	<-c.Stop().Done()
+	return nil
+}
+
+func (r *Reconciler) fire(ctx context.Context, fireTime time.Time) {
+	if ctx.Err() != nil {
+		return
+	}
+	sum, err := r.RunOnce(ctx, fireTime, r.cfg.LockWait)
+	switch {
+	case err == nil:
+		r.m.ReconcileRuns.WithLabelValues("ok").Inc()
+		r.logSummary(sum)
+	case errors.Is(err, ErrAlreadyRan):
+		r.m.ReconcileRuns.WithLabelValues("skipped").Inc()
+		r.log.Info("reconcile skipped: fire time already ran", "fire_time", fireTime)
+	case errors.Is(err, lock.ErrNotObtained):
+		r.m.ReconcileRuns.WithLabelValues("skipped").Inc()
+		r.log.Info("reconcile skipped: lock held elsewhere", "fire_time", fireTime, "error", err)
+	default:
+		r.m.ReconcileRuns.WithLabelValues("failed").Inc()
+		r.log.Error("reconcile failed", "fire_time", fireTime, "error", err)
+	}
+}
+
+func (r *Reconciler) logSummary(s Summary) {
+	r.log.Info("reconcile finished", "fire_time", s.FireTime, "fencing_token", s.FencingToken,
+		"marked_from_redis", s.MarkedFromRedis, "purged_delivered", s.PurgedDelivered, "purged_dead", s.PurgedDead,
+		"pending", s.Pending, "oldest_pending_age_seconds", s.OldestPendingAge, "dead", s.Dead,
+		"pending_by_attempts", s.PendingByAttempts, "duration_ms", s.DurationMS)
+}
+
+// RunOnce takes the lock (waiting up to wait), records fireTime and runs the
+// sweeps. It returns ErrAlreadyRan when fireTime was done already, and an
+// error wrapping lock.ErrNotObtained (a *lock.HolderError says who holds it)
+// when the lock stays held elsewhere.
+func (r *Reconciler) RunOnce(ctx context.Context, fireTime time.Time, wait time.Duration) (Summary, error) {
+	start := time.Now()
+	fireTime = fireTime.UTC().Truncate(time.Microsecond) // Postgres' precision
+	sum := Summary{FireTime: fireTime}
+	if done, err := r.store.RunDone(ctx, fireTime); err != nil || done {
+		if done {
+			err = ErrAlreadyRan
+		}
+		return sum, err
+	}
+	floor, err := r.store.FenceToken(ctx, LockName)
+	if err != nil {
+		return sum, err
+	}
+	l, err := r.locks.Acquire(ctx, LockName, lock.Options{TTL: r.cfg.LockTTL, Wait: wait, Floor: floor})
+	if err != nil {
+		return sum, err
+	}
+	log := r.log.With("fencing_token", l.Token())
+	log.Info("lock acquired")
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		if err := l.Release(rctx); err != nil && !errors.Is(err, lock.ErrNotHeld) {
+			log.Warn("lock release failed", "error", err)
+			return
+		}
+		log.Info("lock released")
+	}()
+	sum.FencingToken = l.Token()
+	fence := store.Fence{Lock: LockName, Token: l.Token(), Owner: l.Owner()}
+	lctx := l.Context()
+
+	started, err := r.store.BeginRun(lctx, fence, fireTime)
+	if err != nil {
+		return sum, r.fenceErr(log, err)
+	}
+	if !started {
+		return sum, ErrAlreadyRan
+	}
+	if err := r.sweep(lctx, fence, &sum); err != nil {
+		if lctx.Err() != nil {
+			log.Warn("lock lost", "error", context.Cause(lctx))
+			err = errors.Join(err, context.Cause(lctx))
+		}
+		return sum, r.fenceErr(log, err)
+	}
+	sum.DurationMS = time.Since(start).Milliseconds()
+	if err := r.store.FinishRun(lctx, fence, fireTime, sum); err != nil {
+		return sum, r.fenceErr(log, err)
+	}
+	return sum, nil
+}
+
+func (r *Reconciler) fenceErr(log *slog.Logger, err error) error {
+	if errors.Is(err, store.ErrStaleFence) {
+		r.m.FenceRejections.WithLabelValues(LockName).Inc()
+		log.Warn("fence rejected", "error", err)
+	}
+	return err
+}
+
+// sweep runs the three sweeps in order, each in bounded batches.
+func (r *Reconciler) sweep(ctx context.Context, fence store.Fence, sum *Summary) error {
+	var err error
+	if sum.MarkedFromRedis, err = r.markFromRedis(ctx, fence); err != nil {
+		return fmt.Errorf("reconcile: mark from redis: %w", err)
+	}
+	now := time.Now()
+	if sum.PurgedDelivered, err = r.purge(ctx, fence, store.PurgeDelivered, now.Add(-r.cfg.Retention)); err != nil {
+		return fmt.Errorf("reconcile: purge delivered: %w", err)
+	}
+	if r.cfg.DeadRetention > 0 {
+		if sum.PurgedDead, err = r.purge(ctx, fence, store.PurgeDead, now.Add(-r.cfg.DeadRetention)); err != nil {
+			return fmt.Errorf("reconcile: purge dead: %w", err)
+		}
+	}
+	st, err := r.store.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	sum.Pending, sum.OldestPendingAge, sum.Dead = st.Pending, st.OldestPendingAge, st.Dead
+	if sum.PendingByAttempts, err = r.store.PendingByAttempts(ctx); err != nil {
+		return err
+	}
+	r.m.PendingEvents.Set(float64(st.Pending))
+	r.m.OldestPendingAge.Set(st.OldestPendingAge)
+	r.m.DeadEvents.Set(float64(st.Dead))
+	return nil
+}
+
+// writeCtx detaches a fenced write from the lock's context: the fence, not
+// the lease, decides whether it lands (a stale sweep's write is refused).
+func writeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+}
+
+// markFromRedis repairs the crash window between "key says delivered" and
+// "Postgres marked": pending rows whose idempotency key is 1 are marked
+// delivered without being sent again.
+func (r *Reconciler) markFromRedis(ctx context.Context, fence store.Fence) (int64, error) {
+	var cursor, marked int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return marked, context.Cause(ctx)
+		}
+		ids, err := r.store.PendingIDs(ctx, cursor, r.cfg.BatchSize)
+		if err != nil || len(ids) == 0 {
+			return marked, err
+		}
+		cursor = ids[len(ids)-1]
+		keys := make([]string, len(ids))
+		for i, id := range ids {
+			keys[i] = r.cfg.KeyPrefix + "idempotency:notify:" + strconv.FormatInt(id, 10)
+		}
+		vals, err := mget(ctx, r.rdb, keys)
+		if err != nil {
+			return marked, err
+		}
+		var delivered []int64
+		for i, v := range vals {
+			if v == "1" {
+				delivered = append(delivered, ids[i])
+			}
+		}
+		if len(delivered) > 0 {
+			if r.hooks.beforeMark != nil {
+				r.hooks.beforeMark(ctx)
+			}
+			wctx, cancel := writeCtx(ctx)
+			n, _, err := r.store.Complete(wctx, fence, delivered, nil)
+			cancel()
+			if err != nil {
+				return marked, err
+			}
+			marked += n
+			r.m.ReconcileSwept.WithLabelValues("marked").Add(float64(n))
+		}
+		if len(ids) < r.cfg.BatchSize {
+			return marked, nil
+		}
+	}
+}
+
+// mget reads keys one slot-safe GET each, pipelined (MGET would cross hash
+// slots in Cluster mode).
+func mget(ctx context.Context, rdb redis.UniversalClient, keys []string) ([]string, error) {
+	pipe := rdb.Pipeline()
+	cmds := make([]*redis.StringCmd, len(keys))
+	for i, k := range keys {
+		cmds[i] = pipe.Get(ctx, k)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	out := make([]string, len(keys))
+	for i, c := range cmds {
+		out[i] = c.Val()
+	}
+	return out, nil
+}
+
+func (r *Reconciler) purge(ctx context.Context, fence store.Fence, kind store.PurgeKind, cutoff time.Time) (int64, error) {
+	label := map[store.PurgeKind]string{store.PurgeDelivered: "purged", store.PurgeDead: "purged_dead"}[kind]
+	var cursor, total int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return total, context.Cause(ctx)
+		}
+		wctx, cancel := writeCtx(ctx)
+		n, last, err := r.store.Purge(wctx, fence, kind, cutoff, cursor, r.cfg.BatchSize)
+		cancel()
+		if err != nil {
+			return total, err
+		}
+		total += n
+		r.m.ReconcileSwept.WithLabelValues(label).Add(float64(n))
+		if n < int64(r.cfg.BatchSize) {
+			return total, nil
+		}
+		cursor = last
+	}
+}
+
+// cronLogger adapts slog to cron.Logger.
+type cronLogger struct{ l *slog.Logger }
+
+func (c cronLogger) Info(msg string, kv ...any) { c.l.Debug("cron: "+msg, kv...) }
+func (c cronLogger) Error(err error, msg string, kv ...any) {
+	c.l.Error("cron: "+msg, append(kv, "error", err)...)
+}

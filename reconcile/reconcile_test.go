@@ -1,0 +1,280 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/metrics"
+	"github.com/outboxd/outboxd/store"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+type env struct {
+	t      *testing.T
+	st     *store.Store
+	rdb    *redis.Client
+	prefix string
+}
+
+func newEnv(t *testing.T) *env {
+	st, _ := testenv.Store(t)
+	rdb, prefix := testenv.Redis(t)
+	return &env{t: t, st: st, rdb: rdb, prefix: prefix}
+}
+
+type rec struct {
+	*Reconciler
+	m *metrics.Metrics
+}
+
+func (e *env) reconciler(cfg Config) *rec {
+	e.t.Helper()
+	cfg.KeyPrefix = e.prefix
+	if cfg.Schedule == "" {
+		cfg.Schedule = "@every 1s"
+	}
+	if cfg.Retention == 0 {
+		cfg.Retention = time.Hour
+	}
+	m := metrics.New()
+	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(e.prefix))
+	r, err := New(cfg, e.st, locks, e.rdb, slog.New(slog.NewJSONHandler(testWriter{e.t}, nil)), m)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return &rec{r, m}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+func (e *env) exec(sql string, args ...any) {
+	e.t.Helper()
+	if _, err := e.st.Pool().Exec(context.Background(), sql, args...); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *env) count(sql string, args ...any) int {
+	e.t.Helper()
+	var n int
+	if err := e.st.Pool().QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
+// insertPending adds n pending rows and returns their ids.
+func (e *env) insertPending(n int) []int64 {
+	e.t.Helper()
+	rows, err := e.st.Pool().Query(context.Background(), `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+		SELECT 'deal', (i % 7)::text, 'deal.funded', '{}' FROM generate_series(1, $1) i RETURNING id`, n)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var ids []int64
+	for rows.Next() {
+		var id int64
+		_ = rows.Scan(&id)
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+func (e *env) markKeyDelivered(id int64) {
+	e.rdb.Set(context.Background(), e.prefix+"idempotency:notify:"+strconv.FormatInt(id, 10), "1", time.Hour)
+}
+
+// Three replicas with skewed starts: every fire time in the window runs
+// exactly once.
+func TestEachFireTimeRunsOnceAcrossReplicas(t *testing.T) {
+	e := newEnv(t)
+	var recs []*rec
+	var wg sync.WaitGroup
+	ctx, cancel := context.WithCancel(context.Background())
+	start := time.Now()
+	for i := range 3 {
+		r := e.reconciler(Config{Schedule: "@every 1s", LockTTL: 5 * time.Second, LockWait: 300 * time.Millisecond})
+		recs = append(recs, r)
+		time.Sleep(time.Duration(i) * 330 * time.Millisecond) // skewed start
+		wg.Go(func() { _ = r.Run(ctx) })
+	}
+	time.Sleep(10*time.Second - time.Since(start))
+	cancel()
+	wg.Wait()
+
+	var ok, skipped float64
+	for _, r := range recs {
+		ok += testutil.ToFloat64(r.m.ReconcileRuns.WithLabelValues("ok"))
+		skipped += testutil.ToFloat64(r.m.ReconcileRuns.WithLabelValues("skipped"))
+		if f := testutil.ToFloat64(r.m.ReconcileRuns.WithLabelValues("failed")); f != 0 {
+			t.Fatalf("%v failed runs", f)
+		}
+	}
+	rows := e.count(`SELECT count(*) FROM reconcile_runs`)
+	distinct := e.count(`SELECT count(DISTINCT fire_time) FROM reconcile_runs`)
+	span := e.count(`SELECT extract(epoch FROM max(fire_time) - min(fire_time))::int + 1 FROM reconcile_runs`)
+	unfinished := e.count(`SELECT count(*) FROM reconcile_runs WHERE finished_at IS NULL`)
+	t.Logf("runs ok %v, skipped %v, fire times %d over %ds", ok, skipped, rows, span)
+	if rows < 8 || rows != distinct || rows != span {
+		t.Fatalf("%d runs for %d distinct fire times over %d seconds: want one per second, none twice", rows, distinct, span)
+	}
+	if int(ok) != rows || unfinished != 0 {
+		t.Fatalf("%v successful runs for %d fire times (%d unfinished)", ok, rows, unfinished)
+	}
+	if skipped < float64(rows) {
+		t.Fatalf("only %v skips by the other replicas for %d fire times", skipped, rows)
+	}
+}
+
+// A sweep longer than 3 TTLs keeps its lock (watchdog) and finishes.
+func TestWatchdogKeepsLongSweepAlive(t *testing.T) {
+	e := newEnv(t)
+	ids := e.insertPending(3)
+	e.markKeyDelivered(ids[0])
+	ttl := time.Second
+	r := e.reconciler(Config{LockTTL: ttl})
+	r.hooks.beforeMark = func(ctx context.Context) {
+		select {
+		case <-ctx.Done():
+		case <-time.After(3 * ttl):
+		}
+	}
+	sum, err := r.RunOnce(context.Background(), time.Now(), time.Second)
+	if err != nil {
+		t.Fatalf("long sweep: %v", err)
+	}
+	if sum.MarkedFromRedis != 1 {
+		t.Fatalf("marked %d, want 1", sum.MarkedFromRedis)
+	}
+}
+
+// Deleting the lock mid-sweep stops it within one renewal period, and its
+// later write is refused by the fence once a successor has run.
+func TestLostLockStopsSweepAndFenceRefusesIt(t *testing.T) {
+	e := newEnv(t)
+	ids := e.insertPending(4)
+	e.markKeyDelivered(ids[1])
+	ttl := 900 * time.Millisecond // renewal every 300 ms
+	stale := e.reconciler(Config{LockTTL: ttl})
+	inHook, goOn := make(chan struct{}), make(chan struct{})
+	deletedAt := make(chan time.Time, 1)
+	lostAfter := make(chan time.Duration, 1)
+	stale.hooks.beforeMark = func(ctx context.Context) {
+		close(inHook)
+		deleted := <-deletedAt
+		select {
+		case <-ctx.Done():
+			lostAfter <- time.Since(deleted)
+		case <-time.After(5 * time.Second):
+			lostAfter <- -1
+		}
+		<-goOn
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := stale.RunOnce(context.Background(), time.Now(), time.Second)
+		done <- err
+	}()
+	<-inHook
+	e.rdb.Del(context.Background(), e.prefix+LockName)
+	deletedAt <- time.Now()
+	if d := <-lostAfter; d < 0 || d > ttl/3+200*time.Millisecond {
+		t.Fatalf("sweep noticed the lost lock after %s, want within one renewal period (%s)", d, ttl/3)
+	}
+
+	successor := e.reconciler(Config{LockTTL: ttl})
+	sum, err := successor.RunOnce(context.Background(), time.Now().Add(time.Second), time.Second)
+	if err != nil || sum.MarkedFromRedis != 1 || sum.FencingToken <= 1 {
+		t.Fatalf("successor: %+v, %v", sum, err)
+	}
+	close(goOn)
+	err = <-done
+	if !errors.Is(err, store.ErrStaleFence) {
+		t.Fatalf("stale sweep's write: %v, want ErrStaleFence", err)
+	}
+	if n := testutil.ToFloat64(stale.m.FenceRejections.WithLabelValues(LockName)); n != 1 {
+		t.Fatalf("fence rejections counted %v, want 1", n)
+	}
+}
+
+// Retention deletes exactly the old delivered rows of 100k, in bounded
+// batches; pending, recent and dead rows survive; keys of "1" get marked.
+func TestRetentionAndMarkSweeps(t *testing.T) {
+	e := newEnv(t)
+	const batch = 1000
+	// 100k rows: 60k delivered long ago, 20k delivered recently, 15k pending, 5k dead long ago.
+	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at, dispatched_at, dead_at)
+		SELECT 'deal', (i % 500)::text, 'deal.funded', '{}', now() - interval '30 days',
+		  CASE WHEN i <= 60000 THEN now() - interval '10 days'
+		       WHEN i <= 80000 THEN now() - interval '1 hour' END,
+		  CASE WHEN i > 95000 THEN now() - interval '20 days' END
+		FROM generate_series(1, 100000) i`)
+	pending := e.insertPending(2)
+	e.markKeyDelivered(pending[0])
+	// Count rows per DELETE statement to prove the batches are bounded.
+	e.exec(`CREATE TABLE delete_sizes (n bigint)`)
+	e.exec(`CREATE FUNCTION count_deletes() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+		INSERT INTO delete_sizes SELECT count(*) FROM old_rows; RETURN NULL; END $$`)
+	e.exec(`CREATE TRIGGER count_deletes AFTER DELETE ON outbox REFERENCING OLD TABLE AS old_rows
+		FOR EACH STATEMENT EXECUTE FUNCTION count_deletes()`)
+
+	r := e.reconciler(Config{Retention: 7 * 24 * time.Hour, BatchSize: batch})
+	sum, err := r.RunOnce(context.Background(), time.Now(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.PurgedDelivered != 60000 || sum.PurgedDead != 0 || sum.MarkedFromRedis != 1 {
+		t.Fatalf("summary %+v: want 60000 purged, 0 dead purged, 1 marked", sum)
+	}
+	if n := e.count(`SELECT count(*) FROM outbox WHERE dispatched_at > now() - interval '2 hours'`); n != 20001 {
+		t.Fatalf("%d recent delivered rows left, want 20000 + the one just marked", n)
+	}
+	if n := e.count(`SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL`); n != 15001 {
+		t.Fatalf("%d pending rows left, want 15001", n)
+	}
+	if n := e.count(`SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL`); n != 5000 {
+		t.Fatalf("%d dead rows left, want 5000 (dead_retention 0 keeps them)", n)
+	}
+	if max := e.count(`SELECT COALESCE(max(n), 0) FROM delete_sizes`); max > batch {
+		t.Fatalf("a DELETE removed %d rows, above the batch of %d", max, batch)
+	}
+	if sum.Pending != 15001 || sum.Dead != 5000 {
+		t.Fatalf("report %+v", sum)
+	}
+
+	// With dead retention, old dead rows go too.
+	r2 := e.reconciler(Config{Retention: 7 * 24 * time.Hour, DeadRetention: 14 * 24 * time.Hour, BatchSize: batch})
+	sum, err = r2.RunOnce(context.Background(), time.Now().Add(time.Second), time.Second)
+	if err != nil || sum.PurgedDead != 5000 {
+		t.Fatalf("dead purge: %+v %v", sum, err)
+	}
+	if n := e.count(`SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL`); n != 15001 {
+		t.Fatalf("pending rows touched by the dead purge: %d left", n)
+	}
+}
+
+func TestBadScheduleIsAKeyError(t *testing.T) {
+	e := newEnv(t)
+	m := metrics.New()
+	_, err := New(Config{Schedule: "every day"}, e.st, lock.New([]redis.UniversalClient{e.rdb}), e.rdb, slog.Default(), m)
+	if err == nil || !strings.Contains(err.Error(), "reconcile.schedule") {
+		t.Fatalf("got %v, want an error naming reconcile.schedule", err)
+	}
+}
