@@ -104,4 +104,3 @@ func (s *Store) PendingByAttempts(ctx context.Context) (map[int]int64, error) {
 	}
 	return out, nil
 }
-
