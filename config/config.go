@@ -102,7 +102,7 @@ var Defaults = map[string]any{
 	"poller.lock_ttl":          "30s",
 	"poller.lock_wait":         "5s",
 	"poller.batch_size":        500,
-	"poller.poll_interval":     "500ms",
+	"poller.poll_interval":     "100ms",
 	"poller.max_attempts":      25,
 	"poller.concurrency":       16,
 	"poller.claim_ttl":         "60s",

@@ -65,7 +65,7 @@ type Config struct {
 	LockTTL         time.Duration // 30 s
 	LockWait        time.Duration // 5 s
 	BatchSize       int           // 500
-	PollInterval    time.Duration // idle poll ceiling, 500 ms
+	PollInterval    time.Duration // idle poll ceiling, 100 ms
 	MaxAttempts     int           // 25
 	Concurrency     int           // aggregates in parallel, 16
 	ClaimTTL        time.Duration // 60 s
@@ -84,7 +84,7 @@ func (c Config) withDefaults() Config {
 	}
 	def(&c.LockTTL, 30*time.Second)
 	def(&c.LockWait, 5*time.Second)
-	def(&c.PollInterval, 500*time.Millisecond)
+	def(&c.PollInterval, 100*time.Millisecond)
 	def(&c.ClaimTTL, 60*time.Second)
 	def(&c.BackoffBase, time.Second)
 	def(&c.BackoffMax, time.Hour)

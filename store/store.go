@@ -44,6 +44,15 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 	return &Store{pool: pool}, nil
 }
 
+// OpenConfig creates a pool from a parsed config (tracers, pool sizes).
+func OpenConfig(ctx context.Context, cfg *pgxpool.Config) (*Store, error) {
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	return &Store{pool: pool}, nil
+}
+
 // New wraps an existing pool.
 func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 
@@ -123,7 +132,9 @@ type Row struct {
 
 // fetchDueSQL: due rows in id order, skipping every row of an aggregate that
 // has an earlier undelivered row still backing off, so per-aggregate order is
-// never broken. Dead rows do not block their aggregate (see README).
+// never broken. Dead rows do not block their aggregate (see README). A
+// delayed row is one whose available_at is past its created_at; producers
+// must not set created_at into the future.
 const fetchDueSQL = `
 SELECT o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload, o.headers, o.created_at, o.attempts
 FROM outbox o
@@ -132,6 +143,7 @@ WHERE o.dispatched_at IS NULL AND o.dead_at IS NULL AND o.available_at <= now()
     SELECT 1 FROM outbox e
     WHERE e.aggregate_type = o.aggregate_type AND e.aggregate_id = o.aggregate_id
       AND e.id < o.id AND e.dispatched_at IS NULL AND e.dead_at IS NULL
+      AND e.available_at > e.created_at -- lets the planner use outbox_delayed_idx
       AND e.available_at > now())
 ORDER BY o.id
 LIMIT $1`
