@@ -4,11 +4,14 @@ package app
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -38,12 +41,16 @@ type App struct {
 
 // New connects lazily: it does not wait for Postgres or Redis to be up.
 func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, error) {
+	tlsCfg, err := redisTLS(cfg.Redis.TLS)
+	if err != nil {
+		return nil, err
+	}
 	st, err := store.Open(ctx, cfg.Postgres.DSN)
 	if err != nil {
 		return nil, err
 	}
 	a := &App{Cfg: cfg, Log: log, Store: st, Metrics: metrics.New()}
-	a.Nodes = RedisNodes(cfg.Redis)
+	a.Nodes = RedisNodes(cfg.Redis, tlsCfg)
 	a.KV = a.Nodes[0]
 	a.Locks = lock.New(a.Nodes, lock.WithKeyPrefix(cfg.Redis.KeyPrefix), lock.WithHooks(a.Metrics.LockHooks()))
 	return a, nil
@@ -51,11 +58,11 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, error
 
 // RedisNodes returns one client (single, sentinel, cluster) or one per
 // address (redlock). Context deadlines bound every command.
-func RedisNodes(c config.Redis) []redis.UniversalClient {
+func RedisNodes(c config.Redis, tlsCfg *tls.Config) []redis.UniversalClient {
 	opts := func(addrs []string) *redis.UniversalOptions {
 		return &redis.UniversalOptions{
 			Addrs: addrs, Username: c.Username, Password: c.Password, DB: c.DB,
-			MasterName: c.MasterName, ContextTimeoutEnabled: true,
+			MasterName: c.MasterName, ContextTimeoutEnabled: true, TLSConfig: tlsCfg,
 			DialTimeout: 2 * time.Second, ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second,
 			// Fail fast instead of piling up retries inside a lease.
 			MaxRetries: 1,
@@ -75,6 +82,32 @@ func RedisNodes(c config.Redis) []redis.UniversalClient {
 	default:
 		return []redis.UniversalClient{redis.NewClient(opts(c.Addrs).Simple())}
 	}
+}
+
+// redisTLS builds the client TLS config from redis.tls.*; nil when disabled.
+func redisTLS(c config.RedisTLS) (*tls.Config, error) {
+	if !c.Enabled {
+		return nil, nil
+	}
+	t := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.ServerName, InsecureSkipVerify: c.InsecureSkipVerify} //nolint:gosec // operator's explicit choice
+	if c.CAFile != "" {
+		pem, err := os.ReadFile(c.CAFile)
+		if err != nil {
+			return nil, &config.KeyError{Key: "redis.tls.ca_file", Err: err}
+		}
+		t.RootCAs = x509.NewCertPool()
+		if !t.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, &config.KeyError{Key: "redis.tls.ca_file", Err: errors.New("no PEM certificate found")}
+		}
+	}
+	if c.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+		if err != nil {
+			return nil, &config.KeyError{Key: "redis.tls.cert_file", Err: err}
+		}
+		t.Certificates = []tls.Certificate{cert}
+	}
+	return t, nil
 }
 
 // Close closes every connection.
@@ -142,7 +175,7 @@ func (a *App) Run(ctx context.Context) error {
 		},
 		Registry: a.Metrics.Registry,
 		Status: func(ctx context.Context) (any, error) {
-			return a.status(ctx, p.HeldToken)
+			return a.status(ctx, map[string]func() int64{poller.LockName: p.HeldToken, reconcile.LockName: rec.HeldToken})
 		},
 	}), ReadHeaderTimeout: 5 * time.Second}
 
@@ -232,10 +265,11 @@ type Status struct {
 
 // Status reads Postgres and Redis directly (for `outboxd status`).
 func (a *App) Status(ctx context.Context) (Status, error) {
-	return a.status(ctx, func() int64 { return 0 })
+	return a.status(ctx, nil)
 }
 
-func (a *App) status(ctx context.Context, pollerToken func() int64) (Status, error) {
+// status: held gives this replica's token per lock (0 while not holding).
+func (a *App) status(ctx context.Context, held map[string]func() int64) (Status, error) {
 	st, err := a.Store.Stats(ctx)
 	if err != nil {
 		return Status{}, err
@@ -247,8 +281,8 @@ func (a *App) status(ctx context.Context, pollerToken func() int64) (Status, err
 	out := Status{Stats: st}
 	for _, name := range []string{poller.LockName, reconcile.LockName} {
 		ls := LockStatus{Name: name, FenceToken: fences[name]}
-		if t := pollerToken(); name == poller.LockName && t > 0 {
-			ls.HeldByMe, ls.Token = true, t
+		if f := held[name]; f != nil && f() > 0 {
+			ls.HeldByMe, ls.Token = true, f()
 		}
 		owner, ttl, err := a.Locks.Holder(ctx, name)
 		if err != nil {

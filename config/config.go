@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"reflect"
 	"slices"
 	"strconv"
@@ -33,18 +34,30 @@ type Config struct {
 }
 
 type Postgres struct {
-	DSN string `mapstructure:"dsn"`
+	DSN     string `mapstructure:"dsn"`
+	DSNFile string `mapstructure:"dsn_file"` // read the DSN from this file (Kubernetes secret, systemd credential)
 }
 
 type Redis struct {
-	Addrs     []string `mapstructure:"addrs"`
-	Mode      string   `mapstructure:"mode"` // single | redlock | sentinel | cluster
-	Username  string   `mapstructure:"username"`
-	Password  string   `mapstructure:"password"`
-	DB        int      `mapstructure:"db"`
-	KeyPrefix string   `mapstructure:"key_prefix"`
+	Addrs        []string `mapstructure:"addrs"`
+	Mode         string   `mapstructure:"mode"` // single | redlock | sentinel | cluster
+	Username     string   `mapstructure:"username"`
+	Password     string   `mapstructure:"password"`
+	DB           int      `mapstructure:"db"`
+	KeyPrefix    string   `mapstructure:"key_prefix"`
+	PasswordFile string   `mapstructure:"password_file"`
 	// MasterName is the Sentinel master name (mode sentinel).
-	MasterName string `mapstructure:"master_name"`
+	MasterName string   `mapstructure:"master_name"`
+	TLS        RedisTLS `mapstructure:"tls"`
+}
+
+type RedisTLS struct {
+	Enabled            bool   `mapstructure:"enabled"`
+	CAFile             string `mapstructure:"ca_file"`
+	CertFile           string `mapstructure:"cert_file"`
+	KeyFile            string `mapstructure:"key_file"`
+	ServerName         string `mapstructure:"server_name"`
+	InsecureSkipVerify bool   `mapstructure:"insecure_skip_verify"`
 }
 
 type Poller struct {
@@ -74,9 +87,10 @@ type Dispatch struct {
 }
 
 type Webhook struct {
-	URL     string        `mapstructure:"url"`
-	Secret  string        `mapstructure:"secret"`
-	Timeout time.Duration `mapstructure:"timeout"`
+	URL        string        `mapstructure:"url"`
+	Secret     string        `mapstructure:"secret"`
+	SecretFile string        `mapstructure:"secret_file"`
+	Timeout    time.Duration `mapstructure:"timeout"`
 }
 
 type HTTP struct {
@@ -91,37 +105,46 @@ type Log struct {
 // Defaults is every key with its default value. Every key needs a default so
 // that viper sees env-only values.
 var Defaults = map[string]any{
-	"postgres.dsn":             "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
-	"redis.addrs":              []string{"127.0.0.1:6379"},
-	"redis.mode":               "single",
-	"redis.username":           "",
-	"redis.password":           "",
-	"redis.db":                 0,
-	"redis.key_prefix":         "",
-	"redis.master_name":        "",
-	"poller.lock_ttl":          "30s",
-	"poller.lock_wait":         "5s",
-	"poller.batch_size":        500,
-	"poller.poll_interval":     "100ms",
-	"poller.max_attempts":      25,
-	"poller.concurrency":       16,
-	"poller.claim_ttl":         "60s",
-	"poller.backoff_base":      "1s",
-	"poller.backoff_max":       "1h",
-	"poller.notify":            false,
-	"reconcile.schedule":       "*/5 * * * *",
-	"reconcile.lock_ttl":       "300s",
-	"reconcile.retention":      "168h",
-	"reconcile.dead_retention": "0s",
-	"reconcile.batch_size":     1000,
-	"dispatch.sink":            "webhook",
-	"dispatch.webhook.url":     "http://127.0.0.1:8081/events",
-	"dispatch.webhook.secret":  "",
-	"dispatch.webhook.timeout": "10s",
-	"http.addr":                "127.0.0.1:9090",
-	"log.level":                "info",
-	"log.format":               "json",
-	"shutdown_timeout":         "25s",
+	"postgres.dsn":                   "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
+	"postgres.dsn_file":              "",
+	"redis.addrs":                    []string{"127.0.0.1:6379"},
+	"redis.mode":                     "single",
+	"redis.username":                 "",
+	"redis.password":                 "",
+	"redis.db":                       0,
+	"redis.key_prefix":               "",
+	"redis.master_name":              "",
+	"redis.password_file":            "",
+	"redis.tls.enabled":              false,
+	"redis.tls.ca_file":              "",
+	"redis.tls.cert_file":            "",
+	"redis.tls.key_file":             "",
+	"redis.tls.server_name":          "",
+	"redis.tls.insecure_skip_verify": false,
+	"poller.lock_ttl":                "30s",
+	"poller.lock_wait":               "5s",
+	"poller.batch_size":              500,
+	"poller.poll_interval":           "100ms",
+	"poller.max_attempts":            25,
+	"poller.concurrency":             16,
+	"poller.claim_ttl":               "60s",
+	"poller.backoff_base":            "1s",
+	"poller.backoff_max":             "1h",
+	"poller.notify":                  false,
+	"reconcile.schedule":             "*/5 * * * *",
+	"reconcile.lock_ttl":             "300s",
+	"reconcile.retention":            "168h",
+	"reconcile.dead_retention":       "0s",
+	"reconcile.batch_size":           1000,
+	"dispatch.sink":                  "webhook",
+	"dispatch.webhook.url":           "http://127.0.0.1:8081/events",
+	"dispatch.webhook.secret":        "",
+	"dispatch.webhook.secret_file":   "",
+	"dispatch.webhook.timeout":       "10s",
+	"http.addr":                      "127.0.0.1:9090",
+	"log.level":                      "info",
+	"log.format":                     "json",
+	"shutdown_timeout":               "25s",
 }
 
 // Secret keys are redacted wherever the config is shown.
@@ -184,6 +207,9 @@ func Load(file string, sets []string) (*Config, error) {
 	for i, a := range c.Redis.Addrs {
 		c.Redis.Addrs[i] = strings.TrimSpace(a)
 	}
+	if err := c.readSecretFiles(); err != nil {
+		return nil, err
+	}
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
@@ -244,6 +270,33 @@ var durationKeys = func() map[string]bool {
 	return out
 }()
 
+// readSecretFiles fills secrets from their *_file keys. A file wins over the
+// DSN's default; a password or secret set both ways is an error.
+func (c *Config) readSecretFiles() error {
+	for _, f := range []struct {
+		key, file string
+		dst       *string
+		exclusive bool
+	}{
+		{"postgres.dsn_file", c.Postgres.DSNFile, &c.Postgres.DSN, false},
+		{"redis.password_file", c.Redis.PasswordFile, &c.Redis.Password, true},
+		{"dispatch.webhook.secret_file", c.Dispatch.Webhook.SecretFile, &c.Dispatch.Webhook.Secret, true},
+	} {
+		if f.file == "" {
+			continue
+		}
+		if f.exclusive && *f.dst != "" {
+			return &KeyError{Key: f.key, Err: fmt.Errorf("set either %s or %s, not both", strings.TrimSuffix(f.key, "_file"), f.key)}
+		}
+		b, err := os.ReadFile(f.file)
+		if err != nil {
+			return &KeyError{Key: f.key, Err: err}
+		}
+		*f.dst = strings.TrimSpace(string(b))
+	}
+	return nil
+}
+
 // Validate checks ranges and formats; the error names the key.
 func (c *Config) Validate() error {
 	bad := func(key, format string, a ...any) error {
@@ -269,6 +322,22 @@ func (c *Config) Validate() error {
 	}
 	if c.Redis.Mode == "sentinel" && c.Redis.MasterName == "" {
 		return bad("redis.master_name", "must be set in sentinel mode")
+	}
+	for _, f := range []struct{ key, path string }{
+		{"redis.tls.ca_file", c.Redis.TLS.CAFile}, {"redis.tls.cert_file", c.Redis.TLS.CertFile}, {"redis.tls.key_file", c.Redis.TLS.KeyFile},
+	} {
+		if f.path == "" {
+			continue
+		}
+		if !c.Redis.TLS.Enabled {
+			return bad(f.key, "set, but redis.tls.enabled is false")
+		}
+		if _, err := os.Stat(f.path); err != nil {
+			return bad(f.key, "%v", err)
+		}
+	}
+	if (c.Redis.TLS.CertFile == "") != (c.Redis.TLS.KeyFile == "") {
+		return bad("redis.tls.key_file", "redis.tls.cert_file and redis.tls.key_file go together")
 	}
 	if c.Redis.DB < 0 || c.Redis.DB > 15 {
 		return bad("redis.db", "want 0..15, got %d", c.Redis.DB)

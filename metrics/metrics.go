@@ -79,6 +79,12 @@ func New() *Metrics {
 	} {
 		f(c)
 	}
+	// Export the labelled contract series at 0 from the start, so dashboards
+	// and alerts see them before the first event.
+	for _, l := range []string{"lock:outbox:poller", "lock:reconciliation"} {
+		m.FenceRejections.WithLabelValues(l)
+		m.LockHeld.WithLabelValues(l)
+	}
 	return m
 }
 

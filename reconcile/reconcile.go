@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -61,7 +62,11 @@ type Reconciler struct {
 	log      *slog.Logger
 	m        *metrics.Metrics
 	hooks    hooks
+	held     atomic.Int64 // token while a run holds the lock
 }
+
+// HeldToken is the fencing token while a run holds the lock, 0 otherwise.
+func (r *Reconciler) HeldToken() int64 { return r.held.Load() }
 
 // hooks are test-only pause points.
 type hooks struct {
@@ -170,7 +175,9 @@ func (r *Reconciler) RunOnce(ctx context.Context, fireTime time.Time, wait time.
 	}
 	log := r.log.With("fencing_token", l.Token())
 	log.Info("lock acquired")
+	r.held.Store(l.Token())
 	defer func() {
+		r.held.Store(0)
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		defer cancel()
 		if err := l.Release(rctx); err != nil && !errors.Is(err, lock.ErrNotHeld) {

@@ -13,9 +13,11 @@ import (
 	"runtime/debug"
 	"strings"
 	"syscall"
+	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/outboxd/outboxd/app"
 	"github.com/outboxd/outboxd/config"
@@ -76,7 +78,7 @@ func newRoot(stdout io.Writer) *cobra.Command {
 	root.PersistentFlags().StringVar(&g.configFile, "config", "", "config file (YAML); env OUTBOXD_<SECTION>_<KEY> and --set override it")
 	root.PersistentFlags().StringArrayVar(&g.sets, "set", nil, "override one key, e.g. --set poller.batch_size=1000 (repeatable)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(runCmd(g, stdout), migrateCmd(g, stdout), versionCmd(stdout), statusCmd(g, stdout), replayCmd(g, stdout), reconcileCmd(g, stdout))
+	root.AddCommand(runCmd(g, stdout), migrateCmd(g, stdout), versionCmd(stdout), statusCmd(g, stdout), replayCmd(g, stdout), reconcileCmd(g, stdout), configCmd(g, stdout))
 	return root
 }
 
@@ -173,9 +175,10 @@ func versionCmd(stdout io.Writer) *cobra.Command {
 }
 
 func statusCmd(g *globals, stdout io.Writer) *cobra.Command {
-	return &cobra.Command{
+	var asJSON bool
+	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "Show lock holders, fence tokens and the backlog (JSON)",
+		Short: "Show who holds each lock (owner, TTL left, token), the fence tokens Postgres accepted, and the backlog",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := g.load()
@@ -189,13 +192,50 @@ func statusCmd(g *globals, stdout io.Writer) *cobra.Command {
 				return err
 			}
 			defer a.Close()
-			st, err := a.Status(ctx)
+			qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			st, err := a.Status(qctx)
 			if err != nil {
 				return err
 			}
-			enc := json.NewEncoder(stdout)
-			enc.SetIndent("", "  ")
-			return enc.Encode(st)
+			if asJSON {
+				enc := json.NewEncoder(stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(st)
+			}
+			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "LOCK\tHOLDER (owner)\tTTL LEFT\tTOKEN ISSUED (redis)\tFENCE ACCEPTED (postgres)")
+			for _, l := range st.Locks {
+				holder, ttl := "-", "-"
+				if l.Owner != "" {
+					holder, ttl = l.Owner, (time.Duration(l.TTLMillis) * time.Millisecond).Round(100*time.Millisecond).String()
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\n", l.Name, holder, ttl, l.RedisCounter, l.FenceToken)
+			}
+			_ = tw.Flush()
+			fmt.Fprintf(stdout, "\npending %d   oldest pending %s   dead %d\n", st.Pending,
+				(time.Duration(st.OldestPendingAge * float64(time.Second))).Round(time.Second), st.Dead)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (for scripts)")
+	return cmd
+}
+
+func configCmd(g *globals, stdout io.Writer) *cobra.Command {
+	return &cobra.Command{
+		Use:   "config",
+		Short: "Print the effective configuration (file, env, --set applied) with secrets redacted",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := g.load()
+			if err != nil {
+				return err
+			}
+			enc := yaml.NewEncoder(stdout)
+			enc.SetIndent(2)
+			defer enc.Close()
+			return enc.Encode(cfg.Redacted())
 		},
 	}
 }

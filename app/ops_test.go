@@ -1,0 +1,220 @@
+package app_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/app"
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/store"
+)
+
+func freeAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// metricValue finds `name{labels} value` (or `name value`) in an exposition.
+func metricValue(t *testing.T, body, series string) float64 {
+	t.Helper()
+	for _, line := range strings.Split(body, "\n") {
+		if strings.HasPrefix(line, series+" ") {
+			v, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimPrefix(line, series)), 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return v
+		}
+	}
+	t.Fatalf("series %s not exported", series)
+	return 0
+}
+
+func TestOperationsEndpointsWithTwoReplicas(t *testing.T) {
+	const pgSecret, webhookSecret = "pg-s3cret-value", "whsec_c2VjcmV0LXdlYmhvb2s="
+	st, dsn := testenv.Store(t)
+	redisSrv := testenv.StartRedisServer(t)
+	ctx := context.Background()
+	rc := &receiver{t: t, secret: []byte("secret-webhook"), unique: map[int64]bool{}, all: make(chan struct{}), want: 50}
+	srv := httptest.NewServer(rc)
+	defer srv.Close()
+	// Trust auth accepts any password, so the DSN can carry one to prove it is never shown.
+	dsnWithPassword := strings.Replace(dsn, "postgres@", "postgres:"+pgSecret+"@", 1)
+
+	type replica struct {
+		addr string
+		app  *app.App
+		logs *syncBuffer
+		done chan error
+		stop context.CancelFunc
+	}
+	var reps []*replica
+	for range 2 {
+		addr := freeAddr(t)
+		cfg, err := config.Load("", []string{
+			"postgres.dsn=" + dsnWithPassword, "redis.addrs=" + redisSrv.Addr,
+			"dispatch.webhook.url=" + srv.URL, "dispatch.webhook.secret=" + webhookSecret,
+			"http.addr=" + addr, "poller.poll_interval=10ms", "poller.lock_ttl=2s",
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		logs := &syncBuffer{}
+		a, err := app.New(ctx, cfg, app.NewLogger("debug", "json", logs))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		rctx, stop := context.WithCancel(ctx)
+		r := &replica{addr: addr, app: a, logs: logs, done: make(chan error, 1), stop: stop}
+		go func() { r.done <- a.Run(rctx) }()
+		reps = append(reps, r)
+	}
+	err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
+		var evs []store.Event
+		for i := range 50 {
+			evs = append(evs, store.Event{AggregateType: "deal", AggregateID: strconv.Itoa(i % 5), EventType: "deal.funded",
+				Payload: json.RawMessage(fmt.Sprintf(`{"i":%d}`, i))})
+		}
+		return store.Enqueue(ctx, tx, evs...)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-rc.all:
+	case <-time.After(30 * time.Second):
+		t.Fatal("events not delivered")
+	}
+	time.Sleep(100 * time.Millisecond) // the batch's results are written after the last send
+
+	// /status: exactly one leader, whose token Postgres and Redis agree on.
+	var leader *replica
+	var token int64
+	for _, r := range reps {
+		code, body := httpGet(t, "http://"+r.addr+"/status")
+		if code != 200 {
+			t.Fatalf("/status %d: %s", code, body)
+		}
+		var s app.Status
+		if err := json.Unmarshal([]byte(body), &s); err != nil {
+			t.Fatal(err)
+		}
+		if s.Locks[0].Name != "lock:outbox:poller" || s.Locks[1].Name != "lock:reconciliation" {
+			t.Fatalf("locks %+v", s.Locks)
+		}
+		if s.Locks[0].HeldByMe {
+			if leader != nil {
+				t.Fatal("two replicas report holding lock:outbox:poller")
+			}
+			leader, token = r, s.Locks[0].Token
+		}
+		if strings.Contains(body, pgSecret) || strings.Contains(body, webhookSecret) {
+			t.Fatalf("/status shows a secret: %s", body)
+		}
+	}
+	if leader == nil || token < 1 {
+		t.Fatal("no replica reports leading")
+	}
+	cli, err := reps[0].app.Status(ctx) // what `outboxd status --json` prints
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := cli.Locks[0]
+	if l.Owner == "" || l.TTLMillis <= 0 || l.TTLMillis > 2000 || l.FenceToken != token || l.RedisCounter != token || cli.Pending != 0 {
+		t.Fatalf("status %+v, want owner, TTL <= 2s and token %d in Postgres and Redis", cli, token)
+	}
+
+	// /metrics: contract names, with the run's values.
+	_, body := httpGet(t, "http://"+leader.addr+"/metrics")
+	if v := metricValue(t, body, "outboxd_dispatched_total"); v != 50 {
+		t.Fatalf("outboxd_dispatched_total %v, want 50", v)
+	}
+	if v := metricValue(t, body, `outboxd_lock_held{lock="lock:outbox:poller"}`); v != 1 {
+		t.Fatalf("leader's outboxd_lock_held %v", v)
+	}
+	if v := metricValue(t, body, "outboxd_dispatch_latency_seconds_count"); v != 50 {
+		t.Fatalf("latency observations %v, want 50", v)
+	}
+	for _, s := range []string{"outboxd_dispatch_failures_total", "outboxd_dead_lettered_total",
+		`outboxd_fence_rejections_total{lock="lock:outbox:poller"}`, "outboxd_pending_events", "outboxd_oldest_pending_age_seconds"} {
+		if v := metricValue(t, body, s); v != 0 {
+			t.Fatalf("%s = %v, want 0", s, v)
+		}
+	}
+	for _, r := range reps {
+		if r != leader {
+			_, body := httpGet(t, "http://"+r.addr+"/metrics")
+			if v := metricValue(t, body, `outboxd_lock_held{lock="lock:outbox:poller"}`); v != 0 {
+				t.Fatalf("standby's outboxd_lock_held %v", v)
+			}
+		}
+	}
+
+	// /readyz: a standby is ready; Redis down makes both unready, and ready again after.
+	for _, r := range reps {
+		if code, body := httpGet(t, "http://"+r.addr+"/readyz"); code != 200 {
+			t.Fatalf("/readyz %d: %s", code, body)
+		}
+		if code, _ := httpGet(t, "http://"+r.addr+"/livez"); code != 200 {
+			t.Fatal("/livez")
+		}
+	}
+	redisSrv.Stop()
+	code, body := httpGet(t, "http://"+reps[0].addr+"/readyz")
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "redis") {
+		t.Fatalf("/readyz with Redis down: %d %s", code, body)
+	}
+	redisSrv.Start()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if code, _ := httpGet(t, "http://"+reps[0].addr+"/readyz"); code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("/readyz did not recover after Redis came back")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	for _, r := range reps {
+		r.stop()
+		if err := <-r.done; err != nil {
+			t.Fatalf("replica exited with %v", err)
+		}
+		if logs := r.logs.String(); strings.Contains(logs, pgSecret) || strings.Contains(logs, webhookSecret) {
+			t.Fatal("a secret appears in the logs")
+		}
+	}
+	shown, _ := json.Marshal(reps[0].app.Cfg.Redacted()) // what `outboxd config` prints
+	if strings.Contains(string(shown), pgSecret) || strings.Contains(string(shown), webhookSecret) {
+		t.Fatalf("config output shows a secret: %s", shown)
+	}
+}
