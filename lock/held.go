@@ -20,6 +20,8 @@ type Lock struct {
 	owner string
 	token int64
 	opts  Options
+	// recovered: the token came from the floor, not the counter.
+	recovered bool
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -44,6 +46,13 @@ func (l *Lock) Owner() string { return l.owner }
 
 // Token is the fencing token of this acquisition.
 func (l *Lock) Token() int64 { return l.token }
+
+// Recovered reports that Redis had lost this lock's state (restart without
+// persistence, FLUSHALL, failover): the token was lifted by the floor. The
+// previous holder may not have noticed yet and can go on acting until its
+// next renewal or its trust deadline, at most one TTL; a holder that must not
+// overlap with it waits that long before acting.
+func (l *Lock) Recovered() bool { return l.recovered }
 
 // Context is done once the lock is lost or released; context.Cause tells which.
 func (l *Lock) Context() context.Context { return l.ctx }

@@ -205,11 +205,12 @@ func (e *HolderError) Error() string {
 func (e *HolderError) Unwrap() error { return ErrNotObtained }
 
 type nodeResult struct {
-	token int64
-	pttl  int64
-	owner string
-	ok    bool
-	err   error
+	token     int64
+	pttl      int64
+	owner     string
+	ok        bool
+	recovered bool // the floor lifted the counter: this node had lost its state
+	err       error
 }
 
 // try makes one attempt on every node; opCtx bounds the Redis calls.
@@ -229,13 +230,13 @@ func (c *Client) try(opCtx context.Context, name string, opts Options, waitStart
 		token, _ := vals[0].(int64)
 		pttl, _ := vals[1].(int64)
 		holder, _ := vals[2].(string)
-		return nodeResult{token: token, pttl: pttl, owner: holder, ok: token > 0}
+		return nodeResult{token: token, pttl: pttl, owner: holder, ok: token > 0, recovered: token > 0 && pttl == 1}
 	})
 
 	var token, holderTTL int64
 	var holder string
 	var errs []error
-	got := 0
+	got, recovered := 0, false
 	for _, r := range results {
 		switch {
 		case r.err != nil:
@@ -243,6 +244,7 @@ func (c *Client) try(opCtx context.Context, name string, opts Options, waitStart
 		case r.ok:
 			got++
 			token = max(token, r.token)
+			recovered = recovered || r.recovered
 		default:
 			if r.pttl >= holderTTL {
 				holderTTL, holder = r.pttl, r.owner
@@ -265,7 +267,7 @@ func (c *Client) try(opCtx context.Context, name string, opts Options, waitStart
 	}
 
 	l := &Lock{
-		c: c, name: name, key: key, owner: owner, token: token, opts: opts,
+		c: c, name: name, key: key, owner: owner, token: token, opts: opts, recovered: recovered,
 		done: make(chan struct{}),
 	}
 	// A held lock lives until released or lost, not until the wait's context

@@ -122,6 +122,10 @@ func TestFloorKeepsTokensIncreasingAfterDataLoss(t *testing.T) {
 		if l.Token() <= accepted {
 			t.Fatalf("%s: token %d not above accepted %d", step, l.Token(), accepted)
 		}
+		// Only a token lifted by the floor says Redis had lost the lock's state.
+		if want := step != "before"; l.Recovered() != want {
+			t.Fatalf("%s: Recovered() = %t, want %t", step, l.Recovered(), want)
+		}
 		accepted = l.Token()
 		_ = l.Release(ctx)
 		return l.Token()

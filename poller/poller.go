@@ -208,6 +208,20 @@ func (p *Poller) lead(ctx context.Context, l *lock.Lock) {
 	})
 	defer stopTimer()
 
+	// Redis lost the lock's state: the predecessor may still be sending until
+	// it notices (next renewal, or its trust deadline within one TTL). Wait
+	// before fencing it out, so it can record what it delivered and receivers
+	// never see its older token after ours.
+	if l.Recovered() {
+		log.Warn("redis lost the lock state; waiting one lock TTL before delivering", "wait_ms", p.cfg.LockTTL.Milliseconds())
+		select {
+		case <-ctx.Done():
+			return
+		case <-workCtx.Done():
+			return
+		case <-time.After(p.cfg.LockTTL):
+		}
+	}
 	// Raise the fence before the first send: from now on the predecessor's
 	// writes are refused, and this token is the floor for the next holder.
 	if err := p.store.ClaimFence(workCtx, fence); err != nil {

@@ -287,6 +287,7 @@ func TestSplitBrainRunnersNeverOverwriteEachOther(t *testing.T) {
 	rnd := rand.New(rand.NewPCG(3, 4))
 	var mu sync.Mutex
 	e.rc.respond = func(dispatch.Event, int64, int) (int, http.Header) {
+		time.Sleep(2 * time.Millisecond) // keep the first leader busy past the second's recovery wait
 		mu.Lock()
 		defer mu.Unlock()
 		if rnd.IntN(100) < 20 {
@@ -295,7 +296,7 @@ func TestSplitBrainRunnersNeverOverwriteEachOther(t *testing.T) {
 		return http.StatusOK, nil
 	}
 	cfg := testConfig()
-	cfg.BatchSize = 50
+	cfg.BatchSize, cfg.Concurrency, cfg.LockTTL = 50, 4, 600*time.Millisecond
 	a := e.poller(cfg, "")
 	b := e.poller(cfg, e.prefix+"split:") // its own lock key: both hold "the" lock
 	e.run(a)
