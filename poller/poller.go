@@ -60,6 +60,15 @@ var (
 // errShutdownTimeout cancels in-flight work when shutdown_timeout runs out.
 var errShutdownTimeout = errors.New("poller: shutdown timeout")
 
+// queryTimeout bounds every Postgres call: a connection whose packets vanish
+// (a network partition) must not hang the leader; pgx closes a connection
+// whose context expires, and the next call gets a fresh one.
+const queryTimeout = 10 * time.Second
+
+func withQueryTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, queryTimeout)
+}
+
 // Config tunes the runner. Zero values get defaults from New.
 type Config struct {
 	LockTTL         time.Duration // 30 s
@@ -174,7 +183,9 @@ func isOnlyHeld(err error) bool {
 }
 
 func (p *Poller) acquire(ctx context.Context) (*lock.Lock, error) {
-	floor, err := p.store.FenceToken(ctx, LockName)
+	qctx, cancel := withQueryTimeout(ctx)
+	floor, err := p.store.FenceToken(qctx, LockName)
+	cancel()
 	if err != nil {
 		return nil, err
 	}
@@ -224,7 +235,10 @@ func (p *Poller) lead(ctx context.Context, l *lock.Lock) {
 	}
 	// Raise the fence before the first send: from now on the predecessor's
 	// writes are refused, and this token is the floor for the next holder.
-	if err := p.store.ClaimFence(workCtx, fence); err != nil {
+	qctx, cancel := withQueryTimeout(workCtx)
+	err := p.store.ClaimFence(qctx, fence)
+	cancel()
+	if err != nil {
 		p.stepDown(log, err)
 		return
 	}
@@ -322,7 +336,9 @@ type item struct {
 // none outlives it.
 func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() time.Time) (int, error) {
 	start := time.Now()
-	rows, err := p.store.FetchDue(ctx, p.cfg.BatchSize)
+	qctx, cancel := withQueryTimeout(ctx)
+	rows, err := p.store.FetchDue(qctx, p.cfg.BatchSize)
+	cancel()
 	if err != nil || len(rows) == 0 {
 		return 0, err
 	}
@@ -341,8 +357,8 @@ func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() ti
 
 	// Results are written even if the lease was lost meanwhile: the fence, not
 	// the lease, decides whether they land, and landing them saves duplicates.
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
+	wctx, cancelW := withQueryTimeout(context.WithoutCancel(ctx))
+	defer cancelW()
 	return len(rows), p.finish(wctx, items, claim, fence, start)
 }
 

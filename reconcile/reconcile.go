@@ -159,13 +159,15 @@ func (r *Reconciler) RunOnce(ctx context.Context, fireTime time.Time, wait time.
 	start := time.Now()
 	fireTime = fireTime.UTC().Truncate(time.Microsecond) // Postgres' precision
 	sum := Summary{FireTime: fireTime}
-	if done, err := r.store.RunDone(ctx, fireTime); err != nil || done {
+	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if done, err := r.store.RunDone(qctx, fireTime); err != nil || done {
 		if done {
 			err = ErrAlreadyRan
 		}
 		return sum, err
 	}
-	floor, err := r.store.FenceToken(ctx, LockName)
+	floor, err := r.store.FenceToken(qctx, LockName)
 	if err != nil {
 		return sum, err
 	}
@@ -190,7 +192,9 @@ func (r *Reconciler) RunOnce(ctx context.Context, fireTime time.Time, wait time.
 	fence := store.Fence{Lock: LockName, Token: l.Token(), Owner: l.Owner()}
 	lctx := l.Context()
 
-	started, err := r.store.BeginRun(lctx, fence, fireTime)
+	bctx, cancelB := context.WithTimeout(lctx, 30*time.Second)
+	started, err := r.store.BeginRun(bctx, fence, fireTime)
+	cancelB()
 	if err != nil {
 		return sum, r.fenceErr(log, err)
 	}
@@ -205,7 +209,9 @@ func (r *Reconciler) RunOnce(ctx context.Context, fireTime time.Time, wait time.
 		return sum, r.fenceErr(log, err)
 	}
 	sum.DurationMS = time.Since(start).Milliseconds()
-	if err := r.store.FinishRun(lctx, fence, fireTime, sum); err != nil {
+	fctx, cancelF := writeCtx(lctx)
+	defer cancelF()
+	if err := r.store.FinishRun(fctx, fence, fireTime, sum); err != nil {
 		return sum, r.fenceErr(log, err)
 	}
 	return sum, nil
@@ -234,12 +240,14 @@ func (r *Reconciler) sweep(ctx context.Context, fence store.Fence, sum *Summary)
 			return fmt.Errorf("reconcile: purge dead: %w", err)
 		}
 	}
-	st, err := r.store.Stats(ctx)
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	st, err := r.store.Stats(sctx)
 	if err != nil {
 		return err
 	}
 	sum.Pending, sum.OldestPendingAge, sum.Dead = st.Pending, st.OldestPendingAge, st.Dead
-	if sum.PendingByAttempts, err = r.store.PendingByAttempts(ctx); err != nil {
+	if sum.PendingByAttempts, err = r.store.PendingByAttempts(sctx); err != nil {
 		return err
 	}
 	r.m.PendingEvents.Set(float64(st.Pending))
@@ -263,7 +271,9 @@ func (r *Reconciler) markFromRedis(ctx context.Context, fence store.Fence) (int6
 		if err := ctx.Err(); err != nil {
 			return marked, context.Cause(ctx)
 		}
-		ids, err := r.store.PendingIDs(ctx, cursor, r.cfg.BatchSize)
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		ids, err := r.store.PendingIDs(rctx, cursor, r.cfg.BatchSize)
+		cancel()
 		if err != nil || len(ids) == 0 {
 			return marked, err
 		}
