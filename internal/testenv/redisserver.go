@@ -33,12 +33,7 @@ func StartRedisServer(t testing.TB) *RedisServer {
 	if err != nil {
 		t.Fatalf("testenv: redis-server not on PATH (install the redis-server package): %v", err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	port := FreePort(t)
 	s := &RedisServer{t: t, port: port, Addr: "127.0.0.1:" + strconv.Itoa(port), dir: t.TempDir()}
 	s.Start()
 	t.Cleanup(s.Stop)
@@ -110,3 +105,13 @@ func (s *RedisServer) Client() *redis.Client {
 }
 
 func (s *RedisServer) String() string { return fmt.Sprintf("redis-server %s", s.Addr) }
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort(t testing.TB) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}

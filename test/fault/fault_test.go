@@ -3,6 +3,7 @@ package fault
 import (
 	"context"
 	"net/http"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -11,7 +12,11 @@ import (
 // runCase starts three replicas and the producer, lets events flow, injects
 // the fault, keeps producing, then drains, stops everything and checks.
 func runCase(t *testing.T, inject func(c *cluster), deadAggs map[string]bool) report {
-	c := newCluster(t)
+	return runCaseWith(t, options{}, inject, deadAggs)
+}
+
+func runCaseWith(t *testing.T, opt options, inject func(c *cluster), deadAggs map[string]bool) report {
+	c := newCluster(t, opt)
 	c.startAll(3)
 	c.leader()
 	c.produce()
@@ -136,4 +141,40 @@ func outage() time.Duration {
 		return 3 * time.Second
 	}
 	return 10 * time.Second
+}
+
+func TestPostgresResetsAndBlackhole(t *testing.T) {
+	runCaseWith(t, options{proxies: true}, func(c *cluster) {
+		remove := c.toxic(c.pgProxy, "reset", "reset_peer", "downstream", `{"timeout":0}`)
+		time.Sleep(500 * time.Millisecond)
+		remove()
+		time.Sleep(500 * time.Millisecond)
+		remove = c.toxic(c.pgProxy, "blackhole", "timeout", "upstream", `{"timeout":0}`)
+		time.Sleep(outage())
+		remove()
+	}, nil)
+}
+
+func TestPostgresCrashRestart(t *testing.T) {
+	runCaseWith(t, options{ownPostgres: true}, func(c *cluster) { c.pg.CrashRestart() }, nil)
+}
+
+func TestRedisLatencyMakesLeaderStepDown(t *testing.T) {
+	rep := runCaseWith(t, options{proxies: true}, func(c *cluster) {
+		l := c.leader()
+		// Replies slower than the lease: renewals cannot land in time.
+		remove := c.toxic(c.redisPx[l], "slow", "latency", "downstream", `{"latency":1500,"jitter":0}`)
+		deadline := time.Now().Add(10 * time.Second)
+		for !strings.Contains(c.reps[l].logs(), `"msg":"lock lost"`) {
+			if time.Now().After(deadline) {
+				t.Fatal("the slowed leader never gave up its lock")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		time.Sleep(2 * lockTTL)
+		remove()
+	}, nil)
+	if rep.tokens < 2 {
+		t.Fatal("no other replica took over from the slowed leader")
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,10 +25,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/Shopify/toxiproxy/v2"
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
 
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/store"
 )
 
@@ -156,16 +161,20 @@ func (r *replica) exited() bool {
 }
 
 type cluster struct {
-	t      *testing.T
-	st     *store.Store
-	dsn    string
-	redis  *testenv.RedisServer
-	redisA string // address the replicas use for Redis (may be a proxy)
-	pgDSN  string // DSN the replicas use for Postgres (may be a proxy)
-	rc     *receiver
-	srv    *httptest.Server
-	reps   []*replica
-	ended  []*replica // replicas replaced by restarts
+	t       *testing.T
+	pg      *testenv.PostgresServer // own instance, if asked for
+	toxi    *toxiproxy.ApiServer
+	pgProxy *toxiproxy.Proxy
+	redisPx map[int]*toxiproxy.Proxy // per replica slot
+	st      *store.Store
+	dsn     string
+	redis   *testenv.RedisServer
+	redisA  string // address the replicas use for Redis (may be a proxy)
+	pgDSN   string // DSN the replicas use for Postgres (may be a proxy)
+	rc      *receiver
+	srv     *httptest.Server
+	reps    []*replica
+	ended   []*replica // replicas replaced by restarts
 
 	prodMu    sync.Mutex
 	committed []int64
@@ -173,13 +182,51 @@ type cluster struct {
 	prodDone  chan struct{}
 }
 
-func newCluster(t *testing.T) *cluster {
-	st, dsn := testenv.Store(t)
+type options struct {
+	ownPostgres bool // a private Postgres instance, for restarts
+	proxies     bool // toxiproxy between each replica and Redis, and before Postgres
+}
+
+func newCluster(t *testing.T, opt options) *cluster {
+	var st *store.Store
+	var dsn string
+	var pg *testenv.PostgresServer
+	if opt.ownPostgres {
+		pg = testenv.StartPostgresServer(t)
+		dsn = pg.DSN
+		if _, err := migrations.Up(context.Background(), dsn, nil); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		if st, err = store.Open(context.Background(), dsn); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(st.Close)
+	} else {
+		st, dsn = testenv.Store(t)
+	}
 	rs := testenv.StartRedisServer(t)
 	rc := &receiver{}
 	srv := httptest.NewServer(rc)
-	t.Cleanup(srv.Close)
-	c := &cluster{t: t, st: st, dsn: dsn, pgDSN: dsn, redis: rs, redisA: rs.Addr, rc: rc, srv: srv}
+	t.Cleanup(func() {
+		rc.mu.Lock()
+		if rc.release != nil && rc.holdAgg != "" {
+			close(rc.release) // never leave a handler blocked: Close waits for it
+		}
+		rc.mu.Unlock()
+		srv.Close()
+	})
+	c := &cluster{t: t, st: st, dsn: dsn, pgDSN: dsn, redis: rs, redisA: rs.Addr, rc: rc, srv: srv, pg: pg}
+	if opt.proxies {
+		c.toxi = toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+		u, err := url.Parse(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.pgProxy = c.proxy("postgres", u.Host)
+		u.Host = c.pgProxy.Listen
+		c.pgDSN = u.String()
+	}
 	// Every value outbox_fence ever takes, in order.
 	for _, sql := range []string{
 		`CREATE TABLE fence_audit (seq bigserial, lock_name text, token bigint)`,
@@ -212,6 +259,40 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
+func (c *cluster) proxy(name, upstream string) *toxiproxy.Proxy {
+	c.t.Helper()
+	p := toxiproxy.NewProxy(c.toxi, name, "127.0.0.1:0", upstream)
+	if err := p.Start(); err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(p.Stop)
+	return p
+}
+
+// toxic adds a toxic (toxiproxy JSON) to p; the returned func removes it.
+func (c *cluster) toxic(p *toxiproxy.Proxy, name, kind, stream string, attrs string) (remove func()) {
+	c.t.Helper()
+	js := fmt.Sprintf(`{"name":%q,"type":%q,"stream":%q,"toxicity":1,"attributes":%s}`, name, kind, stream, attrs)
+	if _, err := p.Toxics.AddToxicJson(strings.NewReader(js)); err != nil {
+		c.t.Fatal(err)
+	}
+	return func() { _ = p.Toxics.RemoveToxic(context.Background(), name) }
+}
+
+// redisAddrFor gives replica slot i its own proxy to Redis when proxies are on.
+func (c *cluster) redisAddrFor(i int) string {
+	if c.toxi == nil {
+		return c.redisA
+	}
+	if c.redisPx == nil {
+		c.redisPx = map[int]*toxiproxy.Proxy{}
+	}
+	if c.redisPx[i] == nil {
+		c.redisPx[i] = c.proxy("redis-"+strconv.Itoa(i), c.redis.Addr)
+	}
+	return c.redisPx[i].Listen
+}
+
 // start launches replica i (replacing an ended one).
 func (c *cluster) start(i int) {
 	c.t.Helper()
@@ -219,7 +300,7 @@ func (c *cluster) start(i int) {
 	cmd := exec.Command(binary, "run")
 	cmd.Env = append(os.Environ(),
 		"OUTBOXD_POSTGRES_DSN="+c.pgDSN,
-		"OUTBOXD_REDIS_ADDRS="+c.redisA,
+		"OUTBOXD_REDIS_ADDRS="+c.redisAddrFor(i),
 		"OUTBOXD_DISPATCH_WEBHOOK_URL="+c.srv.URL+"/events",
 		"OUTBOXD_DISPATCH_WEBHOOK_TIMEOUT=2s",
 		"OUTBOXD_HTTP_ADDR="+r.addr,

@@ -1,0 +1,111 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// PostgresServer is a PostgreSQL instance of the test's own (initdb into a
+// temporary directory, a free loopback port), so a test can restart or crash
+// it without touching the shared server.
+type PostgresServer struct {
+	t    testing.TB
+	bin  string
+	dir  string
+	port int
+	asPG bool // run the server as the postgres user (we are root)
+	DSN  string
+}
+
+// StartPostgresServer creates, starts and (at cleanup) removes an instance.
+func StartPostgresServer(t testing.TB) *PostgresServer {
+	t.Helper()
+	initdb := ""
+	if m, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb"); len(m) > 0 {
+		initdb = m[len(m)-1]
+	} else if p, err := exec.LookPath("initdb"); err == nil {
+		initdb = p
+	} else {
+		t.Fatal("testenv: initdb not found (install the postgresql package)")
+	}
+	dir, err := os.MkdirTemp("", "outboxd-pg-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &PostgresServer{t: t, bin: filepath.Dir(initdb), dir: dir, port: FreePort(t), asPG: os.Geteuid() == 0}
+	if s.asPG {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			t.Fatalf("testenv: running as root needs a postgres user for initdb: %v", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		if err := os.Chown(dir, uid, gid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_ = s.pgctl("stop", "-m", "immediate")
+		_ = os.RemoveAll(dir)
+	})
+	if out, err := s.run(initdb, "-D", filepath.Join(dir, "data"), "-A", "trust", "-U", "postgres", "--no-sync").CombinedOutput(); err != nil {
+		t.Fatalf("testenv: initdb: %v\n%s", err, out)
+	}
+	if err := s.pgctl("start"); err != nil {
+		t.Fatal(err)
+	}
+	s.DSN = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", s.port)
+	return s
+}
+
+func (s *PostgresServer) run(name string, args ...string) *exec.Cmd {
+	if s.asPG {
+		return exec.Command("runuser", append([]string{"-u", "postgres", "--", name}, args...)...)
+	}
+	return exec.Command(name, args...)
+}
+
+func (s *PostgresServer) pgctl(args ...string) error {
+	opts := fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -k %s -c fsync=off -c full_page_writes=off", s.port, s.dir)
+	full := append([]string{"-D", filepath.Join(s.dir, "data"), "-l", filepath.Join(s.dir, "log"), "-w", "-t", "60"}, args...)
+	if args[0] == "start" || args[0] == "restart" {
+		full = append(full, "-o", opts)
+	}
+	out, err := s.run(filepath.Join(s.bin, "pg_ctl"), full...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("testenv: pg_ctl %v: %v\n%s", args, err, out)
+	}
+	return nil
+}
+
+// CrashRestart stops the server without a checkpoint (as a crash would) and
+// starts it again; it waits until it accepts connections.
+func (s *PostgresServer) CrashRestart() {
+	s.t.Helper()
+	if err := s.pgctl("restart", "-m", "immediate"); err != nil {
+		s.t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		conn, err := pgx.Connect(ctx, s.DSN)
+		cancel()
+		if err == nil {
+			_ = conn.Close(context.Background())
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("testenv: postgres did not come back: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
