@@ -157,12 +157,18 @@ func (c *Client) Acquire(ctx context.Context, name string, opts Options) (*Lock,
 	wctx, cancel := context.WithTimeout(ctx, opts.Wait)
 	defer cancel()
 
-	// Subscribe before the first try so a release between a failed try and the
-	// wait is not missed.
+	// Fast path: a free lock costs one script, no subscription.
+	l, err := c.try(wctx, name, opts, start)
+	if err == nil {
+		return l, nil
+	}
+	// Subscribe, then try again at once: a release between the failed try and
+	// the subscription is caught by that second try, any later one by the
+	// notification.
 	wake, closeWake := c.subscribe(wctx, name)
 	defer closeWake()
 
-	var lastErr error // the last attempt's: a *HolderError, or Redis errors; always wraps ErrNotObtained
+	lastErr := err // the last attempt's: a *HolderError, or Redis errors; always wraps ErrNotObtained
 	for {
 		l, err := c.try(wctx, name, opts, start)
 		if err == nil {
