@@ -25,6 +25,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,6 +77,7 @@ func main() {
 			fmt.Printf("drain %-7s %d rows: %8.0f ev/s (median of %v)  PG round trips/batch %.2f  Redis round trips/batch %.2f\n",
 				sink, *rows, median(evs), rounded(evs), median(pgRT), median(redisRT))
 		}
+		fmt.Printf("peak RSS of this process (relay + receiver + harness): %s\n", peakRSS())
 		fmt.Println()
 	}
 	if *only == "" || *only == "steady" {
@@ -404,6 +406,20 @@ func producer(ctx context.Context, clients int, trigger bool) float64 {
 }
 
 // ---- helpers ----
+
+// peakRSS reads VmHWM from /proc (Linux).
+func peakRSS() string {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return "unknown"
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "VmHWM:") {
+			return strings.TrimSpace(strings.TrimPrefix(line, "VmHWM:"))
+		}
+	}
+	return "unknown"
+}
 
 func median(xs []float64) float64 {
 	s := slices.Clone(xs)
