@@ -143,3 +143,39 @@ func toString(v any) string {
 		return ""
 	}
 }
+
+func TestSecretFiles(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	dsn := write("dsn", "postgres://app:pw@db:5432/app\n")
+	secret := write("secret", "  s3cret\n")
+	c, err := config.Load("", []string{"postgres.dsn_file=" + dsn, "dispatch.webhook.secret_file=" + secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Postgres.DSN != "postgres://app:pw@db:5432/app" || c.Dispatch.Webhook.Secret != "s3cret" {
+		t.Fatalf("dsn %q secret %q: want the files' trimmed contents", c.Postgres.DSN, c.Dispatch.Webhook.Secret)
+	}
+	for _, tc := range []struct {
+		sets []string
+		key  string
+	}{
+		{[]string{"redis.password=x", "redis.password_file=" + secret}, "redis.password_file"},
+		{[]string{"dispatch.webhook.secret_file=" + filepath.Join(dir, "missing")}, "dispatch.webhook.secret_file"},
+		{[]string{"redis.tls.ca_file=" + secret}, "redis.tls.ca_file"},
+		{[]string{"redis.tls.enabled=true", "redis.tls.ca_file=" + filepath.Join(dir, "missing")}, "redis.tls.ca_file"},
+		{[]string{"redis.tls.enabled=true", "redis.tls.cert_file=" + secret}, "redis.tls.key_file"},
+	} {
+		_, err := config.Load("", tc.sets)
+		var ke *config.KeyError
+		if !errors.As(err, &ke) || ke.Key != tc.key {
+			t.Errorf("%v: got %v, want a KeyError naming %s", tc.sets, err, tc.key)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -19,22 +20,27 @@ import (
 // loopback port, without persistence: for restarts, FLUSHALL, pauses and
 // Redlock nodes without touching the shared server.
 type RedisServer struct {
-	t    testing.TB
-	Addr string
-	port int
-	dir  string
-	cmd  *exec.Cmd
+	t     testing.TB
+	Addr  string
+	port  int
+	dir   string
+	cmd   *exec.Cmd
+	extra []string
 }
 
 // StartRedisServer starts one; it is killed at cleanup.
-func StartRedisServer(t testing.TB) *RedisServer {
+func StartRedisServer(t testing.TB) *RedisServer { return StartRedisServerArgs(t) }
+
+// StartRedisServerArgs starts one with extra redis-server arguments (TLS
+// ports, ACL users); the readiness check accepts an auth refusal as "up".
+func StartRedisServerArgs(t testing.TB, extra ...string) *RedisServer {
 	t.Helper()
 	_, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Fatalf("testenv: redis-server not on PATH (install the redis-server package): %v", err)
 	}
 	port := FreePort(t)
-	s := &RedisServer{t: t, port: port, Addr: "127.0.0.1:" + strconv.Itoa(port), dir: t.TempDir()}
+	s := &RedisServer{t: t, port: port, Addr: "127.0.0.1:" + strconv.Itoa(port), dir: t.TempDir(), extra: extra}
 	s.Start()
 	t.Cleanup(s.Stop)
 	return s
@@ -46,6 +52,7 @@ func (s *RedisServer) Start() {
 	s.cmd = exec.Command("redis-server", "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.dir,
 		"--logfile", filepath.Join(s.dir, "redis.log"))
+	s.cmd.Args = append(s.cmd.Args, s.extra...)
 	s.cmd.Stdout, s.cmd.Stderr = os.Stderr, os.Stderr
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("testenv: start redis-server: %v", err)
@@ -57,7 +64,7 @@ func (s *RedisServer) Start() {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		err := c.Ping(ctx).Err()
 		cancel()
-		if err == nil {
+		if err == nil || strings.Contains(fmt.Sprint(err), "NOAUTH") || strings.Contains(fmt.Sprint(err), "WRONGPASS") {
 			return
 		}
 		if time.Now().After(deadline) {
