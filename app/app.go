@@ -173,7 +173,8 @@ func (a *App) Run(ctx context.Context) error {
 			"postgres": a.Store.Ping,
 			"redis":    a.pingRedis,
 		},
-		Registry: a.Metrics.Registry,
+		Registry:     a.Metrics.Registry,
+		BeforeScrape: a.refreshBacklog,
 		Status: func(ctx context.Context) (any, error) {
 			return a.status(ctx, map[string]func() int64{poller.LockName: p.HeldToken, reconcile.LockName: rec.HeldToken})
 		},
@@ -184,7 +185,6 @@ func (a *App) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return p.Run(gctx) })
 	g.Go(func() error { return rec.Run(gctx) })
-	g.Go(func() error { return a.collectStats(gctx) })
 	g.Go(func() error {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("http: %w", err)
@@ -225,25 +225,16 @@ func (a *App) pingRedis(ctx context.Context) error {
 	return nil
 }
 
-// collectStats refreshes the backlog gauges.
-func (a *App) collectStats(ctx context.Context) error {
-	t := time.NewTicker(5 * time.Second)
-	defer t.Stop()
-	for {
-		qctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		st, err := a.Store.Stats(qctx)
-		cancel()
-		if err == nil {
-			a.Metrics.PendingEvents.Set(float64(st.Pending))
-			a.Metrics.OldestPendingAge.Set(st.OldestPendingAge)
-			a.Metrics.DeadEvents.Set(float64(st.Dead))
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+// refreshBacklog sets the backlog gauges from Postgres; on error they keep
+// their last values (and /readyz reports Postgres).
+func (a *App) refreshBacklog(ctx context.Context) {
+	st, err := a.Store.Stats(ctx)
+	if err != nil {
+		return
 	}
+	a.Metrics.PendingEvents.Set(float64(st.Pending))
+	a.Metrics.OldestPendingAge.Set(st.OldestPendingAge)
+	a.Metrics.DeadEvents.Set(float64(st.Dead))
 }
 
 // LockStatus is one lock as /status and `outboxd status` show it.

@@ -20,6 +20,9 @@ type Deps struct {
 	Checks   map[string]Check // /readyz: all must pass
 	Registry *prometheus.Registry
 	Status   func(ctx context.Context) (any, error) // /status body
+	// BeforeScrape, if set, refreshes gauges that are read from elsewhere
+	// (the backlog in Postgres) so a scrape never shows a stale value.
+	BeforeScrape func(ctx context.Context)
 }
 
 // Handler returns the endpoints' mux.
@@ -42,7 +45,15 @@ func Handler(d Deps) http.Handler {
 		writeJSON(w, code, out)
 	})
 	if d.Registry != nil {
-		mux.Handle("GET /metrics", promhttp.HandlerFor(d.Registry, promhttp.HandlerOpts{Registry: d.Registry}))
+		h := promhttp.HandlerFor(d.Registry, promhttp.HandlerOpts{Registry: d.Registry})
+		mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+			if d.BeforeScrape != nil {
+				ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+				d.BeforeScrape(ctx)
+				cancel()
+			}
+			h.ServeHTTP(w, r)
+		})
 	}
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)

@@ -37,6 +37,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/internal/held"
 	"github.com/outboxd/outboxd/lock"
 	"github.com/outboxd/outboxd/metrics"
 	"github.com/outboxd/outboxd/store"
@@ -196,20 +197,9 @@ func (p *Poller) acquire(ctx context.Context) (*lock.Lock, error) {
 // Shutdown order: stop fetching (ctx) → finish the batch in flight (bounded by
 // ShutdownTimeout) → release the lock.
 func (p *Poller) lead(ctx context.Context, l *lock.Lock) {
-	log := p.log.With("fencing_token", l.Token())
+	log, release := held.Announce(ctx, p.log, l, &p.held)
+	defer release()
 	fence := store.Fence{Lock: LockName, Token: l.Token(), Owner: l.Owner()}
-	log.Info("lock acquired")
-	p.held.Store(l.Token())
-	defer func() {
-		p.held.Store(0)
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		defer cancel()
-		if err := l.Release(rctx); err != nil && !errors.Is(err, lock.ErrNotHeld) {
-			log.Warn("lock release failed", "error", err)
-			return
-		}
-		log.Info("lock released")
-	}()
 
 	workCtx, cancelWork := context.WithCancelCause(l.Context())
 	defer cancelWork(nil)

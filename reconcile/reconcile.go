@@ -30,6 +30,7 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/held"
 	"github.com/outboxd/outboxd/lock"
 	"github.com/outboxd/outboxd/metrics"
 	"github.com/outboxd/outboxd/store"
@@ -175,19 +176,8 @@ func (r *Reconciler) RunOnce(ctx context.Context, fireTime time.Time, wait time.
 	if err != nil {
 		return sum, err
 	}
-	log := r.log.With("fencing_token", l.Token())
-	log.Info("lock acquired")
-	r.held.Store(l.Token())
-	defer func() {
-		r.held.Store(0)
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		defer cancel()
-		if err := l.Release(rctx); err != nil && !errors.Is(err, lock.ErrNotHeld) {
-			log.Warn("lock release failed", "error", err)
-			return
-		}
-		log.Info("lock released")
-	}()
+	log, release := held.Announce(ctx, r.log, l, &r.held)
+	defer release()
 	sum.FencingToken = l.Token()
 	fence := store.Fence{Lock: LockName, Token: l.Token(), Owner: l.Owner()}
 	lctx := l.Context()

@@ -195,8 +195,12 @@ func TestLostLockStopsSweepAndFenceRefusesIt(t *testing.T) {
 	<-inHook
 	e.rdb.Del(context.Background(), e.prefix+LockName)
 	deletedAt <- time.Now()
-	if d := <-lostAfter; d < 0 || d > ttl/3+200*time.Millisecond {
-		t.Fatalf("sweep noticed the lost lock after %s, want within one renewal period (%s)", d, ttl/3)
+	// The watchdog checks every ttl/3; the bound that matters is stopping
+	// before the lease could have been handed to someone else (one TTL).
+	if d := <-lostAfter; d < 0 || d > ttl {
+		t.Fatalf("sweep noticed the lost lock after %s, want within the lease (%s; renewal every %s)", d, ttl, ttl/3)
+	} else {
+		t.Logf("noticed %s after the key was deleted (renewal period %s)", d, ttl/3)
 	}
 
 	successor := e.reconciler(Config{LockTTL: ttl})
