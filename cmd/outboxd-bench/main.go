@@ -53,6 +53,7 @@ var (
 	steadyFor = flag.Duration("for", 10*time.Second, "duration of steady and producer runs")
 	only      = flag.String("only", "", "run only this scenario: drain, steady, wake or producer")
 	pollEvery = flag.Duration("poll", 100*time.Millisecond, "poller.poll_interval")
+	perTx     = flag.Int("per-tx", 1, "events per producer transaction in steady (rate counts events)")
 )
 
 func envOr(k, d string) string {
@@ -87,8 +88,8 @@ func main() {
 				q := steady(ctx, notify)
 				p50, p95, p99, got = append(p50, q[0]), append(p95, q[1]), append(p99, q[2]), append(got, q[3])
 			}
-			fmt.Printf("steady %d ev/s (achieved %.0f) notify=%-5t commit→delivered p50 %6.2f ms  p95 %6.2f ms  p99 %6.2f ms (medians of %d)\n",
-				*rate, median(got), notify, median(p50), median(p95), median(p99), *runs)
+			fmt.Printf("steady %d ev/s x%d per tx (achieved %.0f) notify=%-5t commit→delivered p50 %6.2f ms  p95 %6.2f ms  p99 %6.2f ms (medians of %d)\n",
+				*rate, *perTx, median(got), notify, median(p50), median(p95), median(p99), *runs)
 		}
 		fmt.Println()
 	}
@@ -298,9 +299,10 @@ func steady(ctx context.Context, notify bool) [4]float64 {
 	// Open-loop producer: one event per transaction at the given rate. The
 	// first second warms up (the runner wakes from its idle back-off, at most
 	// poller.poll_interval) and is not measured.
-	interval := time.Second / time.Duration(*rate)
-	warm := *rate
-	n := warm + int(steadyFor.Seconds()*float64(*rate))
+	k := max(*perTx, 1)
+	interval := time.Second * time.Duration(k) / time.Duration(*rate)
+	warm := *rate / k
+	n := warm + int(steadyFor.Seconds()*float64(*rate))/k // transactions
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 16)
 	start := time.Now()
@@ -309,26 +311,34 @@ func steady(ctx context.Context, notify bool) [4]float64 {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			var id int64
+			var ids []int64
 			err := pgx.BeginFunc(ctx, e.st.Pool(), func(tx pgx.Tx) error {
-				return tx.QueryRow(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-					VALUES ('deal', $1, 'deal.funded', '{}') RETURNING id`, strconv.Itoa(i%100)).Scan(&id)
+				rows, err := tx.Query(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+					SELECT 'deal', (($1::int * 7 + g) % 100)::text, 'deal.funded', '{}'
+					FROM generate_series(1, $2::int) g RETURNING id`, i, k)
+				if err != nil {
+					return err
+				}
+				ids, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+				return err
 			})
 			check(err)
 			now := time.Now()
 			mu.Lock()
 			if i >= warm {
-				committed[id] = now
+				for _, id := range ids {
+					committed[id] = now
+				}
 			}
 			mu.Unlock()
 		})
 	}
 	wg.Wait()
-	achieved := float64(n) / time.Since(start).Seconds() // the producers' real rate
+	achieved := float64(n*k) / time.Since(start).Seconds() // the producers' real rate, in events
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		mu.Lock()
-		done := len(delivered) >= n
+		done := len(delivered) >= n*k
 		mu.Unlock()
 		if done || time.Now().After(deadline) {
 			break
@@ -344,8 +354,8 @@ func steady(ctx context.Context, notify bool) [4]float64 {
 			lat = append(lat, max(0, float64(d.Sub(c).Microseconds())/1000))
 		}
 	}
-	if len(lat) < n-warm {
-		fmt.Fprintf(os.Stderr, "steady: only %d of %d delivered\n", len(lat), n-warm)
+	if len(lat) < (n-warm)*k {
+		fmt.Fprintf(os.Stderr, "steady: only %d of %d delivered\n", len(lat), (n-warm)*k)
 	}
 	sort.Float64s(lat)
 	q := func(p float64) float64 { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
