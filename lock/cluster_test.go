@@ -3,8 +3,6 @@ package lock_test
 import (
 	"context"
 	"errors"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,31 +15,10 @@ import (
 // A three-master Redis Cluster: the lock key and its fence counter share a
 // hash slot whatever the prefix, so the scripts run there.
 func TestRedisCluster(t *testing.T) {
-	var addrs []string
-	for range 3 {
-		s := testenv.StartRedisServerArgs(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", "2000")
-		addrs = append(addrs, s.Addr)
-	}
-	out, err := exec.Command("redis-cli", append(append([]string{"--cluster", "create"}, addrs...),
-		"--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
-	}
+	addrs := testenv.StartRedisCluster(t, 3)
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
 	defer rdb.Close()
 	ctx := context.Background()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		info, err := rdb.ClusterInfo(ctx).Result()
-		if err == nil && strings.Contains(info, "cluster_state:ok") && rdb.Ping(ctx).Err() == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("cluster not ready: %v %s", err, info)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 
 	for _, prefix := range []string{"", "billing:", "{tenant}:"} {
 		c := lock.New([]redis.UniversalClient{rdb}, lock.WithKeyPrefix(prefix))
