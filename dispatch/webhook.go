@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
@@ -24,6 +25,9 @@ type WebhookConfig struct {
 
 // Webhook POSTs each event as JSON. 2xx is delivered; 408, 425, 429, 5xx,
 // timeouts and connection errors are retryable; other statuses are permanent.
+// A request whose context deadline passes before its bytes reach the socket
+// is never written (ErrDeadlinePassed), even if the sender was frozen
+// between deciding to send and writing.
 type Webhook struct {
 	url    string
 	secret []byte
@@ -47,6 +51,8 @@ func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConns = 256
 		tr.MaxIdleConnsPerHost = 256
+		tr.ForceAttemptHTTP2 = false // one request per connection: the write deadline is per request
+		tr.DialContext = dialDeadlineConns((&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext)
 		client = &http.Client{Transport: tr}
 	}
 	client.Timeout = cfg.Timeout
@@ -88,7 +94,7 @@ func (w *Webhook) Send(ctx context.Context, ev Event, token int64) error {
 	if err != nil {
 		return &Error{Err: fmt.Errorf("webhook: encode event %d: %w", ev.ID, err), Permanent: true}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.url, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(withWriteDeadline(ctx), http.MethodPost, w.url, bytes.NewReader(body))
 	if err != nil {
 		return &Error{Err: fmt.Errorf("webhook: %w", err), Permanent: true}
 	}

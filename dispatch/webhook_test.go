@@ -152,3 +152,25 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
+
+// A request whose deadline passes between the decision to send and the
+// socket write is not written: simulated by a deadline already past when the
+// connection is handed over (the sender "froze" in between).
+func TestExpiredDeadlineIsNeverWritten(t *testing.T) {
+	hits := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits++ }))
+	defer srv.Close()
+	w, _ := dispatch.NewWebhook(dispatch.WebhookConfig{URL: srv.URL})
+	if err := w.Send(context.Background(), event(), 1); err != nil || hits != 1 {
+		t.Fatalf("warm-up send: %v, hits %d", err, hits)
+	}
+	// The deadline passes while the pooled connection is fetched: the
+	// context's own timer may not have fired yet, the write check catches it.
+	ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(time.Millisecond))
+	defer cancel()
+	time.Sleep(2 * time.Millisecond)
+	err := w.Send(ctx, event(), 1)
+	if err == nil || hits != 1 {
+		t.Fatalf("expired send: err %v, hits %d; want an error and nothing written", err, hits)
+	}
+}

@@ -239,8 +239,7 @@ func (p *Poller) lead(ctx context.Context, l *lock.Lock) {
 			return
 		}
 		if l.Context().Err() != nil {
-			log.Warn("lock lost", "error", context.Cause(l.Context()))
-			return
+			return // "lock lost" is logged on release
 		}
 		n, err := p.batch(workCtx, fence, l.TrustedUntil)
 		switch {
@@ -248,7 +247,6 @@ func (p *Poller) lead(ctx context.Context, l *lock.Lock) {
 			p.stepDown(log, err)
 			return
 		case l.Context().Err() != nil:
-			log.Warn("lock lost", "error", context.Cause(l.Context()))
 			return
 		case err != nil:
 			log.Error("batch failed", "error", err)
@@ -431,7 +429,10 @@ func (p *Poller) deliverAggregate(ctx context.Context, items []item, idx []int, 
 			ID: r.ID, AggregateType: r.AggregateType, AggregateID: r.AggregateID, EventType: r.EventType,
 			Payload: r.Payload, Headers: r.Headers, CreatedAt: r.CreatedAt,
 		}, token)
-		abandoned := sctx.Err() != nil // read before cancel, which sets it
+		// Read before cancel, which sets it. Past the trust deadline the sink
+		// refuses to write (dispatch.ErrDeadlinePassed), maybe before the
+		// context's timer has fired: that is ours too, not the receiver's.
+		abandoned := sctx.Err() != nil || !time.Now().Before(until)
 		cancel()
 		if err != nil {
 			if abandoned {

@@ -193,8 +193,7 @@ func (r *Reconciler) RunOnce(ctx context.Context, fireTime time.Time, wait time.
 	}
 	if err := r.sweep(lctx, fence, &sum); err != nil {
 		if lctx.Err() != nil {
-			log.Warn("lock lost", "error", context.Cause(lctx))
-			err = errors.Join(err, context.Cause(lctx))
+			err = errors.Join(err, context.Cause(lctx)) // "lock lost" is logged on release
 		}
 		return sum, r.fenceErr(log, err)
 	}

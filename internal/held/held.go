@@ -1,5 +1,6 @@
 // Package held gives every holder of a lock (the poller, the reconciler) the
-// same lifecycle: the contract's "lock acquired" / "lock released" log lines,
+// same lifecycle: the contract's "lock acquired" / "lock lost" / "lock
+// released" log lines,
 // the token published for /status while held, and an owner-checked release on
 // a short context detached from the caller's cancellation, so a lock is
 // handed over even during shutdown.
@@ -26,10 +27,18 @@ func Announce(ctx context.Context, log *slog.Logger, l *lock.Lock, token *atomic
 	token.Store(l.Token())
 	return log, func() {
 		token.Store(0)
+		// However the holder stopped (a refused write, a failed batch, its
+		// own check), a lost lease is reported here, once.
+		lost := errors.Is(context.Cause(l.Context()), lock.ErrLost)
+		if lost {
+			log.Warn("lock lost", "error", context.Cause(l.Context()))
+		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 		defer cancel()
-		if err := l.Release(rctx); err != nil && !errors.Is(err, lock.ErrNotHeld) {
-			log.Warn("lock release failed", "error", err)
+		if err := l.Release(rctx); err != nil {
+			if !lost && !errors.Is(err, lock.ErrNotHeld) {
+				log.Warn("lock release failed", "error", err)
+			}
 			return
 		}
 		log.Info("lock released")
