@@ -172,20 +172,7 @@ func TestEndToEndRelaysEveryEventInAggregateOrder(t *testing.T) {
 	}
 
 	// dispatched_at is set on all rows (the mark follows the send closely).
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var left int
-		if err := st.Pool().QueryRow(ctx, `SELECT count(*) FROM outbox WHERE dispatched_at IS NULL`).Scan(&left); err != nil {
-			t.Fatal(err)
-		}
-		if left == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d rows still without dispatched_at", left)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitAllMarked(t, st)
 
 	stop()
 	if err := <-done; err != nil {
@@ -351,5 +338,25 @@ func TestPollerAndReconcilerNeverUndoEachOther(t *testing.T) {
 	_ = st.Pool().QueryRow(ctx, `SELECT count(*) FROM reconcile_runs WHERE finished_at IS NOT NULL`).Scan(&runs)
 	if runs < 2 {
 		t.Fatalf("%d reconciliations ran", runs)
+	}
+}
+
+// waitAllMarked waits until every outbox row has dispatched_at: a batch's
+// results are written after its last send.
+func waitAllMarked(t *testing.T, st *store.Store) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var left int
+		if err := st.Pool().QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE dispatched_at IS NULL`).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		if left == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d rows still without dispatched_at", left)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

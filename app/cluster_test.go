@@ -61,18 +61,7 @@ func TestRelayOnRedisCluster(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("events not delivered over Redis Cluster")
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var left int
-		_ = st.Pool().QueryRow(ctx, `SELECT count(*) FROM outbox WHERE dispatched_at IS NULL`).Scan(&left)
-		if left == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d rows not marked", left)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitAllMarked(t, st)
 	// The delivered marks landed, spread over the cluster's slots.
 	for _, id := range []int64{1, 150, 300} {
 		v, err := a.KV.Get(ctx, "app:idempotency:notify:"+strconv.FormatInt(id, 10)).Result()

@@ -113,21 +113,7 @@ func TestOperationsEndpointsWithTwoReplicas(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("events not delivered")
 	}
-	// The batch's results are written after its last send: wait for the marks.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var pending int
-		if err := st.Pool().QueryRow(ctx, `SELECT count(*) FROM outbox WHERE dispatched_at IS NULL`).Scan(&pending); err != nil {
-			t.Fatal(err)
-		}
-		if pending == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d rows never marked", pending)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitAllMarked(t, st)
 
 	// /status: exactly one leader, whose token Postgres and Redis agree on.
 	var leader *replica
@@ -207,7 +193,7 @@ func TestOperationsEndpointsWithTwoReplicas(t *testing.T) {
 		t.Fatalf("/readyz with Redis down: %d %s", code, body)
 	}
 	redisSrv.Start()
-	deadline = time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if code, _ := httpGet(t, "http://"+reps[0].addr+"/readyz"); code == 200 {
 			break
