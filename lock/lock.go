@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -228,7 +229,7 @@ func (c *Client) try(opCtx context.Context, name string, opts Options, waitStart
 	results := c.onAll(opCtx, opts.TTL, func(ctx context.Context, n redis.UniversalClient) nodeResult {
 		vals, err := acquireScript.Run(ctx, n, []string{key, fence}, owner, opts.TTL.Milliseconds(), opts.Floor).Slice()
 		if err != nil {
-			return nodeResult{err: err}
+			return nodeResult{err: fmt.Errorf("lock: redis %s: %w", nodeName(n), err)}
 		}
 		if len(vals) != 3 {
 			return nodeResult{err: fmt.Errorf("lock: acquire script returned %v", vals)}
@@ -290,6 +291,17 @@ func (c *Client) try(opCtx context.Context, name string, opts Options, waitStart
 		close(l.done)
 	}
 	return l, nil
+}
+
+// nodeName says which Redis an error came from.
+func nodeName(n redis.UniversalClient) string {
+	switch c := n.(type) {
+	case *redis.Client:
+		return c.Options().Addr
+	case *redis.ClusterClient:
+		return "cluster " + strings.Join(c.Options().Addrs, ",")
+	}
+	return "node"
 }
 
 // raise lifts the quorum's fence counters to token; returns on how many nodes

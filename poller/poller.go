@@ -165,7 +165,8 @@ func (p *Poller) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		l, err := p.acquire(ctx)
 		if err != nil {
-			if !errors.Is(err, lock.ErrNotObtained) || !isOnlyHeld(err) {
+			if ctx.Err() == nil && !heldElsewhere(err) {
+				// Redis or Postgres unreachable: say so, and back off.
 				p.log.Warn("lock attempt failed", "error", err)
 				sleep(ctx, retry.next())
 			}
@@ -177,10 +178,12 @@ func (p *Poller) Run(ctx context.Context) error {
 	return nil
 }
 
-// isOnlyHeld tells a plain "someone else holds it" from an outage.
-func isOnlyHeld(err error) bool {
+// heldElsewhere tells the normal standby case (another replica holds the
+// lock) from an outage. Every failed wait ends in a deadline, so only the
+// last attempt's HolderError says which it was.
+func heldElsewhere(err error) bool {
 	var h *lock.HolderError
-	return errors.As(err, &h) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+	return errors.As(err, &h)
 }
 
 func (p *Poller) acquire(ctx context.Context) (*lock.Lock, error) {

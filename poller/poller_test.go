@@ -3,6 +3,7 @@ package poller
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"os/exec"
@@ -13,8 +14,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/metrics"
 	"github.com/outboxd/outboxd/store"
 )
 
@@ -355,4 +360,42 @@ func TestShutdownFinishesInFlightThenReleases(t *testing.T) {
 	if e.rdb.Exists(context.Background(), e.prefix+LockName).Val() != 0 {
 		t.Fatal("lock not released")
 	}
+}
+
+// With Redis unreachable a runner says so in its logs (and keeps trying);
+// an outage must not look like a quiet standby.
+func TestRedisOutageIsLogged(t *testing.T) {
+	e := newEnv(t)
+	down := testenv.StartRedisServer(t)
+	down.Stop() // a port where nothing answers
+	cfg := testConfig()
+	cfg.KeyPrefix, cfg.LockWait = e.prefix, 200*time.Millisecond
+	rdb := redis.NewClient(&redis.Options{Addr: down.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+	defer rdb.Close()
+	logs := &lockedBuffer{}
+	r := New(cfg, e.st, lock.New([]redis.UniversalClient{rdb}), rdb, dispatch.Noop{},
+		slog.New(slog.NewJSONHandler(logs, nil)), metrics.New())
+	stop := e.run(&runner{r, nil})
+	e.waitFor("an outage log line", 10*time.Second, func() bool {
+		s := logs.String()
+		return strings.Contains(s, `"msg":"lock attempt failed"`) && strings.Contains(s, "redis "+down.Addr)
+	})
+	stop()
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
