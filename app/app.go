@@ -286,6 +286,18 @@ func (a *App) status(ctx context.Context, held map[string]func() int64) (Status,
 	return out, nil
 }
 
+// RouteRedisLogs sends go-redis' own log lines (dial retries and the like,
+// plain text on stderr by default) into log at debug level, so the output
+// stays one JSON object per line. go-redis keeps one logger per process:
+// call it once, from main.
+func RouteRedisLogs(log *slog.Logger) { redis.SetLogger(redisLogger{log}) }
+
+type redisLogger struct{ l *slog.Logger }
+
+func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	r.l.DebugContext(ctx, "redis client: "+fmt.Sprintf(format, v...))
+}
+
 // NewLogger returns the JSON (or text) slog logger on w's level.
 func NewLogger(level, format string, w interface{ Write([]byte) (int, error) }) *slog.Logger {
 	var lv slog.Level

@@ -108,6 +108,7 @@ func runCmd(g *globals, stdout io.Writer) *cobra.Command {
 				return err
 			}
 			log := app.NewLogger(cfg.Log.Level, cfg.Log.Format, stdout)
+			app.RouteRedisLogs(log)
 			ctx, stop := signalContext()
 			defer stop()
 			a, err := app.New(ctx, cfg, log)
@@ -187,7 +188,9 @@ func statusCmd(g *globals, stdout io.Writer) *cobra.Command {
 			}
 			ctx, stop := signalContext()
 			defer stop()
-			a, err := app.New(ctx, cfg, app.NewLogger("error", "json", io.Discard))
+			quiet := app.NewLogger("error", "json", io.Discard)
+			app.RouteRedisLogs(quiet)
+			a, err := app.New(ctx, cfg, quiet)
 			if err != nil {
 				return err
 			}
@@ -304,6 +307,7 @@ func reconcileCmd(g *globals, stdout io.Writer) *cobra.Command {
 				return err
 			}
 			log := app.NewLogger(cfg.Log.Level, cfg.Log.Format, cmd.ErrOrStderr())
+			app.RouteRedisLogs(log)
 			ctx, stop := signalContext()
 			defer stop()
 			a, err := app.New(ctx, cfg, log)
