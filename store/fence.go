@@ -58,7 +58,7 @@ func (s *Store) FenceToken(ctx context.Context, lock string) (int64, error) {
 		return 0, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("store: read fence %s: %w", lock, err)
+		return 0, wrap("read fence "+lock, err)
 	}
 	return t, nil
 }
@@ -67,7 +67,7 @@ func (s *Store) FenceToken(ctx context.Context, lock string) (int64, error) {
 func (s *Store) FenceTokens(ctx context.Context) (map[string]int64, error) {
 	rows, err := s.pool.Query(ctx, `SELECT lock_name, token FROM outbox_fence ORDER BY lock_name`)
 	if err != nil {
-		return nil, fmt.Errorf("store: read fences: %w", err)
+		return nil, wrap("read fences", err)
 	}
 	out := map[string]int64{}
 	var name string

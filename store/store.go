@@ -18,12 +18,25 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // ErrStaleFence: a fenced write carried a token lower than one Postgres has
 // already accepted for that lock. The writer is no longer the holder.
 var ErrStaleFence = errors.New("store: stale fencing token")
+
+// ErrNotMigrated: outboxd's tables are missing from the database.
+var ErrNotMigrated = errors.New("store: outboxd's tables are missing: run `outboxd migrate`")
+
+// wrap names the operation and, when the schema is missing, says what to do.
+func wrap(op string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		return fmt.Errorf("%w (%s): %w", ErrNotMigrated, op, err)
+	}
+	return fmt.Errorf("store: %s: %w", op, err)
+}
 
 // Store wraps a pgx pool.
 type Store struct {
@@ -152,7 +165,7 @@ LIMIT $1`
 func (s *Store) FetchDue(ctx context.Context, limit int) ([]Row, error) {
 	rows, err := s.pool.Query(ctx, fetchDueSQL, limit)
 	if err != nil {
-		return nil, fmt.Errorf("store: fetch due: %w", err)
+		return nil, wrap("fetch due", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Row, error) {
 		var x Row
@@ -242,7 +255,7 @@ SELECT
             WHERE dispatched_at IS NULL AND dead_at IS NULL ORDER BY id LIMIT 1), 0),
   (SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL)`).Scan(&st.Pending, &st.OldestPendingAge, &st.Dead)
 	if err != nil {
-		return st, fmt.Errorf("store: stats: %w", err)
+		return st, wrap("stats", err)
 	}
 	return st, nil
 }

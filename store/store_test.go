@@ -220,3 +220,20 @@ wait:
 		t.Fatalf("off: %v", err)
 	}
 }
+
+func TestMissingSchemaSaysRunMigrate(t *testing.T) {
+	st, err := store.Open(context.Background(), testenv.EmptyDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	_, err1 := st.FenceToken(ctx, "lock:outbox:poller")
+	_, err2 := st.Stats(ctx)
+	_, err3 := st.FetchDue(ctx, 10)
+	for _, err := range []error{err1, err2, err3} {
+		if !errors.Is(err, store.ErrNotMigrated) || !strings.Contains(err.Error(), "outboxd migrate") {
+			t.Fatalf("got %v, want ErrNotMigrated telling to run `outboxd migrate`", err)
+		}
+	}
+}

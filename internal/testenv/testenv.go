@@ -273,3 +273,15 @@ func randomHex(n int) string {
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
+
+// EmptyDSN returns a fresh database with no schema (for "not migrated"
+// paths), dropped at cleanup.
+func EmptyDSN(t testing.TB) string {
+	t.Helper()
+	name := "outboxd_e_" + randomHex(8)
+	if err := createDB(context.Background(), name, ""); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	t.Cleanup(func() { _ = dropDB(context.Background(), name) })
+	return withDB(baseDSN, name)
+}
