@@ -105,26 +105,18 @@ func TestEndToEndRelaysEveryEventInAggregateOrder(t *testing.T) {
 	srv := httptest.NewServer(rc)
 	defer srv.Close()
 
-	cfg, err := config.Load("", []string{
-		"postgres.dsn=" + dsn,
-		"redis.addrs=" + testenv.RedisAddr(),
-		"redis.key_prefix=" + prefix,
-		"dispatch.webhook.url=" + srv.URL + "/events",
+	logs := &syncBuffer{}
+	a := newApp(t, logs, "debug",
+		"postgres.dsn="+dsn,
+		"redis.addrs="+testenv.RedisAddr(),
+		"redis.key_prefix="+prefix,
+		"dispatch.webhook.url="+srv.URL+"/events",
 		"dispatch.webhook.secret=e2e-secret",
 		"http.addr=127.0.0.1:0",
 		"poller.poll_interval=20ms",
 		"poller.batch_size=100",
 		"poller.concurrency=8",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	logs := &syncBuffer{}
-	a, err := app.New(ctx, cfg, app.NewLogger("debug", "json", logs))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	)
 
 	insert := func(from, to int) {
 		err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
@@ -145,9 +137,7 @@ func TestEndToEndRelaysEveryEventInAggregateOrder(t *testing.T) {
 	for i := 0; i < events/2; i += 100 {
 		insert(i, i+100)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- a.Run(runCtx) }()
+	stop := runApp(t, a)
 	for i := events / 2; i < events; i += 100 {
 		insert(i, i+100)
 	}
@@ -175,9 +165,6 @@ func TestEndToEndRelaysEveryEventInAggregateOrder(t *testing.T) {
 	waitAllMarked(t, st)
 
 	stop()
-	if err := <-done; err != nil {
-		t.Fatalf("Run: %v", err)
-	}
 	if n := rdb.Exists(ctx, lockKey).Val(); n != 0 {
 		t.Fatal("lock not released on shutdown")
 	}
@@ -201,9 +188,8 @@ func TestEndToEndRelaysEveryEventInAggregateOrder(t *testing.T) {
 	}
 
 	// Every idempotency key says delivered, for about 24 h.
-	var ids []int64
 	rows, _ := st.Pool().Query(ctx, `SELECT id FROM outbox ORDER BY id`)
-	ids, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil || len(ids) != events {
 		t.Fatalf("%d rows, err %v", len(ids), err)
 	}
@@ -276,23 +262,12 @@ func TestPollerAndReconcilerNeverUndoEachOther(t *testing.T) {
 	rc := &receiver{t: t, secret: []byte("s"), unique: map[int64]bool{}, all: make(chan struct{}), want: events}
 	srv := httptest.NewServer(rc)
 	defer srv.Close()
-	cfg, err := config.Load("", []string{
-		"postgres.dsn=" + dsn, "redis.addrs=" + testenv.RedisAddr(), "redis.key_prefix=" + prefix,
-		"dispatch.webhook.url=" + srv.URL, "dispatch.webhook.secret=s", "http.addr=127.0.0.1:0",
+	stop := runApp(t, newApp(t, io.Discard, "warn",
+		"postgres.dsn="+dsn, "redis.addrs="+testenv.RedisAddr(), "redis.key_prefix="+prefix,
+		"dispatch.webhook.url="+srv.URL, "dispatch.webhook.secret=s", "http.addr=127.0.0.1:0",
 		"poller.poll_interval=10ms", "poller.batch_size=20",
 		"reconcile.schedule=@every 1s", "reconcile.retention=1s", "reconcile.batch_size=7",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := app.New(ctx, cfg, app.NewLogger("warn", "json", io.Discard))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- a.Run(runCtx) }()
+	))
 	for i := range events / 20 {
 		err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
 			var evs []store.Event
@@ -326,9 +301,6 @@ func TestPollerAndReconcilerNeverUndoEachOther(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	stop()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
 	var violations int
 	_ = st.Pool().QueryRow(ctx, `SELECT count(*) FROM audit`).Scan(&violations)
 	if violations != 0 {
@@ -358,5 +330,36 @@ func waitAllMarked(t *testing.T, st *store.Store) {
 			t.Fatalf("%d rows still without dispatched_at", left)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// newApp loads config from sets (on top of the defaults) and builds an App
+// logging JSON at level to w; closed at cleanup.
+func newApp(t *testing.T, w io.Writer, level string, sets ...string) *app.App {
+	t.Helper()
+	cfg, err := config.Load("", sets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := app.New(context.Background(), cfg, app.NewLogger(level, "json", w))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	return a
+}
+
+// runApp runs a until the returned stop, which requires a clean exit.
+func runApp(t *testing.T, a *app.App) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	return func() {
+		t.Helper()
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("Run: %v", err)
+		}
 	}
 }

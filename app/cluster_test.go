@@ -13,8 +13,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxd/outboxd/app"
-	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/store"
 )
@@ -29,20 +27,12 @@ func TestRelayOnRedisCluster(t *testing.T) {
 	rc := &receiver{t: t, secret: []byte("s"), unique: map[int64]bool{}, all: make(chan struct{}), want: events}
 	srv := httptest.NewServer(rc)
 	defer srv.Close()
-	cfg, err := config.Load("", []string{
-		"postgres.dsn=" + dsn, "redis.mode=cluster", "redis.addrs=" + strings.Join(addrs, ","),
-		"redis.key_prefix=app:", "dispatch.webhook.url=" + srv.URL, "dispatch.webhook.secret=s",
+	a := newApp(t, io.Discard, "warn",
+		"postgres.dsn="+dsn, "redis.mode=cluster", "redis.addrs="+strings.Join(addrs, ","),
+		"redis.key_prefix=app:", "dispatch.webhook.url="+srv.URL, "dispatch.webhook.secret=s",
 		"http.addr=127.0.0.1:0", "poller.poll_interval=10ms", "poller.batch_size=50",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := app.New(ctx, cfg, app.NewLogger("warn", "json", io.Discard))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	err = pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
+	)
+	err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
 		var evs []store.Event
 		for i := range events {
 			evs = append(evs, store.Event{AggregateType: "deal", AggregateID: strconv.Itoa(i % 17),
@@ -53,9 +43,7 @@ func TestRelayOnRedisCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- a.Run(runCtx) }()
+	stop := runApp(t, a)
 	select {
 	case <-rc.all:
 	case <-time.After(30 * time.Second):
@@ -70,7 +58,4 @@ func TestRelayOnRedisCluster(t *testing.T) {
 		}
 	}
 	stop()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
 }

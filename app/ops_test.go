@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/app"
-	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/store"
 )
@@ -72,30 +71,18 @@ func TestOperationsEndpointsWithTwoReplicas(t *testing.T) {
 		addr string
 		app  *app.App
 		logs *syncBuffer
-		done chan error
-		stop context.CancelFunc
+		stop func() // requires a clean exit
 	}
 	var reps []*replica
 	for range 2 {
 		addr := freeAddr(t)
-		cfg, err := config.Load("", []string{
-			"postgres.dsn=" + dsnWithPassword, "redis.addrs=" + redisSrv.Addr,
-			"dispatch.webhook.url=" + srv.URL, "dispatch.webhook.secret=" + webhookSecret,
-			"http.addr=" + addr, "poller.poll_interval=10ms", "poller.lock_ttl=2s",
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
 		logs := &syncBuffer{}
-		a, err := app.New(ctx, cfg, app.NewLogger("debug", "json", logs))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer a.Close()
-		rctx, stop := context.WithCancel(ctx)
-		r := &replica{addr: addr, app: a, logs: logs, done: make(chan error, 1), stop: stop}
-		go func() { r.done <- a.Run(rctx) }()
-		reps = append(reps, r)
+		a := newApp(t, logs, "debug",
+			"postgres.dsn="+dsnWithPassword, "redis.addrs="+redisSrv.Addr,
+			"dispatch.webhook.url="+srv.URL, "dispatch.webhook.secret="+webhookSecret,
+			"http.addr="+addr, "poller.poll_interval=10ms", "poller.lock_ttl=2s",
+		)
+		reps = append(reps, &replica{addr: addr, app: a, logs: logs, stop: runApp(t, a)})
 	}
 	err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
 		var evs []store.Event
@@ -206,9 +193,6 @@ func TestOperationsEndpointsWithTwoReplicas(t *testing.T) {
 
 	for _, r := range reps {
 		r.stop()
-		if err := <-r.done; err != nil {
-			t.Fatalf("replica exited with %v", err)
-		}
 		if logs := r.logs.String(); strings.Contains(logs, pgSecret) || strings.Contains(logs, webhookSecret) {
 			t.Fatal("a secret appears in the logs")
 		}
