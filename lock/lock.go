@@ -175,7 +175,11 @@ func (c *Client) Acquire(ctx context.Context, name string, opts Options) (*Lock,
 		if err == nil {
 			return l, nil
 		}
-		lastErr = err
+		// An attempt cut short by the wait's own end learned nothing: keep
+		// what the previous one said (who holds it, or which node failed).
+		if wctx.Err() == nil {
+			lastErr = err
+		}
 		jitter := time.Duration(rand.Int64N(int64(opts.RetryInterval) + 1))
 		t := time.NewTimer(opts.RetryInterval + jitter)
 		select {

@@ -328,3 +328,31 @@ func TestWaiterWakesOnRelease(t *testing.T) {
 		t.Fatal("waiter not woken by the release")
 	}
 }
+
+// When the wait ends while an attempt is still in flight (Redis stalled),
+// the error still says who held the lock, as the earlier attempts saw it.
+func TestWaitEndingMidAttemptKeepsHolder(t *testing.T) {
+	srv := testenv.StartRedisServerArgs(t, "--enable-debug-command", "yes")
+	rdb := srv.Client()
+	c := lock.New([]redis.UniversalClient{rdb})
+	ctx := context.Background()
+	a, err := c.TryAcquire(ctx, "lock:stall", lock.Options{TTL: 30 * time.Second, RenewInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stalled := make(chan struct{})
+	go func() {
+		defer close(stalled)
+		time.Sleep(150 * time.Millisecond) // after a few attempts saw the holder
+		other := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		defer other.Close()
+		other.Do(context.Background(), "debug", "sleep", "0.6") // stalls past the wait's end
+	}()
+	defer func() { <-stalled }()
+	// TTL 10 s: the per-node timeout (1 s) outlasts the wait, so the wait ends the attempt.
+	_, err = c.Acquire(ctx, "lock:stall", lock.Options{TTL: 10 * time.Second, Wait: 400 * time.Millisecond, RetryInterval: 20 * time.Millisecond})
+	var held *lock.HolderError
+	if !errors.As(err, &held) || held.Owner != a.Owner() {
+		t.Fatalf("got %v, want the holder %s named although the last attempt was cut short", err, a.Owner())
+	}
+}
