@@ -7,10 +7,13 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"time"
 )
@@ -21,17 +24,32 @@ type WebhookConfig struct {
 	Secret  string        // enables Standard Webhooks signatures; raw bytes, or base64 after "whsec_"
 	Timeout time.Duration // per request; default 10 s
 	Client  *http.Client  // optional; default a keep-alive client sized for parallel delivery
+	Log     *slog.Logger  // optional; warns about event headers that were dropped
 }
+
+// MaxRetryAfter caps a receiver's Retry-After, so an absurd value cannot
+// overflow a duration; callers clamp further to their own backoff ceiling.
+const MaxRetryAfter = 7 * 24 * time.Hour
 
 // Webhook POSTs each event as JSON. 2xx is delivered; 408, 425, 429, 5xx,
 // timeouts and connection errors are retryable; other statuses are permanent.
+//
+// Redirects are never followed: the signed body and the fencing token go to
+// the configured URL only. A 301 or 308 (moved for good) is permanent, any
+// other 3xx is retryable.
+//
 // A request whose context deadline passes before its bytes reach the socket
 // is never written (ErrDeadlinePassed), even if the sender was frozen
 // between deciding to send and writing.
+//
+// Error texts name the target as scheme://host/path only: the URL's
+// credentials and query (tokens) never reach logs or last_error.
 type Webhook struct {
 	url    string
+	target string // the URL without userinfo and query, for error texts
 	secret []byte
 	client *http.Client
+	log    *slog.Logger
 	now    func() time.Time
 }
 
@@ -40,27 +58,40 @@ func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 	if cfg.URL == "" {
 		return nil, fmt.Errorf("dispatch: webhook url is empty")
 	}
-	if _, err := http.NewRequest(http.MethodPost, cfg.URL, nil); err != nil {
-		return nil, fmt.Errorf("dispatch: webhook url: %w", err)
+	u, err := url.Parse(cfg.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, errors.New("dispatch: webhook url is not an absolute http(s) URL")
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 10 * time.Second
 	}
-	client := cfg.Client
-	if client == nil {
+	var client http.Client
+	if cfg.Client != nil {
+		client = *cfg.Client
+	} else {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConns = 256
 		tr.MaxIdleConnsPerHost = 256
 		tr.ForceAttemptHTTP2 = false // one request per connection: the write deadline is per request
 		tr.DialContext = dialDeadlineConns((&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext)
-		client = &http.Client{Transport: tr}
+		client.Transport = tr
 	}
 	client.Timeout = cfg.Timeout
+	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	secret, err := decodeSecret(cfg.Secret)
 	if err != nil {
 		return nil, err
 	}
-	return &Webhook{url: cfg.URL, secret: secret, client: client, now: time.Now}, nil
+	log := cfg.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Webhook{url: cfg.URL, target: displayURL(u), secret: secret, client: &client, log: log, now: time.Now}, nil
+}
+
+// displayURL is u without userinfo, query and fragment.
+func displayURL(u *url.URL) string {
+	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
 }
 
 // decodeSecret accepts a Standard Webhooks "whsec_<base64>" secret or any
@@ -96,7 +127,7 @@ func (w *Webhook) Send(ctx context.Context, ev Event, token int64) error {
 	}
 	req, err := http.NewRequestWithContext(withWriteDeadline(ctx), http.MethodPost, w.url, bytes.NewReader(body))
 	if err != nil {
-		return &Error{Err: fmt.Errorf("webhook: %w", err), Permanent: true}
+		return &Error{Err: fmt.Errorf("webhook: build request for %s: %w", w.target, err), Permanent: true}
 	}
 	id := strconv.FormatInt(ev.ID, 10)
 	ts := w.now().Unix()
@@ -109,57 +140,144 @@ func (w *Webhook) Send(ctx context.Context, ev Event, token int64) error {
 	if len(w.secret) > 0 {
 		h.Set("webhook-signature", Sign(w.secret, id, ts, body))
 	}
-	if tp := traceparent(ev.Headers); tp != "" {
-		h.Set("traceparent", tp)
+	if tp, ok := traceparent(ev.Headers); ok {
+		if validTraceparent(tp) {
+			h.Set("traceparent", tp)
+		} else {
+			// A producer's bad header must not block the event: send it without.
+			w.log.Warn("invalid traceparent dropped", "outbox_id", ev.ID, "traceparent", clip(tp, 128))
+		}
 	}
-
 	resp, err := w.client.Do(req)
 	if err != nil {
-		return &Error{Err: fmt.Errorf("webhook: event %d: %w", ev.ID, err)}
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // its URL may carry credentials or tokens
+		}
+		return &Error{Err: fmt.Errorf("webhook: event %d: POST %s: %w", ev.ID, w.target, err)}
 	}
-	// Drain a little so the connection is reused.
+	// Keep a little of the answer for last_error; drain a little more so the
+	// connection is reused.
+	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
-	return classify(ev.ID, resp)
+	return classify(ev.ID, resp, snippet, time.Now())
 }
 
-func classify(id int64, resp *http.Response) error {
+func classify(id int64, resp *http.Response, body []byte, now time.Time) error {
 	code := resp.StatusCode
 	if code >= 200 && code < 300 {
 		return nil
 	}
-	err := &Error{Err: fmt.Errorf("webhook: event %d: receiver answered %s", id, resp.Status)}
+	// Receiver text is quoted (%q): whatever bytes it sent, the message is
+	// printable, valid UTF-8 and bounded.
+	msg := fmt.Sprintf("webhook: event %d: receiver answered %d %q", id, code, clip(reason(resp), 128))
+	if code >= 300 && code < 400 {
+		msg += " (redirects are not followed)"
+		if loc, err := resp.Location(); err == nil {
+			msg += " to " + displayURL(loc)
+		}
+	}
+	if len(bytes.TrimSpace(body)) > 0 {
+		msg += fmt.Sprintf(": %q", clip(string(bytes.TrimSpace(body)), 200))
+	}
+	err := &Error{Err: errors.New(msg)}
 	switch {
+	case code == http.StatusMovedPermanently, code == http.StatusPermanentRedirect:
+		err.Permanent = true // the URL is wrong for good: fix dispatch.webhook.url, then replay
+	case code >= 300 && code < 400:
 	case code == http.StatusRequestTimeout, code == http.StatusTooEarly,
 		code == http.StatusTooManyRequests, code >= 500:
-		err.RetryAfter = parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
+		err.RetryAfter = parseRetryAfter(resp.Header.Get("Retry-After"), now)
 	default:
 		err.Permanent = true
 	}
 	return err
 }
 
-// parseRetryAfter reads delay-seconds or an HTTP date; 0 if absent or invalid.
+// reason is the status line's text after the code.
+func reason(resp *http.Response) string {
+	s := resp.Status
+	if len(s) > 4 && s[3] == ' ' {
+		return s[4:]
+	}
+	return ""
+}
+
+// clip cuts s to at most n bytes (the caller quotes the result).
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// parseRetryAfter reads delay-seconds or an HTTP date, capped at
+// MaxRetryAfter; 0 if absent or invalid.
 func parseRetryAfter(v string, now time.Time) time.Duration {
 	if v == "" {
 		return 0
 	}
-	if s, err := strconv.Atoi(v); err == nil && s >= 0 {
+	if s, err := strconv.ParseUint(v, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) {
+		if err != nil || s > uint64(MaxRetryAfter/time.Second) {
+			return MaxRetryAfter
+		}
 		return time.Duration(s) * time.Second
 	}
 	if t, err := http.ParseTime(v); err == nil && t.After(now) {
-		return t.Sub(now)
+		return min(t.Sub(now), MaxRetryAfter)
 	}
 	return 0
 }
 
-func traceparent(headers json.RawMessage) string {
+// traceparent returns the event headers' "traceparent" string, if any.
+func traceparent(headers json.RawMessage) (string, bool) {
 	var m map[string]any
 	if json.Unmarshal(headers, &m) != nil {
-		return ""
+		return "", false
 	}
-	if s, ok := m["traceparent"].(string); ok {
-		return s
+	s, ok := m["traceparent"].(string)
+	return s, ok
+}
+
+// validTraceparent checks the W3C Trace Context form
+// version-traceid-parentid-flags (lowercase hex, ids not all zero, version
+// ff invalid; later versions may append fields after a dash).
+func validTraceparent(s string) bool {
+	if len(s) < 55 || (len(s) > 55 && (s[:2] == "00" || s[55] != '-')) {
+		return false
 	}
-	return ""
+	if s[2] != '-' || s[35] != '-' || s[52] != '-' || s[:2] == "ff" {
+		return false
+	}
+	for _, f := range []string{s[:2], s[3:35], s[36:52], s[53:55]} {
+		if !lowerHex(f) {
+			return false
+		}
+	}
+	for i := 55; i < len(s); i++ {
+		if s[i] <= ' ' || s[i] > '~' { // no spaces, controls (CR/LF) or non-ASCII in a header value
+			return false
+		}
+	}
+	return !allZero(s[3:35]) && !allZero(s[36:52])
+}
+
+func lowerHex(s string) bool {
+	for i := range len(s) {
+		c := s[i]
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+func allZero(s string) bool {
+	for i := range len(s) {
+		if s[i] != '0' {
+			return false
+		}
+	}
+	return true
 }

@@ -1,24 +1,32 @@
 package dispatch_test
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/outboxd/outboxd/dispatch"
 )
 
 func event() dispatch.Event {
 	return dispatch.Event{ID: 123, AggregateType: "deal", AggregateID: "42", EventType: "deal.funded",
-		Payload: json.RawMessage(`{"amount":1}`), Headers: json.RawMessage(`{"traceparent":"00-aa-bb-01"}`),
+		Payload: json.RawMessage(`{"amount":1}`), Headers: json.RawMessage(`{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}`),
 		CreatedAt: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
 }
 
@@ -55,7 +63,7 @@ func TestWebhookRequestFollowsTheContract(t *testing.T) {
 	}
 	h := got.Header
 	want := map[string]string{"Content-Type": "application/json", "Idempotency-Key": "123", "X-Fencing-Token": "9",
-		"webhook-id": "123", "traceparent": "00-aa-bb-01"}
+		"webhook-id": "123", "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
 	for k, v := range want {
 		if h.Get(k) != v {
 			t.Errorf("header %s = %q, want %q", k, h.Get(k), v)
@@ -172,5 +180,193 @@ func TestExpiredDeadlineIsNeverWritten(t *testing.T) {
 	err := w.Send(ctx, event(), 1)
 	if err == nil || hits != 1 {
 		t.Fatalf("expired send: err %v, hits %d; want an error and nothing written", err, hits)
+	}
+}
+
+// counter is a receiver that counts requests by method.
+type counter struct {
+	mu      sync.Mutex
+	methods []string
+}
+
+func (c *counter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	c.mu.Lock()
+	c.methods = append(c.methods, r.Method)
+	c.mu.Unlock()
+}
+
+func (c *counter) seen() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.methods...)
+}
+
+// Redirects are never followed: the signed body goes only to the configured
+// URL, a 3xx is a failure, and 301/308 are permanent.
+func TestRedirectsAreNeverFollowed(t *testing.T) {
+	for _, code := range []int{301, 302, 303, 307, 308} {
+		elsewhere := &counter{}
+		other := httptest.NewServer(elsewhere)
+		first := &counter{}
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			first.ServeHTTP(w, r)
+			http.Redirect(w, r, other.URL+"/moved?token=SECRET", code)
+		}))
+		w, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: srv.URL, Secret: "s"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = w.Send(context.Background(), event(), 1)
+		srv.Close()
+		other.Close()
+		if err == nil {
+			t.Fatalf("%d counted as delivered", code)
+		}
+		if got := first.seen(); len(got) != 1 || got[0] != http.MethodPost {
+			t.Errorf("%d: the receiver saw %v, want one POST", code, got)
+		}
+		if got := elsewhere.seen(); len(got) != 0 {
+			t.Errorf("%d: the redirect target received %v; it must receive nothing", code, got)
+		}
+		wantPermanent := code == 301 || code == 308
+		if dispatch.IsPermanent(err) != wantPermanent {
+			t.Errorf("%d: permanent = %t, want %t", code, dispatch.IsPermanent(err), wantPermanent)
+		}
+		if msg := err.Error(); !strings.Contains(msg, strconv.Itoa(code)) || strings.Contains(msg, "SECRET") || !strings.Contains(msg, "/moved") {
+			t.Errorf("%d: error %q should name the code and the target path, without its query", code, msg)
+		}
+	}
+}
+
+// Retry-After is parsed without overflow and capped.
+func TestRetryAfterIsBounded(t *testing.T) {
+	for _, tc := range []struct {
+		value string
+		want  time.Duration
+	}{
+		{"7", 7 * time.Second},
+		{"315360000", dispatch.MaxRetryAfter},            // ten years
+		{"99999999999", dispatch.MaxRetryAfter},          // overflows a Duration in seconds
+		{"18446744073709551616", dispatch.MaxRetryAfter}, // overflows uint64
+		{"-5", 0}, {"1.5", 0}, {"soon", 0},
+		{time.Now().Add(100 * 365 * 24 * time.Hour).UTC().Format(http.TimeFormat), dispatch.MaxRetryAfter},
+	} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Retry-After", tc.value)
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}))
+		w, _ := dispatch.NewWebhook(dispatch.WebhookConfig{URL: srv.URL})
+		err := w.Send(context.Background(), event(), 1)
+		srv.Close()
+		if got := dispatch.RetryAfter(err); got != tc.want {
+			t.Errorf("Retry-After %q: got %s, want %s", tc.value, got, tc.want)
+		}
+	}
+}
+
+// A traceparent that would make an invalid header (CR/LF) or is not W3C
+// form is dropped with a warning, and the event is delivered; a valid one is
+// forwarded unchanged.
+func TestInvalidTraceparentIsDroppedNotRetried(t *testing.T) {
+	const valid = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	var mu sync.Mutex
+	var got []http.Header
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Header.Clone())
+		mu.Unlock()
+	}))
+	defer srv.Close()
+	var logs bytes.Buffer
+	w, _ := dispatch.NewWebhook(dispatch.WebhookConfig{URL: srv.URL, Log: slog.New(slog.NewJSONHandler(&logs, nil))})
+	for _, tc := range []struct {
+		tp      string
+		forward bool
+	}{
+		{valid, true},
+		{"01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-future", true},
+		{valid + "\r\nX-Evil: 1", false},
+		{"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-x", false},
+		{"00-00000000000000000000000000000000-b7ad6b7169203331-01", false},
+		{"00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01", false},
+		{"ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", false},
+		{"01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-\n", false},
+		{"garbage", false},
+	} {
+		mu.Lock()
+		got = nil
+		mu.Unlock()
+		logs.Reset()
+		ev := event()
+		ev.Headers = must(json.Marshal(map[string]string{"traceparent": tc.tp}))
+		if err := w.Send(context.Background(), ev, 1); err != nil {
+			t.Fatalf("traceparent %q: %v, want delivered", tc.tp, err)
+		}
+		mu.Lock()
+		h := got[0]
+		mu.Unlock()
+		if tc.forward && h.Get("traceparent") != tc.tp {
+			t.Errorf("traceparent %q not forwarded: got %q", tc.tp, h.Get("traceparent"))
+		}
+		if !tc.forward {
+			if h.Get("traceparent") != "" || h.Get("X-Evil") != "" {
+				t.Errorf("traceparent %q forwarded as %q (X-Evil %q)", tc.tp, h.Get("traceparent"), h.Get("X-Evil"))
+			}
+			if !strings.Contains(logs.String(), `"msg":"invalid traceparent dropped"`) || !strings.Contains(logs.String(), `"outbox_id":123`) {
+				t.Errorf("traceparent %q dropped without a warning naming the event: %s", tc.tp, logs.String())
+			}
+		}
+	}
+}
+
+// Error texts never carry the URL's credentials or query.
+func TestErrorsDoNotLeakTheURLsSecrets(t *testing.T) {
+	closed := httptest.NewServer(http.NotFoundHandler())
+	host := closed.Listener.Addr().String()
+	closed.Close()
+	w, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: "http://user:PASSWORD@" + host + "/hook?token=TOKEN"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = w.Send(context.Background(), event(), 1)
+	if err == nil || strings.Contains(err.Error(), "PASSWORD") || strings.Contains(err.Error(), "TOKEN") ||
+		!strings.Contains(err.Error(), host+"/hook") {
+		t.Fatalf("error %v: want the host and path, without credentials or query", err)
+	}
+}
+
+// Whatever bytes a receiver puts in its status line or body, the error text
+// is valid UTF-8 without NUL and bounded.
+func TestReceiverTextIsQuoted(t *testing.T) {
+	long := strings.Repeat("é", 3000)
+	for _, status := range []string{"500 Bad \xe9 thing", "500 Bad \x00 thing", "500 " + long} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+				return
+			}
+			fmt.Fprintf(c, "HTTP/1.1 %s\r\nContent-Length: 5\r\nConnection: close\r\n\r\n\xff\x00abc", status)
+		}()
+		w, _ := dispatch.NewWebhook(dispatch.WebhookConfig{URL: "http://" + ln.Addr().String()})
+		err = w.Send(context.Background(), event(), 1)
+		<-done
+		ln.Close()
+		if err == nil || dispatch.IsPermanent(err) {
+			t.Fatalf("status %.20q: %v, want a retryable error", status, err)
+		}
+		msg := err.Error()
+		if !utf8.ValidString(msg) || strings.ContainsRune(msg, 0) || len(msg) > 600 || !strings.Contains(msg, "500") {
+			t.Errorf("status %.20q: error text %.80q is not clean and bounded (%d bytes)", status, msg, len(msg))
+		}
 	}
 }
