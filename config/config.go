@@ -5,6 +5,7 @@
 package config
 
 import (
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/url"
@@ -71,6 +72,12 @@ type Poller struct {
 	BackoffBase  time.Duration `mapstructure:"backoff_base"`
 	BackoffMax   time.Duration `mapstructure:"backoff_max"`
 	Notify       bool          `mapstructure:"notify"`
+	// MaxPayloadBytes: a row whose payload, headers and text columns
+	// together exceed it is dead-lettered without being loaded.
+	MaxPayloadBytes int `mapstructure:"max_payload_bytes"`
+	// BatchMaxBytes is the byte budget of one batch (>= MaxPayloadBytes,
+	// so the largest admissible row always fits).
+	BatchMaxBytes int `mapstructure:"batch_max_bytes"`
 }
 
 type Reconcile struct {
@@ -131,6 +138,8 @@ var Defaults = map[string]any{
 	"poller.backoff_base":            "1s",
 	"poller.backoff_max":             "1h",
 	"poller.notify":                  false,
+	"poller.max_payload_bytes":       DefaultMaxPayloadBytes,
+	"poller.batch_max_bytes":         DefaultBatchMaxBytes,
 	"reconcile.schedule":             "*/5 * * * *",
 	"reconcile.lock_ttl":             "300s",
 	"reconcile.retention":            "168h",
@@ -147,7 +156,17 @@ var Defaults = map[string]any{
 	"shutdown_timeout":               "25s",
 }
 
-// Secret keys are redacted wherever the config is shown.
+// Byte limits of the poller (poller.max_payload_bytes, poller.batch_max_bytes).
+const (
+	DefaultMaxPayloadBytes = 1 << 20  // 1 MiB
+	DefaultBatchMaxBytes   = 16 << 20 // 16 MiB
+	minMaxPayloadBytes     = 1 << 10  // 1 KiB
+	maxMaxPayloadBytes     = 256 << 20
+)
+
+// Secret keys are replaced whole wherever the config is shown; postgres.dsn
+// and dispatch.webhook.url are shown with their secrets parsed out
+// (RedactDSN, RedactURL). *_file keys are paths and are shown.
 var secretKeys = []string{"redis.password", "dispatch.webhook.secret"}
 
 // KeyError is a configuration error about one key.
@@ -293,6 +312,11 @@ func (c *Config) readSecretFiles() error {
 			return &KeyError{Key: f.key, Err: err}
 		}
 		*f.dst = strings.TrimSpace(string(b))
+		if *f.dst == "" {
+			// An empty secret file would otherwise mean "no secret":
+			// unsigned webhooks or no password, without a word.
+			return &KeyError{Key: f.key, Err: fmt.Errorf("file %s is empty (or only whitespace); it must hold the %s", f.file, strings.TrimSuffix(f.key, "_file"))}
+		}
 	}
 	return nil
 }
@@ -304,6 +328,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Postgres.DSN == "" {
 		return bad("postgres.dsn", "must be set")
+	}
+	if err := validateDSN(c.Postgres.DSN); err != nil {
+		return &KeyError{Key: c.sourceKey("postgres.dsn", c.Postgres.DSNFile), Err: err}
 	}
 	if len(c.Redis.Addrs) == 0 || slices.Contains(c.Redis.Addrs, "") {
 		return bad("redis.addrs", "must list at least one host:port, without empty entries")
@@ -372,6 +399,12 @@ func (c *Config) Validate() error {
 	if c.Poller.Concurrency < 1 || c.Poller.Concurrency > 1024 {
 		return bad("poller.concurrency", "want 1..1024, got %d", c.Poller.Concurrency)
 	}
+	if c.Poller.MaxPayloadBytes < minMaxPayloadBytes || c.Poller.MaxPayloadBytes > maxMaxPayloadBytes {
+		return bad("poller.max_payload_bytes", "want %d..%d (1 KiB..256 MiB), got %d", minMaxPayloadBytes, maxMaxPayloadBytes, c.Poller.MaxPayloadBytes)
+	}
+	if c.Poller.BatchMaxBytes < c.Poller.MaxPayloadBytes {
+		return bad("poller.batch_max_bytes", "must be at least poller.max_payload_bytes (%d), got %d", c.Poller.MaxPayloadBytes, c.Poller.BatchMaxBytes)
+	}
 	if c.Reconcile.DeadRetention < 0 {
 		return bad("reconcile.dead_retention", "must be 0 (keep dead rows) or a positive duration, got %s", c.Reconcile.DeadRetention)
 	}
@@ -386,9 +419,8 @@ func (c *Config) Validate() error {
 	}
 	switch c.Dispatch.Sink {
 	case "webhook":
-		u, err := url.Parse(c.Dispatch.Webhook.URL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return bad("dispatch.webhook.url", "want an http(s) URL, got %q", c.Dispatch.Webhook.URL)
+		if err := c.validateWebhook(); err != nil {
+			return err
 		}
 	case "noop":
 	default:
@@ -403,6 +435,56 @@ func (c *Config) Validate() error {
 	case "json", "text":
 	default:
 		return bad("log.format", "want json or text, got %q", c.Log.Format)
+	}
+	return nil
+}
+
+// sourceKey names the key a value came from: its *_file key when it was
+// read from a file, so the operator looks in the right place.
+func (c *Config) sourceKey(key, file string) string {
+	if file != "" {
+		return key + "_file"
+	}
+	return key
+}
+
+func (c *Config) validateWebhook() error {
+	w := c.Dispatch.Webhook
+	u, err := url.Parse(w.URL)
+	if err != nil {
+		// url's own message quotes the text, which may hold a password.
+		return &KeyError{Key: "dispatch.webhook.url", Err: errors.New("cannot be parsed as a URL (percent-encode reserved characters in a user name or password)")}
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return &KeyError{Key: "dispatch.webhook.url", Err: fmt.Errorf("want an http(s) URL, got %q", RedactURL(w.URL))}
+	}
+	if err := validateWebhookSecret(w.Secret); err != nil {
+		return &KeyError{Key: c.sourceKey("dispatch.webhook.secret", w.SecretFile), Err: err}
+	}
+	// The poller trusts its lease for about 0.9 x lock_ttl after the last
+	// renewal, and renews every lock_ttl/3: a request longer than half the
+	// TTL can be cut by the lease every time, and its row never delivered.
+	if limit := c.Poller.LockTTL / 2; w.Timeout > limit {
+		return &KeyError{Key: "dispatch.webhook.timeout", Err: fmt.Errorf(
+			"must be at most half of poller.lock_ttl (%s), got %s: the lease is trusted for about 0.9 x poller.lock_ttl after its last renewal, so a longer request can be cut every time",
+			limit, w.Timeout)}
+	}
+	return nil
+}
+
+// validateWebhookSecret checks a Standard Webhooks "whsec_<base64>" secret
+// the way the webhook sink will decode it. Other secrets are raw bytes.
+func validateWebhookSecret(secret string) error {
+	b64, ok := strings.CutPrefix(secret, "whsec_")
+	if !ok {
+		return nil
+	}
+	key, err := base64.StdEncoding.DecodeString(b64)
+	if err != nil {
+		return fmt.Errorf("the part after whsec_ is not valid base64 (%v); use the secret exactly as issued, or one without the whsec_ prefix to sign with its raw bytes", err)
+	}
+	if len(key) == 0 {
+		return errors.New("whsec_ is followed by no key bytes; use the secret exactly as issued")
 	}
 	return nil
 }
@@ -447,6 +529,7 @@ func (c *Config) Redacted() map[string]any {
 		}
 	}
 	flat["postgres.dsn"] = RedactDSN(c.Postgres.DSN)
+	flat["dispatch.webhook.url"] = RedactURL(c.Dispatch.Webhook.URL)
 	out := map[string]any{}
 	for k, v := range flat {
 		parts := strings.Split(k, ".")
@@ -481,26 +564,4 @@ func walk(v reflect.Value, prefix string, out map[string]any) {
 		}
 		out[name] = f.Interface()
 	}
-}
-
-// RedactDSN hides the password of a URL or key=value Postgres DSN.
-func RedactDSN(dsn string) string {
-	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" {
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), "redacted")
-		}
-		q := u.Query()
-		if q.Has("password") {
-			q.Set("password", "redacted")
-			u.RawQuery = q.Encode()
-		}
-		return u.String()
-	}
-	fields := strings.Fields(dsn)
-	for i, f := range fields {
-		if strings.HasPrefix(f, "password=") {
-			fields[i] = "password=redacted"
-		}
-	}
-	return strings.Join(fields, " ")
 }

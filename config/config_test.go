@@ -37,6 +37,9 @@ func TestRepositoryConfigYAMLLoads(t *testing.T) {
 	if c.Postgres.DSN == "" || len(c.Redis.Addrs) != 1 {
 		t.Fatalf("unexpected %+v", c)
 	}
+	if c.Poller.MaxPayloadBytes != config.DefaultMaxPayloadBytes || c.Poller.BatchMaxBytes != config.DefaultBatchMaxBytes {
+		t.Fatalf("config.yaml byte limits %d / %d, want the defaults", c.Poller.MaxPayloadBytes, c.Poller.BatchMaxBytes)
+	}
 }
 
 func TestPrecedenceFileEnvFlag(t *testing.T) {
@@ -105,19 +108,226 @@ func TestRedactedHidesSecrets(t *testing.T) {
 	c, err := config.Load("", []string{
 		"postgres.dsn=postgres://app:pg-s3cret@db:5432/app",
 		"redis.password=redis-s3cret",
-		"dispatch.webhook.secret=whsec_s3cret",
+		"dispatch.webhook.secret=whsec_d2ViaG9vay1zM2NyZXQ=",
+		"dispatch.webhook.url=https://hook:url-s3cret@receiver.example/in?token=tok-s3cret&tenant=7",
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := strings.ToLower(strings.Join(flatten(c.Redacted()), " "))
-	for _, s := range []string{"pg-s3cret", "redis-s3cret", "whsec_s3cret"} {
-		if strings.Contains(out, s) {
+	for _, s := range []string{"pg-s3cret", "redis-s3cret", "d2viaG9vay1zM2NyZXQ", "url-s3cret", "tok-s3cret"} {
+		if strings.Contains(out, strings.ToLower(s)) {
 			t.Fatalf("redacted config shows %q: %s", s, out)
 		}
 	}
-	if !strings.Contains(out, "app@db") && !strings.Contains(out, "app:redacted@db") {
-		t.Fatalf("DSN lost more than its password: %s", out)
+	for _, want := range []string{"dsn=postgres://app:redacted@db:5432/app", "url=https://hook:redacted@receiver.example/in?token=redacted&tenant=7"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("redacted config lacks %q (a secret's neighbours must stay): %s", want, out)
+		}
+	}
+}
+
+// Every key that can hold a secret is redacted by Redacted(): a new such key
+// must be added to this table (and to the redaction) to pass.
+func TestRedactedCoversEverySecretKey(t *testing.T) {
+	cases := map[string]struct{ value, canary string }{
+		"postgres.dsn":            {"host=db user=app password='pg canary' dbname=app", "canary"},
+		"redis.password":          {"canary", "canary"},
+		"dispatch.webhook.secret": {"canary", "canary"},
+		"dispatch.webhook.url":    {"https://u:canary@h/x?api_key=canary2", "canary"},
+	}
+	for key := range config.Defaults {
+		if strings.HasSuffix(key, "_file") {
+			continue // a path, shown on purpose
+		}
+		for _, w := range []string{"password", "secret", "dsn", "url", "token", "credential"} {
+			if strings.Contains(key, w) {
+				if _, ok := cases[key]; !ok {
+					t.Errorf("key %s looks secret but has no redaction case here", key)
+				}
+			}
+		}
+	}
+	for key, tc := range cases {
+		c, err := config.Load("", []string{key + "=" + tc.value})
+		if err != nil {
+			t.Fatalf("%s: %v", key, err)
+		}
+		if out := strings.Join(flatten(c.Redacted()), " "); strings.Contains(out, tc.canary) {
+			t.Errorf("%s: redacted config shows the secret: %s", key, out)
+		}
+	}
+}
+
+func TestRedactDSN(t *testing.T) {
+	for _, tc := range []struct{ dsn, want string }{
+		// URL form: the password wherever pgx reads one, nothing else touched.
+		{"postgres://app:pg-s3cret@db:5432/app", "postgres://app:redacted@db:5432/app"},
+		{"postgres://u:pa#ss@h/db", "postgres://u:redacted@h/db"},
+		{"postgres://u:p@ss:w@rd@h/db", "[redacted: unparsable DSN]"}, // pgx reads host "ss:w@rd@h": ambiguous
+		{"postgresql://u:p%40ss@h1:5432,h2:5433/db?sslmode=require&sslpassword=kp&application_name=x",
+			"postgresql://u:redacted@h1:5432,h2:5433/db?sslmode=require&sslpassword=redacted&application_name=x"},
+		{"postgres://u@h/db?password=q&pass%77ord=r", "postgres://u@h/db?password=redacted&pass%77ord=redacted"},
+		{"postgres://u@h/db", "postgres://u@h/db"},
+		// key=value form: spaces around '=', quotes, escapes, sslpassword.
+		{"host=h password = x user=u", "host=h password = redacted user=u"},
+		{"host=h password='a b' dbname=d", "host=h password=redacted dbname=d"},
+		{`host=h password='it\'s' user=u`, "host=h password=redacted user=u"},
+		{`host=h password=a\ b user=u`, "host=h password=redacted user=u"},
+		{"host=h sslpassword=zz dbname=d", "host=h sslpassword=redacted dbname=d"},
+		{"host=h\tpassword=tab\nuser=u", "host=h\tpassword=redacted\nuser=u"},
+		// Unparsable: never the text.
+		{"host=h password=a b", "[redacted: unparsable DSN]"},
+		{"host=h password='unterminated", "[redacted: unparsable DSN]"},
+		{"postgres://a b:pw@h/db", "[redacted: unparsable DSN]"},
+		{"postgres://u:pw@h:port/db", "[redacted: unparsable DSN]"},
+		{"", ""},
+	} {
+		if got := config.RedactDSN(tc.dsn); got != tc.want {
+			t.Errorf("RedactDSN(%q) = %q, want %q", tc.dsn, got, tc.want)
+		}
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	for _, tc := range []struct{ url, want string }{
+		{"https://user:hunter2@h/x?token=abc&a=1", "https://user:redacted@h/x?token=redacted&a=1"},
+		{"https://h/x?api_key=1&X-Amz-Signature=2&page=3;sig=4", "https://h/x?api_key=redacted&X-Amz-Signature=redacted&page=3;sig=redacted"},
+		{"https://h/x?Access%5FToken=1&code=2&session_id=3&Authorization=4&credentials=5&client_secret=6&passwd=7",
+			"https://h/x?Access%5FToken=redacted&code=redacted&session_id=redacted&Authorization=redacted&credentials=redacted&client_secret=redacted&passwd=redacted"},
+		{"https://tok3n@h/", "https://redacted@h/"},
+		{"https://h/x#access_token=1", "https://h/x#redacted"},
+		{"http://127.0.0.1:8081/events", "http://127.0.0.1:8081/events"},
+		{"http://u:p/ss@h/", "[redacted: unparsable URL]"},
+		{"http://h/%zz?token=1", "[redacted: unparsable URL]"},
+		{"", ""},
+	} {
+		if got := config.RedactURL(tc.url); got != tc.want {
+			t.Errorf("RedactURL(%q) = %q, want %q", tc.url, got, tc.want)
+		}
+	}
+}
+
+// Finding 11: secrets that cannot work are refused at load, naming the key
+// they came from, without echoing them.
+func TestBadSecretsAreRefused(t *testing.T) {
+	dir := t.TempDir()
+	file := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name   string
+		sets   []string
+		key    string
+		secret string // must not appear in the error
+	}{
+		{"whsec not base64", []string{"dispatch.webhook.secret=whsec_!!!sekrit"}, "dispatch.webhook.secret", "sekrit"},
+		{"whsec bad padding", []string{"dispatch.webhook.secret=whsec_c2VjcmV0LX"}, "dispatch.webhook.secret", "c2VjcmV0"},
+		{"whsec no bytes", []string{"dispatch.webhook.secret=whsec_"}, "dispatch.webhook.secret", ""},
+		{"whsec from file", []string{"dispatch.webhook.secret_file=" + file("whsec", "whsec_%%%sekrit\n")}, "dispatch.webhook.secret_file", "sekrit"},
+		{"dsn key=value unquoted space", []string{"postgres.dsn=host=h password=pw sekrit dbname=d"}, "postgres.dsn", "sekrit"},
+		{"dsn unterminated quote", []string{"postgres.dsn=host=h password='sekrit"}, "postgres.dsn", "sekrit"},
+		{"dsn URL bad escape", []string{"postgres.dsn=postgres://u:sek%zzrit@h/db"}, "postgres.dsn", "sek"},
+		{"dsn URL password in the port", []string{"postgres.dsn=postgres://u@h:sekrit@x/db"}, "postgres.dsn", "sekrit"},
+		{"dsn bad sslmode", []string{"postgres.dsn=postgres://u:sekrit@h/db?sslmode=sometimes"}, "postgres.dsn", "sekrit"},
+		{"dsn file unparsable", []string{"postgres.dsn_file=" + file("dsn", "postgres://a b:sekrit@h/db\n")}, "postgres.dsn_file", "sekrit"},
+		{"empty secret_file", []string{"dispatch.webhook.secret_file=" + file("empty", "")}, "dispatch.webhook.secret_file", ""},
+		{"blank password_file", []string{"redis.password_file=" + file("blank", " \n\t\n")}, "redis.password_file", ""},
+		{"empty dsn_file", []string{"postgres.dsn_file=" + file("empty-dsn", "\n")}, "postgres.dsn_file", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := config.Load("", tc.sets)
+			var ke *config.KeyError
+			if !errors.As(err, &ke) || ke.Key != tc.key {
+				t.Fatalf("got %v, want a KeyError naming %s", err, tc.key)
+			}
+			if tc.secret != "" && strings.Contains(err.Error(), tc.secret) {
+				t.Fatalf("error echoes the secret: %v", err)
+			}
+		})
+	}
+	// What must keep working: a valid whsec_, a raw secret, DSNs in both forms.
+	for _, sets := range [][]string{
+		{"dispatch.webhook.secret=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"},
+		{"dispatch.webhook.secret=demo-secret"},
+		{"postgres.dsn=host=127.0.0.1 port=5432 user=postgres password='a b' dbname=postgres sslmode=disable"},
+		{"postgres.dsn=postgres://u:pa#ss@127.0.0.1:5432/db?sslmode=disable&pool_max_conns=4"},
+	} {
+		if _, err := config.Load("", sets); err != nil {
+			t.Errorf("%v: %v", sets, err)
+		}
+	}
+}
+
+func TestDSNErrorText(t *testing.T) {
+	_, err := config.Load("", []string{"postgres.dsn=host=h password=pw sekrit dbname=d"})
+	want := "config: postgres.dsn: cannot be parsed as a key=value DSN: a value holds a space but is not quoted (want host=h port=5432 user=u password='quote it if it holds spaces' dbname=db; the DSN is not shown, it may hold a password)"
+	if err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("got %v, want it to start %q", err, want)
+	}
+	_, err = config.Load("", []string{"postgres.dsn=postgres://u:pw@h/db?sslmode=sometimes"})
+	want = "config: postgres.dsn: pgx rejects this URL DSN: failed to configure TLS (sslmode is invalid) (want postgres://user:password@host:5432/db?sslmode=disable, reserved characters percent-encoded; the DSN is not shown, it may hold a password)"
+	if err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("got %v, want it to start %q", err, want)
+	}
+}
+
+// Finding 5: a webhook request must fit well inside the lease.
+func TestWebhookTimeoutFitsTheLease(t *testing.T) {
+	for _, tc := range []struct {
+		sets []string
+		err  string
+	}{
+		{nil, ""}, // defaults: 10s within 30s
+		{[]string{"dispatch.webhook.timeout=15s"}, ""},
+		{[]string{"poller.lock_ttl=2s", "dispatch.webhook.timeout=1s"}, ""},
+		{[]string{"dispatch.webhook.timeout=20s"}, "config: dispatch.webhook.timeout: must be at most half of poller.lock_ttl (15s), got 20s"},
+		{[]string{"poller.lock_ttl=10s"}, "config: dispatch.webhook.timeout: must be at most half of poller.lock_ttl (5s), got 10s"},
+		{[]string{"poller.lock_ttl=1s", "dispatch.sink=noop"}, ""}, // no webhook, no request
+	} {
+		_, err := config.Load("", tc.sets)
+		switch {
+		case tc.err == "" && err != nil:
+			t.Errorf("%v: %v", tc.sets, err)
+		case tc.err != "" && (err == nil || !strings.HasPrefix(err.Error(), tc.err)):
+			t.Errorf("%v: got %v, want %q...", tc.sets, err, tc.err)
+		}
+	}
+}
+
+// Finding 6: the poller's byte limits.
+func TestByteLimits(t *testing.T) {
+	c, err := config.Load("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Poller.MaxPayloadBytes != 1<<20 || c.Poller.BatchMaxBytes != 16<<20 {
+		t.Fatalf("defaults %d / %d, want 1 MiB / 16 MiB", c.Poller.MaxPayloadBytes, c.Poller.BatchMaxBytes)
+	}
+	t.Setenv("OUTBOXD_POLLER_MAX_PAYLOAD_BYTES", "4096")
+	t.Setenv("OUTBOXD_POLLER_BATCH_MAX_BYTES", "65536")
+	if c, err = config.Load("", nil); err != nil {
+		t.Fatal(err)
+	}
+	if c.Poller.MaxPayloadBytes != 4096 || c.Poller.BatchMaxBytes != 65536 {
+		t.Fatalf("env gave %d / %d, want 4096 / 65536", c.Poller.MaxPayloadBytes, c.Poller.BatchMaxBytes)
+	}
+	for _, tc := range []struct {
+		sets []string
+		err  string
+	}{
+		{[]string{"poller.max_payload_bytes=1023"}, "config: poller.max_payload_bytes: want 1024..268435456 (1 KiB..256 MiB), got 1023"},
+		{[]string{"poller.max_payload_bytes=268435457", "poller.batch_max_bytes=300000000"}, "config: poller.max_payload_bytes: want 1024..268435456"},
+		{[]string{"poller.max_payload_bytes=70000"}, "config: poller.batch_max_bytes: must be at least poller.max_payload_bytes (70000), got 65536"},
+		{[]string{"poller.batch_max_bytes=lots"}, "config: poller.batch_max_bytes: want an integer"},
+	} {
+		if _, err := config.Load("", tc.sets); err == nil || !strings.HasPrefix(err.Error(), tc.err) {
+			t.Errorf("%v: got %v, want %q...", tc.sets, err, tc.err)
+		}
 	}
 }
 
