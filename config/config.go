@@ -466,7 +466,7 @@ func (c *Config) validateWebhook() error {
 	// TTL can be cut by the lease every time, and its row never delivered.
 	if limit := c.Poller.LockTTL / 2; w.Timeout > limit {
 		return &KeyError{Key: "dispatch.webhook.timeout", Err: fmt.Errorf(
-			"must be at most half of poller.lock_ttl (%s), got %s: the lease is trusted for about 0.9 x poller.lock_ttl after its last renewal, so a longer request can be cut every time",
+			"must be at most half of poller.lock_ttl (%s), got %s: the lease is trusted for about 0.9 x poller.lock_ttl after its last renewal (renewed every poller.lock_ttl/3), so a longer request can be cut every time; lower the timeout or raise poller.lock_ttl",
 			limit, w.Timeout)}
 	}
 	return nil

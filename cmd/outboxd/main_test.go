@@ -2,7 +2,10 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxd/outboxd/app"
+	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
@@ -48,13 +53,216 @@ func TestExitCodes(t *testing.T) {
 	}
 }
 
-// With Redis unreachable, the real binary keeps stdout one JSON object per
-// line, reports the outage there, and writes nothing else to stderr.
-func TestLogsStayJSONWhenRedisIsDown(t *testing.T) {
+// buildBinary builds this command into a temporary directory.
+func buildBinary(t *testing.T) string {
+	t.Helper()
 	bin := filepath.Join(t.TempDir(), "outboxd")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
+	return bin
+}
+
+// badSecrets are settings that cannot work (finding 11) and the secret text
+// that must not appear in the error.
+func badSecrets(t *testing.T) []struct {
+	name, key, secret string
+	sets              []string
+} {
+	dir := t.TempDir()
+	empty := filepath.Join(dir, "empty")
+	blank := filepath.Join(dir, "blank")
+	for p, body := range map[string]string{empty: "", blank: "  \n\t\n"} {
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return []struct {
+		name, key, secret string
+		sets              []string
+	}{
+		{"whsec not base64", "dispatch.webhook.secret", "sekrit", []string{"dispatch.webhook.secret=whsec_!!!sekrit"}},
+		{"whsec no bytes", "dispatch.webhook.secret", "", []string{"dispatch.webhook.secret=whsec_"}},
+		{"unparsable URL DSN", "postgres.dsn", "sekrit", []string{"postgres.dsn=postgres://a b:sekrit@127.0.0.1/db"}},
+		{"unparsable key=value DSN", "postgres.dsn", "sekrit", []string{"postgres.dsn=host=127.0.0.1 password=pw sekrit"}},
+		{"empty secret_file", "dispatch.webhook.secret_file", "", []string{"dispatch.webhook.secret_file=" + empty}},
+		{"blank password_file", "redis.password_file", "", []string{"redis.password_file=" + blank}},
+		{"empty dsn_file", "postgres.dsn_file", "", []string{"postgres.dsn_file=" + empty}},
+		{"timeout above lock_ttl/2", "dispatch.webhook.timeout", "", []string{"poller.lock_ttl=2s", "dispatch.webhook.timeout=2s"}},
+	}
+}
+
+// Findings 11 and 5: `config` and `run` both refuse, with exit 2 (systemd's
+// RestartPreventExitStatus) naming the key and echoing no secret.
+func TestBadSecretsExit2(t *testing.T) {
+	// Should a setting slip through, `run` must fail rather than serve
+	// forever: an http.addr it cannot listen on ends it with exit 1.
+	// The database is this test's own, unless the DSN is what is tested.
+	safe := []string{"--set", "postgres.dsn=" + testenv.DSN(t), "--set", "http.addr=127.0.0.1:notaport",
+		"--set", "redis.addrs=" + testenv.RedisAddr(), "--set", "redis.key_prefix=" + testenv.Prefix(t)}
+	for _, tc := range badSecrets(t) {
+		for _, cmd := range []string{"config", "run"} {
+			t.Run(tc.name+"/"+cmd, func(t *testing.T) {
+				args := append([]string{cmd}, safe...)
+				for _, kv := range tc.sets {
+					args = append(args, "--set", kv)
+				}
+				var out, errb bytes.Buffer
+				code := run(args, &out, &errb)
+				if code != 2 || !strings.Contains(errb.String(), tc.key) {
+					t.Fatalf("exit %d stderr %q, want exit 2 naming %s", code, errb.String(), tc.key)
+				}
+				if tc.secret != "" && strings.Contains(out.String()+errb.String(), tc.secret) {
+					t.Fatalf("output echoes the secret:\n%s%s", out.String(), errb.String())
+				}
+			})
+		}
+	}
+}
+
+// Finding 11 against the real binary: `run` with an undecodable whsec_
+// secret exits 2 at once.
+func TestBinaryRefusesBadSecretWithExit2(t *testing.T) {
+	bin := buildBinary(t)
+	for _, tc := range badSecrets(t)[:3] {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			args := []string{"run", "--set", "http.addr=127.0.0.1:notaport"}
+			for _, kv := range tc.sets {
+				args = append(args, "--set", kv)
+			}
+			cmd := exec.CommandContext(ctx, bin, args...)
+			cmd.Env = append(os.Environ(), "OUTBOXD_POSTGRES_DSN="+testenv.DSN(t), "OUTBOXD_REDIS_ADDRS="+testenv.RedisAddr(),
+				"OUTBOXD_REDIS_KEY_PREFIX="+testenv.Prefix(t))
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			err := cmd.Run()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(stderr.String(), tc.key) {
+				t.Fatalf("outboxd %s: %v, stderr %q; want exit 2 naming %s", strings.Join(args, " "), err, stderr.String(), tc.key)
+			}
+			if tc.secret != "" && strings.Contains(stderr.String(), tc.secret) {
+				t.Fatalf("stderr echoes the secret: %s", stderr.String())
+			}
+		})
+	}
+}
+
+// Finding 10: `outboxd config` shows every DSN spelling and the webhook URL
+// with their secrets replaced, and the rest as written.
+func TestConfigShowsNoSecrets(t *testing.T) {
+	url := "https://hook:pw-SECRET1@receiver.example/in?token=SECRET2&tenant=7"
+	for _, tc := range []struct {
+		dsn, want string
+		secrets   []string
+	}{
+		{"host=127.0.0.1 user=postgres password = SECRET3 dbname=postgres", "password = redacted", []string{"SECRET3"}},
+		{"host=127.0.0.1 user=postgres password='SEC RET4' dbname=postgres", "password=redacted", []string{"SEC RET4", "RET4"}},
+		{"host=127.0.0.1 user=postgres sslpassword=SECRET5 dbname=postgres", "sslpassword=redacted", []string{"SECRET5"}},
+		{"postgres://postgres:pa#SECRET6@127.0.0.1:5432/postgres", "postgres://postgres:redacted@127.0.0.1:5432/postgres", []string{"SECRET6"}},
+	} {
+		t.Run(tc.secrets[0], func(t *testing.T) {
+			var out, errb bytes.Buffer
+			code := run([]string{"config", "--set", "postgres.dsn=" + tc.dsn, "--set", "dispatch.webhook.url=" + url}, &out, &errb)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, errb.String())
+			}
+			all := out.String() + errb.String()
+			for _, s := range append(tc.secrets, "SECRET1", "SECRET2") {
+				if strings.Contains(all, s) {
+					t.Errorf("output shows %q:\n%s", s, all)
+				}
+			}
+			for _, want := range []string{tc.want, "https://hook:redacted@receiver.example/in?token=redacted&tenant=7"} {
+				if !strings.Contains(all, want) {
+					t.Errorf("output lacks %q:\n%s", want, all)
+				}
+			}
+		})
+	}
+}
+
+// Finding 13: `outboxd health` asks a real /readyz: 0 while Postgres and
+// Redis answer, 1 naming redis once it is gone, 1 when nothing listens.
+func TestHealth(t *testing.T) {
+	rs := testenv.StartRedisServer(t)
+	port := strconv.Itoa(testenv.FreePort(t))
+	cfg, err := config.Load("", []string{"postgres.dsn=" + testenv.DSN(t), "redis.addrs=" + rs.Addr,
+		"http.addr=0.0.0.0:" + port, "dispatch.sink=noop"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	quiet := app.NewLogger("error", "json", io.Discard)
+	app.RouteRedisLogs(quiet) // go-redis' complaints once Redis is stopped
+	a, err := app.New(context.Background(), cfg, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("app: %v", err)
+		}
+	}()
+
+	// http.addr as the replica has it (wildcard host): health asks 127.0.0.1.
+	health := []string{"health", "--set", "http.addr=0.0.0.0:" + port}
+	code, stdout, stderr := waitForExit(t, health, 0)
+	if !strings.Contains(stdout, "ready: http://127.0.0.1:"+port+"/readyz") {
+		t.Fatalf("exit %d stdout %q stderr %q", code, stdout, stderr)
+	}
+	if code, _, stderr := runHealth([]string{"health", "--url", "http://127.0.0.1:" + port + "/readyz"}); code != 0 {
+		t.Fatalf("--url: exit %d: %s", code, stderr)
+	}
+
+	rs.Stop()
+	_, _, stderr = waitForExit(t, health, 1)
+	if strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, "answered 503: redis: ") || strings.Contains(stderr, "postgres:") {
+		t.Fatalf("stderr %q: want one line naming redis (and not postgres)", stderr)
+	}
+
+	nobody := strconv.Itoa(testenv.FreePort(t))
+	code, _, stderr = runHealth([]string{"health", "--set", "http.addr=127.0.0.1:" + nobody})
+	if code != 1 || !strings.Contains(stderr, "not ready") || !strings.Contains(stderr, "127.0.0.1:"+nobody) {
+		t.Fatalf("nothing listening: exit %d stderr %q, want 1 naming the address", code, stderr)
+	}
+	if code, _, stderr := runHealth([]string{"health", "--timeout", "0s"}); code != 2 {
+		t.Fatalf("--timeout 0s: exit %d %q, want 2", code, stderr)
+	}
+}
+
+func runHealth(args []string) (int, string, string) {
+	var out, errb bytes.Buffer
+	code := run(args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+// waitForExit runs args until they exit with want (the app comes up, or
+// notices Redis gone, on its own time), failing after 15s.
+func waitForExit(t *testing.T, args []string, want int) (int, string, string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		code, stdout, stderr := runHealth(args)
+		if code == want {
+			return code, stdout, stderr
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v: exit %d (stdout %q stderr %q), want %d", args, code, stdout, stderr, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// With Redis unreachable, the real binary keeps stdout one JSON object per
+// line, reports the outage there, and writes nothing else to stderr.
+func TestLogsStayJSONWhenRedisIsDown(t *testing.T) {
+	bin := buildBinary(t)
 	down := testenv.StartRedisServer(t)
 	down.Stop()
 	cmd := exec.Command(bin, "run")
