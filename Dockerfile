@@ -17,5 +17,10 @@ COPY --from=build /out/outboxd /out/outboxd-demo /usr/local/bin/
 COPY config.yaml /etc/outboxd/config.yaml
 USER 65532:65532
 EXPOSE 9090
+# `outboxd health` GETs /readyz on http.addr (127.0.0.1 for a wildcard host):
+# exit 0 when Postgres and Redis answer. Exec form: the image has no shell.
+# It reads the same config file and OUTBOXD_* environment as `run`.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 \
+  CMD ["/usr/local/bin/outboxd", "health", "--config", "/etc/outboxd/config.yaml"]
 ENTRYPOINT ["/usr/local/bin/outboxd"]
 CMD ["run", "--config", "/etc/outboxd/config.yaml"]

@@ -100,6 +100,91 @@ func TestComposeRunsThreeReplicasWithKnownKeys(t *testing.T) {
 	}
 }
 
+// The replicas' healthcheck asks /readyz through `outboxd health` (the
+// image has no shell or curl); `outboxd version` always passed. Services
+// that share the image but do not run the relay switch the check off.
+func TestComposeHealthchecksAskReadyz(t *testing.T) {
+	services := get(docs(t, "docker-compose.yml")[0], "services").(map[string]any)
+	for name, svc := range services {
+		hc := get(svc, "healthcheck")
+		test, _ := get(hc, "test").([]any)
+		switch {
+		case strings.HasPrefix(name, "outboxd-"):
+			if len(test) < 3 || test[0] != "CMD" || test[1] != "/usr/local/bin/outboxd" || test[2] != "health" {
+				t.Errorf("%s: healthcheck %v, want [CMD /usr/local/bin/outboxd health ...]", name, test)
+			}
+		case get(svc, "image") == "outboxd:local":
+			if get(hc, "disable") != true {
+				t.Errorf("%s: runs the outboxd image but not `run`: its healthcheck must be disabled, got %v", name, hc)
+			}
+		}
+		for _, a := range test {
+			if a == "version" {
+				t.Errorf("%s: healthcheck runs `version`, which always passes", name)
+			}
+		}
+	}
+}
+
+func TestDockerfileHealthcheck(t *testing.T) {
+	b, err := os.ReadFile("../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Join continuation lines, then find the HEALTHCHECK instruction.
+	text := strings.ReplaceAll(string(b), "\\\n", " ")
+	m := regexp.MustCompile(`(?m)^HEALTHCHECK .*\bCMD (\[.*\])\s*$`).FindStringSubmatch(text)
+	if m == nil {
+		t.Fatal("Dockerfile has no HEALTHCHECK ... CMD [...] (exec form: distroless has no shell)")
+	}
+	var argv []string
+	if err := json.Unmarshal([]byte(m[1]), &argv); err != nil {
+		t.Fatalf("HEALTHCHECK CMD %s is not an exec-form JSON array: %v", m[1], err)
+	}
+	if len(argv) < 2 || argv[0] != "/usr/local/bin/outboxd" || argv[1] != "health" {
+		t.Fatalf("HEALTHCHECK runs %v, want /usr/local/bin/outboxd health", argv)
+	}
+}
+
+// The compose replicas' settings (the image's config.yaml plus the
+// environment) pass validation, so they start rather than exit 2.
+func TestComposeConfigLoads(t *testing.T) {
+	env := get(docs(t, "docker-compose.yml")[0], "x-outboxd", "environment").(map[string]any)
+	for k, v := range env {
+		t.Setenv(k, v.(string))
+	}
+	cfg, err := config.Load("../config.yaml", nil)
+	if err != nil {
+		t.Fatalf("compose replica config: %v", err)
+	}
+	if cfg.HTTP.Addr != "0.0.0.0:9090" {
+		t.Fatalf("http.addr %s: the published port needs a wildcard address", cfg.HTTP.Addr)
+	}
+}
+
+// The systemd unit's settings load, with its credentials in place.
+func TestSystemdConfigLoads(t *testing.T) {
+	b, err := os.ReadFile("systemd/outboxd@.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds := t.TempDir()
+	for _, c := range []struct{ name, body string }{
+		{"postgres-dsn", "postgres://outboxd:pw@db.internal:5432/app?sslmode=disable\n"},
+		{"webhook-secret", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n"},
+	} {
+		if err := os.WriteFile(filepath.Join(creds, c.name), []byte(c.body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, m := range regexp.MustCompile(`Environment=(OUTBOXD_[A-Z_]+)=(\S+)`).FindAllStringSubmatch(string(b), -1) {
+		t.Setenv(m[1], strings.ReplaceAll(m[2], "%d", creds))
+	}
+	if _, err := config.Load("../config.yaml", nil); err != nil {
+		t.Fatalf("systemd replica config: %v", err)
+	}
+}
+
 func TestKubernetesManifests(t *testing.T) {
 	kinds := map[string]map[string]any{}
 	files, _ := filepath.Glob("kubernetes/*.yaml")
