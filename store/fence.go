@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Fence identifies a writer: the lock it holds, that lock's token, and the
@@ -89,10 +92,13 @@ func (s *Store) ClaimFence(ctx context.Context, f Fence) error {
 // Failure is one failed delivery's outcome.
 type Failure struct {
 	ID      int64
-	Error   string
+	Error   string    // stored as last_error: made valid UTF-8 without NUL, cut to MaxErrorBytes
 	RetryAt time.Time // when to try again; ignored when Dead
 	Dead    bool      // dead-letter now
 }
+
+// MaxErrorBytes bounds last_error.
+const MaxErrorBytes = 1000
 
 const completeSQL = fenceCTE + `,
 delivered AS (
@@ -100,7 +106,7 @@ delivered AS (
   WHERE id = ANY($4::bigint[]) AND dispatched_at IS NULL AND EXISTS (SELECT 1 FROM fence)
   RETURNING 1),
 failed AS (
-  UPDATE outbox o SET attempts = o.attempts + 1, last_error = x.err,
+  UPDATE outbox o SET attempts = LEAST(o.attempts, 2147483646) + 1, last_error = x.err,
     available_at = CASE WHEN x.dead THEN o.available_at ELSE x.retry_at END,
     dead_at = CASE WHEN x.dead THEN now() END
   FROM unnest($5::bigint[], $6::text[], $7::timestamptz[], $8::bool[]) AS x(id, err, retry_at, dead)
@@ -112,7 +118,44 @@ SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM delivered), (SELECT c
 // get dispatched_at, failures bump attempts and get last_error plus either a
 // new available_at or dead_at. The id sets must be disjoint. It returns how
 // many rows each part changed (rows already delivered by someone are skipped).
+//
+// Isolation: one value Postgres refuses (a data exception) cannot hold back
+// the rest of the batch. The statement is then split: the deliveries alone,
+// then each failure alone; a failure still refused is stored with a
+// last_error saying so and retried at once, so its attempts keep counting.
 func (s *Store) Complete(ctx context.Context, f Fence, delivered []int64, failures []Failure) (nDelivered, nFailed int64, err error) {
+	if len(delivered) == 0 && len(failures) == 0 {
+		return 0, 0, nil
+	}
+	clean := make([]Failure, len(failures))
+	for i, x := range failures {
+		x.Error = cleanText(x.Error, MaxErrorBytes)
+		clean[i] = x
+	}
+	nDelivered, nFailed, err = s.complete(ctx, f, delivered, clean)
+	if !isDataError(err) {
+		return nDelivered, nFailed, err
+	}
+	if nDelivered, _, err = s.complete(ctx, f, delivered, nil); err != nil {
+		return nDelivered, 0, err
+	}
+	nFailed = 0
+	for _, x := range clean {
+		_, n, err := s.complete(ctx, f, nil, []Failure{x})
+		if isDataError(err) {
+			x.Error = cleanText("outboxd could not store this failure ("+err.Error()+"); it was: "+x.Error, MaxErrorBytes)
+			x.RetryAt = time.Now()
+			_, n, err = s.complete(ctx, f, nil, []Failure{x})
+		}
+		if err != nil {
+			return nDelivered, nFailed, err
+		}
+		nFailed += n
+	}
+	return nDelivered, nFailed, nil
+}
+
+func (s *Store) complete(ctx context.Context, f Fence, delivered []int64, failures []Failure) (nDelivered, nFailed int64, err error) {
 	if len(delivered) == 0 && len(failures) == 0 {
 		return 0, 0, nil
 	}
@@ -129,4 +172,27 @@ func (s *Store) Complete(ctx context.Context, f Fence, delivered []int64, failur
 	}
 	err = s.fenced(ctx, f, completeSQL, []*int64{&nDelivered, &nFailed}, delivered, ids, errs, at, dead)
 	return nDelivered, nFailed, err
+}
+
+// isDataError: Postgres refused a value (SQLSTATE class 22, data exception),
+// not the statement or the connection.
+func isDataError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22")
+}
+
+// cleanText makes s storable and readable as text: valid UTF-8 (invalid
+// bytes become U+FFFD), no NUL (Postgres refuses it in text), at most max
+// bytes, cut on a character boundary.
+func cleanText(s string, max int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.ReplaceAll(s, "\x00", "\uFFFD")
+	if len(s) <= max {
+		return s
+	}
+	cut := max - len("…")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }

@@ -15,10 +15,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -141,41 +143,106 @@ type Row struct {
 	Headers       json.RawMessage
 	CreatedAt     time.Time
 	Attempts      int
+	// Size is the row's payload, headers and text columns in bytes, as
+	// Postgres measured them (a compressed value at its text size).
+	Size int64
+	// Poison says why the row cannot be delivered as it is (too large, an
+	// infinite created_at); such a row is returned without its payload and
+	// headers, to be dead-lettered with this reason.
+	Poison string
 }
+
+// FetchLimits bound one fetch in rows and bytes, so a batch's memory does
+// not grow with what producers write.
+type FetchLimits struct {
+	Rows     int   // at most this many rows
+	RowBytes int64 // a larger row comes back without payload and headers, Poison set; 0 = no limit
+	Bytes    int64 // rows are returned while their total Size stays within this (the first always); 0 = no limit
+}
+
+// rowSizeSQL measures a row without sending it: pg_column_size reads the
+// stored size from the datum header; only a compressed jsonb (its stored size
+// can be a hundredth of its text) is measured as text, on the server.
+const rowSizeSQL = `(CASE WHEN pg_column_compression(o.payload) IS NULL THEN pg_column_size(o.payload)
+       ELSE octet_length(o.payload::text) END
+  + CASE WHEN pg_column_compression(o.headers) IS NULL THEN pg_column_size(o.headers)
+       ELSE octet_length(o.headers::text) END
+  + octet_length(o.aggregate_type) + octet_length(o.aggregate_id) + octet_length(o.event_type))::bigint`
 
 // fetchDueSQL: due rows in id order, skipping every row of an aggregate that
 // has an earlier undelivered row still backing off, so per-aggregate order is
 // never broken. Dead rows do not block their aggregate (see README). A
 // delayed row is one whose available_at is past its created_at; producers
 // must not set created_at into the future.
+//
+// Of those candidates ($1 at most) it returns the prefix whose loaded bytes
+// stay within $3 (always the first row): a prefix, so no aggregate gets a
+// gap. A row above $2 bytes is returned without payload and headers (and
+// with its text columns cut), so it is never loaded whole; it counts 0
+// bytes. "candidates" tells the caller whether the byte budget cut the batch.
 const fetchDueSQL = `
-SELECT o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload, o.headers, o.created_at, o.attempts
-FROM outbox o
-WHERE o.dispatched_at IS NULL AND o.dead_at IS NULL AND o.available_at <= now()
-  AND NOT EXISTS (
-    SELECT 1 FROM outbox e
-    WHERE e.aggregate_type = o.aggregate_type AND e.aggregate_id = o.aggregate_id
-      AND e.id < o.id AND e.dispatched_at IS NULL AND e.dead_at IS NULL
-      AND e.available_at > e.created_at -- lets the planner use outbox_delayed_idx
-      AND e.available_at > now())
-ORDER BY o.id
-LIMIT $1`
+SELECT id,
+  CASE WHEN size <= $2 THEN aggregate_type ELSE left(aggregate_type, 200) END,
+  CASE WHEN size <= $2 THEN aggregate_id ELSE left(aggregate_id, 200) END,
+  CASE WHEN size <= $2 THEN event_type ELSE left(event_type, 200) END,
+  CASE WHEN size <= $2 THEN payload END, CASE WHEN size <= $2 THEN headers END,
+  created_at, attempts, size, candidates
+FROM (
+  SELECT d.*,
+    sum(CASE WHEN d.size <= $2 THEN d.size ELSE 0 END) OVER (ORDER BY d.id) AS loaded,
+    row_number() OVER (ORDER BY d.id) AS n,
+    count(*) OVER () AS candidates
+  FROM (
+    SELECT o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload, o.headers, o.created_at, o.attempts,
+      ` + rowSizeSQL + ` AS size
+    FROM outbox o
+    WHERE o.dispatched_at IS NULL AND o.dead_at IS NULL AND o.available_at <= now()
+      AND NOT EXISTS (
+        SELECT 1 FROM outbox e
+        WHERE e.aggregate_type = o.aggregate_type AND e.aggregate_id = o.aggregate_id
+          AND e.id < o.id AND e.dispatched_at IS NULL AND e.dead_at IS NULL
+          AND e.available_at > e.created_at -- lets the planner use outbox_delayed_idx
+          AND e.available_at > now())
+    ORDER BY o.id
+    LIMIT $1) d
+) x
+WHERE n = 1 OR loaded <= $3
+ORDER BY id`
 
-// FetchDue reads up to limit due rows in id order.
-func (s *Store) FetchDue(ctx context.Context, limit int) ([]Row, error) {
-	rows, err := s.pool.Query(ctx, fetchDueSQL, limit)
-	if err != nil {
-		return nil, wrap("fetch due", err)
+// FetchDue reads due rows in id order within lim. more reports that the
+// byte budget left due rows behind (fetch again at once).
+func (s *Store) FetchDue(ctx context.Context, lim FetchLimits) (rows []Row, more bool, err error) {
+	rowBytes, budget := lim.RowBytes, lim.Bytes
+	if rowBytes <= 0 {
+		rowBytes = math.MaxInt64
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Row, error) {
+	if budget <= 0 {
+		budget = math.MaxInt64
+	}
+	res, err := s.pool.Query(ctx, fetchDueSQL, lim.Rows, rowBytes, budget)
+	if err != nil {
+		return nil, false, wrap("fetch due", err)
+	}
+	var candidates int64
+	rows, err = pgx.CollectRows(res, func(r pgx.CollectableRow) (Row, error) {
 		var x Row
-		err := r.Scan(&x.ID, &x.AggregateType, &x.AggregateID, &x.EventType, &x.Payload, &x.Headers, &x.CreatedAt, &x.Attempts)
+		var created pgtype.Timestamptz
+		err := r.Scan(&x.ID, &x.AggregateType, &x.AggregateID, &x.EventType, &x.Payload, &x.Headers,
+			&created, &x.Attempts, &x.Size, &candidates)
+		switch {
+		case err != nil:
+		case x.Size > rowBytes:
+			x.Poison = fmt.Sprintf("row is %d bytes, above poller.max_payload_bytes (%d): not loaded, not sent", x.Size, rowBytes)
+		case created.InfinityModifier != pgtype.Finite:
+			x.Poison = "created_at is infinite: the event cannot be timestamped"
+		}
+		x.CreatedAt = created.Time
 		return x, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("store: fetch due: %w", err)
+		return nil, false, fmt.Errorf("store: fetch due: %w", err)
 	}
-	return out, nil
+	return rows, candidates > int64(len(rows)), nil
 }
 
 // Listen holds one connection in LISTEN channel and calls fn for each
