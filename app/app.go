@@ -125,7 +125,7 @@ func (a *App) Sink() (dispatch.Sink, error) {
 		return dispatch.Noop{}, nil
 	default:
 		w := a.Cfg.Dispatch.Webhook
-		return dispatch.NewWebhook(dispatch.WebhookConfig{URL: w.URL, Secret: w.Secret, Timeout: w.Timeout})
+		return dispatch.NewWebhook(dispatch.WebhookConfig{URL: w.URL, Secret: w.Secret, Timeout: w.Timeout, Log: a.Log})
 	}
 }
 
@@ -178,7 +178,11 @@ func (a *App) Run(ctx context.Context) error {
 		Status: func(ctx context.Context) (any, error) {
 			return a.status(ctx, map[string]func() int64{poller.LockName: p.HeldToken, reconcile.LockName: rec.HeldToken})
 		},
-	}), ReadHeaderTimeout: 5 * time.Second}
+	}),
+		// Bound what a slow or idle client can hold: probes and scrapes are small.
+		ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: 60 * time.Second,
+	}
 
 	a.Log.Info("outboxd started", "http_addr", ln.Addr().String(), "redis_mode", a.Cfg.Redis.Mode,
 		"sink", a.Cfg.Dispatch.Sink, "poller_notify", a.Cfg.Poller.Notify)
@@ -193,7 +197,7 @@ func (a *App) Run(ctx context.Context) error {
 	})
 	g.Go(func() error {
 		<-gctx.Done()
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.Cfg.ShutdownTimeout)
 		defer cancel()
 		return srv.Shutdown(sctx)
 	})

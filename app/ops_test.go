@@ -80,7 +80,7 @@ func TestOperationsEndpointsWithTwoReplicas(t *testing.T) {
 		a := newApp(t, logs, "debug",
 			"postgres.dsn="+dsnWithPassword, "redis.addrs="+redisSrv.Addr,
 			"dispatch.webhook.url="+srv.URL, "dispatch.webhook.secret="+webhookSecret,
-			"http.addr="+addr, "poller.poll_interval=10ms", "poller.lock_ttl=2s",
+			"http.addr="+addr, "poller.poll_interval=10ms", "poller.lock_ttl=2s", "dispatch.webhook.timeout=1s",
 		)
 		reps = append(reps, &replica{addr: addr, app: a, logs: logs, stop: runApp(t, a)})
 	}

@@ -30,6 +30,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -56,18 +57,20 @@ var (
 	//go:embed scripts/unclaim.lua
 	unclaimSrc    string
 	unclaimScript = redis.NewScript(unclaimSrc)
+	//go:embed scripts/takeover.lua
+	takeoverSrc    string
+	takeoverScript = redis.NewScript(takeoverSrc)
 )
 
 // errShutdownTimeout cancels in-flight work when shutdown_timeout runs out.
 var errShutdownTimeout = errors.New("poller: shutdown timeout")
 
-// queryTimeout bounds every Postgres call: a connection whose packets vanish
-// (a network partition) must not hang the leader; pgx closes a connection
-// whose context expires, and the next call gets a fresh one.
-const queryTimeout = 10 * time.Second
-
-func withQueryTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, queryTimeout)
+// withQueryTimeout bounds a Postgres call by the lease: a connection whose
+// packets vanish (a network partition) must not hang the leader, and nothing
+// a holder waits for is worth more than its lease. pgx closes a connection
+// whose context expires; the next call gets a fresh one.
+func (p *Poller) withQueryTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, max(p.cfg.LockTTL, 2*time.Second))
 }
 
 // Config tunes the runner. Zero values get defaults from New.
@@ -82,6 +85,8 @@ type Config struct {
 	BackoffBase     time.Duration // 1 s
 	BackoffMax      time.Duration // 1 h
 	ShutdownTimeout time.Duration // 25 s
+	MaxPayloadBytes int64         // a larger row is dead-lettered unloaded, 1 MiB
+	BatchMaxBytes   int64         // byte budget of one batch, 16 MiB
 	KeyPrefix       string        // before every Redis key
 	Notify          bool          // LISTEN outbox_events for faster wake-ups
 }
@@ -108,6 +113,12 @@ func (c Config) withDefaults() Config {
 	if c.Concurrency <= 0 {
 		c.Concurrency = 16
 	}
+	if c.MaxPayloadBytes <= 0 {
+		c.MaxPayloadBytes = 1 << 20
+	}
+	if c.BatchMaxBytes <= 0 {
+		c.BatchMaxBytes = 16 << 20
+	}
 	return c
 }
 
@@ -123,6 +134,9 @@ type Poller struct {
 	wake  chan struct{}
 	held  atomic.Int64 // token while leading, 0 otherwise
 	hooks hooks        // crash points, for tests only
+
+	cutMu sync.Mutex
+	cuts  map[int64]int // sends of a row cut short by the lease while it was held
 }
 
 // hooks run at the protocol's crash windows; tests kill the process there.
@@ -145,7 +159,7 @@ func (p *Poller) HeldToken() int64 { return p.held.Load() }
 func New(cfg Config, st *store.Store, locks *lock.Client, rdb redis.UniversalClient, sink dispatch.Sink, log *slog.Logger, m *metrics.Metrics) *Poller {
 	return &Poller{
 		cfg: cfg.withDefaults(), store: st, locks: locks, rdb: rdb, sink: sink,
-		log: log.With("lock", LockName), m: m, wake: make(chan struct{}, 1),
+		log: log.With("lock", LockName), m: m, wake: make(chan struct{}, 1), cuts: map[int64]int{},
 	}
 }
 
@@ -187,7 +201,7 @@ func heldElsewhere(err error) bool {
 }
 
 func (p *Poller) acquire(ctx context.Context) (*lock.Lock, error) {
-	qctx, cancel := withQueryTimeout(ctx)
+	qctx, cancel := p.withQueryTimeout(ctx)
 	floor, err := p.store.FenceToken(qctx, LockName)
 	cancel()
 	if err != nil {
@@ -228,7 +242,7 @@ func (p *Poller) lead(ctx context.Context, l *lock.Lock) {
 	}
 	// Raise the fence before the first send: from now on the predecessor's
 	// writes are refused, and this token is the floor for the next holder.
-	qctx, cancel := withQueryTimeout(workCtx)
+	qctx, cancel := p.withQueryTimeout(workCtx)
 	err := p.store.ClaimFence(qctx, fence)
 	cancel()
 	if err != nil {
@@ -244,7 +258,7 @@ func (p *Poller) lead(ctx context.Context, l *lock.Lock) {
 		if l.Context().Err() != nil {
 			return // "lock lost" is logged on release
 		}
-		n, err := p.batch(workCtx, fence, l.TrustedUntil)
+		n, more, err := p.batch(workCtx, fence, l.TrustedUntil)
 		switch {
 		case errors.Is(err, store.ErrStaleFence):
 			p.stepDown(log, err)
@@ -254,7 +268,7 @@ func (p *Poller) lead(ctx context.Context, l *lock.Lock) {
 		case err != nil:
 			log.Error("batch failed", "error", err)
 			idle = p.cfg.PollInterval
-		case n >= p.cfg.BatchSize:
+		case more:
 			idle = 0 // more waiting: go again at once
 		case n > 0:
 			idle = 2 * time.Millisecond
@@ -308,11 +322,13 @@ func (p *Poller) listen(ctx context.Context) {
 type outcome uint8
 
 const (
-	pending   outcome = iota // not reached (aggregate stopped earlier): unclaim
+	pending   outcome = iota // claimed, not reached (aggregate stopped earlier): unclaim
 	sent                     // delivered by us
 	duplicate                // Redis said delivered: mark without sending
-	foreign                  // another runner's claim: leave alone
+	foreign                  // a newer holder's claim: leave alone
 	failed                   // send failed: unclaim, count the attempt
+	refused                  // the idempotency key could not be claimed (wrong type, odd value): count the attempt
+	poisoned                 // the row cannot be sent as it is (row.Poison): dead-letter, never claimed
 )
 
 type item struct {
@@ -321,26 +337,33 @@ type item struct {
 	err     error
 }
 
-// batch runs one fetch-claim-send-write cycle and returns how many rows it
-// fetched.
+// batch runs one fetch-claim-send-write cycle. It returns how many rows it
+// fetched and whether more are due at once (a full batch, or one the byte
+// budget cut).
 // trusted is the lease's local trust deadline: no send starts past it, and
-// none outlives it.
-func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() time.Time) (int, error) {
+// none outlives it; the fetch is bounded by it too.
+func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() time.Time) (int, bool, error) {
 	start := time.Now()
-	qctx, cancel := withQueryTimeout(ctx)
-	rows, err := p.store.FetchDue(qctx, p.cfg.BatchSize)
+	qctx, cancel := context.WithDeadline(ctx, trusted())
+	rows, more, err := p.store.FetchDue(qctx, store.FetchLimits{
+		Rows: p.cfg.BatchSize, RowBytes: p.cfg.MaxPayloadBytes, Bytes: p.cfg.BatchMaxBytes,
+	})
 	cancel()
 	if err != nil || len(rows) == 0 {
-		return 0, err
+		return 0, false, err
 	}
+	more = more || len(rows) >= p.cfg.BatchSize
 	p.m.BatchSize.Observe(float64(len(rows)))
 	items := make([]item, len(rows))
 	for i, r := range rows {
 		items[i].row = r
+		if r.Poison != "" {
+			items[i].outcome, items[i].err = poisoned, &dispatch.Error{Err: errors.New(r.Poison), Permanent: true}
+		}
 	}
-	claim := "claim:" + strconv.FormatInt(fence.Token, 10) + ":" + strconv.FormatInt(start.UnixNano(), 36)
-	if err := p.claim(ctx, items, claim); err != nil {
-		return len(rows), err
+	c := claim{token: fence.Token, owner: fence.Owner, batch: strconv.FormatInt(start.UnixNano(), 36)}
+	if err := p.claim(ctx, items, c); err != nil {
+		return len(rows), more, err
 	}
 	run(p.hooks.afterClaim)
 	p.deliver(ctx, items, fence.Token, trusted)
@@ -348,41 +371,155 @@ func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() ti
 
 	// Results are written even if the lease was lost meanwhile: the fence, not
 	// the lease, decides whether they land, and landing them saves duplicates.
-	wctx, cancelW := withQueryTimeout(context.WithoutCancel(ctx))
+	wctx, cancelW := p.withQueryTimeout(context.WithoutCancel(ctx))
 	defer cancelW()
-	return len(rows), p.finish(wctx, items, claim, fence, start)
+	return len(rows), more, p.finish(wctx, items, c.String(), fence, start)
 }
 
 func (p *Poller) key(id int64) string {
 	return p.cfg.KeyPrefix + "idempotency:notify:" + strconv.FormatInt(id, 10)
 }
 
-// claim sets every row's idempotency key to our claim if absent, in one
-// pipelined round trip, and classifies the rows by what was there.
-func (p *Poller) claim(ctx context.Context, items []item, claim string) error {
+// claim is the value a runner puts on an idempotency key while it delivers
+// the row: "claim:<token>:<owner>:<batch>". The token says whose term the
+// delivery belongs to, so a later holder can tell an abandoned claim from a
+// live one without waiting for its TTL.
+type claim struct {
+	token int64
+	owner string // the lock acquisition's owner value
+	batch string // unique per batch within the term
+}
+
+func (c claim) String() string {
+	return "claim:" + strconv.FormatInt(c.token, 10) + ":" + c.owner + ":" + c.batch
+}
+
+// parseClaim reads a claim value; ok is false for anything else. Claims of
+// earlier versions ("claim:<token>:<nonce>") parse with an empty owner.
+func parseClaim(v string) (c claim, ok bool) {
+	rest, ok := strings.CutPrefix(v, "claim:")
+	if !ok {
+		return c, false
+	}
+	tok, rest, _ := strings.Cut(rest, ":")
+	t, err := strconv.ParseInt(tok, 10, 64)
+	if err != nil || t <= 0 {
+		return c, false
+	}
+	c.token = t
+	if owner, batch, found := strings.Cut(rest, ":"); found {
+		c.owner, c.batch = owner, batch
+	} else {
+		c.batch = rest
+	}
+	return c, true
+}
+
+// supersedes reports whether our claim may take over other at once: other
+// was made under an earlier term, whose lease (and so its trust deadline,
+// after which its holder starts no send and writes none) ended before ours
+// began; or by an earlier batch of our own term, which has finished. A claim
+// of a newer term, or of the same token from another owner, is left alone.
+func (c claim) supersedes(other claim) bool {
+	return other.token < c.token || (other.token == c.token && other.owner == c.owner && other.batch != c.batch)
+}
+
+// claim sets every sendable row's idempotency key to our claim if absent, in
+// one pipelined round trip, and classifies the rows by what was there. Claims
+// of an earlier holder are taken over at once (one more round trip, only
+// when there are any): a crash costs about one lock TTL, never claim_ttl.
+// A key Redis cannot use as a string (WRONGTYPE) or holding a value outboxd
+// did not write fails that row alone; an outage fails the batch.
+func (p *Poller) claim(ctx context.Context, items []item, c claim) error {
+	value := c.String()
+	ttl := strconv.FormatInt(p.cfg.ClaimTTL.Milliseconds(), 10)
 	pipe := p.rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(items))
-	ttl := strconv.FormatInt(p.cfg.ClaimTTL.Milliseconds(), 10)
 	for i := range items {
-		cmds[i] = pipe.Do(ctx, "set", p.key(items[i].row.ID), claim, "px", ttl, "nx", "get")
+		if items[i].outcome == poisoned {
+			continue
+		}
+		cmds[i] = pipe.Do(ctx, "set", p.key(items[i].row.ID), value, "px", ttl, "nx", "get")
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) && !rowError(err) {
 		return fmt.Errorf("poller: claim idempotency keys: %w", err)
 	}
-	for i, c := range cmds {
-		v, err := c.Text()
+	var takeover []int
+	var previous []string
+	for i, cmd := range cmds {
+		if cmd == nil {
+			continue
+		}
+		v, err := cmd.Text()
 		switch {
 		case errors.Is(err, redis.Nil):
 			items[i].outcome = pending // ours to send
+		case err != nil && rowError(err):
+			items[i].outcome, items[i].err = refused, fmt.Errorf("idempotency key %s: %w", p.key(items[i].row.ID), err)
 		case err != nil:
 			return fmt.Errorf("poller: claim %s: %w", p.key(items[i].row.ID), err)
 		case v == "1":
 			items[i].outcome = duplicate
 		default:
-			items[i].outcome = foreign
+			other, ok := parseClaim(v)
+			switch {
+			case !ok:
+				items[i].outcome = refused
+				items[i].err = fmt.Errorf("idempotency key %s holds %q, which outboxd did not write: delete it to let the event go", p.key(items[i].row.ID), clip(v, 64))
+			case c.supersedes(other):
+				takeover, previous = append(takeover, i), append(previous, v)
+			default:
+				items[i].outcome = foreign
+			}
 		}
 	}
+	if len(takeover) == 0 {
+		return nil
+	}
+	return p.takeOver(ctx, items, takeover, previous, value, ttl)
+}
+
+// takeOver swaps earlier holders' claims for ours, each only if unchanged
+// (compare-and-set), in one pipelined round trip.
+func (p *Poller) takeOver(ctx context.Context, items []item, idx []int, previous []string, value, ttl string) error {
+	pipe := p.rdb.Pipeline()
+	cmds := make([]*redis.Cmd, len(idx))
+	for j, i := range idx {
+		// EVAL, not EVALSHA: this path is rare, and a pipeline cannot fall back on NOSCRIPT.
+		cmds[j] = takeoverScript.Eval(ctx, pipe, []string{p.key(items[i].row.ID)}, previous[j], value, ttl)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !rowError(err) {
+		return fmt.Errorf("poller: take over claims: %w", err)
+	}
+	taken := 0
+	for j, i := range idx {
+		n, err := cmds[j].Int()
+		switch {
+		case err != nil && rowError(err):
+			items[i].outcome, items[i].err = refused, fmt.Errorf("idempotency key %s: %w", p.key(items[i].row.ID), err)
+		case err != nil:
+			return fmt.Errorf("poller: take over %s: %w", p.key(items[i].row.ID), err)
+		case n == 1:
+			items[i].outcome = pending
+			taken++
+		case n == 2:
+			items[i].outcome = duplicate // its holder finished meanwhile
+		default:
+			items[i].outcome = foreign // changed under us: look again next batch
+		}
+	}
+	if taken > 0 {
+		p.m.ClaimsTakenOver.Add(float64(taken))
+		p.log.Info("took over claims of an earlier holder", "claims", taken)
+	}
 	return nil
+}
+
+// rowError: Redis refused one key's command for what the key holds; other
+// keys of the pipeline are unaffected. Anything else (I/O, LOADING, OOM) is
+// about Redis itself and fails the batch.
+func rowError(err error) bool {
+	return redis.HasErrorPrefix(err, "WRONGTYPE")
 }
 
 // deliver sends aggregates in parallel (bounded) and each aggregate in order,
@@ -415,10 +552,12 @@ func (p *Poller) deliverAggregate(ctx context.Context, items []item, idx []int, 
 	for _, i := range idx {
 		it := &items[i]
 		switch it.outcome {
-		case duplicate:
-			continue
+		case duplicate, poisoned:
+			continue // delivered already, or dead-lettered: neither blocks the aggregate
 		case foreign:
-			return // someone is mid-flight on an earlier row: keep order, retry later
+			return // a newer holder is mid-flight on this row: keep order, retry later
+		case refused:
+			return // counted as a failed attempt: later rows wait, as behind any failure
 		}
 		// Trust the lease less than Redis does: past the local deadline (a pause,
 		// a slow network) stop without waiting to hear from Redis.
@@ -435,18 +574,52 @@ func (p *Poller) deliverAggregate(ctx context.Context, items []item, idx []int, 
 		// Read before cancel, which sets it. Past the trust deadline the sink
 		// refuses to write (dispatch.ErrDeadlinePassed), maybe before the
 		// context's timer has fired: that is ours too, not the receiver's.
-		abandoned := sctx.Err() != nil || !time.Now().Before(until)
+		cut := sctx.Err() != nil || !time.Now().Before(until)
 		cancel()
+		if err != nil && cut {
+			it.outcome, it.err = p.cutShort(ctx, r.ID, err)
+			return
+		}
 		if err != nil {
-			if abandoned {
-				return // our own cancellation or deadline, not the receiver's fault: no attempt counted
-			}
 			it.outcome, it.err = failed, err
 			return
 		}
 		it.outcome = sent
 	}
 }
+
+// cutShort decides what a send cut short by the lease's trust deadline
+// counts as. If the lease itself is gone, or shutdown ran out of time, the
+// cut is ours, not the receiver's: no attempt is counted. If the lease is
+// still held, the receiver answered slower than the lease allows; once is
+// forgiven (a renewal may have been late), a second time for the same row
+// counts as a failed attempt, so a hanging receiver cannot keep a row
+// retrying forever without ever dead-lettering.
+func (p *Poller) cutShort(ctx context.Context, id int64, err error) (outcome, error) {
+	if ctx.Err() != nil {
+		p.log.Debug("send abandoned", "outbox_id", id, "error", context.Cause(ctx))
+		return pending, nil
+	}
+	p.m.SendsCut.Inc()
+	p.cutMu.Lock()
+	if len(p.cuts) > maxTrackedCuts {
+		clear(p.cuts)
+	}
+	p.cuts[id]++
+	n := p.cuts[id]
+	if n >= 2 {
+		delete(p.cuts, id)
+	}
+	p.cutMu.Unlock()
+	p.log.Warn("send cut short by the lease", "outbox_id", id, "times", n, "error", err)
+	if n < 2 {
+		return pending, nil
+	}
+	return failed, fmt.Errorf("send cut short by the lock's trust deadline %d times: the receiver answers slower than the lease allows: %w", n, err)
+}
+
+// maxTrackedCuts bounds the per-row memory of cut sends.
+const maxTrackedCuts = 10000
 
 // finish turns claims into delivered marks or releases them (one pipelined
 // round trip), then writes every outcome to Postgres in one fenced statement.
@@ -469,11 +642,13 @@ func (p *Poller) finish(ctx context.Context, items []item, claim string, fence s
 		case failed:
 			unclaimScript.Run(ctx, pipe, key, claim)
 			failures = append(failures, p.failure(it, now))
+		case refused, poisoned:
+			failures = append(failures, p.failure(it, now))
 		}
 	}
 	if err := execScripts(ctx, p.rdb, pipe); err != nil {
-		// Not fatal: an unreleased claim expires after ClaimTTL, and a missing
-		// delivered mark costs at most a duplicate. Postgres is the record.
+		// Not fatal: an unreleased claim is taken over by the next batch, and a
+		// missing delivered mark costs at most a duplicate. Postgres is the record.
 		p.log.Warn("idempotency keys not updated", "error", err, "batch_size", len(items))
 	}
 	run(p.hooks.afterFinalize)
@@ -491,7 +666,7 @@ func (p *Poller) finish(ctx context.Context, items []item, claim string, fence s
 		case duplicate:
 			p.m.Duplicates.Inc()
 			p.log.Debug("event already delivered, marked", "outbox_id", it.row.ID)
-		case failed:
+		case failed, refused:
 			p.m.DispatchFailures.Inc()
 		}
 	}
@@ -509,23 +684,44 @@ func (p *Poller) finish(ctx context.Context, items []item, claim string, fence s
 	return nil
 }
 
-// failure decides retry or dead-letter: exponential backoff with full jitter,
-// capped, never sooner than the receiver's Retry-After.
+// failure decides retry or dead-letter. The wait after attempt n is drawn
+// from [step/2, step], step = backoff_base·2^(n-1) capped at backoff_max:
+// jitter spreads retries, and the floor makes max_attempts a minimum time
+// before dead-lettering (see RetryHorizon). A receiver's Retry-After is
+// honoured up to backoff_max.
 func (p *Poller) failure(it item, now time.Time) store.Failure {
 	attempts := it.row.Attempts + 1
-	f := store.Failure{ID: it.row.ID, Error: truncate(it.err.Error(), 1000)}
+	f := store.Failure{ID: it.row.ID, Error: it.err.Error()}
 	if dispatch.IsPermanent(it.err) || attempts >= p.cfg.MaxAttempts {
 		f.Dead = true
 		return f
 	}
-	ceiling := p.cfg.BackoffMax
-	if shift := attempts - 1; shift < 40 {
-		ceiling = min(ceiling, p.cfg.BackoffBase<<shift)
-	}
-	delay := time.Duration(rand.Int64N(int64(ceiling) + 1))
-	delay = max(delay, dispatch.RetryAfter(it.err))
+	step := p.step(attempts)
+	delay := step/2 + time.Duration(rand.Int64N(int64(step-step/2)+1))
+	delay = max(delay, min(dispatch.RetryAfter(it.err), p.cfg.BackoffMax))
 	f.RetryAt = now.Add(delay)
 	return f
+}
+
+// step is the backoff ceiling after the given failed attempt.
+func (p *Poller) step(attempts int) time.Duration {
+	if shift := attempts - 1; shift < 40 {
+		return min(p.cfg.BackoffMax, p.cfg.BackoffBase<<shift)
+	}
+	return p.cfg.BackoffMax
+}
+
+// RetryHorizon is how long a row that keeps failing (retryable errors, no
+// Retry-After) survives before it is dead-lettered: at least min, at most
+// max, plus the time the attempts themselves take.
+func RetryHorizon(cfg Config) (lo, hi time.Duration) {
+	p := &Poller{cfg: cfg.withDefaults()}
+	for n := 1; n < p.cfg.MaxAttempts; n++ {
+		s := p.step(n)
+		lo += s / 2
+		hi += s
+	}
+	return lo, hi
 }
 
 // execScripts runs a pipeline of scripts sent as EVALSHA; if Redis lost its
@@ -553,11 +749,12 @@ func execScripts(ctx context.Context, rdb redis.UniversalClient, pipe redis.Pipe
 	return err
 }
 
-func truncate(s string, n int) string {
+// clip cuts s to at most n bytes for a message (callers quote it).
+func clip(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	return s[:n]
+	return s[:n] + "…"
 }
 
 type backoff struct{ base, cap, cur time.Duration }

@@ -113,7 +113,9 @@ func TestRetryAfterIsHonoured(t *testing.T) {
 		}
 		return http.StatusOK, nil
 	}
-	r := e.poller(testConfig(), "")
+	cfg := testConfig()
+	cfg.BackoffMax = 5 * time.Second // Retry-After is honoured up to backoff_max
+	r := e.poller(cfg, "")
 	e.run(r)
 	e.waitFor("the 429 recorded", 10*time.Second, func() bool { return e.count("attempts = 1") == 1 })
 	// Backoff alone would be <= 10 ms here; the row must wait for Retry-After.
