@@ -231,6 +231,10 @@ func (r *replica) stop() {
 	if r.waitErr != nil {
 		r.t.Errorf("outboxd run exited with %v after SIGTERM (want 0); stderr: %s\nlogs:\n%s", r.waitErr, r.stderrText(), r.tail(20))
 	}
+	// The contract: stdout is one JSON object per line, whatever happened.
+	if bad := r.logsMatching(func(_ string, rec map[string]any) bool { return rec == nil }); len(bad) > 0 {
+		r.t.Errorf("%d stdout line(s) are not JSON objects, first: %q", len(bad), trunc(bad[0], 300))
+	}
 }
 
 func (r *replica) logLines() []string {

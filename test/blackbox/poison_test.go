@@ -204,8 +204,10 @@ func TestCorruptFenceCounter(t *testing.T) {
 			return rec["level"] == "ERROR" && strings.Contains(line, "fence:{")
 		})
 	}
-	waitWithin(t, 5*time.Second, `an ERROR log line naming "fence:{"`, func() bool { return len(errorLines()) > 0 },
-		func() string { return rep.tail(15) })
+	// Not fatal: the checks below say more about what the relay did.
+	if !pollUntil(5*time.Second, func() bool { return len(errorLines()) > 0 }) {
+		t.Errorf(`no ERROR log line naming "fence:{" within 5s; logs:%s`, "\n"+rep.tail(5))
+	}
 
 	// Nothing left behind: the lock key never stays set by a failed acquire.
 	for range 10 {
