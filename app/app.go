@@ -131,13 +131,18 @@ func (a *App) Sink() (dispatch.Sink, error) {
 
 // Poller builds the batch runner.
 func (a *App) Poller(sink dispatch.Sink) *poller.Poller {
+	return poller.New(a.pollerConfig(), a.Store, a.Locks, a.KV, sink, a.Log, a.Metrics)
+}
+
+func (a *App) pollerConfig() poller.Config {
 	c := a.Cfg.Poller
-	return poller.New(poller.Config{
+	return poller.Config{
 		LockTTL: c.LockTTL, LockWait: c.LockWait, BatchSize: c.BatchSize, PollInterval: c.PollInterval,
 		MaxAttempts: c.MaxAttempts, Concurrency: c.Concurrency, ClaimTTL: c.ClaimTTL,
 		BackoffBase: c.BackoffBase, BackoffMax: c.BackoffMax, ShutdownTimeout: a.Cfg.ShutdownTimeout,
+		MaxPayloadBytes: int64(c.MaxPayloadBytes), BatchMaxBytes: int64(c.BatchMaxBytes),
 		KeyPrefix: a.Cfg.Redis.KeyPrefix, Notify: c.Notify,
-	}, a.Store, a.Locks, a.KV, sink, a.Log, a.Metrics)
+	}
 }
 
 // Reconciler builds the scheduled reconciliation.
@@ -168,7 +173,7 @@ func (a *App) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("http.addr %s: %w", a.Cfg.HTTP.Addr, err)
 	}
-	srv := &http.Server{Handler: httpapi.Handler(httpapi.Deps{
+	srv := httpapi.Server(httpapi.Handler(httpapi.Deps{
 		Checks: map[string]httpapi.Check{
 			"postgres": a.Store.Ping,
 			"redis":    a.pingRedis,
@@ -178,14 +183,13 @@ func (a *App) Run(ctx context.Context) error {
 		Status: func(ctx context.Context) (any, error) {
 			return a.status(ctx, map[string]func() int64{poller.LockName: p.HeldToken, reconcile.LockName: rec.HeldToken})
 		},
-	}),
-		// Bound what a slow or idle client can hold: probes and scrapes are small.
-		ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-		WriteTimeout: 30 * time.Second, IdleTimeout: 60 * time.Second,
-	}
+	}), httpapi.Timeouts{})
 
+	lo, hi := poller.RetryHorizon(a.pollerConfig())
 	a.Log.Info("outboxd started", "http_addr", ln.Addr().String(), "redis_mode", a.Cfg.Redis.Mode,
-		"sink", a.Cfg.Dispatch.Sink, "poller_notify", a.Cfg.Poller.Notify)
+		"sink", a.Cfg.Dispatch.Sink, "poller_notify", a.Cfg.Poller.Notify,
+		// How long a row that keeps failing is retried before it is dead-lettered.
+		"retry_horizon_min", lo.Round(time.Second).String(), "retry_horizon_max", hi.Round(time.Second).String())
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return p.Run(gctx) })
 	g.Go(func() error { return rec.Run(gctx) })

@@ -3,6 +3,7 @@
 package httpapi
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -72,4 +73,24 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// Timeouts bound what a slow or idle client can hold on the operations port;
+// probes and scrapes are small requests. Zero fields get the defaults.
+type Timeouts struct {
+	ReadHeader time.Duration // 5 s
+	Read       time.Duration // 10 s: the whole request
+	Write      time.Duration // 30 s: /status and /metrics read Postgres and Redis within their own 2-3 s
+	Idle       time.Duration // 60 s: a keep-alive connection without a request
+}
+
+// Server returns the HTTP server for h with t's timeouts applied.
+func Server(h http.Handler, t Timeouts) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: cmp.Or(t.ReadHeader, 5*time.Second),
+		ReadTimeout:       cmp.Or(t.Read, 10*time.Second),
+		WriteTimeout:      cmp.Or(t.Write, 30*time.Second),
+		IdleTimeout:       cmp.Or(t.Idle, 60*time.Second),
+	}
 }
