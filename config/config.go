@@ -519,7 +519,8 @@ func (d alignedEvery) Next(t time.Time) time.Time {
 }
 
 // Redacted returns the effective configuration as nested maps with secrets
-// (and a password inside postgres.dsn) replaced.
+// replaced: redis.password and dispatch.webhook.secret whole, postgres.dsn
+// and dispatch.webhook.url parsed (RedactDSN, RedactURL).
 func (c *Config) Redacted() map[string]any {
 	flat := map[string]any{}
 	walk(reflect.ValueOf(*c), "", flat)
