@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -98,10 +99,13 @@ func displayURL(u *url.URL) string {
 // other string used as raw bytes.
 func decodeSecret(s string) ([]byte, error) {
 	const p = "whsec_"
-	if len(s) > len(p) && s[:len(p)] == p {
-		b, err := base64.StdEncoding.DecodeString(s[len(p):])
+	if rest, ok := strings.CutPrefix(s, p); ok {
+		b, err := base64.StdEncoding.DecodeString(rest)
 		if err != nil {
 			return nil, fmt.Errorf("dispatch: webhook secret: whsec_ value is not base64: %w", err)
+		}
+		if len(b) == 0 {
+			return nil, errors.New("dispatch: webhook secret: whsec_ is followed by no key bytes")
 		}
 		return b, nil
 	}

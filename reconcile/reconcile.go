@@ -301,19 +301,25 @@ func (r *Reconciler) markFromRedis(ctx context.Context, fence store.Fence) (int6
 }
 
 // mget reads keys one slot-safe GET each, pipelined (MGET would cross hash
-// slots in Cluster mode).
+// slots in Cluster mode). A key Redis cannot read as a string (WRONGTYPE)
+// reads as absent: one odd key must not stop the sweep, and the poller
+// reports it on the row itself.
 func mget(ctx context.Context, rdb redis.UniversalClient, keys []string) ([]string, error) {
 	pipe := rdb.Pipeline()
 	cmds := make([]*redis.StringCmd, len(keys))
 	for i, k := range keys {
 		cmds[i] = pipe.Get(ctx, k)
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, err
-	}
+	_, _ = pipe.Exec(ctx) // errors are read per command below
 	out := make([]string, len(keys))
 	for i, c := range cmds {
-		out[i] = c.Val()
+		switch err := c.Err(); {
+		case err == nil:
+			out[i] = c.Val()
+		case errors.Is(err, redis.Nil), redis.HasErrorPrefix(err, "WRONGTYPE"):
+		default:
+			return nil, err
+		}
 	}
 	return out, nil
 }

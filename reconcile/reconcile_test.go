@@ -282,3 +282,22 @@ func TestBadScheduleIsAKeyError(t *testing.T) {
 		t.Fatalf("got %v, want an error naming reconcile.schedule", err)
 	}
 }
+
+// An idempotency key of the wrong type does not stop the repair sweep: the
+// other rows are still marked from Redis, and the run succeeds.
+func TestWrongTypedKeyDoesNotStopTheSweep(t *testing.T) {
+	e := newEnv(t)
+	ids := e.insertPending(3)
+	e.markKeyDelivered(ids[0])
+	e.markKeyDelivered(ids[2])
+	if err := e.rdb.HSet(context.Background(), e.prefix+"idempotency:notify:"+strconv.FormatInt(ids[1], 10), "f", "v").Err(); err != nil {
+		t.Fatal(err)
+	}
+	sum, err := e.reconciler(Config{}).RunOnce(context.Background(), time.Now(), time.Second)
+	if err != nil || sum.MarkedFromRedis != 2 {
+		t.Fatalf("summary %+v, err %v: want the 2 rows marked and no error", sum, err)
+	}
+	if n := e.count(`SELECT count(*) FROM outbox WHERE dispatched_at IS NULL`); n != 1 {
+		t.Fatalf("%d rows pending, want only the one with the wrong-typed key", n)
+	}
+}
