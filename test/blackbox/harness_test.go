@@ -11,7 +11,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -48,20 +47,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	defer os.RemoveAll(dir)
-	raiseParallelism()
 	testenv.Main(m)
-}
-
-// raiseParallelism lets more tests run at once than there are CPUs (the
-// default): these tests spend their time waiting on replica processes,
-// receivers and backoff timers, not computing. An explicit -parallel wins.
-func raiseParallelism() {
-	flag.Parse()
-	explicit := false
-	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "test.parallel" })
-	if !explicit {
-		_ = flag.Set("test.parallel", "8")
-	}
 }
 
 // waitTimeout bounds every wait for a condition.
