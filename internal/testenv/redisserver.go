@@ -122,35 +122,3 @@ func FreePort(t testing.TB) int {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
 }
-
-// StartRedisCluster starts n redis-server processes as a Redis Cluster of n
-// masters (no replicas) and returns their addresses once the cluster is ok.
-func StartRedisCluster(t testing.TB, n int) []string {
-	t.Helper()
-	var addrs []string
-	for range n {
-		s := StartRedisServerArgs(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", "2000")
-		addrs = append(addrs, s.Addr)
-	}
-	args := append(append([]string{"--cluster", "create"}, addrs...), "--cluster-replicas", "0", "--cluster-yes")
-	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
-		t.Fatalf("testenv: redis-cli --cluster create: %v\n%s", err, out)
-	}
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-	defer c.Close()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		info, err := c.ClusterInfo(ctx).Result()
-		ok := err == nil && strings.Contains(info, "cluster_state:ok") && c.Ping(ctx).Err() == nil
-		cancel()
-		if ok {
-			return addrs
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("testenv: cluster not ready: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
