@@ -20,10 +20,21 @@
 //     reach Redis stops before its lease can expire there.
 //   - A waiter wakes as soon as the holder releases (pub/sub), so a graceful
 //     handover takes milliseconds, not a retry interval or a TTL.
+//   - Corrupted state fails loudly, never as a phantom holder. Every script
+//     first checks that the lock key is absent or a string (with an expiry,
+//     for acquire) and the fence counter absent or a base-10 integer INCR can
+//     advance (no sign, no decimals, below 2^63-1), and refuses before its
+//     first write when not: Redis does not roll a script back. The caller gets
+//     ErrCorrupt (a *CorruptError names the key, the node, what it holds and
+//     the fix), which is neither "held elsewhere" nor an outage: it does not
+//     match ErrNotObtained, and Acquire stops waiting. Holder and LastToken
+//     apply the same checks. A held lock whose key turns corrupt is lost.
 //   - With several independent nodes (Redlock) a lock needs N/2+1 of them and is
 //     valid for TTL − elapsed − drift; its token is the maximum over the quorum,
 //     written back to the quorum's counters before it is handed out, so any later
-//     majority issues a larger one.
+//     majority issues a larger one. A node with corrupted state counts as a
+//     failed node; Acquire ends early only when such nodes alone leave too few
+//     for a quorum.
 //
 // What it does not guarantee: a lease alone cannot stop a holder that is paused
 // (GC, SIGSTOP, a slow network) between checking its lease and acting on it.

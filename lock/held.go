@@ -90,17 +90,19 @@ func (l *Lock) lose(cause error) {
 }
 
 // Extend renews the lease once (owner-checked) and moves the local trust
-// deadline. A gone or foreign key loses the lock.
+// deadline. A gone, foreign or corrupted key (ErrCorrupt) loses the lock.
 func (l *Lock) Extend(ctx context.Context) error {
 	if err := l.ctx.Err(); err != nil {
 		return context.Cause(l.ctx)
 	}
 	start := time.Now()
-	err := l.c.ownerChecked(ctx, l.opts.TTL, func(ctx context.Context, n redis.UniversalClient) (int64, error) {
+	err := l.c.ownerChecked(ctx, l.opts.TTL, l.key, func(ctx context.Context, n redis.UniversalClient) (int64, error) {
 		return extendScript.Run(ctx, n, []string{l.key}, l.owner, l.opts.TTL.Milliseconds()).Int64()
 	})
 	switch {
-	case errors.Is(err, ErrNotHeld), errors.Is(err, ErrOwnedByOther):
+	case errors.Is(err, ErrNotHeld), errors.Is(err, ErrOwnedByOther), errors.Is(err, ErrCorrupt):
+		// ownerChecked says ErrCorrupt only when the corrupted keys cost the
+		// quorum: no lease of ours is left to renew.
 		l.lose(errors.Join(ErrLost, err))
 		return context.Cause(l.ctx)
 	case err != nil:

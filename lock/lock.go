@@ -5,7 +5,9 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -27,9 +29,16 @@ var (
 	ErrOwnedByOther = errors.New("lock: owned by another holder")
 	// ErrReleased is the cause of a lock's Context after Release.
 	ErrReleased = errors.New("lock: released")
+	// ErrCorrupt: a lock key or fence counter in Redis holds something this
+	// package cannot have written (another type, a non-integer, no expiry).
+	// Retrying cannot help; an operator must delete the key. A *CorruptError
+	// says which key, on which node, what it holds and the fix.
+	ErrCorrupt = errors.New("lock: corrupted lock state in Redis")
 )
 
 var (
+	//go:embed scripts/checks.lua
+	checksSrc string
 	//go:embed scripts/acquire.lua
 	acquireSrc string
 	//go:embed scripts/raise.lua
@@ -38,11 +47,16 @@ var (
 	extendSrc string
 	//go:embed scripts/release.lua
 	releaseSrc string
+	//go:embed scripts/inspect.lua
+	inspectSrc string
 
-	acquireScript = redis.NewScript(acquireSrc)
-	raiseScript   = redis.NewScript(raiseSrc)
-	extendScript  = redis.NewScript(extendSrc)
-	releaseScript = redis.NewScript(releaseSrc)
+	// Every script starts with the shared checks, so all of them judge a
+	// corrupted key alike.
+	acquireScript = redis.NewScript(checksSrc + acquireSrc)
+	raiseScript   = redis.NewScript(checksSrc + raiseSrc)
+	extendScript  = redis.NewScript(checksSrc + extendSrc)
+	releaseScript = redis.NewScript(checksSrc + releaseSrc)
+	inspectScript = redis.NewScript(checksSrc + inspectSrc)
 )
 
 // Defaults applied to zero Options fields.
@@ -75,6 +89,12 @@ func (o Options) withDefaults() (Options, error) {
 	if o.TTL <= 0 {
 		return o, fmt.Errorf("lock: TTL must be positive, got %s", o.TTL)
 	}
+	if o.Floor == math.MaxInt64 {
+		return o, fmt.Errorf("lock: Floor %d leaves no token above it", o.Floor)
+	}
+	// Tokens start at 1: a negative floor lifts nothing, and the script
+	// compares canonical non-negative decimals.
+	o.Floor = max(o.Floor, 0)
 	if o.Wait == 0 {
 		o.Wait = DefaultWait
 	}
@@ -145,10 +165,14 @@ func (c *Client) channel(name string) string { return c.Key(name) + ":released" 
 
 // Acquire waits for the lock until it is obtained, opts.Wait passes or ctx is
 // done. On failure the error is ErrNotObtained joined with the cause (the
-// wait's context error and the last Redis error, if any). ctx bounds the wait
-// only: the lock's Context keeps ctx's values but not its cancellation, so a
-// holder can finish in-flight work after its caller is cancelled. Every
-// acquired lock must be released; its watchdog runs until then.
+// wait's context error and the last Redis error, if any). The exception is
+// corrupted state (see ErrCorrupt): when it leaves too few nodes for a quorum
+// (with one node: at once), Acquire returns without waiting out the rest of
+// opts.Wait, since no retry can repair it, and the error matches ErrCorrupt
+// but not ErrNotObtained. ctx bounds the wait only: the lock's Context keeps
+// ctx's values but not its cancellation, so a holder can finish in-flight work
+// after its caller is cancelled. Every acquired lock must be released; its
+// watchdog runs until then.
 func (c *Client) Acquire(ctx context.Context, name string, opts Options) (*Lock, error) {
 	opts, err := opts.withDefaults()
 	if err != nil {
@@ -159,9 +183,9 @@ func (c *Client) Acquire(ctx context.Context, name string, opts Options) (*Lock,
 	defer cancel()
 
 	// Fast path: a free lock costs one script, no subscription.
-	l, err := c.try(wctx, name, opts, start)
-	if err == nil {
-		return l, nil
+	l, final, err := c.try(wctx, name, opts, start)
+	if err == nil || final {
+		return l, err
 	}
 	// Subscribe, then try again at once: a release between the failed try and
 	// the subscription is caught by that second try, any later one by the
@@ -171,9 +195,9 @@ func (c *Client) Acquire(ctx context.Context, name string, opts Options) (*Lock,
 
 	lastErr := err // the last attempt's: a *HolderError, or Redis errors; always wraps ErrNotObtained
 	for {
-		l, err := c.try(wctx, name, opts, start)
-		if err == nil {
-			return l, nil
+		l, final, err := c.try(wctx, name, opts, start)
+		if err == nil || final {
+			return l, err
 		}
 		// An attempt cut short by the wait's own end learned nothing: keep
 		// what the previous one said (who holds it, or which node failed).
@@ -193,13 +217,14 @@ func (c *Client) Acquire(ctx context.Context, name string, opts Options) (*Lock,
 	}
 }
 
-// TryAcquire makes one attempt and does not wait.
+// TryAcquire makes one attempt and does not wait. Its errors are Acquire's.
 func (c *Client) TryAcquire(ctx context.Context, name string, opts Options) (*Lock, error) {
 	opts, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	return c.try(ctx, name, opts, time.Now())
+	l, _, err := c.try(ctx, name, opts, time.Now())
+	return l, err
 }
 
 // HolderError tells who holds a lock when an attempt fails.
@@ -224,61 +249,101 @@ type nodeResult struct {
 	err       error
 }
 
-// try makes one attempt on every node; opCtx bounds the Redis calls.
-func (c *Client) try(opCtx context.Context, name string, opts Options, waitStart time.Time) (*Lock, error) {
+// parseAcquire reads acquire.lua's {token, pttl|recovered, owner}.
+func parseAcquire(vals []any) nodeResult {
+	if len(vals) != 3 {
+		return nodeResult{err: fmt.Errorf("lock: acquire script returned %v", vals)}
+	}
+	text, _ := vals[0].(string)
+	token, err := strconv.ParseInt(text, 10, 64)
+	if err != nil {
+		return nodeResult{err: fmt.Errorf("lock: acquire script returned token %q: %w", text, err)}
+	}
+	pttl, _ := vals[1].(int64)
+	holder, _ := vals[2].(string)
+	return nodeResult{token: token, pttl: pttl, owner: holder, ok: token > 0, recovered: token > 0 && pttl == 1}
+}
+
+// attempt folds the nodes' answers to one acquisition attempt.
+type attempt struct {
+	got       int // nodes where the key is now ours
+	token     int64
+	recovered bool
+	holder    string
+	holderTTL int64
+	errs      []error // nodes that failed: unreachable, slow, unexpected replies
+	corrupt   []error // nodes that failed with a *CorruptError
+}
+
+func (a *attempt) add(r nodeResult) {
+	var ce *CorruptError
+	switch {
+	case errors.As(r.err, &ce):
+		a.corrupt = append(a.corrupt, r.err)
+	case r.err != nil:
+		a.errs = append(a.errs, r.err)
+	case r.ok:
+		a.got++
+		a.token = max(a.token, r.token)
+		a.recovered = a.recovered || r.recovered
+	default:
+		if r.pttl >= a.holderTTL {
+			a.holderTTL, a.holder = r.pttl, r.owner
+		}
+	}
+}
+
+// failure is the error of a failed attempt, and whether it is final: the
+// nodes with corrupted state alone leave too few for a quorum, so waiting
+// cannot help. A final error matches ErrCorrupt and not ErrNotObtained, so
+// no caller takes it for "held elsewhere" or "Redis unreachable".
+func (c *Client) failure(key string, a attempt) (final bool, err error) {
+	if len(a.corrupt) > len(c.nodes)-c.quorum {
+		return true, errors.Join(append(a.corrupt, a.errs...)...)
+	}
+	var base error = &HolderError{Key: key, Owner: a.holder, TTL: time.Duration(a.holderTTL) * time.Millisecond}
+	if a.holderTTL <= 0 {
+		base = ErrNotObtained
+	}
+	return false, errors.Join(append(append([]error{base}, a.corrupt...), a.errs...)...)
+}
+
+// try makes one attempt on every node; opCtx bounds the Redis calls. final
+// reports a failure no retry can cure (see failure).
+func (c *Client) try(opCtx context.Context, name string, opts Options, waitStart time.Time) (l *Lock, final bool, err error) {
 	owner := uuid.NewString()
 	key, fence := c.Key(name), c.FenceKey(name)
 	start := time.Now()
 
-	results := c.onAll(opCtx, opts.TTL, func(ctx context.Context, n redis.UniversalClient) nodeResult {
+	results := c.on(opCtx, opts.TTL, c.nodes, func(ctx context.Context, n redis.UniversalClient) nodeResult {
 		vals, err := acquireScript.Run(ctx, n, []string{key, fence}, owner, opts.TTL.Milliseconds(), opts.Floor).Slice()
 		if err != nil {
-			return nodeResult{err: fmt.Errorf("lock: redis %s: %w", nodeName(n), err)}
+			return nodeResult{err: nodeErr(n, key, fence, err)}
 		}
-		if len(vals) != 3 {
-			return nodeResult{err: fmt.Errorf("lock: acquire script returned %v", vals)}
-		}
-		token, _ := vals[0].(int64)
-		pttl, _ := vals[1].(int64)
-		holder, _ := vals[2].(string)
-		return nodeResult{token: token, pttl: pttl, owner: holder, ok: token > 0, recovered: token > 0 && pttl == 1}
+		return parseAcquire(vals)
 	})
-
-	var token, holderTTL int64
-	var holder string
-	var errs []error
-	got, recovered := 0, false
-	for _, r := range results {
-		switch {
-		case r.err != nil:
-			errs = append(errs, r.err)
-		case r.ok:
-			got++
-			token = max(token, r.token)
-			recovered = recovered || r.recovered
-		default:
-			if r.pttl >= holderTTL {
-				holderTTL, holder = r.pttl, r.owner
-			}
+	var a attempt
+	var acquired []redis.UniversalClient
+	for i, r := range results {
+		a.add(r)
+		if r.err == nil && r.ok {
+			acquired = append(acquired, c.nodes[i])
 		}
 	}
 	validity := opts.TTL - time.Since(start) - drift(opts.TTL)
-	if got >= c.quorum && validity > 0 && len(c.nodes) > 1 {
-		got = c.raise(opCtx, opts.TTL, key, fence, owner, token)
+	if a.got >= c.quorum && validity > 0 && len(c.nodes) > 1 {
+		a.got = c.raise(opCtx, opts.TTL, acquired, key, fence, owner, a.token, &a)
 	}
-	if got < c.quorum || validity <= 0 {
-		if got > 0 {
+	if a.got < c.quorum || validity <= 0 {
+		if len(acquired) > 0 {
 			c.releaseAll(context.WithoutCancel(opCtx), opts.TTL, key, owner, c.channel(name))
 		}
-		var err error = &HolderError{Key: key, Owner: holder, TTL: time.Duration(holderTTL) * time.Millisecond}
-		if holderTTL <= 0 {
-			err = ErrNotObtained
-		}
-		return nil, errors.Join(append([]error{err}, errs...)...)
+		final, err := c.failure(key, a)
+		return nil, final, err
 	}
 
-	l := &Lock{
-		c: c, name: name, key: key, owner: owner, token: token, opts: opts, recovered: recovered,
+	l = &Lock{
+		c: c, name: name, key: key, owner: owner, token: a.token, opts: opts, recovered: a.recovered,
 		done: make(chan struct{}),
 	}
 	// A held lock lives until released or lost, not until the wait's context
@@ -287,14 +352,14 @@ func (c *Client) try(opCtx context.Context, name string, opts Options, waitStart
 	// The lease is trusted until start + TTL - drift - margin on our own clock.
 	l.expiry = time.AfterFunc(l.trustFor(start), l.expire)
 	if h := c.hooks.Acquired; h != nil {
-		h(name, token, time.Since(waitStart))
+		h(name, a.token, time.Since(waitStart))
 	}
 	if opts.RenewInterval > 0 {
 		go l.watchdog()
 	} else {
 		close(l.done)
 	}
-	return l, nil
+	return l, false, nil
 }
 
 // nodeName says which Redis an error came from.
@@ -308,34 +373,50 @@ func nodeName(n redis.UniversalClient) string {
 	return "node"
 }
 
-// raise lifts the quorum's fence counters to token; returns on how many nodes
-// the owner still held the lock.
-func (c *Client) raise(ctx context.Context, ttl time.Duration, key, fence, owner string, token int64) int {
-	n := 0
-	for _, r := range c.onAll(ctx, ttl, func(ctx context.Context, node redis.UniversalClient) nodeResult {
-		v, err := raiseScript.Run(ctx, node, []string{key, fence}, owner, token).Int64()
-		return nodeResult{ok: err == nil && v == 1, err: err}
-	}) {
-		if r.ok {
-			n++
-		}
+// nodeErr names the node a script error came from; a CORRUPT reply becomes
+// a *CorruptError.
+func nodeErr(n redis.UniversalClient, key, fence string, err error) error {
+	if ce := corruptFrom(err, nodeName(n), key, fence); ce != nil {
+		return ce
 	}
-	return n
+	return fmt.Errorf("lock: redis %s: %w", nodeName(n), err)
 }
 
-// onAll runs f on every node in parallel, each bounded by a per-node timeout
-// that is small against the TTL (Redlock), and waits for all.
-func (c *Client) onAll(ctx context.Context, ttl time.Duration, f func(context.Context, redis.UniversalClient) nodeResult) []nodeResult {
+// raise lifts the fence counters of nodes (those the owner acquired) to
+// token; returns on how many the owner still held the lock. Failures go to a.
+func (c *Client) raise(ctx context.Context, ttl time.Duration, nodes []redis.UniversalClient, key, fence, owner string, token int64, a *attempt) int {
+	held := 0
+	for _, r := range c.on(ctx, ttl, nodes, func(ctx context.Context, n redis.UniversalClient) nodeResult {
+		v, err := raiseScript.Run(ctx, n, []string{key, fence}, owner, token).Int64()
+		if err != nil {
+			return nodeResult{err: nodeErr(n, key, fence, err)}
+		}
+		return nodeResult{ok: v == 1}
+	}) {
+		switch {
+		case r.err != nil:
+			a.add(r)
+		case r.ok:
+			held++
+		}
+		// Otherwise the key expired or was taken between the rounds: not ours.
+	}
+	return held
+}
+
+// on runs f on nodes in parallel, each bounded by a per-node timeout that is
+// small against the TTL (Redlock), and waits for all.
+func (c *Client) on(ctx context.Context, ttl time.Duration, nodes []redis.UniversalClient, f func(context.Context, redis.UniversalClient) nodeResult) []nodeResult {
 	timeout := max(ttl/10, 50*time.Millisecond)
-	out := make([]nodeResult, len(c.nodes))
-	if len(c.nodes) == 1 {
+	out := make([]nodeResult, len(nodes))
+	if len(nodes) == 1 {
 		nctx, cancel := context.WithTimeout(ctx, timeout)
-		out[0] = f(nctx, c.nodes[0])
+		out[0] = f(nctx, nodes[0])
 		cancel()
 		return out
 	}
 	var wg sync.WaitGroup
-	for i, n := range c.nodes {
+	for i, n := range nodes {
 		wg.Go(func() {
 			nctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
@@ -347,16 +428,23 @@ func (c *Client) onAll(ctx context.Context, ttl time.Duration, f func(context.Co
 }
 
 // ownerChecked runs the extend or release script on all nodes and folds the
-// answers: nil on a quorum of 1s; ErrOwnedByOther / ErrNotHeld when a quorum
-// can no longer be reached because nodes said so; otherwise the Redis errors.
-func (c *Client) ownerChecked(ctx context.Context, ttl time.Duration, run func(context.Context, redis.UniversalClient) (int64, error)) error {
+// answers: nil on a quorum of 1s; ErrOwnedByOther / ErrNotHeld / ErrCorrupt
+// when a quorum can no longer be reached because nodes said so (a corrupted
+// key is no more ours than a foreign one); otherwise the Redis errors.
+func (c *Client) ownerChecked(ctx context.Context, ttl time.Duration, key string, run func(context.Context, redis.UniversalClient) (int64, error)) error {
 	var ok, gone, other int
-	var errs []error
-	for _, r := range c.onAll(ctx, ttl, func(ctx context.Context, n redis.UniversalClient) nodeResult {
+	var errs, corrupt []error
+	for _, r := range c.on(ctx, ttl, c.nodes, func(ctx context.Context, n redis.UniversalClient) nodeResult {
 		v, err := run(ctx, n)
-		return nodeResult{token: v, err: err}
+		if err != nil {
+			return nodeResult{err: nodeErr(n, key, "", err)}
+		}
+		return nodeResult{token: v}
 	}) {
+		var ce *CorruptError
 		switch {
+		case errors.As(r.err, &ce):
+			corrupt = append(corrupt, r.err)
 		case r.err != nil:
 			errs = append(errs, r.err)
 		case r.token == 1:
@@ -367,58 +455,133 @@ func (c *Client) ownerChecked(ctx context.Context, ttl time.Duration, run func(c
 			other++
 		}
 	}
+	n := len(c.nodes)
 	switch {
 	case ok >= c.quorum:
 		return nil
-	case len(c.nodes)-other < c.quorum:
-		return ErrOwnedByOther
-	case len(c.nodes)-other-gone < c.quorum:
-		return ErrNotHeld
+	case n-other < c.quorum:
+		return joinCause(ErrOwnedByOther, corrupt)
+	case n-other-gone < c.quorum:
+		return joinCause(ErrNotHeld, corrupt)
+	case n-other-gone-len(corrupt) < c.quorum:
+		return errors.Join(corrupt...)
 	case len(errs) > 0:
+		// The corrupted nodes did not cost the quorum (yet): named, not
+		// wrapped, so the error does not read as a definite loss.
+		if len(corrupt) > 0 {
+			return fmt.Errorf("lock: only %d of %d nodes answered: %w (and: %v)", ok, c.quorum, errors.Join(errs...), errors.Join(corrupt...))
+		}
 		return fmt.Errorf("lock: only %d of %d nodes answered: %w", ok, c.quorum, errors.Join(errs...))
 	}
 	return ErrNotHeld
 }
 
+// joinCause adds the corrupted nodes' errors to a definite answer.
+func joinCause(base error, corrupt []error) error {
+	if len(corrupt) == 0 {
+		return base
+	}
+	return errors.Join(append([]error{base}, corrupt...)...)
+}
+
 func (c *Client) releaseAll(ctx context.Context, ttl time.Duration, key, owner, channel string) error {
-	return c.ownerChecked(ctx, ttl, func(ctx context.Context, n redis.UniversalClient) (int64, error) {
+	return c.ownerChecked(ctx, ttl, key, func(ctx context.Context, n redis.UniversalClient) (int64, error) {
 		return releaseScript.Run(ctx, n, []string{key}, owner, channel).Int64()
 	})
 }
 
-// Holder reports the current holder's owner value and time left, as seen by
-// the first node that answers; owner is "" when the lock is free.
-func (c *Client) Holder(ctx context.Context, name string) (owner string, ttl time.Duration, err error) {
-	var errs []error
-	for _, n := range c.nodes {
-		pipe := n.Pipeline()
-		get := pipe.Get(ctx, c.Key(name))
-		pttl := pipe.PTTL(ctx, c.Key(name))
-		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-			errs = append(errs, err)
-			continue
-		}
-		return get.Val(), max(pttl.Val(), 0), nil
-	}
-	return "", 0, errors.Join(errs...)
+// view is one node's answer to inspect.lua.
+type view struct {
+	owner        string
+	pttl         int64
+	lockProblem  string // what the lock key holds instead of a lease; "" when fine
+	counter      int64
+	fenceProblem string // what the fence counter holds instead of an integer; "" when fine
+	err          error
 }
 
-// LastToken reads the fence counter (the last token issued) from the first
-// node that answers; 0 when none was issued since Redis last lost its data.
+// inspect reads the lock on every node, in parallel; views are in node order.
+func (c *Client) inspect(ctx context.Context, name string) []view {
+	key, fence := c.Key(name), c.FenceKey(name)
+	out := make([]view, len(c.nodes))
+	var wg sync.WaitGroup
+	for i, n := range c.nodes {
+		wg.Go(func() { out[i] = inspectNode(ctx, n, key, fence) })
+	}
+	wg.Wait()
+	return out
+}
+
+func inspectNode(ctx context.Context, n redis.UniversalClient, key, fence string) view {
+	vals, err := inspectScript.Run(ctx, n, []string{key, fence}).Slice()
+	if err != nil {
+		return view{err: nodeErr(n, key, fence, err)}
+	}
+	if len(vals) != 5 {
+		return view{err: fmt.Errorf("lock: redis %s: inspect script returned %v", nodeName(n), vals)}
+	}
+	var v view
+	v.owner, _ = vals[0].(string)
+	v.pttl, _ = vals[1].(int64)
+	v.lockProblem, _ = vals[2].(string)
+	counter, _ := vals[3].(string)
+	v.fenceProblem, _ = vals[4].(string)
+	if v.counter, err = strconv.ParseInt(counter, 10, 64); err != nil {
+		return view{err: fmt.Errorf("lock: redis %s: inspect script returned counter %q: %w", nodeName(n), counter, err)}
+	}
+	return v
+}
+
+// Holder reports the current holder's owner value and time left, as seen by
+// the first node that answers; owner is "" when the lock is free. When the
+// lock key on any node holds something other than a lease (another type, a
+// string without expiry) the error matches ErrCorrupt and names key and node.
+func (c *Client) Holder(ctx context.Context, name string) (owner string, ttl time.Duration, err error) {
+	var errs, corrupt []error
+	answered := -1
+	for i, v := range c.inspect(ctx, name) {
+		switch {
+		case v.err != nil:
+			errs = append(errs, v.err)
+		case v.lockProblem != "":
+			corrupt = append(corrupt, &CorruptError{Node: nodeName(c.nodes[i]), Key: c.Key(name), Holds: v.lockProblem})
+		case answered < 0:
+			answered = i
+			owner, ttl = v.owner, time.Duration(max(v.pttl, 0))*time.Millisecond
+		}
+	}
+	switch {
+	case len(corrupt) > 0:
+		return "", 0, errors.Join(corrupt...)
+	case answered < 0:
+		return "", 0, errors.Join(errs...)
+	}
+	return owner, ttl, nil
+}
+
+// LastToken reads the fence counter (the last token issued): the highest over
+// the nodes that answer; 0 when none was issued since Redis last lost its
+// data. When the counter on any node is not an integer Acquire can advance,
+// the error matches ErrCorrupt and names key and node.
 func (c *Client) LastToken(ctx context.Context, name string) (int64, error) {
-	var errs []error
+	var errs, corrupt []error
 	var best int64
 	answered := false
-	for _, n := range c.nodes {
-		v, err := n.Get(ctx, c.FenceKey(name)).Int64()
-		if err != nil && !errors.Is(err, redis.Nil) {
-			errs = append(errs, err)
-			continue
+	for i, v := range c.inspect(ctx, name) {
+		switch {
+		case v.err != nil:
+			errs = append(errs, v.err)
+		case v.fenceProblem != "":
+			corrupt = append(corrupt, &CorruptError{Node: nodeName(c.nodes[i]), Key: c.FenceKey(name), Fence: true, Holds: v.fenceProblem})
+		default:
+			answered = true
+			best = max(best, v.counter)
 		}
-		answered = true
-		best = max(best, v)
 	}
-	if !answered {
+	switch {
+	case len(corrupt) > 0:
+		return 0, errors.Join(corrupt...)
+	case !answered:
 		return 0, errors.Join(errs...)
 	}
 	return best, nil

@@ -1,18 +1,33 @@
 -- acquire.lua: take the lock if free and issue the next fencing token.
 -- KEYS[1] lock key; KEYS[2] fence counter (same hash slot: fence:{<lock key>})
 -- ARGV[1] owner (fresh UUID); ARGV[2] TTL in ms; ARGV[3] floor (highest token
---         accepted downstream, so the counter never goes back after data loss)
+--         accepted downstream, so the counter never goes back after data loss;
+--         a non-negative decimal below 2^63-1)
 -- returns {token, 0, ''} when acquired ({token, 1, ''} when the floor had to lift the
 -- counter: Redis lost its state, and an earlier holder may still be acting);
--- {0, pttl, owner} of the current holder when not.
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local token = redis.call('INCR', KEYS[2])
-  local floor = tonumber(ARGV[3])
-  if token <= floor then
-    token = floor + 1
-    redis.call('SET', KEYS[2], token)
-    return {token, 1, ''}
-  end
+-- {'0', pttl, owner} of the current holder when not. token is a decimal string
+-- (exact over int64; Lua numbers are doubles).
+-- error 'CORRUPT lock|fence <key> holds <what>' when the lock key is not a
+-- string with an expiry or the counter is not an integer INCR can advance;
+-- nothing is written then: every check comes before the first write.
+local problem = lockProblem(KEYS[1], true)
+if problem then
+  return corrupt('lock', KEYS[1], problem)
+end
+problem = fenceProblem(KEYS[2])
+if problem then
+  return corrupt('fence', KEYS[2], problem)
+end
+
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {'0', redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1])}
+end
+redis.call('INCR', KEYS[2])
+local token = redis.call('GET', KEYS[2])
+if below(ARGV[3], token) then
   return {token, 0, ''}
 end
-return {0, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1]) or ''}
+-- Redis does the arithmetic: SET then INCR keeps the counter an exact integer.
+redis.call('SET', KEYS[2], ARGV[3])
+redis.call('INCR', KEYS[2])
+return {redis.call('GET', KEYS[2]), 1, ''}
