@@ -254,6 +254,7 @@ type LockStatus struct {
 	TTLMillis    int64  `json:"ttl_ms,omitempty"`
 	FenceToken   int64  `json:"postgres_fence_token"`
 	RedisCounter int64  `json:"redis_fence_counter"`
+	Error        string `json:"error,omitempty"` // e.g. a corrupted lock key or fence counter, with its repair
 }
 
 // Status is the /status body.
@@ -284,11 +285,17 @@ func (a *App) status(ctx context.Context, held map[string]func() int64) (Status,
 			ls.HeldByMe, ls.Token = true, f()
 		}
 		owner, ttl, err := a.Locks.Holder(ctx, name)
-		if err != nil {
+		if err != nil && !errors.Is(err, lock.ErrCorrupt) {
 			return Status{}, fmt.Errorf("redis: %w", err)
 		}
 		ls.Owner, ls.TTLMillis = owner, ttl.Milliseconds()
-		ls.RedisCounter, _ = a.Locks.LastToken(ctx, name)
+		counter, cerr := a.Locks.LastToken(ctx, name)
+		ls.RedisCounter = counter
+		// A corrupted key stops every replica from leading: show it here,
+		// beside the lock, rather than fail the whole status.
+		if errs := errors.Join(err, cerr); errs != nil {
+			ls.Error = errs.Error()
+		}
 		out.Locks = append(out.Locks, ls)
 	}
 	return out, nil

@@ -179,7 +179,14 @@ func (p *Poller) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		l, err := p.acquire(ctx)
 		if err != nil {
-			if ctx.Err() == nil && !heldElsewhere(err) {
+			switch {
+			case ctx.Err() != nil, heldElsewhere(err):
+			case errors.Is(err, lock.ErrCorrupt):
+				// Nothing delivers until an operator repairs Redis: say so loudly,
+				// and keep checking, so the relay resumes once the key is fixed.
+				p.log.Error("lock state corrupted", "error", err)
+				sleep(ctx, retry.next())
+			default:
 				// Redis or Postgres unreachable: say so, and back off.
 				p.log.Warn("lock attempt failed", "error", err)
 				sleep(ctx, retry.next())

@@ -216,6 +216,11 @@ func statusCmd(g *globals, stdout io.Writer) *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\n", l.Name, holder, ttl, l.RedisCounter, l.FenceToken)
 			}
 			_ = tw.Flush()
+			for _, l := range st.Locks {
+				if l.Error != "" {
+					fmt.Fprintf(stdout, "\n%s: %s\n", l.Name, l.Error)
+				}
+			}
 			fmt.Fprintf(stdout, "\npending %d   oldest pending %s   dead %d\n", st.Pending,
 				(time.Duration(st.OldestPendingAge * float64(time.Second))).Round(time.Second), st.Dead)
 			return nil
