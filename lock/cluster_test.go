@@ -48,6 +48,19 @@ func TestRedisCluster(t *testing.T) {
 				t.Fatalf("prefix %q: release: %v", prefix, err)
 			}
 		}
+		// Corrupted state is reported through the cluster client too, and
+		// nothing is written.
+		if err := rdb.Set(ctx, c.FenceKey("lock:bad"), "abc", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		var ce *lock.CorruptError
+		if _, err := c.TryAcquire(ctx, "lock:bad", lock.Options{TTL: time.Second}); !errors.As(err, &ce) ||
+			ce.Key != c.FenceKey("lock:bad") || errors.Is(err, lock.ErrNotObtained) {
+			t.Fatalf("prefix %q: corrupt counter: %v, want ErrCorrupt naming %s", prefix, err, c.FenceKey("lock:bad"))
+		}
+		if n := rdb.Exists(ctx, c.Key("lock:bad")).Val(); n != 0 {
+			t.Fatalf("prefix %q: the lock key was written beside a corrupt counter", prefix)
+		}
 		if slot := func(k string) int64 { return rdb.ClusterKeySlot(ctx, k).Val() }; slot(c.Key("x")) != slot(c.FenceKey("x")) {
 			t.Fatalf("prefix %q: %s and %s in different slots", prefix, c.Key("x"), c.FenceKey("x"))
 		}
