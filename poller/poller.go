@@ -16,6 +16,17 @@
 //     for the batch, and later rows wait while an earlier one backs off.
 //   - Work runs in the lock's context: when the lease is lost, no new send
 //     starts.
+//   - A crash costs about one lock TTL, never claim_ttl: a claim names the
+//     token of the term that made it, and a holder with a higher token takes
+//     it over at once (compare-and-set), since the older term's trust
+//     deadline has passed by construction. After Redis lost the lock state,
+//     the successor first waits one TTL (see lead).
+//   - Isolation: nothing about one row stalls the others. A row too large
+//     or unsendable as it is (store.Row.Poison) is dead-lettered unloaded; an
+//     idempotency key Redis cannot use (WRONGTYPE) or holding a value outboxd
+//     did not write fails that row alone, counted and named in last_error;
+//     any failure text is stored cleaned (package store). A row that keeps
+//     failing dead-letters after MaxAttempts, no sooner than RetryHorizon.
 //
 // Not guaranteed: exactly-once delivery (a crash between send and mark
 // resends), and order across aggregates. Dead-lettered rows do not block
