@@ -163,13 +163,15 @@ func TestFloorKeepsTokensIncreasingAfterDataLoss(t *testing.T) {
 func TestExpiresWithoutRenewal(t *testing.T) {
 	c, rdb, prefix := newClient(t)
 	ctx := context.Background()
-	a, err := c.TryAcquire(ctx, "lock:e", lock.Options{TTL: 300 * time.Millisecond, RenewInterval: -1})
+	// TTLs of a second, not less: each Redis call gets TTL/10, and 30 ms was
+	// too little on a loaded 2-core CI machine.
+	a, err := c.TryAcquire(ctx, "lock:e", lock.Options{TTL: time.Second, RenewInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case <-a.Context().Done():
-	case <-time.After(2 * time.Second):
+	case <-time.After(5 * time.Second):
 		t.Fatal("context not done after the lease ran out")
 	}
 	if !errors.Is(context.Cause(a.Context()), lock.ErrLost) {
@@ -192,7 +194,7 @@ func TestExpiresWithoutRenewal(t *testing.T) {
 func TestWatchdogKeepsLockPastThreeTTLs(t *testing.T) {
 	c, rdb, prefix := newClient(t)
 	ctx := context.Background()
-	ttl := 300 * time.Millisecond
+	ttl := time.Second // see TestExpiresWithoutRenewal
 	a, err := c.TryAcquire(ctx, "lock:r", lock.Options{TTL: ttl})
 	if err != nil {
 		t.Fatal(err)

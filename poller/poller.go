@@ -191,12 +191,13 @@ func (p *Poller) Run(ctx context.Context) error {
 		l, err := p.acquire(ctx)
 		if err != nil {
 			switch {
-			case ctx.Err() != nil, heldElsewhere(err):
-			case errors.Is(err, lock.ErrCorrupt):
+			case ctx.Err() != nil:
+			case errors.Is(err, lock.ErrCorrupt): // before heldElsewhere: in Redlock mode both can hold
 				// Nothing delivers until an operator repairs Redis: say so loudly,
 				// and keep checking, so the relay resumes once the key is fixed.
 				p.log.Error("lock state corrupted", "error", err)
 				sleep(ctx, retry.next())
+			case heldElsewhere(err):
 			default:
 				// Redis or Postgres unreachable: say so, and back off.
 				p.log.Warn("lock attempt failed", "error", err)

@@ -29,9 +29,13 @@ func Announce(ctx context.Context, log *slog.Logger, l *lock.Lock, token *atomic
 		token.Store(0)
 		// However the holder stopped (a refused write, a failed batch, its
 		// own check), a lost lease is reported here, once.
-		lost := errors.Is(context.Cause(l.Context()), lock.ErrLost)
-		if lost {
-			log.Warn("lock lost", "error", context.Cause(l.Context()))
+		cause := context.Cause(l.Context())
+		lost := errors.Is(cause, lock.ErrLost)
+		switch {
+		case lost && errors.Is(cause, lock.ErrCorrupt):
+			log.Error("lock lost", "error", cause) // an operator must repair Redis
+		case lost:
+			log.Warn("lock lost", "error", cause)
 		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 		defer cancel()
