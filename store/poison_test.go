@@ -20,7 +20,7 @@ func exec(t *testing.T, st *store.Store, sql string, args ...any) {
 }
 
 // A batch is bounded in bytes: it is a prefix of the due rows (no aggregate
-// gets a gap), the first row always comes, and "more" says rows were left.
+// gets a gap), and the first row always comes.
 func TestFetchDueStaysWithinTheByteBudget(t *testing.T) {
 	st, _ := testenv.Store(t)
 	ctx := context.Background()
@@ -31,7 +31,7 @@ func TestFetchDueStaysWithinTheByteBudget(t *testing.T) {
 		FROM generate_series(1, 10) g`)
 	enqueue(t, st, ev("deal", "0", 1), ev("deal", "1", 2))
 
-	rows, more, err := st.FetchDue(ctx, store.FetchLimits{Rows: 100, RowBytes: 1 << 20, Bytes: 35_000})
+	rows, err := st.FetchDue(ctx, store.FetchLimits{Rows: 100, RowBytes: 1 << 20, Bytes: 35_000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,17 +42,17 @@ func TestFetchDueStaysWithinTheByteBudget(t *testing.T) {
 			t.Fatalf("row %d: size %d poison %q payload %d bytes", r.ID, r.Size, r.Poison, len(r.Payload))
 		}
 	}
-	if len(rows) != 3 || total > 35_000 || !more {
-		t.Fatalf("got %d rows, %d bytes, more %t; want 3 rows within 35000 bytes and more", len(rows), total, more)
+	if len(rows) != 3 || total > 35_000 || rows[0].ID >= rows[1].ID || rows[1].ID >= rows[2].ID {
+		t.Fatalf("got %d rows, %d bytes; want the first 3, in id order, within 35000 bytes", len(rows), total)
 	}
 	// A budget below one row still returns that row.
-	rows, more, _ = st.FetchDue(ctx, store.FetchLimits{Rows: 100, RowBytes: 1 << 20, Bytes: 1})
-	if len(rows) != 1 || !more {
-		t.Fatalf("tiny budget: %d rows more %t, want the first row alone", len(rows), more)
+	rows, _ = st.FetchDue(ctx, store.FetchLimits{Rows: 100, RowBytes: 1 << 20, Bytes: 1})
+	if len(rows) != 1 {
+		t.Fatalf("tiny budget: %d rows, want the first row alone", len(rows))
 	}
-	rows, more, _ = st.FetchDue(ctx, store.FetchLimits{Rows: 100})
-	if len(rows) != 12 || more {
-		t.Fatalf("no byte limits: %d rows more %t, want all 12", len(rows), more)
+	rows, _ = st.FetchDue(ctx, store.FetchLimits{Rows: 100})
+	if len(rows) != 12 {
+		t.Fatalf("no byte limits: %d rows, want all 12", len(rows))
 	}
 }
 
@@ -72,7 +72,7 @@ func TestOversizedRowsAreNotLoaded(t *testing.T) {
 	if err := st.Pool().QueryRow(ctx, `SELECT pg_column_size(payload) FROM outbox ORDER BY id LIMIT 1`).Scan(&stored); err != nil {
 		t.Fatal(err)
 	}
-	rows, _, err := st.FetchDue(ctx, store.FetchLimits{Rows: 10, RowBytes: 1 << 20, Bytes: 2 << 20})
+	rows, err := st.FetchDue(ctx, store.FetchLimits{Rows: 10, RowBytes: 1 << 20, Bytes: 2 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func TestInfiniteCreatedAtIsPoisonNotAFailedFetch(t *testing.T) {
 	exec(t, st, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at, available_at)
 		VALUES ('deal', '1', 'e', '{}', 'infinity', '-infinity'), ('deal', '2', 'e', '{}', '-infinity', '-infinity')`)
 	enqueue(t, st, ev("deal", "3", 1))
-	rows, _, err := st.FetchDue(context.Background(), store.FetchLimits{Rows: 10})
+	rows, err := st.FetchDue(context.Background(), store.FetchLimits{Rows: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func TestCompleteStoresAnyText(t *testing.T) {
 		evs = append(evs, ev("deal", fmt.Sprint(i), i))
 	}
 	enqueue(t, st, evs...)
-	rows, _, _ := st.FetchDue(ctx, store.FetchLimits{Rows: 10})
+	rows, _ := st.FetchDue(ctx, store.FetchLimits{Rows: 10})
 	texts := []string{"500 Bad \xe9 thing", "500 Bad \x00 thing", "500 " + strings.Repeat("é", 3000)}
 	var failures []store.Failure
 	for i, s := range texts {
@@ -150,7 +150,7 @@ func TestCompleteFallsBackWhenOneValueIsRefused(t *testing.T) {
 	st, _ := testenv.Store(t)
 	ctx := context.Background()
 	enqueue(t, st, ev("deal", "1", 1), ev("deal", "2", 2), ev("deal", "3", 3))
-	rows, _, _ := st.FetchDue(ctx, store.FetchLimits{Rows: 10})
+	rows, _ := st.FetchDue(ctx, store.FetchLimits{Rows: 10})
 	f := store.Fence{Lock: "lock:outbox:poller", Token: 1, Owner: "o"}
 	far := time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC) // beyond timestamptz
 	nd, nf, err := st.Complete(ctx, f, []int64{rows[0].ID}, []store.Failure{

@@ -66,7 +66,7 @@ func TestEnqueueCommitsWithTheCallersTransaction(t *testing.T) {
 	}
 	_ = tx.Rollback(ctx)
 
-	rows, _, err := st.FetchDue(ctx, store.FetchLimits{Rows: 10})
+	rows, err := st.FetchDue(ctx, store.FetchLimits{Rows: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestStaleFenceIsRejectedAndChangesNothing(t *testing.T) {
 	st, _ := testenv.Store(t)
 	ctx := context.Background()
 	enqueue(t, st, ev("deal", "1", 1), ev("deal", "2", 2))
-	rows, _, _ := st.FetchDue(ctx, store.FetchLimits{Rows: 10})
+	rows, _ := st.FetchDue(ctx, store.FetchLimits{Rows: 10})
 	a, b := rows[0].ID, rows[1].ID
 
 	newer := store.Fence{Lock: "lock:outbox:poller", Token: 7, Owner: "owner-7"}
@@ -157,7 +157,7 @@ func TestFetchDueKeepsAggregateOrderBehindBackoff(t *testing.T) {
 	st, _ := testenv.Store(t)
 	ctx := context.Background()
 	enqueue(t, st, ev("deal", "A", 1), ev("deal", "A", 2), ev("deal", "B", 3), ev("deal", "A", 4))
-	rows, _, _ := st.FetchDue(ctx, store.FetchLimits{Rows: 10})
+	rows, _ := st.FetchDue(ctx, store.FetchLimits{Rows: 10})
 	if len(rows) != 4 {
 		t.Fatalf("got %d rows, want 4", len(rows))
 	}
@@ -167,7 +167,7 @@ func TestFetchDueKeepsAggregateOrderBehindBackoff(t *testing.T) {
 	if _, _, err := st.Complete(ctx, f, nil, []store.Failure{{ID: first, Error: "503", RetryAt: time.Now().Add(time.Hour)}}); err != nil {
 		t.Fatal(err)
 	}
-	rows, _, _ = st.FetchDue(ctx, store.FetchLimits{Rows: 10})
+	rows, _ = st.FetchDue(ctx, store.FetchLimits{Rows: 10})
 	if len(rows) != 1 || rows[0].AggregateID != "B" {
 		t.Fatalf("due rows %+v, want only B's", rows)
 	}
@@ -175,7 +175,7 @@ func TestFetchDueKeepsAggregateOrderBehindBackoff(t *testing.T) {
 	if _, _, err := st.Complete(ctx, f, nil, []store.Failure{{ID: first, Error: "400", Dead: true}}); err != nil {
 		t.Fatal(err)
 	}
-	rows, _, _ = st.FetchDue(ctx, store.FetchLimits{Rows: 10})
+	rows, _ = st.FetchDue(ctx, store.FetchLimits{Rows: 10})
 	if len(rows) != 3 || rows[0].AggregateID != "A" {
 		t.Fatalf("due rows after dead-letter: %+v, want A's two later rows and B's", rows)
 	}
@@ -230,7 +230,7 @@ func TestMissingSchemaSaysRunMigrate(t *testing.T) {
 	ctx := context.Background()
 	_, err1 := st.FenceToken(ctx, "lock:outbox:poller")
 	_, err2 := st.Stats(ctx)
-	_, _, err3 := st.FetchDue(ctx, store.FetchLimits{Rows: 10})
+	_, err3 := st.FetchDue(ctx, store.FetchLimits{Rows: 10})
 	for _, err := range []error{err1, err2, err3} {
 		if !errors.Is(err, store.ErrNotMigrated) || !strings.Contains(err.Error(), "outboxd migrate") {
 			t.Fatalf("got %v, want ErrNotMigrated telling to run `outboxd migrate`", err)
