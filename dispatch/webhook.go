@@ -160,9 +160,12 @@ func (w *Webhook) Send(ctx context.Context, ev Event, token int64) error {
 		}
 		return &Error{Err: fmt.Errorf("webhook: event %d: POST %s: %w", ev.ID, w.target, err)}
 	}
-	// Keep a little of the answer for last_error; drain a little more so the
-	// connection is reused.
-	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
+	// Keep a little of a failure's answer for last_error; drain a little more
+	// so the connection is reused.
+	var snippet []byte
+	if resp.StatusCode < 200 || resp.StatusCode >= 300 {
+		snippet, _ = io.ReadAll(io.LimitReader(resp.Body, 256))
+	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
 	return classify(ev.ID, resp, snippet, time.Now())
