@@ -21,6 +21,8 @@ import (
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/httpapi"
+	"github.com/outboxd/outboxd/internal/keys"
+	"github.com/outboxd/outboxd/internal/term"
 	"github.com/outboxd/outboxd/lock"
 	"github.com/outboxd/outboxd/metrics"
 	"github.com/outboxd/outboxd/poller"
@@ -52,7 +54,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, error
 	a := &App{Cfg: cfg, Log: log, Store: st, Metrics: metrics.New()}
 	a.Nodes = RedisNodes(cfg.Redis, tlsCfg)
 	a.KV = a.Nodes[0]
-	a.Locks = lock.New(a.Nodes, lock.WithKeyPrefix(cfg.Redis.KeyPrefix), lock.WithHooks(a.Metrics.LockHooks()))
+	a.Locks = lock.New(a.Nodes, lock.WithKeyPrefix(cfg.Redis.KeyPrefix), lock.WithHooks(term.Hooks(a.Metrics)))
 	return a, nil
 }
 
@@ -131,7 +133,9 @@ func (a *App) Sink() (dispatch.Sink, error) {
 
 // Poller builds the batch runner.
 func (a *App) Poller(sink dispatch.Sink) *poller.Poller {
-	return poller.New(a.pollerConfig(), a.Store, a.Locks, a.KV, sink, a.Log, a.Metrics)
+	return poller.New(a.pollerConfig(), poller.Deps{
+		Store: a.Store, Locks: a.Locks, Redis: a.KV, Sink: sink, Log: a.Log, Metrics: a.Metrics,
+	})
 }
 
 func (a *App) pollerConfig() poller.Config {
@@ -150,8 +154,8 @@ func (a *App) Reconciler() (*reconcile.Reconciler, error) {
 	c := a.Cfg.Reconcile
 	return reconcile.New(reconcile.Config{
 		Schedule: c.Schedule, LockTTL: c.LockTTL, Retention: c.Retention, DeadRetention: c.DeadRetention,
-		BatchSize: c.BatchSize, KeyPrefix: a.Cfg.Redis.KeyPrefix,
-	}, a.Store, a.Locks, a.KV, a.Log, a.Metrics)
+		BatchSize: c.BatchSize, ShutdownTimeout: a.Cfg.ShutdownTimeout, KeyPrefix: a.Cfg.Redis.KeyPrefix,
+	}, reconcile.Deps{Store: a.Store, Locks: a.Locks, Redis: a.KV, Log: a.Log, Metrics: a.Metrics})
 }
 
 // Run runs the daemon until ctx is cancelled: the batch runner, the
@@ -181,7 +185,7 @@ func (a *App) Run(ctx context.Context) error {
 		Registry:     a.Metrics.Registry,
 		BeforeScrape: a.refreshBacklog,
 		Status: func(ctx context.Context) (any, error) {
-			return a.status(ctx, map[string]func() int64{poller.LockName: p.HeldToken, reconcile.LockName: rec.HeldToken})
+			return a.status(ctx, map[string]func() int64{keys.PollerLock: p.HeldToken, keys.ReconcileLock: rec.HeldToken})
 		},
 	}), httpapi.Timeouts{})
 
@@ -279,7 +283,7 @@ func (a *App) status(ctx context.Context, held map[string]func() int64) (Status,
 		return Status{}, err
 	}
 	out := Status{Stats: st}
-	for _, name := range []string{poller.LockName, reconcile.LockName} {
+	for _, name := range keys.Locks {
 		ls := LockStatus{Name: name, FenceToken: fences[name]}
 		if f := held[name]; f != nil && f() > 0 {
 			ls.HeldByMe, ls.Token = true, f()

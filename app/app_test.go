@@ -18,7 +18,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/app"
-	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/store"
@@ -337,7 +336,7 @@ func waitAllMarked(t *testing.T, st *store.Store) {
 // logging JSON at level to w; closed at cleanup.
 func newApp(t *testing.T, w io.Writer, level string, sets ...string) *app.App {
 	t.Helper()
-	cfg, err := config.Load("", sets)
+	cfg, err := app.LoadConfig("", sets)
 	if err != nil {
 		t.Fatal(err)
 	}

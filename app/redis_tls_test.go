@@ -84,7 +84,7 @@ func TestRedisTLSAndACL(t *testing.T) {
 	}
 	_, dsn := testenv.Store(t)
 	load := func(extra ...string) *config.Config {
-		cfg, err := config.Load("", append([]string{
+		cfg, err := app.LoadConfig("", append([]string{
 			"postgres.dsn=" + dsn, "redis.addrs=127.0.0.1:" + strconv.Itoa(tlsPort), "redis.username=outboxd",
 			"redis.password_file=" + f("redis-password"),
 			"redis.tls.enabled=true", "redis.tls.ca_file=" + f("ca.pem"),

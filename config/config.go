@@ -5,10 +5,9 @@
 package config
 
 import (
-	"encoding/base64"
 	"errors"
 	"fmt"
-	"net/url"
+	"maps"
 	"os"
 	"reflect"
 	"slices"
@@ -17,7 +16,6 @@ import (
 	"time"
 
 	"github.com/go-viper/mapstructure/v2"
-	"github.com/robfig/cron/v3"
 	"github.com/spf13/viper"
 )
 
@@ -109,60 +107,23 @@ type Log struct {
 	Format string `mapstructure:"format"`
 }
 
-// Defaults is every key with its default value. Every key needs a default so
-// that viper sees env-only values.
-var Defaults = map[string]any{
-	"postgres.dsn":                   "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
-	"postgres.dsn_file":              "",
-	"redis.addrs":                    []string{"127.0.0.1:6379"},
-	"redis.mode":                     "single",
-	"redis.username":                 "",
-	"redis.password":                 "",
-	"redis.db":                       0,
-	"redis.key_prefix":               "",
-	"redis.master_name":              "",
-	"redis.password_file":            "",
-	"redis.tls.enabled":              false,
-	"redis.tls.ca_file":              "",
-	"redis.tls.cert_file":            "",
-	"redis.tls.key_file":             "",
-	"redis.tls.server_name":          "",
-	"redis.tls.insecure_skip_verify": false,
-	"poller.lock_ttl":                "30s",
-	"poller.lock_wait":               "5s",
-	"poller.batch_size":              500,
-	"poller.poll_interval":           "100ms",
-	"poller.max_attempts":            25,
-	"poller.concurrency":             16,
-	"poller.claim_ttl":               "60s",
-	"poller.backoff_base":            "1s",
-	"poller.backoff_max":             "1h",
-	"poller.notify":                  false,
-	"poller.max_payload_bytes":       DefaultMaxPayloadBytes,
-	"poller.batch_max_bytes":         DefaultBatchMaxBytes,
-	"reconcile.schedule":             "*/5 * * * *",
-	"reconcile.lock_ttl":             "300s",
-	"reconcile.retention":            "168h",
-	"reconcile.dead_retention":       "0s",
-	"reconcile.batch_size":           1000,
-	"dispatch.sink":                  "webhook",
-	"dispatch.webhook.url":           "http://127.0.0.1:8081/events",
-	"dispatch.webhook.secret":        "",
-	"dispatch.webhook.secret_file":   "",
-	"dispatch.webhook.timeout":       "10s",
-	"http.addr":                      "127.0.0.1:9090",
-	"log.level":                      "info",
-	"log.format":                     "json",
-	"shutdown_timeout":               "25s",
-}
-
-// Byte limits of the poller (poller.max_payload_bytes, poller.batch_max_bytes).
+// Byte limits accepted for poller.max_payload_bytes.
 const (
-	DefaultMaxPayloadBytes = 1 << 20  // 1 MiB
-	DefaultBatchMaxBytes   = 16 << 20 // 16 MiB
-	minMaxPayloadBytes     = 1 << 10  // 1 KiB
-	maxMaxPayloadBytes     = 256 << 20
+	minMaxPayloadBytes = 1 << 10 // 1 KiB
+	maxMaxPayloadBytes = 256 << 20
 )
+
+// fields is every key of Config with its field's zero value (its type).
+var fields = func() map[string]any {
+	out := map[string]any{}
+	walk(reflect.ValueOf(Config{}), "", out)
+	return out
+}()
+
+// Keys lists every configuration key.
+func Keys() []string {
+	return slices.Sorted(maps.Keys(fields))
+}
 
 // Secret keys are replaced whole wherever the config is shown; postgres.dsn
 // and dispatch.webhook.url are shown with their secrets parsed out
@@ -179,10 +140,16 @@ func (e *KeyError) Error() string { return fmt.Sprintf("config: %s: %v", e.Key, 
 func (e *KeyError) Unwrap() error { return e.Err }
 
 // Load reads file (optional: "" skips it), then the environment, then sets
-// ("key=value"), and validates the result.
-func Load(file string, sets []string) (*Config, error) {
+// ("key=value"), and validates the result. defaults must give every key's
+// default value: the components own them (see app.Defaults), and viper sees
+// an environment-only value only for a key that has a default.
+func Load(file string, sets []string, defaults map[string]any) (*Config, error) {
 	v := viper.New()
-	for k, d := range Defaults {
+	for _, k := range Keys() {
+		d, ok := defaults[k]
+		if !ok {
+			return nil, fmt.Errorf("config: no default given for %s", k)
+		}
 		v.SetDefault(k, d)
 	}
 	if file != "" {
@@ -201,7 +168,7 @@ func Load(file string, sets []string) (*Config, error) {
 			return nil, &KeyError{Key: "--set", Err: fmt.Errorf("%q is not key=value", s)}
 		}
 		k = strings.ToLower(strings.TrimSpace(k))
-		if _, known := Defaults[k]; !known {
+		if _, known := fields[k]; !known {
 			return nil, &KeyError{Key: k, Err: errors.New("unknown key")}
 		}
 		v.Set(k, val)
@@ -210,7 +177,7 @@ func Load(file string, sets []string) (*Config, error) {
 		return nil, err
 	}
 	// Decode key by key so a bad value is reported with its own key name.
-	for k := range Defaults {
+	for k := range fields {
 		if err := checkType(k, v.Get(k)); err != nil {
 			return nil, err
 		}
@@ -238,7 +205,7 @@ func Load(file string, sets []string) (*Config, error) {
 // checkUnknown rejects keys in the file that outboxd does not know, naming them.
 func checkUnknown(v *viper.Viper) error {
 	for _, k := range v.AllKeys() {
-		if _, ok := Defaults[k]; !ok {
+		if _, ok := fields[k]; !ok {
 			return &KeyError{Key: k, Err: errors.New("unknown key")}
 		}
 	}
@@ -263,7 +230,7 @@ func checkType(key string, val any) error {
 	if !isString {
 		return nil
 	}
-	switch Defaults[key].(type) {
+	switch fields[key].(type) {
 	case int:
 		if _, err := strconv.Atoi(strings.TrimSpace(s)); err != nil {
 			return &KeyError{Key: key, Err: fmt.Errorf("want an integer, got %q", s)}
@@ -278,10 +245,8 @@ func checkType(key string, val any) error {
 
 // durationKeys are the keys whose field is a time.Duration.
 var durationKeys = func() map[string]bool {
-	flat := map[string]any{}
-	walk(reflect.ValueOf(Config{}), "", flat)
 	out := map[string]bool{}
-	for k, v := range flat {
+	for k, v := range fields {
 		if _, ok := v.(time.Duration); ok {
 			out[k] = true
 		}
@@ -414,9 +379,6 @@ func (c *Config) Validate() error {
 	if c.Reconcile.BatchSize < 1 || c.Reconcile.BatchSize > 100000 {
 		return bad("reconcile.batch_size", "want 1..100000, got %d", c.Reconcile.BatchSize)
 	}
-	if _, err := ParseSchedule(c.Reconcile.Schedule); err != nil {
-		return bad("reconcile.schedule", "%v", err)
-	}
 	switch c.Dispatch.Sink {
 	case "webhook":
 		if err := c.validateWebhook(); err != nil {
@@ -448,19 +410,11 @@ func (c *Config) sourceKey(key, file string) string {
 	return key
 }
 
+// validateWebhook checks what concerns the webhook and another part
+// together; the URL and the secret themselves are checked by the sink
+// (dispatch.ParseURL, dispatch.ParseSecret) when app checks the config.
 func (c *Config) validateWebhook() error {
 	w := c.Dispatch.Webhook
-	u, err := url.Parse(w.URL)
-	if err != nil {
-		// url's own message quotes the text, which may hold a password.
-		return &KeyError{Key: "dispatch.webhook.url", Err: errors.New("cannot be parsed as a URL (percent-encode reserved characters in a user name or password)")}
-	}
-	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return &KeyError{Key: "dispatch.webhook.url", Err: fmt.Errorf("want an http(s) URL, got %q", RedactURL(w.URL))}
-	}
-	if err := validateWebhookSecret(w.Secret); err != nil {
-		return &KeyError{Key: c.sourceKey("dispatch.webhook.secret", w.SecretFile), Err: err}
-	}
 	// The poller trusts its lease for about 0.9 x lock_ttl after the last
 	// renewal, and renews every lock_ttl/3: a request longer than half the
 	// TTL can be cut by the lease every time, and its row never delivered.
@@ -472,50 +426,18 @@ func (c *Config) validateWebhook() error {
 	return nil
 }
 
-// validateWebhookSecret checks a Standard Webhooks "whsec_<base64>" secret
-// the way the webhook sink will decode it. Other secrets are raw bytes.
-func validateWebhookSecret(secret string) error {
-	b64, ok := strings.CutPrefix(secret, "whsec_")
-	if !ok {
-		return nil
+// SourceKey names the key a secret came from: its *_file key when it was
+// read from a file, so the operator looks in the right place.
+func (c *Config) SourceKey(key string) string {
+	switch key {
+	case "postgres.dsn":
+		return c.sourceKey(key, c.Postgres.DSNFile)
+	case "redis.password":
+		return c.sourceKey(key, c.Redis.PasswordFile)
+	case "dispatch.webhook.secret":
+		return c.sourceKey(key, c.Dispatch.Webhook.SecretFile)
 	}
-	key, err := base64.StdEncoding.DecodeString(b64)
-	if err != nil {
-		return fmt.Errorf("the part after whsec_ is not valid base64 (%v); use the secret exactly as issued, or one without the whsec_ prefix to sign with its raw bytes", err)
-	}
-	if len(key) == 0 {
-		return errors.New("whsec_ is followed by no key bytes; use the secret exactly as issued")
-	}
-	return nil
-}
-
-// ParseSchedule parses a cron spec: five standard fields or a descriptor
-// such as @every 30s or @hourly, optionally prefixed with CRON_TZ=<zone>
-// (default UTC, so replicas in different zones agree on fire times).
-// "@every d" fires at multiples of d from a fixed origin, not d after
-// whenever the process started, for the same reason.
-func ParseSchedule(spec string) (cron.Schedule, error) {
-	if !strings.HasPrefix(spec, "CRON_TZ=") && !strings.HasPrefix(spec, "TZ=") && !strings.HasPrefix(spec, "@every") {
-		spec = "CRON_TZ=UTC " + spec
-	}
-	s, err := cron.ParseStandard(spec)
-	if err != nil {
-		return nil, err
-	}
-	if every, ok := s.(cron.ConstantDelaySchedule); ok {
-		if every.Delay < time.Second {
-			return nil, fmt.Errorf("@every needs at least 1s, got %s", every.Delay)
-		}
-		return alignedEvery(every.Delay), nil
-	}
-	return s, nil
-}
-
-// alignedEvery fires at every multiple of its duration since the epoch.
-type alignedEvery time.Duration
-
-func (d alignedEvery) Next(t time.Time) time.Time {
-	return t.Truncate(time.Duration(d)).Add(time.Duration(d))
+	return key
 }
 
 // Redacted returns the effective configuration as nested maps with secrets

@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxd/outboxd/app"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/poller"
 )
 
 func writeFile(t *testing.T, body string) string {
@@ -20,7 +22,7 @@ func writeFile(t *testing.T, body string) string {
 }
 
 func TestDefaultsAreValid(t *testing.T) {
-	c, err := config.Load("", nil)
+	c, err := app.LoadConfig("", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,14 +32,14 @@ func TestDefaultsAreValid(t *testing.T) {
 }
 
 func TestRepositoryConfigYAMLLoads(t *testing.T) {
-	c, err := config.Load("../config.yaml", nil)
+	c, err := app.LoadConfig("../config.yaml", nil)
 	if err != nil {
 		t.Fatalf("config.yaml at the repository root must run as-is: %v", err)
 	}
 	if c.Postgres.DSN == "" || len(c.Redis.Addrs) != 1 {
 		t.Fatalf("unexpected %+v", c)
 	}
-	if c.Poller.MaxPayloadBytes != config.DefaultMaxPayloadBytes || c.Poller.BatchMaxBytes != config.DefaultBatchMaxBytes {
+	if c.Poller.MaxPayloadBytes != poller.DefaultMaxPayloadBytes || c.Poller.BatchMaxBytes != poller.DefaultBatchMaxBytes {
 		t.Fatalf("config.yaml byte limits %d / %d, want the defaults", c.Poller.MaxPayloadBytes, c.Poller.BatchMaxBytes)
 	}
 }
@@ -47,7 +49,7 @@ func TestPrecedenceFileEnvFlag(t *testing.T) {
 	t.Setenv("OUTBOXD_POLLER_BATCH_SIZE", "200")
 	t.Setenv("OUTBOXD_REDIS_ADDRS", "127.0.0.1:7001, 127.0.0.1:7002,127.0.0.1:7003")
 	t.Setenv("OUTBOXD_REDIS_MODE", "redlock")
-	c, err := config.Load(file, []string{"poller.batch_size=300"})
+	c, err := app.LoadConfig(file, []string{"poller.batch_size=300"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +97,7 @@ func TestErrorsNameTheKey(t *testing.T) {
 			if tc.file != "" {
 				file = writeFile(t, tc.file)
 			}
-			_, err := config.Load(file, tc.sets)
+			_, err := app.LoadConfig(file, tc.sets)
 			var ke *config.KeyError
 			if !errors.As(err, &ke) || ke.Key != tc.key || !strings.Contains(err.Error(), tc.key) {
 				t.Fatalf("got %v, want a KeyError naming %s", err, tc.key)
@@ -105,7 +107,7 @@ func TestErrorsNameTheKey(t *testing.T) {
 }
 
 func TestRedactedHidesSecrets(t *testing.T) {
-	c, err := config.Load("", []string{
+	c, err := app.LoadConfig("", []string{
 		"postgres.dsn=postgres://app:pg-s3cret@db:5432/app",
 		"redis.password=redis-s3cret",
 		"dispatch.webhook.secret=whsec_d2ViaG9vay1zM2NyZXQ=",
@@ -136,7 +138,7 @@ func TestRedactedCoversEverySecretKey(t *testing.T) {
 		"dispatch.webhook.secret": {"canary", "canary"},
 		"dispatch.webhook.url":    {"https://u:canary@h/x?api_key=canary2", "canary"},
 	}
-	for key := range config.Defaults {
+	for _, key := range config.Keys() {
 		if strings.HasSuffix(key, "_file") {
 			continue // a path, shown on purpose
 		}
@@ -149,7 +151,7 @@ func TestRedactedCoversEverySecretKey(t *testing.T) {
 		}
 	}
 	for key, tc := range cases {
-		c, err := config.Load("", []string{key + "=" + tc.value})
+		c, err := app.LoadConfig("", []string{key + "=" + tc.value})
 		if err != nil {
 			t.Fatalf("%s: %v", key, err)
 		}
@@ -240,7 +242,7 @@ func TestBadSecretsAreRefused(t *testing.T) {
 		{"empty dsn_file", []string{"postgres.dsn_file=" + file("empty-dsn", "\n")}, "postgres.dsn_file", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := config.Load("", tc.sets)
+			_, err := app.LoadConfig("", tc.sets)
 			var ke *config.KeyError
 			if !errors.As(err, &ke) || ke.Key != tc.key {
 				t.Fatalf("got %v, want a KeyError naming %s", err, tc.key)
@@ -257,19 +259,19 @@ func TestBadSecretsAreRefused(t *testing.T) {
 		{"postgres.dsn=host=127.0.0.1 port=5432 user=postgres password='a b' dbname=postgres sslmode=disable"},
 		{"postgres.dsn=postgres://u:pa#ss@127.0.0.1:5432/db?sslmode=disable&pool_max_conns=4"},
 	} {
-		if _, err := config.Load("", sets); err != nil {
+		if _, err := app.LoadConfig("", sets); err != nil {
 			t.Errorf("%v: %v", sets, err)
 		}
 	}
 }
 
 func TestDSNErrorText(t *testing.T) {
-	_, err := config.Load("", []string{"postgres.dsn=host=h password=pw sekrit dbname=d"})
+	_, err := app.LoadConfig("", []string{"postgres.dsn=host=h password=pw sekrit dbname=d"})
 	want := "config: postgres.dsn: cannot be parsed as a key=value DSN: a value holds a space but is not quoted (want host=h port=5432 user=u password='quote it if it holds spaces' dbname=db; the DSN is not shown, it may hold a password)"
 	if err == nil || !strings.HasPrefix(err.Error(), want) {
 		t.Fatalf("got %v, want it to start %q", err, want)
 	}
-	_, err = config.Load("", []string{"postgres.dsn=postgres://u:pw@h/db?sslmode=sometimes"})
+	_, err = app.LoadConfig("", []string{"postgres.dsn=postgres://u:pw@h/db?sslmode=sometimes"})
 	want = "config: postgres.dsn: pgx rejects this URL DSN: failed to configure TLS (sslmode is invalid) (want postgres://user:password@host:5432/db?sslmode=disable, reserved characters percent-encoded; the DSN is not shown, it may hold a password)"
 	if err == nil || !strings.HasPrefix(err.Error(), want) {
 		t.Fatalf("got %v, want it to start %q", err, want)
@@ -289,7 +291,7 @@ func TestWebhookTimeoutFitsTheLease(t *testing.T) {
 		{[]string{"poller.lock_ttl=10s"}, "config: dispatch.webhook.timeout: must be at most half of poller.lock_ttl (5s), got 10s"},
 		{[]string{"poller.lock_ttl=1s", "dispatch.sink=noop"}, ""}, // no webhook, no request
 	} {
-		_, err := config.Load("", tc.sets)
+		_, err := app.LoadConfig("", tc.sets)
 		switch {
 		case tc.err == "" && err != nil:
 			t.Errorf("%v: %v", tc.sets, err)
@@ -301,7 +303,7 @@ func TestWebhookTimeoutFitsTheLease(t *testing.T) {
 
 // Finding 6: the poller's byte limits.
 func TestByteLimits(t *testing.T) {
-	c, err := config.Load("", nil)
+	c, err := app.LoadConfig("", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,7 +312,7 @@ func TestByteLimits(t *testing.T) {
 	}
 	t.Setenv("OUTBOXD_POLLER_MAX_PAYLOAD_BYTES", "4096")
 	t.Setenv("OUTBOXD_POLLER_BATCH_MAX_BYTES", "65536")
-	if c, err = config.Load("", nil); err != nil {
+	if c, err = app.LoadConfig("", nil); err != nil {
 		t.Fatal(err)
 	}
 	if c.Poller.MaxPayloadBytes != 4096 || c.Poller.BatchMaxBytes != 65536 {
@@ -325,7 +327,7 @@ func TestByteLimits(t *testing.T) {
 		{[]string{"poller.max_payload_bytes=70000"}, "config: poller.batch_max_bytes: must be at least poller.max_payload_bytes (70000), got 65536"},
 		{[]string{"poller.batch_max_bytes=lots"}, "config: poller.batch_max_bytes: want an integer"},
 	} {
-		if _, err := config.Load("", tc.sets); err == nil || !strings.HasPrefix(err.Error(), tc.err) {
+		if _, err := app.LoadConfig("", tc.sets); err == nil || !strings.HasPrefix(err.Error(), tc.err) {
 			t.Errorf("%v: got %v, want %q...", tc.sets, err, tc.err)
 		}
 	}
@@ -365,7 +367,7 @@ func TestSecretFiles(t *testing.T) {
 	}
 	dsn := write("dsn", "postgres://app:pw@db:5432/app\n")
 	secret := write("secret", "  s3cret\n")
-	c, err := config.Load("", []string{"postgres.dsn_file=" + dsn, "dispatch.webhook.secret_file=" + secret})
+	c, err := app.LoadConfig("", []string{"postgres.dsn_file=" + dsn, "dispatch.webhook.secret_file=" + secret})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -382,7 +384,7 @@ func TestSecretFiles(t *testing.T) {
 		{[]string{"redis.tls.enabled=true", "redis.tls.ca_file=" + filepath.Join(dir, "missing")}, "redis.tls.ca_file"},
 		{[]string{"redis.tls.enabled=true", "redis.tls.cert_file=" + secret}, "redis.tls.key_file"},
 	} {
-		_, err := config.Load("", tc.sets)
+		_, err := app.LoadConfig("", tc.sets)
 		var ke *config.KeyError
 		if !errors.As(err, &ke) || ke.Key != tc.key {
 			t.Errorf("%v: got %v, want a KeyError naming %s", tc.sets, err, tc.key)

@@ -18,6 +18,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/outboxd/outboxd/app"
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/metrics"
 )
@@ -57,7 +58,7 @@ func get(m any, path ...string) any {
 // envKey maps OUTBOXD_SECTION_KEY to a known config key, or "".
 func envKey(env string) string {
 	rest := strings.ToLower(strings.TrimPrefix(env, "OUTBOXD_"))
-	for k := range config.Defaults {
+	for _, k := range config.Keys() {
 		if strings.ReplaceAll(k, ".", "_") == rest {
 			return k
 		}
@@ -153,7 +154,7 @@ func TestComposeConfigLoads(t *testing.T) {
 	for k, v := range env {
 		t.Setenv(k, v.(string))
 	}
-	cfg, err := config.Load("../config.yaml", nil)
+	cfg, err := app.LoadConfig("../config.yaml", nil)
 	if err != nil {
 		t.Fatalf("compose replica config: %v", err)
 	}
@@ -180,7 +181,7 @@ func TestSystemdConfigLoads(t *testing.T) {
 	for _, m := range regexp.MustCompile(`Environment=(OUTBOXD_[A-Z_]+)=(\S+)`).FindAllStringSubmatch(string(b), -1) {
 		t.Setenv(m[1], strings.ReplaceAll(m[2], "%d", creds))
 	}
-	if _, err := config.Load("../config.yaml", nil); err != nil {
+	if _, err := app.LoadConfig("../config.yaml", nil); err != nil {
 		t.Fatalf("systemd replica config: %v", err)
 	}
 }
@@ -223,7 +224,7 @@ func TestKubernetesManifests(t *testing.T) {
 	if err := os.WriteFile(cfgFile, []byte(get(kinds["ConfigMap"], "data", "config.yaml").(string)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := config.Load(cfgFile, []string{"postgres.dsn_file=", "dispatch.webhook.secret_file="})
+	cfg, err := app.LoadConfig(cfgFile, []string{"postgres.dsn_file=", "dispatch.webhook.secret_file="})
 	if err != nil {
 		t.Fatalf("ConfigMap config.yaml: %v", err)
 	}

@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -23,7 +24,7 @@ import (
 type WebhookConfig struct {
 	URL     string
 	Secret  string        // enables Standard Webhooks signatures; raw bytes, or base64 after "whsec_"
-	Timeout time.Duration // per request; default 10 s
+	Timeout time.Duration // per request; DefaultWebhookTimeout when 0
 	Client  *http.Client  // optional; default a keep-alive client sized for parallel delivery
 	Log     *slog.Logger  // optional; warns about event headers that were dropped
 }
@@ -54,17 +55,18 @@ type Webhook struct {
 	now    func() time.Time
 }
 
-// NewWebhook validates cfg and returns the sink.
+// DefaultWebhookTimeout bounds one request when WebhookConfig.Timeout is 0.
+const DefaultWebhookTimeout = 10 * time.Second
+
+// NewWebhook validates cfg (ParseURL, ParseSecret) and returns the sink.
 func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
-	if cfg.URL == "" {
-		return nil, fmt.Errorf("dispatch: webhook url is empty")
+	u, err := ParseURL(cfg.URL)
+	if err != nil {
+		return nil, err
 	}
-	u, err := url.Parse(cfg.URL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, errors.New("dispatch: webhook url is not an absolute http(s) URL")
-	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = 10 * time.Second
+	secret, err := ParseSecret(cfg.Secret)
+	if err != nil {
+		return nil, err
 	}
 	var client http.Client
 	if cfg.Client != nil {
@@ -77,12 +79,8 @@ func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 		tr.DialContext = dialDeadlineConns((&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext)
 		client.Transport = tr
 	}
-	client.Timeout = cfg.Timeout
+	client.Timeout = cmp.Or(cfg.Timeout, DefaultWebhookTimeout)
 	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	secret, err := decodeSecret(cfg.Secret)
-	if err != nil {
-		return nil, err
-	}
 	log := cfg.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -90,26 +88,42 @@ func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 	return &Webhook{url: cfg.URL, target: displayURL(u), secret: secret, client: &client, log: log, now: time.Now}, nil
 }
 
+// ParseURL checks a webhook URL: absolute http or https with a host. Its
+// errors never quote the URL, which may hold credentials.
+func ParseURL(s string) (*url.URL, error) {
+	if s == "" {
+		return nil, errors.New("dispatch: webhook url is empty")
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return nil, errors.New("dispatch: webhook url cannot be parsed as a URL (percent-encode reserved characters in a user name or password)")
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("dispatch: webhook url: want an absolute http(s) URL, got scheme %q and host %q", u.Scheme, u.Hostname())
+	}
+	return u, nil
+}
+
 // displayURL is u without userinfo, query and fragment.
 func displayURL(u *url.URL) string {
 	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
 }
 
-// decodeSecret accepts a Standard Webhooks "whsec_<base64>" secret or any
-// other string used as raw bytes.
-func decodeSecret(s string) ([]byte, error) {
-	const p = "whsec_"
-	if rest, ok := strings.CutPrefix(s, p); ok {
-		b, err := base64.StdEncoding.DecodeString(rest)
-		if err != nil {
-			return nil, fmt.Errorf("dispatch: webhook secret: whsec_ value is not base64: %w", err)
-		}
-		if len(b) == 0 {
-			return nil, errors.New("dispatch: webhook secret: whsec_ is followed by no key bytes")
-		}
-		return b, nil
+// ParseSecret decodes a signing secret: a Standard Webhooks "whsec_<base64>"
+// secret, or any other string used as raw bytes ("" disables signing).
+func ParseSecret(s string) ([]byte, error) {
+	rest, ok := strings.CutPrefix(s, "whsec_")
+	if !ok {
+		return []byte(s), nil
 	}
-	return []byte(s), nil
+	b, err := base64.StdEncoding.DecodeString(rest)
+	if err != nil {
+		return nil, fmt.Errorf("dispatch: webhook secret: the part after whsec_ is not valid base64 (%w); use the secret exactly as issued, or one without the whsec_ prefix to sign with its raw bytes", err)
+	}
+	if len(b) == 0 {
+		return nil, errors.New("dispatch: webhook secret: whsec_ is followed by no key bytes; use the secret exactly as issued")
+	}
+	return b, nil
 }
 
 // Sign returns the Standard Webhooks signature header value for body.

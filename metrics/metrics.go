@@ -4,12 +4,10 @@
 package metrics
 
 import (
-	"time"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/internal/keys"
 )
 
 // Metrics holds every collector. The zero value is not usable; use New.
@@ -85,26 +83,9 @@ func New() *Metrics {
 	}
 	// Export the labelled contract series at 0 from the start, so dashboards
 	// and alerts see them before the first event.
-	for _, l := range []string{"lock:outbox:poller", "lock:reconciliation"} {
+	for _, l := range keys.Locks {
 		m.FenceRejections.WithLabelValues(l)
 		m.LockHeld.WithLabelValues(l)
 	}
 	return m
-}
-
-// LockHooks returns lock.Hooks that keep the lock metrics.
-func (m *Metrics) LockHooks() lock.Hooks {
-	return lock.Hooks{
-		Acquired: func(name string, _ int64, waited time.Duration) {
-			m.LockAcquisitions.WithLabelValues(name).Inc()
-			m.LockWait.WithLabelValues(name).Observe(waited.Seconds())
-			m.LockHeld.WithLabelValues(name).Set(1)
-		},
-		Released: func(name string) { m.LockHeld.WithLabelValues(name).Set(0) },
-		Lost: func(name string, _ error) {
-			m.LockLosses.WithLabelValues(name).Inc()
-			m.LockHeld.WithLabelValues(name).Set(0)
-		},
-		RenewFailed: func(name string, _ error) { m.LockRenewFails.WithLabelValues(name).Inc() },
-	}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/internal/term"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/lock"
 	"github.com/outboxd/outboxd/metrics"
@@ -204,9 +205,9 @@ func (e *env) poller(cfg Config, lockPrefix string) *runner {
 		e.t.Fatal(err)
 	}
 	m := metrics.New()
-	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(lockPrefix), lock.WithHooks(m.LockHooks()))
+	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(lockPrefix), lock.WithHooks(term.Hooks(m)))
 	log := slog.New(slog.NewJSONHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	return &runner{New(cfg, e.st, locks, e.rdb, sink, log, m), m}
+	return &runner{New(cfg, Deps{Store: e.st, Locks: locks, Redis: e.rdb, Sink: sink, Log: log, Metrics: m}), m}
 }
 
 type testWriter struct{ t *testing.T }
@@ -381,8 +382,8 @@ func childMain() bool {
 	cfg.BatchSize, _ = strconv.Atoi(os.Getenv("C_BATCH"))
 	cfg.Concurrency, _ = strconv.Atoi(os.Getenv("C_CONC"))
 	m := metrics.New()
-	locks := lock.New([]redis.UniversalClient{rdb}, lock.WithKeyPrefix(prefix), lock.WithHooks(m.LockHooks()))
-	p := New(cfg, st, locks, rdb, sink, slog.New(slog.NewJSONHandler(os.Stdout, nil)), m)
+	locks := lock.New([]redis.UniversalClient{rdb}, lock.WithKeyPrefix(prefix), lock.WithHooks(term.Hooks(m)))
+	p := New(cfg, Deps{Store: st, Locks: locks, Redis: rdb, Sink: sink, Log: slog.New(slog.NewJSONHandler(os.Stdout, nil)), Metrics: m})
 	kill := func() { _ = syscall.Kill(os.Getpid(), syscall.SIGKILL); select {} }
 	switch os.Getenv("C_CRASH") {
 	case "after-claim":

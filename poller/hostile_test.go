@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/internal/term"
 	"github.com/outboxd/outboxd/lock"
 	"github.com/outboxd/outboxd/metrics"
 )
@@ -157,8 +158,8 @@ func TestSendsCutByTheLeaseCountAsAttempts(t *testing.T) {
 	cfg.LockTTL, cfg.MaxAttempts, cfg.KeyPrefix = time.Second, 2, e.prefix
 	var logs lockedBuffer
 	m := metrics.New()
-	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(e.prefix), lock.WithHooks(m.LockHooks()))
-	p := New(cfg, e.st, locks, e.rdb, hang, slog.New(slog.NewJSONHandler(&logs, nil)), m)
+	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(e.prefix), lock.WithHooks(term.Hooks(m)))
+	p := New(cfg, Deps{Store: e.st, Locks: locks, Redis: e.rdb, Sink: hang, Log: slog.New(slog.NewJSONHandler(&logs, nil)), Metrics: m})
 	e.run(&runner{p, m})
 	e.waitFor("the row dead-lettered", 20*time.Second, func() bool { return e.count("dead_at IS NOT NULL") == 1 })
 	if n := e.count("attempts = 2 AND last_error LIKE '%cut short by the lock''s trust deadline%'"); n != 1 {

@@ -34,6 +34,7 @@
 package poller
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
@@ -43,20 +44,17 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxd/outboxd/dispatch"
-	"github.com/outboxd/outboxd/internal/held"
+	"github.com/outboxd/outboxd/internal/keys"
+	"github.com/outboxd/outboxd/internal/term"
 	"github.com/outboxd/outboxd/lock"
 	"github.com/outboxd/outboxd/metrics"
 	"github.com/outboxd/outboxd/store"
 )
-
-// LockName is the contract's lock key for the batch runner.
-const LockName = "lock:outbox:poller"
 
 // DeliveredTTL is how long an idempotency key says "delivered".
 const DeliveredTTL = 24 * time.Hour
@@ -73,78 +71,79 @@ var (
 	takeoverScript = redis.NewScript(takeoverSrc)
 )
 
-// errShutdownTimeout cancels in-flight work when shutdown_timeout runs out.
-var errShutdownTimeout = errors.New("poller: shutdown timeout")
+// Defaults fill the zero fields of Config; config's defaults for the
+// poller.* keys are these same values.
+const (
+	DefaultLockTTL         = 30 * time.Second
+	DefaultLockWait        = 5 * time.Second
+	DefaultBatchSize       = 500
+	DefaultPollInterval    = 100 * time.Millisecond // idle poll ceiling (measured: see BENCHMARKS.md)
+	DefaultMaxAttempts     = 25
+	DefaultConcurrency     = 16
+	DefaultClaimTTL        = 60 * time.Second
+	DefaultBackoffBase     = time.Second
+	DefaultBackoffMax      = time.Hour
+	DefaultShutdownTimeout = 25 * time.Second
+	DefaultMaxPayloadBytes = 1 << 20  // fits the Kubernetes manifest's 256 Mi with a full batch in flight
+	DefaultBatchMaxBytes   = 16 << 20 // likewise
+)
 
-// withQueryTimeout bounds a Postgres call by the lease: a connection whose
-// packets vanish (a network partition) must not hang the leader, and nothing
-// a holder waits for is worth more than its lease. pgx closes a connection
-// whose context expires; the next call gets a fresh one.
-func (p *Poller) withQueryTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, max(p.cfg.LockTTL, 2*time.Second))
-}
-
-// Config tunes the runner. Zero values get defaults from New.
+// Config tunes the runner. Zero fields get the Default* values.
 type Config struct {
-	LockTTL         time.Duration // 30 s
-	LockWait        time.Duration // 5 s
-	BatchSize       int           // 500
-	PollInterval    time.Duration // idle poll ceiling, 100 ms
-	MaxAttempts     int           // 25
-	Concurrency     int           // aggregates in parallel, 16
-	ClaimTTL        time.Duration // 60 s
-	BackoffBase     time.Duration // 1 s
-	BackoffMax      time.Duration // 1 h
-	ShutdownTimeout time.Duration // 25 s
-	MaxPayloadBytes int64         // a larger row is dead-lettered unloaded, 1 MiB
-	BatchMaxBytes   int64         // byte budget of one batch, 16 MiB
+	LockTTL         time.Duration // lease of lock:outbox:poller
+	LockWait        time.Duration // how long a standby waits per attempt
+	BatchSize       int           // rows per batch
+	PollInterval    time.Duration // idle poll ceiling
+	MaxAttempts     int           // failed attempts before dead-lettering
+	Concurrency     int           // aggregates delivered in parallel
+	ClaimTTL        time.Duration // idempotency claim lifetime
+	BackoffBase     time.Duration // retry step after the first failure
+	BackoffMax      time.Duration // retry step cap, and Retry-After's
+	ShutdownTimeout time.Duration // in-flight work after SIGTERM
+	MaxPayloadBytes int64         // a larger row is dead-lettered unloaded
+	BatchMaxBytes   int64         // byte budget of one batch
 	KeyPrefix       string        // before every Redis key
 	Notify          bool          // LISTEN outbox_events for faster wake-ups
 }
 
 func (c Config) withDefaults() Config {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d <= 0 {
-			*d = v
-		}
-	}
-	def(&c.LockTTL, 30*time.Second)
-	def(&c.LockWait, 5*time.Second)
-	def(&c.PollInterval, 100*time.Millisecond)
-	def(&c.ClaimTTL, 60*time.Second)
-	def(&c.BackoffBase, time.Second)
-	def(&c.BackoffMax, time.Hour)
-	def(&c.ShutdownTimeout, 25*time.Second)
-	if c.BatchSize <= 0 {
-		c.BatchSize = 500
-	}
-	if c.MaxAttempts <= 0 {
-		c.MaxAttempts = 25
-	}
-	if c.Concurrency <= 0 {
-		c.Concurrency = 16
-	}
-	if c.MaxPayloadBytes <= 0 {
-		c.MaxPayloadBytes = 1 << 20
-	}
-	if c.BatchMaxBytes <= 0 {
-		c.BatchMaxBytes = 16 << 20
-	}
+	c.LockTTL = cmp.Or(c.LockTTL, DefaultLockTTL)
+	c.LockWait = cmp.Or(c.LockWait, DefaultLockWait)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
+	c.ClaimTTL = cmp.Or(c.ClaimTTL, DefaultClaimTTL)
+	c.BackoffBase = cmp.Or(c.BackoffBase, DefaultBackoffBase)
+	c.BackoffMax = cmp.Or(c.BackoffMax, DefaultBackoffMax)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
+	c.MaxPayloadBytes = cmp.Or(c.MaxPayloadBytes, DefaultMaxPayloadBytes)
+	c.BatchMaxBytes = cmp.Or(c.BatchMaxBytes, DefaultBatchMaxBytes)
 	return c
+}
+
+// Deps are what the runner acts on.
+type Deps struct {
+	Store   *store.Store
+	Locks   *lock.Client
+	Redis   redis.UniversalClient // holds the idempotency keys
+	Sink    dispatch.Sink
+	Log     *slog.Logger
+	Metrics *metrics.Metrics
 }
 
 // Poller is the batch runner. Create with New; Run blocks.
 type Poller struct {
 	cfg   Config
 	store *store.Store
-	locks *lock.Client
 	rdb   redis.UniversalClient
+	keys  keys.Space
 	sink  dispatch.Sink
 	log   *slog.Logger
 	m     *metrics.Metrics
+	seat  *term.Seat
 	wake  chan struct{}
-	held  atomic.Int64 // token while leading, 0 otherwise
-	hooks hooks        // crash points, for tests only
+	hooks hooks // crash points, for tests only
 
 	cutMu sync.Mutex
 	cuts  map[int64]int // sends of a row cut short by the lease while it was held
@@ -163,16 +162,28 @@ func run(f func()) {
 	}
 }
 
-// HeldToken is the fencing token while this runner leads, 0 while it stands by.
-func (p *Poller) HeldToken() int64 { return p.held.Load() }
-
-// New returns a runner. rdb holds the idempotency keys.
-func New(cfg Config, st *store.Store, locks *lock.Client, rdb redis.UniversalClient, sink dispatch.Sink, log *slog.Logger, m *metrics.Metrics) *Poller {
+// New returns a runner.
+func New(cfg Config, d Deps) *Poller {
+	cfg = cfg.withDefaults()
+	log := d.Log.With("lock", keys.PollerLock)
 	return &Poller{
-		cfg: cfg.withDefaults(), store: st, locks: locks, rdb: rdb, sink: sink,
-		log: log.With("lock", LockName), m: m, wake: make(chan struct{}, 1), cuts: map[int64]int{},
+		cfg: cfg, store: d.Store, rdb: d.Redis, keys: keys.New(cfg.KeyPrefix), sink: d.Sink, log: log, m: d.Metrics,
+		seat: term.New(keys.PollerLock, term.Options{
+			TTL: cfg.LockTTL, Wait: cfg.LockWait, WaitAfterDataLoss: true, ShutdownTimeout: cfg.ShutdownTimeout,
+			QueryTimeout: queryTimeout(cfg),
+		}, term.Deps{Locks: d.Locks, Store: d.Store, Log: d.Log, Metrics: d.Metrics}),
+		wake: make(chan struct{}, 1), cuts: map[int64]int{},
 	}
 }
+
+// queryTimeout bounds a Postgres call by the lease: a connection whose
+// packets vanish (a network partition) must not hang the leader, and nothing
+// a holder waits for is worth more than its lease. pgx closes a connection
+// whose context expires; the next call gets a fresh one.
+func queryTimeout(c Config) time.Duration { return max(c.LockTTL, 2*time.Second) }
+
+// HeldToken is the fencing token while this runner leads, 0 while it stands by.
+func (p *Poller) HeldToken() int64 { return p.seat.Token() }
 
 // Run competes for the lock and, while it holds it, relays events. It
 // returns nil when ctx is cancelled, after in-flight work has finished (or
@@ -188,25 +199,25 @@ func (p *Poller) Run(ctx context.Context) error {
 	}
 	retry := newBackoff(100*time.Millisecond, 5*time.Second)
 	for ctx.Err() == nil {
-		l, err := p.acquire(ctx)
-		if err != nil {
-			switch {
-			case ctx.Err() != nil:
-			case errors.Is(err, lock.ErrCorrupt): // before heldElsewhere: in Redlock mode both can hold
-				// Nothing delivers until an operator repairs Redis: say so loudly,
-				// and keep checking, so the relay resumes once the key is fixed.
-				p.log.Error("lock state corrupted", "error", err)
-				sleep(ctx, retry.next())
-			case heldElsewhere(err):
-			default:
-				// Redis or Postgres unreachable: say so, and back off.
-				p.log.Warn("lock attempt failed", "error", err)
-				sleep(ctx, retry.next())
+		err := p.seat.Run(ctx, 0, func(work context.Context, t *term.Term) error { return p.lead(ctx, work, t) })
+		switch {
+		case ctx.Err() != nil:
+		case !errors.Is(err, term.ErrNotAcquired):
+			retry.reset()
+			if err != nil && !errors.Is(err, store.ErrStaleFence) {
+				p.log.Error("stepping down", "error", err)
 			}
-			continue
+		case errors.Is(err, lock.ErrCorrupt): // before heldElsewhere: in Redlock mode both can hold
+			// Nothing delivers until an operator repairs Redis: say so loudly,
+			// and keep checking, so the relay resumes once the key is fixed.
+			p.log.Error("lock state corrupted", "error", err)
+			sleep(ctx, retry.next())
+		case heldElsewhere(err):
+		default:
+			// Redis or Postgres unreachable: say so, and back off.
+			p.log.Warn("lock attempt failed", "error", err)
+			sleep(ctx, retry.next())
 		}
-		retry.reset()
-		p.lead(ctx, l)
 	}
 	return nil
 }
@@ -219,73 +230,23 @@ func heldElsewhere(err error) bool {
 	return errors.As(err, &h)
 }
 
-func (p *Poller) acquire(ctx context.Context) (*lock.Lock, error) {
-	qctx, cancel := p.withQueryTimeout(ctx)
-	floor, err := p.store.FenceToken(qctx, LockName)
-	cancel()
-	if err != nil {
-		return nil, err
-	}
-	return p.locks.Acquire(ctx, LockName, lock.Options{TTL: p.cfg.LockTTL, Wait: p.cfg.LockWait, Floor: floor})
-}
-
-// lead runs batches while l is held and ctx is live, then releases l.
-// Shutdown order: stop fetching (ctx) → finish the batch in flight (bounded by
-// ShutdownTimeout) → release the lock.
-func (p *Poller) lead(ctx context.Context, l *lock.Lock) {
-	log, release := held.Announce(ctx, p.log, l, &p.held)
-	defer release()
-	fence := store.Fence{Lock: LockName, Token: l.Token(), Owner: l.Owner()}
-
-	workCtx, cancelWork := context.WithCancelCause(l.Context())
-	defer cancelWork(nil)
-	stopTimer := context.AfterFunc(ctx, func() {
-		t := time.AfterFunc(p.cfg.ShutdownTimeout, func() { cancelWork(errShutdownTimeout) })
-		context.AfterFunc(workCtx, func() { t.Stop() })
-	})
-	defer stopTimer()
-
-	// Redis lost the lock's state: the predecessor may still be sending until
-	// it notices (next renewal, or its trust deadline within one TTL). Wait
-	// before fencing it out, so it can record what it delivered and receivers
-	// never see its older token after ours.
-	if l.Recovered() {
-		log.Warn("redis lost the lock state; waiting one lock TTL before delivering", "wait_ms", p.cfg.LockTTL.Milliseconds())
-		select {
-		case <-ctx.Done():
-			return
-		case <-workCtx.Done():
-			return
-		case <-time.After(p.cfg.LockTTL):
-		}
-	}
-	// Raise the fence before the first send: from now on the predecessor's
-	// writes are refused, and this token is the floor for the next holder.
-	qctx, cancel := p.withQueryTimeout(workCtx)
-	err := p.store.ClaimFence(qctx, fence)
-	cancel()
-	if err != nil {
-		p.stepDown(log, err)
-		return
-	}
-
+// lead runs batches while the term holds and ctx is live. Shutdown order:
+// stop fetching (ctx) → finish the batch in flight (work, cancelled by the
+// term ShutdownTimeout later) → release (the term, when lead returns).
+func (p *Poller) lead(ctx, work context.Context, t *term.Term) error {
 	idle := time.Duration(0)
 	for {
-		if ctx.Err() != nil {
-			return
+		if ctx.Err() != nil || work.Err() != nil {
+			return nil // "lock lost" is logged on release
 		}
-		if l.Context().Err() != nil {
-			return // "lock lost" is logged on release
-		}
-		n, more, err := p.batch(workCtx, fence, l.TrustedUntil)
+		n, more, err := p.batch(work, t.Fence(), t.TrustedUntil)
 		switch {
 		case errors.Is(err, store.ErrStaleFence):
-			p.stepDown(log, err)
-			return
-		case l.Context().Err() != nil:
-			return
+			return err
+		case work.Err() != nil:
+			return nil
 		case err != nil:
-			log.Error("batch failed", "error", err)
+			t.Log().Error("batch failed", "error", err)
 			idle = p.cfg.PollInterval
 		case more:
 			idle = 0 // more waiting: go again at once
@@ -297,25 +258,16 @@ func (p *Poller) lead(ctx context.Context, l *lock.Lock) {
 		if idle == 0 {
 			continue
 		}
-		t := time.NewTimer(idle)
+		timer := time.NewTimer(idle)
 		select {
 		case <-ctx.Done():
-		case <-l.Context().Done():
+		case <-work.Done():
 		case <-p.wake:
 			idle = 0
-		case <-t.C:
+		case <-timer.C:
 		}
-		t.Stop()
+		timer.Stop()
 	}
-}
-
-func (p *Poller) stepDown(log *slog.Logger, err error) {
-	if errors.Is(err, store.ErrStaleFence) {
-		p.m.FenceRejections.WithLabelValues(LockName).Inc()
-		log.Warn("fence rejected", "error", err)
-		return
-	}
-	log.Error("stepping down", "error", err)
 }
 
 // listen wakes the leader on NOTIFY outbox_events. Polling continues either
@@ -391,13 +343,9 @@ func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() ti
 
 	// Results are written even if the lease was lost meanwhile: the fence, not
 	// the lease, decides whether they land, and landing them saves duplicates.
-	wctx, cancelW := p.withQueryTimeout(context.WithoutCancel(ctx))
+	wctx, cancelW := context.WithTimeout(context.WithoutCancel(ctx), queryTimeout(p.cfg))
 	defer cancelW()
 	return len(rows), more, p.finish(wctx, items, c.String(), fence, start)
-}
-
-func (p *Poller) key(id int64) string {
-	return p.cfg.KeyPrefix + "idempotency:notify:" + strconv.FormatInt(id, 10)
 }
 
 // claim is the value a runner puts on an idempotency key while it delivers
@@ -459,7 +407,7 @@ func (p *Poller) claim(ctx context.Context, items []item, c claim) error {
 		if items[i].outcome == poisoned {
 			continue
 		}
-		cmds[i] = pipe.Do(ctx, "set", p.key(items[i].row.ID), value, "px", ttl, "nx", "get")
+		cmds[i] = pipe.Do(ctx, "set", p.keys.Idempotency(items[i].row.ID), value, "px", ttl, "nx", "get")
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) && !rowError(err) {
 		return fmt.Errorf("poller: claim idempotency keys: %w", err)
@@ -475,9 +423,9 @@ func (p *Poller) claim(ctx context.Context, items []item, c claim) error {
 		case errors.Is(err, redis.Nil):
 			items[i].outcome = pending // ours to send
 		case err != nil && rowError(err):
-			items[i].outcome, items[i].err = refused, fmt.Errorf("idempotency key %s: %w", p.key(items[i].row.ID), err)
+			items[i].outcome, items[i].err = refused, fmt.Errorf("idempotency key %s: %w", p.keys.Idempotency(items[i].row.ID), err)
 		case err != nil:
-			return fmt.Errorf("poller: claim %s: %w", p.key(items[i].row.ID), err)
+			return fmt.Errorf("poller: claim %s: %w", p.keys.Idempotency(items[i].row.ID), err)
 		case v == "1":
 			items[i].outcome = duplicate
 		default:
@@ -485,7 +433,7 @@ func (p *Poller) claim(ctx context.Context, items []item, c claim) error {
 			switch {
 			case !ok:
 				items[i].outcome = refused
-				items[i].err = fmt.Errorf("idempotency key %s holds %q, which outboxd did not write: delete it to let the event go", p.key(items[i].row.ID), clip(v, 64))
+				items[i].err = fmt.Errorf("idempotency key %s holds %q, which outboxd did not write: delete it to let the event go", p.keys.Idempotency(items[i].row.ID), clip(v, 64))
 			case c.supersedes(other):
 				takeover, previous = append(takeover, i), append(previous, v)
 			default:
@@ -506,7 +454,7 @@ func (p *Poller) takeOver(ctx context.Context, items []item, idx []int, previous
 	cmds := make([]*redis.Cmd, len(idx))
 	for j, i := range idx {
 		// EVAL, not EVALSHA: this path is rare, and a pipeline cannot fall back on NOSCRIPT.
-		cmds[j] = takeoverScript.Eval(ctx, pipe, []string{p.key(items[i].row.ID)}, previous[j], value, ttl)
+		cmds[j] = takeoverScript.Eval(ctx, pipe, []string{p.keys.Idempotency(items[i].row.ID)}, previous[j], value, ttl)
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !rowError(err) {
 		return fmt.Errorf("poller: take over claims: %w", err)
@@ -516,9 +464,9 @@ func (p *Poller) takeOver(ctx context.Context, items []item, idx []int, previous
 		n, err := cmds[j].Int()
 		switch {
 		case err != nil && rowError(err):
-			items[i].outcome, items[i].err = refused, fmt.Errorf("idempotency key %s: %w", p.key(items[i].row.ID), err)
+			items[i].outcome, items[i].err = refused, fmt.Errorf("idempotency key %s: %w", p.keys.Idempotency(items[i].row.ID), err)
 		case err != nil:
-			return fmt.Errorf("poller: take over %s: %w", p.key(items[i].row.ID), err)
+			return fmt.Errorf("poller: take over %s: %w", p.keys.Idempotency(items[i].row.ID), err)
 		case n == 1:
 			items[i].outcome = pending
 			taken++
@@ -650,7 +598,7 @@ func (p *Poller) finish(ctx context.Context, items []item, claim string, fence s
 	deliveredTTL := strconv.FormatInt(DeliveredTTL.Milliseconds(), 10)
 	now := time.Now()
 	for _, it := range items {
-		key := []string{p.key(it.row.ID)}
+		key := []string{p.keys.Idempotency(it.row.ID)}
 		switch it.outcome {
 		case sent:
 			delivered = append(delivered, it.row.ID)

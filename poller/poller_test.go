@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/lock"
 	"github.com/outboxd/outboxd/metrics"
@@ -262,7 +263,7 @@ func TestPausedLeaderIsFencedOut(t *testing.T) {
 		t.Fatal("rows left undelivered")
 	}
 	var fence int64
-	_ = e.st.Pool().QueryRow(context.Background(), `SELECT token FROM outbox_fence WHERE lock_name = $1`, LockName).Scan(&fence)
+	_ = e.st.Pool().QueryRow(context.Background(), `SELECT token FROM outbox_fence WHERE lock_name = $1`, keys.PollerLock).Scan(&fence)
 	if fence < 2 {
 		t.Fatalf("fence %d, want the new leader's token", fence)
 	}
@@ -311,8 +312,8 @@ func TestSplitBrainRunnersNeverOverwriteEachOther(t *testing.T) {
 	e.waitAllDispatched(60 * time.Second)
 	e.checkDelivered(ids)
 
-	rejections := testutil.ToFloat64(a.m.FenceRejections.WithLabelValues(LockName)) +
-		testutil.ToFloat64(b.m.FenceRejections.WithLabelValues(LockName))
+	rejections := testutil.ToFloat64(a.m.FenceRejections.WithLabelValues(keys.PollerLock)) +
+		testutil.ToFloat64(b.m.FenceRejections.WithLabelValues(keys.PollerLock))
 	if rejections == 0 {
 		t.Fatal("two leaders ran and the fence refused nothing")
 	}
@@ -359,7 +360,7 @@ func TestShutdownFinishesInFlightThenReleases(t *testing.T) {
 	if n := e.count("dispatched_at IS NULL"); n != 0 {
 		t.Fatalf("%d rows of the in-flight batch not marked", n)
 	}
-	if e.rdb.Exists(context.Background(), e.prefix+LockName).Val() != 0 {
+	if e.rdb.Exists(context.Background(), e.prefix+keys.PollerLock).Val() != 0 {
 		t.Fatal("lock not released")
 	}
 }
@@ -375,8 +376,8 @@ func TestRedisOutageIsLogged(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: down.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
 	defer rdb.Close()
 	logs := &lockedBuffer{}
-	r := New(cfg, e.st, lock.New([]redis.UniversalClient{rdb}), rdb, dispatch.Noop{},
-		slog.New(slog.NewJSONHandler(logs, nil)), metrics.New())
+	r := New(cfg, Deps{Store: e.st, Locks: lock.New([]redis.UniversalClient{rdb}), Redis: rdb, Sink: dispatch.Noop{},
+		Log: slog.New(slog.NewJSONHandler(logs, nil)), Metrics: metrics.New()})
 	stop := e.run(&runner{r, nil})
 	e.waitFor("an outage log line", 10*time.Second, func() bool {
 		s := logs.String()

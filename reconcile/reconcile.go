@@ -18,39 +18,69 @@
 package reconcile
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
-	"sync/atomic"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/robfig/cron/v3"
 
-	"github.com/outboxd/outboxd/config"
-	"github.com/outboxd/outboxd/internal/held"
+	"github.com/outboxd/outboxd/internal/keys"
+	"github.com/outboxd/outboxd/internal/term"
 	"github.com/outboxd/outboxd/lock"
 	"github.com/outboxd/outboxd/metrics"
 	"github.com/outboxd/outboxd/store"
 )
 
-// LockName is the contract's reconciliation lock key.
-const LockName = "lock:reconciliation"
-
 // ErrAlreadyRan: the fire time was reconciled already (by any replica).
 var ErrAlreadyRan = errors.New("reconcile: fire time already ran")
 
-// Config tunes the reconciler.
+// Defaults fill the zero fields of Config; config's defaults for the
+// reconcile.* keys are these same values.
+const (
+	DefaultSchedule  = "*/5 * * * *"
+	DefaultLockTTL   = 300 * time.Second
+	DefaultLockWait  = 500 * time.Millisecond // a scheduled run skips rather than queue
+	DefaultRetention = 7 * 24 * time.Hour
+	DefaultBatchSize = 1000
+	// queryTimeout bounds each sweep statement: sweeps are batched, so one
+	// taking longer means Postgres is in trouble.
+	queryTimeout = 30 * time.Second
+)
+
+// Config tunes the reconciler. Zero fields get the Default* values
+// (DeadRetention 0 keeps dead rows; ShutdownTimeout 0 lets a sweep finish).
 type Config struct {
-	Schedule      string        // cron spec (see config.ParseSchedule)
-	LockTTL       time.Duration // 300 s
-	LockWait      time.Duration // how long a scheduled run waits for the lock; short
-	Retention     time.Duration // delivered rows older than this are purged
-	DeadRetention time.Duration // dead rows older than this are purged; 0 keeps them
-	BatchSize     int           // rows per sweep batch
-	KeyPrefix     string        // before every Redis key
+	Schedule        string        // cron spec (see ParseSchedule)
+	LockTTL         time.Duration // lease of lock:reconciliation, watchdog-renewed
+	LockWait        time.Duration // how long a scheduled run waits for the lock
+	Retention       time.Duration // delivered rows older than this are purged
+	DeadRetention   time.Duration // dead rows older than this are purged; 0 keeps them
+	BatchSize       int           // rows per sweep batch
+	ShutdownTimeout time.Duration // how long a sweep goes on after shutdown begins
+	KeyPrefix       string        // before every Redis key
+}
+
+func (c Config) withDefaults() Config {
+	c.Schedule = cmp.Or(c.Schedule, DefaultSchedule)
+	c.LockTTL = cmp.Or(c.LockTTL, DefaultLockTTL)
+	c.LockWait = cmp.Or(c.LockWait, DefaultLockWait)
+	c.Retention = cmp.Or(c.Retention, DefaultRetention)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	return c
+}
+
+// Deps are what the reconciler acts on.
+type Deps struct {
+	Store   *store.Store
+	Locks   *lock.Client
+	Redis   redis.UniversalClient // holds the idempotency keys
+	Log     *slog.Logger
+	Metrics *metrics.Metrics
 }
 
 // Reconciler runs sweeps on a schedule or on demand.
@@ -58,16 +88,16 @@ type Reconciler struct {
 	cfg      Config
 	schedule cron.Schedule
 	store    *store.Store
-	locks    *lock.Client
 	rdb      redis.UniversalClient
+	keys     keys.Space
 	log      *slog.Logger
 	m        *metrics.Metrics
+	seat     *term.Seat
 	hooks    hooks
-	held     atomic.Int64 // token while a run holds the lock
 }
 
 // HeldToken is the fencing token while a run holds the lock, 0 otherwise.
-func (r *Reconciler) HeldToken() int64 { return r.held.Load() }
+func (r *Reconciler) HeldToken() int64 { return r.seat.Token() }
 
 // hooks are test-only pause points.
 type hooks struct {
@@ -75,22 +105,47 @@ type hooks struct {
 }
 
 // New validates the schedule and returns a reconciler.
-func New(cfg Config, st *store.Store, locks *lock.Client, rdb redis.UniversalClient, log *slog.Logger, m *metrics.Metrics) (*Reconciler, error) {
-	sched, err := config.ParseSchedule(cfg.Schedule)
+func New(cfg Config, d Deps) (*Reconciler, error) {
+	cfg = cfg.withDefaults()
+	sched, err := ParseSchedule(cfg.Schedule)
 	if err != nil {
-		return nil, &config.KeyError{Key: "reconcile.schedule", Err: err}
+		return nil, err
 	}
-	if cfg.LockTTL <= 0 {
-		cfg.LockTTL = 300 * time.Second
+	return &Reconciler{cfg: cfg, schedule: sched, store: d.Store, rdb: d.Redis, keys: keys.New(cfg.KeyPrefix),
+		log: d.Log.With("lock", keys.ReconcileLock), m: d.Metrics,
+		seat: term.New(keys.ReconcileLock, term.Options{
+			TTL: cfg.LockTTL, Wait: cfg.LockWait, ShutdownTimeout: cfg.ShutdownTimeout, QueryTimeout: queryTimeout,
+		}, term.Deps{Locks: d.Locks, Store: d.Store, Log: d.Log, Metrics: d.Metrics}),
+	}, nil
+}
+
+// ParseSchedule parses a cron spec: five standard fields or a descriptor
+// such as @every 30s or @hourly, optionally prefixed with CRON_TZ=<zone>
+// (default UTC, so replicas in different zones agree on fire times).
+// "@every d" fires at multiples of d from a fixed origin, not d after
+// whenever the process started, for the same reason.
+func ParseSchedule(spec string) (cron.Schedule, error) {
+	if !strings.HasPrefix(spec, "CRON_TZ=") && !strings.HasPrefix(spec, "TZ=") && !strings.HasPrefix(spec, "@every") {
+		spec = "CRON_TZ=UTC " + spec
 	}
-	if cfg.LockWait <= 0 {
-		cfg.LockWait = 500 * time.Millisecond
+	s, err := cron.ParseStandard(spec)
+	if err != nil {
+		return nil, err
 	}
-	if cfg.BatchSize <= 0 {
-		cfg.BatchSize = 1000
+	if every, ok := s.(cron.ConstantDelaySchedule); ok {
+		if every.Delay < time.Second {
+			return nil, fmt.Errorf("@every needs at least 1s, got %s", every.Delay)
+		}
+		return alignedEvery(every.Delay), nil
 	}
-	return &Reconciler{cfg: cfg, schedule: sched, store: st, locks: locks, rdb: rdb,
-		log: log.With("lock", LockName), m: m}, nil
+	return s, nil
+}
+
+// alignedEvery fires at every multiple of its duration since the epoch.
+type alignedEvery time.Duration
+
+func (d alignedEvery) Next(t time.Time) time.Time {
+	return t.Truncate(time.Duration(d)).Add(time.Duration(d))
 }
 
 // Summary is what one run did and found.
@@ -160,58 +215,38 @@ func (r *Reconciler) RunOnce(ctx context.Context, fireTime time.Time, wait time.
 	start := time.Now()
 	fireTime = fireTime.UTC().Truncate(time.Microsecond) // Postgres' precision
 	sum := Summary{FireTime: fireTime}
-	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if done, err := r.store.RunDone(qctx, fireTime); err != nil || done {
+	qctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	done, err := r.store.RunDone(qctx, fireTime)
+	cancel()
+	if err != nil || done {
 		if done {
 			err = ErrAlreadyRan
 		}
 		return sum, err
 	}
-	floor, err := r.store.FenceToken(qctx, LockName)
-	if err != nil {
-		return sum, err
-	}
-	l, err := r.locks.Acquire(ctx, LockName, lock.Options{TTL: r.cfg.LockTTL, Wait: wait, Floor: floor})
-	if err != nil {
-		return sum, err
-	}
-	log, release := held.Announce(ctx, r.log, l, &r.held)
-	defer release()
-	sum.FencingToken = l.Token()
-	fence := store.Fence{Lock: LockName, Token: l.Token(), Owner: l.Owner()}
-	lctx := l.Context()
-
-	bctx, cancelB := context.WithTimeout(lctx, 30*time.Second)
-	started, err := r.store.BeginRun(bctx, fence, fireTime)
-	cancelB()
-	if err != nil {
-		return sum, r.fenceErr(log, err)
-	}
-	if !started {
-		return sum, ErrAlreadyRan
-	}
-	if err := r.sweep(lctx, fence, &sum); err != nil {
-		if lctx.Err() != nil {
-			err = errors.Join(err, context.Cause(lctx)) // "lock lost" is logged on release
+	err = r.seat.Run(ctx, wait, func(ctx context.Context, t *term.Term) error {
+		sum.FencingToken = t.Token()
+		bctx, cancelB := context.WithTimeout(ctx, queryTimeout)
+		started, err := r.store.BeginRun(bctx, t.Fence(), fireTime)
+		cancelB()
+		if err != nil {
+			return err
 		}
-		return sum, r.fenceErr(log, err)
-	}
-	sum.DurationMS = time.Since(start).Milliseconds()
-	fctx, cancelF := writeCtx(lctx)
-	defer cancelF()
-	if err := r.store.FinishRun(fctx, fence, fireTime, sum); err != nil {
-		return sum, r.fenceErr(log, err)
-	}
-	return sum, nil
-}
-
-func (r *Reconciler) fenceErr(log *slog.Logger, err error) error {
-	if errors.Is(err, store.ErrStaleFence) {
-		r.m.FenceRejections.WithLabelValues(LockName).Inc()
-		log.Warn("fence rejected", "error", err)
-	}
-	return err
+		if !started {
+			return ErrAlreadyRan
+		}
+		if err := r.sweep(ctx, t.Fence(), &sum); err != nil {
+			if ctx.Err() != nil {
+				err = errors.Join(err, context.Cause(ctx)) // "lock lost" is logged on release
+			}
+			return err
+		}
+		sum.DurationMS = time.Since(start).Milliseconds()
+		fctx, cancelF := writeCtx(ctx)
+		defer cancelF()
+		return r.store.FinishRun(fctx, t.Fence(), fireTime, sum)
+	})
+	return sum, err
 }
 
 // sweep runs the three sweeps in order, each in bounded batches.
@@ -229,7 +264,7 @@ func (r *Reconciler) sweep(ctx context.Context, fence store.Fence, sum *Summary)
 			return fmt.Errorf("reconcile: purge dead: %w", err)
 		}
 	}
-	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	sctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	st, err := r.store.Stats(sctx)
 	if err != nil {
@@ -248,7 +283,7 @@ func (r *Reconciler) sweep(ctx context.Context, fence store.Fence, sum *Summary)
 // writeCtx detaches a fenced write from the lock's context: the fence, not
 // the lease, decides whether it lands (a stale sweep's write is refused).
 func writeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	return context.WithTimeout(context.WithoutCancel(ctx), queryTimeout)
 }
 
 // markFromRedis repairs the crash window between "key says delivered" and
@@ -260,18 +295,18 @@ func (r *Reconciler) markFromRedis(ctx context.Context, fence store.Fence) (int6
 		if err := ctx.Err(); err != nil {
 			return marked, context.Cause(ctx)
 		}
-		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		rctx, cancel := context.WithTimeout(ctx, queryTimeout)
 		ids, err := r.store.PendingIDs(rctx, cursor, r.cfg.BatchSize)
 		cancel()
 		if err != nil || len(ids) == 0 {
 			return marked, err
 		}
 		cursor = ids[len(ids)-1]
-		keys := make([]string, len(ids))
+		names := make([]string, len(ids))
 		for i, id := range ids {
-			keys[i] = r.cfg.KeyPrefix + "idempotency:notify:" + strconv.FormatInt(id, 10)
+			names[i] = r.keys.Idempotency(id)
 		}
-		vals, err := mget(ctx, r.rdb, keys)
+		vals, err := mget(ctx, r.rdb, names)
 		if err != nil {
 			return marked, err
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/lock"
 	"github.com/outboxd/outboxd/metrics"
@@ -50,7 +51,7 @@ func (e *env) reconciler(cfg Config) *rec {
 	}
 	m := metrics.New()
 	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(e.prefix))
-	r, err := New(cfg, e.st, locks, e.rdb, slog.New(slog.NewJSONHandler(testWriter{e.t}, nil)), m)
+	r, err := New(cfg, Deps{Store: e.st, Locks: locks, Redis: e.rdb, Log: slog.New(slog.NewJSONHandler(testWriter{e.t}, nil)), Metrics: m})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -193,7 +194,7 @@ func TestLostLockStopsSweepAndFenceRefusesIt(t *testing.T) {
 		done <- err
 	}()
 	<-inHook
-	e.rdb.Del(context.Background(), e.prefix+LockName)
+	e.rdb.Del(context.Background(), e.prefix+keys.ReconcileLock)
 	deletedAt <- time.Now()
 	// The watchdog checks every ttl/3; the bound that matters is stopping
 	// before the lease could have been handed to someone else (one TTL).
@@ -213,7 +214,7 @@ func TestLostLockStopsSweepAndFenceRefusesIt(t *testing.T) {
 	if !errors.Is(err, store.ErrStaleFence) {
 		t.Fatalf("stale sweep's write: %v, want ErrStaleFence", err)
 	}
-	if n := testutil.ToFloat64(stale.m.FenceRejections.WithLabelValues(LockName)); n != 1 {
+	if n := testutil.ToFloat64(stale.m.FenceRejections.WithLabelValues(keys.ReconcileLock)); n != 1 {
 		t.Fatalf("fence rejections counted %v, want 1", n)
 	}
 }
@@ -274,12 +275,17 @@ func TestRetentionAndMarkSweeps(t *testing.T) {
 	}
 }
 
-func TestBadScheduleIsAKeyError(t *testing.T) {
+func TestBadScheduleIsRefused(t *testing.T) {
 	e := newEnv(t)
-	m := metrics.New()
-	_, err := New(Config{Schedule: "every day"}, e.st, lock.New([]redis.UniversalClient{e.rdb}), e.rdb, slog.Default(), m)
-	if err == nil || !strings.Contains(err.Error(), "reconcile.schedule") {
-		t.Fatalf("got %v, want an error naming reconcile.schedule", err)
+	_, err := New(Config{Schedule: "every day"}, Deps{Store: e.st, Locks: lock.New([]redis.UniversalClient{e.rdb}),
+		Redis: e.rdb, Log: slog.Default(), Metrics: metrics.New()})
+	if err == nil || !strings.Contains(err.Error(), "every") {
+		t.Fatalf("got %v, want the parse error", err)
+	}
+	for _, spec := range []string{"* * *", "61 * * * *", "@every soon"} {
+		if _, err := ParseSchedule(spec); err == nil {
+			t.Errorf("schedule %q accepted", spec)
+		}
 	}
 }
 

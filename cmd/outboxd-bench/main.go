@@ -195,7 +195,7 @@ func (e *env) poller(sink dispatch.Sink, notify bool) *poller.Poller {
 	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(e.prefix))
 	return poller.New(poller.Config{
 		BatchSize: *batch, Concurrency: *conc, PollInterval: *pollEvery, KeyPrefix: e.prefix, Notify: notify,
-	}, e.st, locks, e.rdb, sink, slog.New(slog.NewJSONHandler(io.Discard, nil)), m)
+	}, poller.Deps{Store: e.st, Locks: locks, Redis: e.rdb, Sink: sink, Log: slog.New(slog.NewJSONHandler(io.Discard, nil)), Metrics: m})
 }
 
 func run(p *poller.Poller) (stop func()) {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -21,9 +22,9 @@ import (
 
 	"github.com/outboxd/outboxd/app"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/lock"
 	"github.com/outboxd/outboxd/migrations"
-	"github.com/outboxd/outboxd/reconcile"
 	"github.com/outboxd/outboxd/store"
 )
 
@@ -55,8 +56,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintln(stderr, "outboxd:", err)
 	var ue usageError
 	var ke *config.KeyError
-	// cobra reports an unknown subcommand as a plain error.
-	if errors.As(err, &ue) || errors.As(err, &ke) || strings.HasPrefix(err.Error(), "unknown command") {
+	if errors.As(err, &ue) || errors.As(err, &ke) {
 		return 2
 	}
 	return 1
@@ -78,13 +78,48 @@ func newRoot(stdout io.Writer) *cobra.Command {
 	root.PersistentFlags().StringVar(&g.configFile, "config", "", "config file (YAML); env OUTBOXD_<SECTION>_<KEY> and --set override it")
 	root.PersistentFlags().StringArrayVar(&g.sets, "set", nil, "override one key, e.g. --set poller.batch_size=1000 (repeatable)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	// With Args and RunE set, cobra hands an unknown subcommand to root
+	// instead of returning a plain "unknown command" error: a usage error.
+	root.Args = cobra.ArbitraryArgs
+	root.RunE = func(cmd *cobra.Command, args []string) error {
+		if len(args) > 0 {
+			return usageError{fmt.Errorf("unknown command %q for %q", args[0], cmd.Name())}
+		}
+		return cmd.Help()
+	}
 	root.AddCommand(runCmd(g, stdout), migrateCmd(g, stdout), versionCmd(stdout), statusCmd(g, stdout), replayCmd(g, stdout), reconcileCmd(g, stdout), configCmd(g, stdout), healthCmd(g, stdout))
 	return root
 }
 
 func (g *globals) load() (*config.Config, error) {
-	return config.Load(g.configFile, g.sets)
+	return app.LoadConfig(g.configFile, g.sets)
 }
+
+// session is what a command that works on Postgres or Redis starts with:
+// the config, a JSON logger (go-redis' own lines routed into it) and a
+// context cancelled by SIGTERM/SIGINT.
+type session struct {
+	cfg  *config.Config
+	log  *slog.Logger
+	ctx  context.Context
+	stop context.CancelFunc
+}
+
+// start loads the config and opens a session logging to w at the
+// configured level.
+func (g *globals) start(w io.Writer) (*session, error) {
+	cfg, err := g.load()
+	if err != nil {
+		return nil, err
+	}
+	log := app.NewLogger(cfg.Log.Level, cfg.Log.Format, w)
+	app.RouteRedisLogs(log)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	return &session{cfg: cfg, log: log, ctx: ctx, stop: stop}, nil
+}
+
+// app connects (lazily) the parts the config describes.
+func (s *session) app() (*app.App, error) { return app.New(s.ctx, s.cfg, s.log) }
 
 func noArgs(cmd *cobra.Command, args []string) error {
 	if len(args) > 0 {
@@ -93,31 +128,24 @@ func noArgs(cmd *cobra.Command, args []string) error {
 	return nil
 }
 
-func signalContext() (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-}
-
 func runCmd(g *globals, stdout io.Writer) *cobra.Command {
 	return &cobra.Command{
 		Use:   "run",
 		Short: "Run the relay until SIGTERM/SIGINT",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := g.load()
+			s, err := g.start(stdout)
 			if err != nil {
 				return err
 			}
-			log := app.NewLogger(cfg.Log.Level, cfg.Log.Format, stdout)
-			app.RouteRedisLogs(log)
-			ctx, stop := signalContext()
-			defer stop()
-			a, err := app.New(ctx, cfg, log)
+			defer s.stop()
+			a, err := s.app()
 			if err != nil {
 				return err
 			}
 			defer a.Close()
-			if err := a.Run(ctx); err != nil {
-				log.Error("outboxd failed", "error", err)
+			if err := a.Run(s.ctx); err != nil {
+				s.log.Error("outboxd failed", "error", err)
 				return err
 			}
 			return nil
@@ -131,20 +159,18 @@ func migrateCmd(g *globals, stdout io.Writer) *cobra.Command {
 		Short: "Apply the embedded schema migrations (safe from several replicas at once)",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := g.load()
+			s, err := g.start(stdout)
 			if err != nil {
 				return err
 			}
-			log := app.NewLogger(cfg.Log.Level, cfg.Log.Format, stdout)
-			ctx, stop := signalContext()
-			defer stop()
-			applied, err := migrations.Up(ctx, cfg.Postgres.DSN, func(r migrations.Result) {
-				log.Info("migration applied", "version", r.Version, "source", r.Source, "duration", r.Duration)
+			defer s.stop()
+			applied, err := migrations.Up(s.ctx, s.cfg.Postgres.DSN, func(r migrations.Result) {
+				s.log.Info("migration applied", "version", r.Version, "source", r.Source, "duration", r.Duration)
 			})
 			if err != nil {
 				return err
 			}
-			log.Info("migrations up to date", "applied", len(applied))
+			s.log.Info("migrations up to date", "applied", len(applied))
 			return nil
 		},
 	}
@@ -182,20 +208,17 @@ func statusCmd(g *globals, stdout io.Writer) *cobra.Command {
 		Short: "Show who holds each lock (owner, TTL left, token), the fence tokens Postgres accepted, and the backlog",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := g.load()
+			s, err := g.start(io.Discard) // the table is the output
 			if err != nil {
 				return err
 			}
-			ctx, stop := signalContext()
-			defer stop()
-			quiet := app.NewLogger("error", "json", io.Discard)
-			app.RouteRedisLogs(quiet)
-			a, err := app.New(ctx, cfg, quiet)
+			defer s.stop()
+			a, err := s.app()
 			if err != nil {
 				return err
 			}
 			defer a.Close()
-			qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			qctx, cancel := context.WithTimeout(s.ctx, 10*time.Second)
 			defer cancel()
 			st, err := a.Status(qctx)
 			if err != nil {
@@ -269,25 +292,23 @@ func replayCmd(g *globals, stdout io.Writer) *cobra.Command {
 				}
 				f.AggregateType, f.AggregateID = t, id
 			}
-			cfg, err := g.load()
+			s, err := g.start(stdout)
 			if err != nil {
 				return err
 			}
-			log := app.NewLogger(cfg.Log.Level, cfg.Log.Format, stdout)
-			ctx, stop := signalContext()
-			defer stop()
-			st, err := store.Open(ctx, cfg.Postgres.DSN)
+			defer s.stop()
+			st, err := store.Open(s.ctx, s.cfg.Postgres.DSN)
 			if err != nil {
 				return err
 			}
 			defer st.Close()
-			n, err := st.ReplayDead(ctx, f, 1000, func(done int64) {
-				log.Info("replay progress", "requeued", done)
+			n, err := st.ReplayDead(s.ctx, f, 1000, func(done int64) {
+				s.log.Info("replay progress", "requeued", done)
 			})
 			if err != nil {
 				return err
 			}
-			log.Info("replay finished", "requeued", n)
+			s.log.Info("replay finished", "requeued", n)
 			return nil
 		},
 	}
@@ -307,15 +328,12 @@ func reconcileCmd(g *globals, stdout io.Writer) *cobra.Command {
 			if !once {
 				return usageError{errors.New("reconcile needs --once (scheduled runs happen inside `outboxd run`)")}
 			}
-			cfg, err := g.load()
+			s, err := g.start(cmd.ErrOrStderr()) // stdout is the summary
 			if err != nil {
 				return err
 			}
-			log := app.NewLogger(cfg.Log.Level, cfg.Log.Format, cmd.ErrOrStderr())
-			app.RouteRedisLogs(log)
-			ctx, stop := signalContext()
-			defer stop()
-			a, err := app.New(ctx, cfg, log)
+			defer s.stop()
+			a, err := s.app()
 			if err != nil {
 				return err
 			}
@@ -324,10 +342,10 @@ func reconcileCmd(g *globals, stdout io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			sum, err := rec.RunOnce(ctx, time.Now(), cfg.Poller.LockWait)
+			sum, err := rec.RunOnce(s.ctx, time.Now(), s.cfg.Poller.LockWait)
 			var held *lock.HolderError
 			if errors.As(err, &held) {
-				return fmt.Errorf("%s is held by owner %s for %s more; try again later", reconcile.LockName,
+				return fmt.Errorf("%s is held by owner %s for %s more; try again later", keys.ReconcileLock,
 					held.Owner, held.TTL.Round(time.Second))
 			}
 			if err != nil {

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/app"
-	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
@@ -188,7 +187,7 @@ func TestConfigShowsNoSecrets(t *testing.T) {
 func TestHealth(t *testing.T) {
 	rs := testenv.StartRedisServer(t)
 	port := strconv.Itoa(testenv.FreePort(t))
-	cfg, err := config.Load("", []string{"postgres.dsn=" + testenv.DSN(t), "redis.addrs=" + rs.Addr,
+	cfg, err := app.LoadConfig("", []string{"postgres.dsn=" + testenv.DSN(t), "redis.addrs=" + rs.Addr,
 		"http.addr=0.0.0.0:" + port, "dispatch.sink=noop"})
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,101 @@
+package app
+
+import (
+	"time"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/poller"
+	"github.com/outboxd/outboxd/reconcile"
+)
+
+// Defaults of the keys that configure the wiring itself (connections, HTTP,
+// logs); every other key's default is the constant of the part it configures.
+const (
+	DefaultPostgresDSN = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+	DefaultRedisAddr   = "127.0.0.1:6379"
+	DefaultWebhookURL  = "http://127.0.0.1:8081/events"
+	DefaultHTTPAddr    = "127.0.0.1:9090"
+)
+
+// Defaults is every configuration key's default. Each value is written once:
+// here for the wiring, as a Default* constant beside the Config of the part
+// (poller, reconcile, dispatch) for the rest.
+func Defaults() map[string]any {
+	return map[string]any{
+		"postgres.dsn":                   DefaultPostgresDSN,
+		"postgres.dsn_file":              "",
+		"redis.addrs":                    []string{DefaultRedisAddr},
+		"redis.mode":                     "single",
+		"redis.username":                 "",
+		"redis.password":                 "",
+		"redis.db":                       0,
+		"redis.key_prefix":               "",
+		"redis.master_name":              "",
+		"redis.password_file":            "",
+		"redis.tls.enabled":              false,
+		"redis.tls.ca_file":              "",
+		"redis.tls.cert_file":            "",
+		"redis.tls.key_file":             "",
+		"redis.tls.server_name":          "",
+		"redis.tls.insecure_skip_verify": false,
+		"poller.lock_ttl":                poller.DefaultLockTTL,
+		"poller.lock_wait":               poller.DefaultLockWait,
+		"poller.batch_size":              poller.DefaultBatchSize,
+		"poller.poll_interval":           poller.DefaultPollInterval,
+		"poller.max_attempts":            poller.DefaultMaxAttempts,
+		"poller.concurrency":             poller.DefaultConcurrency,
+		"poller.claim_ttl":               poller.DefaultClaimTTL,
+		"poller.backoff_base":            poller.DefaultBackoffBase,
+		"poller.backoff_max":             poller.DefaultBackoffMax,
+		"poller.notify":                  false,
+		"poller.max_payload_bytes":       poller.DefaultMaxPayloadBytes,
+		"poller.batch_max_bytes":         poller.DefaultBatchMaxBytes,
+		"reconcile.schedule":             reconcile.DefaultSchedule,
+		"reconcile.lock_ttl":             reconcile.DefaultLockTTL,
+		"reconcile.retention":            reconcile.DefaultRetention,
+		"reconcile.dead_retention":       time.Duration(0), // keep dead rows
+		"reconcile.batch_size":           reconcile.DefaultBatchSize,
+		"dispatch.sink":                  "webhook",
+		"dispatch.webhook.url":           DefaultWebhookURL,
+		"dispatch.webhook.secret":        "",
+		"dispatch.webhook.secret_file":   "",
+		"dispatch.webhook.timeout":       dispatch.DefaultWebhookTimeout,
+		"http.addr":                      DefaultHTTPAddr,
+		"log.level":                      "info",
+		"log.format":                     "json",
+		"shutdown_timeout":               poller.DefaultShutdownTimeout,
+	}
+}
+
+// LoadConfig loads the configuration (file, environment, sets; see
+// config.Load) with Defaults and checks it with Check. Every error that is
+// the operator's to fix is a *config.KeyError naming the key (exit 2).
+func LoadConfig(file string, sets []string) (*config.Config, error) {
+	cfg, err := config.Load(file, sets, Defaults())
+	if err != nil {
+		return nil, err
+	}
+	if err := Check(cfg); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// Check asks each part to validate what only it understands (the
+// reconciliation schedule, the webhook's URL and secret), so each rule has
+// one home, and names the key of any error.
+func Check(cfg *config.Config) error {
+	if _, err := reconcile.ParseSchedule(cfg.Reconcile.Schedule); err != nil {
+		return &config.KeyError{Key: "reconcile.schedule", Err: err}
+	}
+	if cfg.Dispatch.Sink == "webhook" {
+		if _, err := dispatch.ParseURL(cfg.Dispatch.Webhook.URL); err != nil {
+			return &config.KeyError{Key: "dispatch.webhook.url", Err: err}
+		}
+		if _, err := dispatch.ParseSecret(cfg.Dispatch.Webhook.Secret); err != nil {
+			return &config.KeyError{Key: cfg.SourceKey("dispatch.webhook.secret"), Err: err}
+		}
+	}
+	return nil
+}

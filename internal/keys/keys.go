@@ -1,0 +1,34 @@
+// Package keys names the Redis keys and locks outboxd uses (the contract's
+// "Redis keys" table), so each is spelled in one place.
+//
+// The lock package shapes the keys of a lock itself (the lock key, its
+// fence counter fence:{<lock key>} in the same hash slot, and the release
+// channel <lock key>:released), because that shape carries its guarantees;
+// it applies the same prefix, given once in app from redis.key_prefix.
+package keys
+
+import "strconv"
+
+// Lock names (without the prefix).
+const (
+	PollerLock    = "lock:outbox:poller"
+	ReconcileLock = "lock:reconciliation"
+)
+
+// Locks lists every lock outboxd takes, for status and metrics.
+var Locks = []string{PollerLock, ReconcileLock}
+
+// Space applies one deployment's key prefix (redis.key_prefix).
+type Space struct{ prefix string }
+
+// New returns the key space for prefix ("" for none).
+func New(prefix string) Space { return Space{prefix: prefix} }
+
+// Prefix is the prefix put before every key.
+func (s Space) Prefix() string { return s.prefix }
+
+// Idempotency is idempotency:notify:<outbox id>: "1" once delivered, a claim
+// while a delivery is in flight.
+func (s Space) Idempotency(id int64) string {
+	return s.prefix + "idempotency:notify:" + strconv.FormatInt(id, 10)
+}

@@ -1,0 +1,219 @@
+// Package term is the one way outboxd holds a lock to act under it: a fenced
+// term, in the spirit of client-go's leader election (Run with a callback
+// that gets the term's context), with Postgres' fence as the authority.
+//
+// Seat.Run is the only place that
+//   - reads the floor (the highest token Postgres accepted) and acquires the
+//     lock with it, so tokens only rise, even after Redis lost its data;
+//   - after Redis lost the lock's state, waits one TTL before acting, when
+//     asked (the predecessor may act until its trust deadline, at most a TTL);
+//   - raises Postgres' fence to the new token before the work starts, so the
+//     predecessor's writes are refused from then on;
+//   - logs "lock acquired", "lock lost" (once, however the term ended),
+//     "lock released" and "fence rejected", and counts fence rejections;
+//   - publishes the token for /status while the term is held;
+//   - bounds the work after the caller stops: the term's context is cancelled
+//     ShutdownTimeout after the caller's (stop fetching, finish in flight);
+//   - releases the lock, owner-checked, on a context detached from the
+//     caller's cancellation, so the lock is handed over even at shutdown.
+//
+// What it does not do: stop a paused holder. Work done under a term must
+// carry Term.Fence on every write (package store refuses a stale one) and
+// check Term.TrustedUntil before acting outside Postgres.
+package term
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/metrics"
+	"github.com/outboxd/outboxd/store"
+)
+
+// ErrNotAcquired wraps the reasons Run never held a term (the lock held
+// elsewhere, Redis or Postgres unreachable, a corrupted lock state); the
+// lock's own errors (lock.HolderError, lock.ErrCorrupt) stay matchable.
+var ErrNotAcquired = errors.New("term: lock not acquired")
+
+// ErrShutdownTimeout is the cause of a term's context when the work outlived
+// ShutdownTimeout after the caller stopped.
+var ErrShutdownTimeout = errors.New("term: shutdown timeout")
+
+// releaseTimeout bounds the release: past it the lease simply expires.
+const releaseTimeout = 2 * time.Second
+
+// Options configure a seat.
+type Options struct {
+	TTL  time.Duration // lease
+	Wait time.Duration // how long Run waits for the lock by default
+	// WaitAfterDataLoss: when Redis lost the lock's state, wait one TTL
+	// before raising the fence and working, so a predecessor that has not
+	// noticed yet finishes (its trust deadline) first.
+	WaitAfterDataLoss bool
+	// ShutdownTimeout is how long the work goes on after the caller's
+	// context ends; 0 means until the work returns.
+	ShutdownTimeout time.Duration
+	// QueryTimeout bounds the floor read and the fence claim; default TTL.
+	QueryTimeout time.Duration
+}
+
+// Deps are what a seat acts on.
+type Deps struct {
+	Locks   *lock.Client
+	Store   *store.Store
+	Log     *slog.Logger
+	Metrics *metrics.Metrics
+}
+
+// Seat is one lock as this replica holds it, one term at a time.
+type Seat struct {
+	name  string
+	opts  Options
+	d     Deps
+	log   *slog.Logger
+	token atomic.Int64
+}
+
+// New returns the seat for lock name.
+func New(name string, opts Options, d Deps) *Seat {
+	if opts.QueryTimeout <= 0 {
+		opts.QueryTimeout = opts.TTL
+	}
+	return &Seat{name: name, opts: opts, d: d, log: d.Log.With("lock", name)}
+}
+
+// Name is the lock's name.
+func (s *Seat) Name() string { return s.name }
+
+// Token is the fencing token while a term is held here, 0 otherwise.
+func (s *Seat) Token() int64 { return s.token.Load() }
+
+// Term is one held term.
+type Term struct {
+	l     *lock.Lock
+	fence store.Fence
+	log   *slog.Logger
+}
+
+// Fence is what every write under the term carries.
+func (t *Term) Fence() store.Fence { return t.fence }
+
+// Token is the term's fencing token.
+func (t *Term) Token() int64 { return t.fence.Token }
+
+// Log is the seat's logger with the term's lock and fencing_token.
+func (t *Term) Log() *slog.Logger { return t.log }
+
+// TrustedUntil is the lease's local trust deadline: act outside Postgres
+// only before it (see lock.Lock.TrustedUntil).
+func (t *Term) TrustedUntil() time.Time { return t.l.TrustedUntil() }
+
+// Run holds one term: it acquires the lock (waiting up to wait, or
+// Options.Wait when wait is 0), raises the fence and calls work with the
+// term's context, which is cancelled when the lease is lost or
+// ShutdownTimeout after ctx ends. When work returns, the lock is released.
+//
+// Run returns an error wrapping ErrNotAcquired when no term was held, the
+// fence claim's error, or work's error. A store.ErrStaleFence from either is
+// counted and logged here ("fence rejected"): the term was superseded.
+func (s *Seat) Run(ctx context.Context, wait time.Duration, work func(ctx context.Context, t *Term) error) error {
+	l, err := s.acquire(ctx, wait)
+	if err != nil {
+		return errors.Join(ErrNotAcquired, err)
+	}
+	t := &Term{l: l, fence: store.Fence{Lock: s.name, Token: l.Token(), Owner: l.Owner()},
+		log: s.log.With("fencing_token", l.Token())}
+	t.log.Info("lock acquired")
+	s.token.Store(l.Token())
+	defer s.release(ctx, t)
+
+	tctx, cancel := context.WithCancelCause(l.Context())
+	defer cancel(nil)
+	if s.opts.ShutdownTimeout > 0 {
+		stop := context.AfterFunc(ctx, func() {
+			timer := time.AfterFunc(s.opts.ShutdownTimeout, func() { cancel(ErrShutdownTimeout) })
+			context.AfterFunc(tctx, func() { timer.Stop() })
+		})
+		defer stop()
+	}
+
+	if l.Recovered() && s.opts.WaitAfterDataLoss {
+		t.log.Warn("redis lost the lock state; waiting one lock TTL before acting", "wait_ms", s.opts.TTL.Milliseconds())
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tctx.Done():
+			return nil // "lock lost" is logged on release
+		case <-time.After(s.opts.TTL):
+		}
+	}
+	qctx, qcancel := context.WithTimeout(tctx, s.opts.QueryTimeout)
+	err = s.d.Store.ClaimFence(qctx, t.fence)
+	qcancel()
+	if err == nil {
+		err = work(tctx, t)
+	}
+	if errors.Is(err, store.ErrStaleFence) {
+		s.d.Metrics.FenceRejections.WithLabelValues(s.name).Inc()
+		t.log.Warn("fence rejected", "error", err)
+	}
+	return err
+}
+
+func (s *Seat) acquire(ctx context.Context, wait time.Duration) (*lock.Lock, error) {
+	qctx, cancel := context.WithTimeout(ctx, s.opts.QueryTimeout)
+	floor, err := s.d.Store.FenceToken(qctx, s.name)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	if wait <= 0 {
+		wait = s.opts.Wait
+	}
+	return s.d.Locks.Acquire(ctx, s.name, lock.Options{TTL: s.opts.TTL, Wait: wait, Floor: floor})
+}
+
+// release ends the term: however it ended (a refused write, a failed
+// batch, its own check), a lost lease is reported here, once.
+func (s *Seat) release(ctx context.Context, t *Term) {
+	s.token.Store(0)
+	cause := context.Cause(t.l.Context())
+	lost := errors.Is(cause, lock.ErrLost)
+	switch {
+	case lost && errors.Is(cause, lock.ErrCorrupt):
+		t.log.Error("lock lost", "error", cause) // an operator must repair Redis
+	case lost:
+		t.log.Warn("lock lost", "error", cause)
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	if err := t.l.Release(rctx); err != nil {
+		if !lost && !errors.Is(err, lock.ErrNotHeld) {
+			t.log.Warn("lock release failed", "error", err)
+		}
+		return
+	}
+	t.log.Info("lock released")
+}
+
+// Hooks keep the lock metrics (held, acquisitions, losses, renewal
+// failures, wait) for a lock.Client.
+func Hooks(m *metrics.Metrics) lock.Hooks {
+	return lock.Hooks{
+		Acquired: func(name string, _ int64, waited time.Duration) {
+			m.LockAcquisitions.WithLabelValues(name).Inc()
+			m.LockWait.WithLabelValues(name).Observe(waited.Seconds())
+			m.LockHeld.WithLabelValues(name).Set(1)
+		},
+		Released: func(name string) { m.LockHeld.WithLabelValues(name).Set(0) },
+		Lost: func(name string, _ error) {
+			m.LockLosses.WithLabelValues(name).Inc()
+			m.LockHeld.WithLabelValues(name).Set(0)
+		},
+		RenewFailed: func(name string, _ error) { m.LockRenewFails.WithLabelValues(name).Inc() },
+	}
+}

@@ -1,0 +1,188 @@
+package term_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxd/outboxd/internal/term"
+	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/metrics"
+	"github.com/outboxd/outboxd/store"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+const name = "lock:test"
+
+type bundle struct {
+	st     *store.Store
+	rdb    *redis.Client
+	prefix string
+	m      *metrics.Metrics
+	logs   *syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func setup(t *testing.T) *bundle {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	rdb, prefix := testenv.Redis(t)
+	return &bundle{st: st, rdb: rdb, prefix: prefix, m: metrics.New(), logs: &syncBuffer{}}
+}
+
+func (b *bundle) seat(o term.Options) *term.Seat {
+	locks := lock.New([]redis.UniversalClient{b.rdb}, lock.WithKeyPrefix(b.prefix), lock.WithHooks(term.Hooks(b.m)))
+	return term.New(name, o, term.Deps{Locks: locks, Store: b.st, Log: slog.New(slog.NewJSONHandler(b.logs, nil)), Metrics: b.m})
+}
+
+// The fence is raised to the term's token before the work starts, the token
+// is published while held, and the lock is released (logged) afterwards.
+func TestRunRaisesTheFenceFirstAndReleasesAfter(t *testing.T) {
+	b := setup(t)
+	s := b.seat(term.Options{TTL: 5 * time.Second, Wait: time.Second})
+	ctx := context.Background()
+	err := s.Run(ctx, 0, func(ctx context.Context, tm *term.Term) error {
+		if got, _ := b.st.FenceToken(ctx, name); got != tm.Token() {
+			t.Errorf("fence %d when the work started, want the term's token %d", got, tm.Token())
+		}
+		if s.Token() != tm.Token() {
+			t.Errorf("published token %d, want %d", s.Token(), tm.Token())
+		}
+		if !time.Now().Before(tm.TrustedUntil()) {
+			t.Error("trust deadline already passed")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Token() != 0 {
+		t.Fatalf("token %d published after the term", s.Token())
+	}
+	if n := b.rdb.Exists(ctx, b.prefix+name).Val(); n != 0 {
+		t.Fatal("lock key left after the term")
+	}
+	for _, msg := range []string{`"msg":"lock acquired"`, `"msg":"lock released"`} {
+		if !strings.Contains(b.logs.String(), msg) {
+			t.Fatalf("no %s line:\n%s", msg, b.logs.String())
+		}
+	}
+}
+
+// A superseded term is counted and logged once, as "fence rejected".
+func TestStaleFenceIsCountedAndLogged(t *testing.T) {
+	b := setup(t)
+	s := b.seat(term.Options{TTL: 5 * time.Second, Wait: time.Second})
+	err := s.Run(context.Background(), 0, func(ctx context.Context, tm *term.Term) error {
+		newer := store.Fence{Lock: name, Token: tm.Token() + 10, Owner: "newer"}
+		if err := b.st.ClaimFence(ctx, newer); err != nil {
+			return err
+		}
+		return b.st.ClaimFence(ctx, tm.Fence())
+	})
+	if !errors.Is(err, store.ErrStaleFence) {
+		t.Fatalf("Run returned %v, want ErrStaleFence", err)
+	}
+	if n := testutil.ToFloat64(b.m.FenceRejections.WithLabelValues(name)); n != 1 {
+		t.Fatalf("fence rejections %v, want 1", n)
+	}
+	if c := strings.Count(b.logs.String(), `"msg":"fence rejected"`); c != 1 {
+		t.Fatalf("%d fence rejected lines, want 1", c)
+	}
+}
+
+// After the caller stops, the work's context lives ShutdownTimeout longer:
+// in-flight work finishes, then it is cut.
+func TestShutdownTimeoutBoundsTheWork(t *testing.T) {
+	b := setup(t)
+	s := b.seat(term.Options{TTL: 5 * time.Second, Wait: time.Second, ShutdownTimeout: 200 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	var cause error
+	err := s.Run(ctx, 0, func(work context.Context, _ *term.Term) error {
+		cancel()
+		select {
+		case <-work.Done():
+			t.Fatal("work cancelled with the caller, want ShutdownTimeout later")
+		case <-time.After(50 * time.Millisecond):
+		}
+		<-work.Done()
+		cause = context.Cause(work)
+		return nil
+	})
+	if err != nil || !errors.Is(cause, term.ErrShutdownTimeout) {
+		t.Fatalf("Run %v, work's cause %v; want ErrShutdownTimeout", err, cause)
+	}
+	if n := b.rdb.Exists(context.Background(), b.prefix+name).Val(); n != 0 {
+		t.Fatal("lock not released after a cancelled caller")
+	}
+}
+
+// Not getting the lock is ErrNotAcquired, with the lock's reason kept.
+func TestHeldElsewhereIsNotAcquired(t *testing.T) {
+	b := setup(t)
+	s := b.seat(term.Options{TTL: 5 * time.Second, Wait: 100 * time.Millisecond})
+	if err := b.rdb.Set(context.Background(), b.prefix+name, "someone", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	err := s.Run(context.Background(), 0, func(context.Context, *term.Term) error {
+		t.Fatal("work ran without the lock")
+		return nil
+	})
+	var h *lock.HolderError
+	if !errors.Is(err, term.ErrNotAcquired) || !errors.As(err, &h) || h.Owner != "someone" {
+		t.Fatalf("got %v, want ErrNotAcquired with the holder", err)
+	}
+}
+
+// After Redis lost the lock's state (the floor lifted the counter), a seat
+// that asks for it waits one TTL before raising the fence and working.
+func TestWaitsOneTTLAfterDataLoss(t *testing.T) {
+	b := setup(t)
+	const ttl = 600 * time.Millisecond
+	// Postgres accepted token 7; Redis' counter is gone.
+	if err := b.st.ClaimFence(context.Background(), store.Fence{Lock: name, Token: 7, Owner: "before"}); err != nil {
+		t.Fatal(err)
+	}
+	s := b.seat(term.Options{TTL: ttl, Wait: time.Second, WaitAfterDataLoss: true})
+	start := time.Now()
+	var waited time.Duration
+	err := s.Run(context.Background(), 0, func(_ context.Context, tm *term.Term) error {
+		waited = time.Since(start)
+		if tm.Token() <= 7 {
+			t.Errorf("token %d, want above the floor 7", tm.Token())
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if waited < ttl {
+		t.Fatalf("work started %s after acquiring, want at least one TTL (%s)", waited, ttl)
+	}
+}
