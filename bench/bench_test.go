@@ -32,7 +32,7 @@ import (
 
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/lock"
-	"github.com/outboxd/outboxd/metrics"
+	"github.com/outboxd/outboxd/internal/metrics"
 	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/poller"
 	"github.com/outboxd/outboxd/store"

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxd/outboxd/app"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/app"
 	"github.com/outboxd/outboxd/poller"
 )
 

@@ -18,9 +18,9 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/outboxd/outboxd/app"
 	"github.com/outboxd/outboxd/config"
-	"github.com/outboxd/outboxd/metrics"
+	"github.com/outboxd/outboxd/internal/app"
+	"github.com/outboxd/outboxd/internal/metrics"
 )
 
 func docs(t *testing.T, path string) []map[string]any {

@@ -55,12 +55,6 @@ func RetryAfter(err error) time.Duration {
 	return 0
 }
 
-// Func adapts a function to Sink.
-type Func func(ctx context.Context, ev Event, token int64) error
-
-// Send calls f.
-func (f Func) Send(ctx context.Context, ev Event, token int64) error { return f(ctx, ev, token) }
-
 // Noop accepts every event without sending it anywhere (benchmarks, dry runs).
 type Noop struct{}
 

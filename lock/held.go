@@ -35,12 +35,6 @@ type Lock struct {
 	releaseErr  error
 }
 
-// Name is the lock's name (without prefix).
-func (l *Lock) Name() string { return l.name }
-
-// Key is the lock's Redis key.
-func (l *Lock) Key() string { return l.key }
-
 // Owner is this acquisition's owner value (a fresh UUID).
 func (l *Lock) Owner() string { return l.owner }
 

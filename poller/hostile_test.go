@@ -12,9 +12,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/internal/metrics"
 	"github.com/outboxd/outboxd/internal/term"
 	"github.com/outboxd/outboxd/lock"
-	"github.com/outboxd/outboxd/metrics"
 )
 
 // A crashed leader's claims are taken over at once by its successor (a
@@ -150,10 +150,7 @@ func TestOversizedRowIsDeadLetteredAndItsAggregateFlows(t *testing.T) {
 func TestSendsCutByTheLeaseCountAsAttempts(t *testing.T) {
 	e := newEnv(t)
 	e.insert(1, 1)
-	hang := dispatch.Func(func(ctx context.Context, _ dispatch.Event, _ int64) error {
-		<-ctx.Done()
-		return ctx.Err()
-	})
+	var hang hangingSink
 	cfg := testConfig()
 	cfg.LockTTL, cfg.MaxAttempts, cfg.KeyPrefix = time.Second, 2, e.prefix
 	var logs lockedBuffer
@@ -204,4 +201,12 @@ func TestBackoffHasAFloorAndRetryAfterAStop(t *testing.T) {
 	if lo, _ := RetryHorizon(Config{BackoffBase: time.Second, BackoffMax: time.Hour, MaxAttempts: 5}); lo < 7*time.Second {
 		t.Fatalf("5 attempts survive at least %s, want 7.5s", lo)
 	}
+}
+
+// hangingSink never answers: each send ends only with its context.
+type hangingSink struct{}
+
+func (hangingSink) Send(ctx context.Context, _ dispatch.Event, _ int64) error {
+	<-ctx.Done()
+	return ctx.Err()
 }

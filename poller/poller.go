@@ -47,12 +47,13 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/internal/keys"
+	"github.com/outboxd/outboxd/internal/metrics"
 	"github.com/outboxd/outboxd/internal/term"
 	"github.com/outboxd/outboxd/lock"
-	"github.com/outboxd/outboxd/metrics"
 	"github.com/outboxd/outboxd/store"
 )
 
@@ -503,17 +504,15 @@ func (p *Poller) deliver(ctx context.Context, items []item, token int64, trusted
 		}
 		groups[k] = append(groups[k], i)
 	}
-	sem := make(chan struct{}, p.cfg.Concurrency)
-	var wg sync.WaitGroup
+	var g errgroup.Group
+	g.SetLimit(p.cfg.Concurrency)
 	for _, k := range order {
-		idx := groups[k]
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			p.deliverAggregate(ctx, items, idx, token, trusted)
+		g.Go(func() error {
+			p.deliverAggregate(ctx, items, groups[k], token, trusted)
+			return nil
 		})
 	}
-	wg.Wait()
+	_ = g.Wait() // outcomes are per item
 }
 
 func (p *Poller) deliverAggregate(ctx context.Context, items []item, idx []int, token int64, trusted func() time.Time) {

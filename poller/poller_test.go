@@ -18,9 +18,9 @@ import (
 
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/internal/keys"
+	"github.com/outboxd/outboxd/internal/metrics"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/lock"
-	"github.com/outboxd/outboxd/metrics"
 	"github.com/outboxd/outboxd/store"
 )
 

@@ -30,9 +30,9 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/outboxd/outboxd/internal/keys"
+	"github.com/outboxd/outboxd/internal/metrics"
 	"github.com/outboxd/outboxd/internal/term"
 	"github.com/outboxd/outboxd/lock"
-	"github.com/outboxd/outboxd/metrics"
 	"github.com/outboxd/outboxd/store"
 )
 

@@ -68,9 +68,6 @@ func OpenConfig(ctx context.Context, cfg *pgxpool.Config) (*Store, error) {
 	return &Store{pool: pool}, nil
 }
 
-// New wraps an existing pool.
-func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
-
 // Pool returns the underlying pool.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 

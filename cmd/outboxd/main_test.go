@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxd/outboxd/app"
+	"github.com/outboxd/outboxd/internal/app"
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 

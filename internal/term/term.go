@@ -29,8 +29,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/metrics"
 	"github.com/outboxd/outboxd/lock"
-	"github.com/outboxd/outboxd/metrics"
 	"github.com/outboxd/outboxd/store"
 )
 

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxd/outboxd/httpapi"
+	"github.com/outboxd/outboxd/internal/httpapi"
 )
 
 // serve runs Server(Handler) on a loopback port with short timeouts.

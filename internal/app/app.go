@@ -20,11 +20,11 @@ import (
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/dispatch"
-	"github.com/outboxd/outboxd/httpapi"
+	"github.com/outboxd/outboxd/internal/httpapi"
 	"github.com/outboxd/outboxd/internal/keys"
+	"github.com/outboxd/outboxd/internal/metrics"
 	"github.com/outboxd/outboxd/internal/term"
 	"github.com/outboxd/outboxd/lock"
-	"github.com/outboxd/outboxd/metrics"
 	"github.com/outboxd/outboxd/poller"
 	"github.com/outboxd/outboxd/reconcile"
 	"github.com/outboxd/outboxd/store"
