@@ -109,7 +109,7 @@ func drainOutboxd(b *testing.B, batch int) float64 {
 	defer rdb.Close()
 	prefix := fmt.Sprintf("cmp:%d:", time.Now().UnixNano())
 	locks := lock.New([]redis.UniversalClient{rdb}, lock.WithKeyPrefix(prefix))
-	p := poller.New(poller.Config{BatchSize: batch, Concurrency: 32, KeyPrefix: prefix}, poller.Deps{Store: st, Locks: locks,
+	p := poller.New(poller.Config{BatchSize: batch, KeyPrefix: prefix}, poller.Deps{Store: st, Locks: locks,
 		Redis: rdb, Sink: dispatch.Noop{}, Log: slog.New(slog.NewJSONHandler(io.Discard, nil)), Metrics: metrics.New()})
 	b.ResetTimer()
 	start := time.Now()

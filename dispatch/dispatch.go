@@ -1,9 +1,11 @@
 // Package dispatch delivers outbox events to a sink. It imports nothing of
 // outboxd: callers convert their rows to Event.
 //
-// A Sink returns nil when the event was delivered, or an error. Errors are
-// retryable unless marked permanent (see Permanent); a sink can ask for a
-// minimum delay before the next attempt (see RetryAfter).
+// A Sink takes an ordered batch and answers per event (Result), aligned by
+// index. Per aggregate, successes are a prefix: after an aggregate's first
+// failure its later events are NotAttempted, so the caller never marks an
+// event delivered while an earlier one of its aggregate is to be retried.
+// No send starts after the batch's trust deadline (Batch.Until).
 package dispatch
 
 import (
@@ -24,13 +26,71 @@ type Event struct {
 	CreatedAt     time.Time       `json:"created_at"`
 }
 
-// Sink delivers one event. token is the sender's fencing token, passed on so
-// receivers can refuse a stale sender.
-type Sink interface {
-	Send(ctx context.Context, ev Event, token int64) error
+// Batch is one call's worth of events.
+type Batch struct {
+	// Events in id order; the events of one aggregate in their order.
+	Events []Event
+	// Token is the sender's fencing token, passed on so destinations can
+	// refuse a stale sender.
+	Token int64
+	// Until returns the lease's local trust deadline now (it moves forward
+	// as the lease is renewed). A sink starts no send past it and bounds
+	// each send by it; a sink that sends the batch at once bounds the call.
+	Until func() time.Time
 }
 
-// Error is a failed delivery with the sink's advice.
+// Outcome is what became of one event.
+type Outcome uint8
+
+const (
+	NotAttempted Outcome = iota // not sent: an earlier event of its aggregate failed, or the deadline came first
+	Delivered                   // the destination acknowledged it
+	Duplicate                   // the destination already had it (its dedupe window): counts as delivered
+	Retryable                   // failed; try again later
+	Permanent                   // failed; retrying cannot help: dead-letter
+)
+
+func (o Outcome) String() string {
+	return [...]string{"not attempted", "delivered", "duplicate", "retryable", "permanent"}[o]
+}
+
+// Result is one event's outcome.
+type Result struct {
+	Outcome Outcome
+	// Ref is the destination's reference to the message (partition/offset,
+	// stream sequence, entry id), for logs; may be empty.
+	Ref string
+	// Err says why, for Retryable and Permanent.
+	Err error
+	// RetryAfter is the destination's requested minimum delay (Retryable).
+	RetryAfter time.Duration
+	// Cut: Retryable because the send was cut by the trust deadline or the
+	// context, not by the destination.
+	Cut bool
+}
+
+// Capabilities tell the caller how to use a sink safely.
+type Capabilities struct {
+	// MaxBatch is the most events per Send; 0 means no limit.
+	MaxBatch int
+	// DedupeWindow is how long the destination drops a repeated event id
+	// (NATS JetStream's duplicate window); 0 means it does not, and
+	// consumers dedupe on the id. A retry after the window is a duplicate.
+	DedupeWindow time.Duration
+	// Ordering says where the order of one aggregate's events is kept, e.g.
+	// "per aggregate (HTTP requests in order)", "per partition (key =
+	// aggregate_id)".
+	Ordering string
+}
+
+// Sink delivers batches of events.
+type Sink interface {
+	// Send delivers b and returns one Result per event, aligned by index.
+	Send(ctx context.Context, b Batch) []Result
+	Capabilities() Capabilities
+}
+
+// Error is a failed delivery with the sink's advice; SendFunc returns it.
 type Error struct {
 	Err        error
 	Permanent  bool          // retrying will not help: dead-letter now
@@ -55,8 +115,28 @@ func RetryAfter(err error) time.Duration {
 	return 0
 }
 
+// Failed is the Result for err: Permanent or Retryable (with its
+// RetryAfter) as err says.
+func Failed(err error) Result {
+	if IsPermanent(err) {
+		return Result{Outcome: Permanent, Err: err}
+	}
+	return Result{Outcome: Retryable, Err: err, RetryAfter: RetryAfter(err)}
+}
+
 // Noop accepts every event without sending it anywhere (benchmarks, dry runs).
 type Noop struct{}
 
-// Send implements Sink.
-func (Noop) Send(context.Context, Event, int64) error { return nil }
+// Send implements Sink: every event Delivered.
+func (Noop) Send(_ context.Context, b Batch) []Result {
+	out := make([]Result, len(b.Events))
+	for i := range out {
+		out[i].Outcome = Delivered
+	}
+	return out
+}
+
+// Capabilities implements Sink.
+func (Noop) Capabilities() Capabilities {
+	return Capabilities{Ordering: "none needed (nothing is sent)"}
+}

@@ -27,6 +27,12 @@ type WebhookConfig struct {
 	Timeout time.Duration // per request; DefaultWebhookTimeout when 0
 	Client  *http.Client  // optional; default a keep-alive client sized for parallel delivery
 	Log     *slog.Logger  // optional; warns about event headers that were dropped
+	// Concurrency is how many aggregates are sent at once (poller.concurrency);
+	// DefaultConcurrency when 0.
+	Concurrency int
+	// CloudEvents adds ce- request headers (binary mode; the body stays the
+	// contract's JSON envelope).
+	CloudEvents CloudEvents
 }
 
 // MaxRetryAfter caps a receiver's Retry-After, so an absurd value cannot
@@ -47,11 +53,13 @@ const MaxRetryAfter = 7 * 24 * time.Hour
 // Error texts name the target as scheme://host/path only: the URL's
 // credentials and query (tokens) never reach logs or last_error.
 type Webhook struct {
+	Sink   // PerEvent over SendEvent
 	url    string
 	target string // the URL without userinfo and query, for error texts
 	secret []byte
 	client *http.Client
 	log    *slog.Logger
+	ce     CloudEvents
 	now    func() time.Time
 }
 
@@ -85,7 +93,11 @@ func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Webhook{url: cfg.URL, target: displayURL(u), secret: secret, client: &client, log: log, now: time.Now}, nil
+	w := &Webhook{url: cfg.URL, target: displayURL(u), secret: secret, client: &client, log: log, ce: cfg.CloudEvents, now: time.Now}
+	w.Sink = PerEvent(w.SendEvent, cfg.Concurrency, Capabilities{
+		Ordering: "per aggregate: its requests one after another, each after the previous one's 2xx",
+	})
+	return w, nil
 }
 
 // ParseURL checks a webhook URL: absolute http or https with a host. Its
@@ -134,8 +146,8 @@ func Sign(secret []byte, id string, ts int64, body []byte) string {
 	return "v1," + base64.StdEncoding.EncodeToString(mac.Sum(nil))
 }
 
-// Send implements Sink.
-func (w *Webhook) Send(ctx context.Context, ev Event, token int64) error {
+// SendEvent POSTs one event (the webhook's SendFunc).
+func (w *Webhook) SendEvent(ctx context.Context, ev Event, token int64) error {
 	if len(ev.Headers) == 0 {
 		ev.Headers = json.RawMessage(`{}`)
 	}
@@ -157,6 +169,9 @@ func (w *Webhook) Send(ctx context.Context, ev Event, token int64) error {
 	h.Set("webhook-timestamp", strconv.FormatInt(ts, 10))
 	if len(w.secret) > 0 {
 		h.Set("webhook-signature", Sign(w.secret, id, ts, body))
+	}
+	for _, a := range w.ce.Attributes(ev, "ce-") {
+		h.Set(a.Key, a.Value)
 	}
 	if tp, ok := traceparent(ev.Headers); ok {
 		if validTraceparent(tp) {

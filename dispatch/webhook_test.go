@@ -43,7 +43,7 @@ func TestWebhookRequestFollowsTheContract(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Send(context.Background(), event(), 9); err != nil {
+	if err := w.SendEvent(context.Background(), event(), 9); err != nil {
 		t.Fatalf("2xx must be success: %v", err)
 	}
 	if got.Method != http.MethodPost {
@@ -89,7 +89,7 @@ func TestNoSignatureWithoutSecret(t *testing.T) {
 	}))
 	defer srv.Close()
 	w, _ := dispatch.NewWebhook(dispatch.WebhookConfig{URL: srv.URL})
-	if err := w.Send(context.Background(), event(), 1); err != nil {
+	if err := w.SendEvent(context.Background(), event(), 1); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -115,7 +115,7 @@ func TestStatusClassification(t *testing.T) {
 			w.WriteHeader(tc.status)
 		}))
 		w, _ := dispatch.NewWebhook(dispatch.WebhookConfig{URL: srv.URL})
-		err := w.Send(context.Background(), event(), 1)
+		err := w.SendEvent(context.Background(), event(), 1)
 		srv.Close()
 		if (err == nil) != tc.ok || dispatch.IsPermanent(err) != tc.permanent || dispatch.RetryAfter(err) != tc.wait {
 			t.Errorf("status %d: err %v permanent %t retryAfter %s; want ok %t permanent %t wait %s",
@@ -133,14 +133,14 @@ func TestTimeoutsAndConnectionErrorsAreRetryable(t *testing.T) {
 	}))
 	defer slow.Close()
 	w, _ := dispatch.NewWebhook(dispatch.WebhookConfig{URL: slow.URL, Timeout: 50 * time.Millisecond})
-	if err := w.Send(context.Background(), event(), 1); err == nil || dispatch.IsPermanent(err) {
+	if err := w.SendEvent(context.Background(), event(), 1); err == nil || dispatch.IsPermanent(err) {
 		t.Fatalf("timeout: %v, want a retryable error", err)
 	}
 	closed := httptest.NewServer(http.NotFoundHandler())
 	url := closed.URL
 	closed.Close()
 	w, _ = dispatch.NewWebhook(dispatch.WebhookConfig{URL: url})
-	if err := w.Send(context.Background(), event(), 1); err == nil || dispatch.IsPermanent(err) {
+	if err := w.SendEvent(context.Background(), event(), 1); err == nil || dispatch.IsPermanent(err) {
 		t.Fatalf("connection refused: %v, want a retryable error", err)
 	}
 }
@@ -169,7 +169,7 @@ func TestExpiredDeadlineIsNeverWritten(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits++ }))
 	defer srv.Close()
 	w, _ := dispatch.NewWebhook(dispatch.WebhookConfig{URL: srv.URL})
-	if err := w.Send(context.Background(), event(), 1); err != nil || hits != 1 {
+	if err := w.SendEvent(context.Background(), event(), 1); err != nil || hits != 1 {
 		t.Fatalf("warm-up send: %v, hits %d", err, hits)
 	}
 	// The deadline passes while the pooled connection is fetched: the
@@ -177,7 +177,7 @@ func TestExpiredDeadlineIsNeverWritten(t *testing.T) {
 	ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(time.Millisecond))
 	defer cancel()
 	time.Sleep(2 * time.Millisecond)
-	err := w.Send(ctx, event(), 1)
+	err := w.SendEvent(ctx, event(), 1)
 	if err == nil || hits != 1 {
 		t.Fatalf("expired send: err %v, hits %d; want an error and nothing written", err, hits)
 	}
@@ -216,7 +216,7 @@ func TestRedirectsAreNeverFollowed(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = w.Send(context.Background(), event(), 1)
+		err = w.SendEvent(context.Background(), event(), 1)
 		srv.Close()
 		other.Close()
 		if err == nil {
@@ -256,7 +256,7 @@ func TestRetryAfterIsBounded(t *testing.T) {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}))
 		w, _ := dispatch.NewWebhook(dispatch.WebhookConfig{URL: srv.URL})
-		err := w.Send(context.Background(), event(), 1)
+		err := w.SendEvent(context.Background(), event(), 1)
 		srv.Close()
 		if got := dispatch.RetryAfter(err); got != tc.want {
 			t.Errorf("Retry-After %q: got %s, want %s", tc.value, got, tc.want)
@@ -299,7 +299,7 @@ func TestInvalidTraceparentIsDroppedNotRetried(t *testing.T) {
 		logs.Reset()
 		ev := event()
 		ev.Headers = must(json.Marshal(map[string]string{"traceparent": tc.tp}))
-		if err := w.Send(context.Background(), ev, 1); err != nil {
+		if err := w.SendEvent(context.Background(), ev, 1); err != nil {
 			t.Fatalf("traceparent %q: %v, want delivered", tc.tp, err)
 		}
 		mu.Lock()
@@ -328,7 +328,7 @@ func TestErrorsDoNotLeakTheURLsSecrets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = w.Send(context.Background(), event(), 1)
+	err = w.SendEvent(context.Background(), event(), 1)
 	if err == nil || strings.Contains(err.Error(), "PASSWORD") || strings.Contains(err.Error(), "TOKEN") ||
 		!strings.Contains(err.Error(), host+"/hook") {
 		t.Fatalf("error %v: want the host and path, without credentials or query", err)
@@ -358,7 +358,7 @@ func TestReceiverTextIsQuoted(t *testing.T) {
 			fmt.Fprintf(c, "HTTP/1.1 %s\r\nContent-Length: 5\r\nConnection: close\r\n\r\n\xff\x00abc", status)
 		}()
 		w, _ := dispatch.NewWebhook(dispatch.WebhookConfig{URL: "http://" + ln.Addr().String()})
-		err = w.Send(context.Background(), event(), 1)
+		err = w.SendEvent(context.Background(), event(), 1)
 		<-done
 		ln.Close()
 		if err == nil || dispatch.IsPermanent(err) {
@@ -367,6 +367,24 @@ func TestReceiverTextIsQuoted(t *testing.T) {
 		msg := err.Error()
 		if !utf8.ValidString(msg) || strings.ContainsRune(msg, 0) || len(msg) > 600 || !strings.Contains(msg, "500") {
 			t.Errorf("status %.20q: error text %.80q is not clean and bounded (%d bytes)", status, msg, len(msg))
+		}
+	}
+}
+
+// With CloudEvents on, the request carries the binary-mode ce- headers.
+func TestWebhookCloudEventsHeaders(t *testing.T) {
+	var got http.Header
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got = r.Header.Clone() }))
+	defer srv.Close()
+	w, _ := dispatch.NewWebhook(dispatch.WebhookConfig{URL: srv.URL, CloudEvents: dispatch.CloudEvents{Enabled: true, Source: "payments"}})
+	if err := w.SendEvent(context.Background(), event(), 1); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"ce-specversion": "1.0", "ce-id": "123", "ce-source": "payments",
+		"ce-type": "deal.funded", "ce-time": "2026-01-02T03:04:05Z"}
+	for k, v := range want {
+		if got.Get(k) != v {
+			t.Errorf("%s = %q, want %q", k, got.Get(k), v)
 		}
 	}
 }

@@ -181,12 +181,18 @@ func (e *env) insert(n, aggregates int) []int64 {
 	return ids
 }
 
-func testConfig() Config {
-	return Config{
+// testCfg is a runner's Config plus its webhook sink's concurrency.
+type testCfg struct {
+	Config
+	Concurrency int // aggregates sent at once
+}
+
+func testConfig() testCfg {
+	return testCfg{Config: Config{
 		LockTTL: 2 * time.Second, LockWait: 500 * time.Millisecond, BatchSize: 100, PollInterval: 20 * time.Millisecond,
-		MaxAttempts: 25, Concurrency: 8, ClaimTTL: time.Second, BackoffBase: 10 * time.Millisecond,
+		MaxAttempts: 25, ClaimTTL: time.Second, BackoffBase: 10 * time.Millisecond,
 		BackoffMax: 100 * time.Millisecond, ShutdownTimeout: 5 * time.Second,
-	}
+	}, Concurrency: 8}
 }
 
 type runner struct {
@@ -195,19 +201,19 @@ type runner struct {
 }
 
 // poller builds a runner on e's services; lockPrefix "" means e.prefix.
-func (e *env) poller(cfg Config, lockPrefix string) *runner {
+func (e *env) poller(cfg testCfg, lockPrefix string) *runner {
 	if lockPrefix == "" {
 		lockPrefix = e.prefix
 	}
 	cfg.KeyPrefix = e.prefix
-	sink, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: e.srv.URL, Timeout: 5 * time.Second})
+	sink, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: e.srv.URL, Timeout: 5 * time.Second, Concurrency: cfg.Concurrency})
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	m := metrics.New()
 	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(lockPrefix), lock.WithHooks(term.Hooks(m)))
 	log := slog.New(slog.NewJSONHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	return &runner{New(cfg, Deps{Store: e.st, Locks: locks, Redis: e.rdb, Sink: sink, Log: log, Metrics: m}), m}
+	return &runner{New(cfg.Config, Deps{Store: e.st, Locks: locks, Redis: e.rdb, Sink: sink, Log: log, Metrics: m}), m}
 }
 
 type testWriter struct{ t *testing.T }
@@ -305,7 +311,7 @@ type child struct {
 
 // startChild runs a runner as a process: crash names the window where it
 // SIGKILLs itself ("" runs normally until SIGTERM).
-func (e *env) startChild(crash string, cfg Config) *child {
+func (e *env) startChild(crash string, cfg testCfg) *child {
 	e.t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"=1", "C_DSN="+e.dsn, "C_REDIS="+testenv.RedisAddr(),
@@ -371,19 +377,19 @@ func childMain() bool {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("C_REDIS"), ContextTimeoutEnabled: true})
 	prefix := os.Getenv("C_PREFIX")
-	sink, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: os.Getenv("C_URL"), Timeout: 30 * time.Second})
+	cfg := testConfig()
+	cfg.Concurrency, _ = strconv.Atoi(os.Getenv("C_CONC"))
+	sink, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: os.Getenv("C_URL"), Timeout: 30 * time.Second, Concurrency: cfg.Concurrency})
 	if err != nil {
 		fail(err)
 	}
-	cfg := testConfig()
 	cfg.KeyPrefix = prefix
 	cfg.LockTTL, _ = time.ParseDuration(os.Getenv("C_TTL"))
 	cfg.ClaimTTL, _ = time.ParseDuration(os.Getenv("C_CLAIM"))
 	cfg.BatchSize, _ = strconv.Atoi(os.Getenv("C_BATCH"))
-	cfg.Concurrency, _ = strconv.Atoi(os.Getenv("C_CONC"))
 	m := metrics.New()
 	locks := lock.New([]redis.UniversalClient{rdb}, lock.WithKeyPrefix(prefix), lock.WithHooks(term.Hooks(m)))
-	p := New(cfg, Deps{Store: st, Locks: locks, Redis: rdb, Sink: sink, Log: slog.New(slog.NewJSONHandler(os.Stdout, nil)), Metrics: m})
+	p := New(cfg.Config, Deps{Store: st, Locks: locks, Redis: rdb, Sink: sink, Log: slog.New(slog.NewJSONHandler(os.Stdout, nil)), Metrics: m})
 	kill := func() { _ = syscall.Kill(os.Getpid(), syscall.SIGKILL); select {} }
 	switch os.Getenv("C_CRASH") {
 	case "after-claim":

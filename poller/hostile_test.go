@@ -150,13 +150,16 @@ func TestOversizedRowIsDeadLetteredAndItsAggregateFlows(t *testing.T) {
 func TestSendsCutByTheLeaseCountAsAttempts(t *testing.T) {
 	e := newEnv(t)
 	e.insert(1, 1)
-	var hang hangingSink
+	hang := dispatch.PerEvent(func(ctx context.Context, _ dispatch.Event, _ int64) error {
+		<-ctx.Done() // never answers: each send ends only with its context
+		return ctx.Err()
+	}, 1, dispatch.Capabilities{})
 	cfg := testConfig()
 	cfg.LockTTL, cfg.MaxAttempts, cfg.KeyPrefix = time.Second, 2, e.prefix
 	var logs lockedBuffer
 	m := metrics.New()
 	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(e.prefix), lock.WithHooks(term.Hooks(m)))
-	p := New(cfg, Deps{Store: e.st, Locks: locks, Redis: e.rdb, Sink: hang, Log: slog.New(slog.NewJSONHandler(&logs, nil)), Metrics: m})
+	p := New(cfg.Config, Deps{Store: e.st, Locks: locks, Redis: e.rdb, Sink: hang, Log: slog.New(slog.NewJSONHandler(&logs, nil)), Metrics: m})
 	e.run(&runner{p, m})
 	e.waitFor("the row dead-lettered", 20*time.Second, func() bool { return e.count("dead_at IS NOT NULL") == 1 })
 	if n := e.count("attempts = 2 AND last_error LIKE '%cut short by the lock''s trust deadline%'"); n != 1 {
@@ -201,12 +204,4 @@ func TestBackoffHasAFloorAndRetryAfterAStop(t *testing.T) {
 	if lo, _ := RetryHorizon(Config{BackoffBase: time.Second, BackoffMax: time.Hour, MaxAttempts: 5}); lo < 7*time.Second {
 		t.Fatalf("5 attempts survive at least %s, want 7.5s", lo)
 	}
-}
-
-// hangingSink never answers: each send ends only with its context.
-type hangingSink struct{}
-
-func (hangingSink) Send(ctx context.Context, _ dispatch.Event, _ int64) error {
-	<-ctx.Done()
-	return ctx.Err()
 }

@@ -47,7 +47,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/internal/keys"
@@ -80,7 +79,6 @@ const (
 	DefaultBatchSize       = 500
 	DefaultPollInterval    = 100 * time.Millisecond // idle poll ceiling (measured: see BENCHMARKS.md)
 	DefaultMaxAttempts     = 25
-	DefaultConcurrency     = 16
 	DefaultClaimTTL        = 60 * time.Second
 	DefaultBackoffBase     = time.Second
 	DefaultBackoffMax      = time.Hour
@@ -96,7 +94,6 @@ type Config struct {
 	BatchSize       int           // rows per batch
 	PollInterval    time.Duration // idle poll ceiling
 	MaxAttempts     int           // failed attempts before dead-lettering
-	Concurrency     int           // aggregates delivered in parallel
 	ClaimTTL        time.Duration // idempotency claim lifetime
 	BackoffBase     time.Duration // retry step after the first failure
 	BackoffMax      time.Duration // retry step cap, and Retry-After's
@@ -113,7 +110,6 @@ func (c Config) withDefaults() Config {
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
-	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
 	c.ClaimTTL = cmp.Or(c.ClaimTTL, DefaultClaimTTL)
 	c.BackoffBase = cmp.Or(c.BackoffBase, DefaultBackoffBase)
 	c.BackoffMax = cmp.Or(c.BackoffMax, DefaultBackoffMax)
@@ -491,67 +487,85 @@ func rowError(err error) bool {
 	return redis.HasErrorPrefix(err, "WRONGTYPE")
 }
 
-// deliver sends aggregates in parallel (bounded) and each aggregate in order,
-// stopping an aggregate at its first failure or foreign claim.
+// deliver hands what is ours to send to the sink, in id order and in
+// chunks of its MaxBatch, and records each row's outcome. An aggregate stops
+// at a row it must not pass (a newer holder's claim, a key that failed, a
+// failed send): its later rows stay pending, so its order holds. Rows found
+// delivered and poison rows do not block their aggregate.
 func (p *Poller) deliver(ctx context.Context, items []item, token int64, trusted func() time.Time) {
 	type aggKey struct{ t, id string }
-	var order []aggKey
-	groups := map[aggKey][]int{}
+	agg := func(i int) aggKey { return aggKey{items[i].row.AggregateType, items[i].row.AggregateID} }
+	stopped := map[aggKey]bool{}
+	var queue []int // rows to send, id order
 	for i := range items {
-		k := aggKey{items[i].row.AggregateType, items[i].row.AggregateID}
-		if _, ok := groups[k]; !ok {
-			order = append(order, k)
+		switch items[i].outcome {
+		case foreign, refused:
+			stopped[agg(i)] = true
+		case pending:
+			if !stopped[agg(i)] {
+				queue = append(queue, i)
+			}
 		}
-		groups[k] = append(groups[k], i)
 	}
-	var g errgroup.Group
-	g.SetLimit(p.cfg.Concurrency)
-	for _, k := range order {
-		g.Go(func() error {
-			p.deliverAggregate(ctx, items, groups[k], token, trusted)
-			return nil
-		})
+	limit := p.sink.Capabilities().MaxBatch
+	for len(queue) > 0 && ctx.Err() == nil && time.Now().Before(trusted()) {
+		var chunk, rest []int
+		for _, i := range queue {
+			switch {
+			case stopped[agg(i)]:
+			case limit > 0 && len(chunk) == limit:
+				rest = append(rest, i)
+			default:
+				chunk = append(chunk, i)
+			}
+		}
+		queue = rest
+		if len(chunk) == 0 {
+			return
+		}
+		events := make([]dispatch.Event, len(chunk))
+		for j, i := range chunk {
+			r := items[i].row
+			events[j] = dispatch.Event{ID: r.ID, AggregateType: r.AggregateType, AggregateID: r.AggregateID,
+				EventType: r.EventType, Payload: r.Payload, Headers: r.Headers, CreatedAt: r.CreatedAt}
+		}
+		results := p.sink.Send(ctx, dispatch.Batch{Events: events, Token: token, Until: trusted})
+		if len(results) != len(chunk) {
+			// A sink that breaks its contract: trust none of it; claims are released.
+			p.log.Error("sink returned a wrong number of results; nothing marked", "batch_size", len(chunk), "results", len(results))
+			return
+		}
+		for j, i := range chunk {
+			if !p.apply(ctx, &items[i], results[j]) {
+				stopped[agg(i)] = true
+			}
+		}
 	}
-	_ = g.Wait() // outcomes are per item
 }
 
-func (p *Poller) deliverAggregate(ctx context.Context, items []item, idx []int, token int64, trusted func() time.Time) {
-	for _, i := range idx {
-		it := &items[i]
-		switch it.outcome {
-		case duplicate, poisoned:
-			continue // delivered already, or dead-lettered: neither blocks the aggregate
-		case foreign:
-			return // a newer holder is mid-flight on this row: keep order, retry later
-		case refused:
-			return // counted as a failed attempt: later rows wait, as behind any failure
-		}
-		// Trust the lease less than Redis does: past the local deadline (a pause,
-		// a slow network) stop without waiting to hear from Redis.
-		until := trusted()
-		if ctx.Err() != nil || !time.Now().Before(until) {
-			return // lease lost or shutdown timeout: abandon, claims get released
-		}
-		r := it.row
-		sctx, cancel := context.WithDeadline(ctx, until)
-		err := p.sink.Send(sctx, dispatch.Event{
-			ID: r.ID, AggregateType: r.AggregateType, AggregateID: r.AggregateID, EventType: r.EventType,
-			Payload: r.Payload, Headers: r.Headers, CreatedAt: r.CreatedAt,
-		}, token)
-		// Read before cancel, which sets it. Past the trust deadline the sink
-		// refuses to write (dispatch.ErrDeadlinePassed), maybe before the
-		// context's timer has fired: that is ours too, not the receiver's.
-		cut := sctx.Err() != nil || !time.Now().Before(until)
-		cancel()
-		if err != nil && cut {
-			it.outcome, it.err = p.cutShort(ctx, r.ID, err)
-			return
-		}
-		if err != nil {
-			it.outcome, it.err = failed, err
-			return
-		}
+// apply records a sink's result on a row; false when its aggregate must
+// stop here (anything but a delivery).
+func (p *Poller) apply(ctx context.Context, it *item, r dispatch.Result) bool {
+	switch r.Outcome {
+	case dispatch.Delivered, dispatch.Duplicate:
 		it.outcome = sent
+		if r.Ref != "" || r.Outcome == dispatch.Duplicate {
+			p.log.Debug("sink acknowledged", "outbox_id", it.row.ID, "result", r.Outcome.String(), "ref", r.Ref)
+		}
+		return true
+	case dispatch.Retryable, dispatch.Permanent:
+		err := r.Err
+		if err == nil {
+			err = errors.New("the sink reported a failure without a reason")
+		}
+		if r.Cut {
+			it.outcome, it.err = p.cutShort(ctx, it.row.ID, err)
+			return false
+		}
+		it.outcome, it.err = failed, &dispatch.Error{Err: err, Permanent: r.Outcome == dispatch.Permanent, RetryAfter: r.RetryAfter}
+		return false
+	default:
+		return false // not attempted: stays pending, its claim is released
 	}
 }
 

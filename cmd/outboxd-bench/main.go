@@ -194,7 +194,7 @@ func (e *env) poller(sink dispatch.Sink, notify bool) *poller.Poller {
 	m := metrics.New()
 	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(e.prefix))
 	return poller.New(poller.Config{
-		BatchSize: *batch, Concurrency: *conc, PollInterval: *pollEvery, KeyPrefix: e.prefix, Notify: notify,
+		BatchSize: *batch, PollInterval: *pollEvery, KeyPrefix: e.prefix, Notify: notify,
 	}, poller.Deps{Store: e.st, Locks: locks, Redis: e.rdb, Sink: sink, Log: slog.New(slog.NewJSONHandler(io.Discard, nil)), Metrics: m})
 }
 
@@ -223,7 +223,7 @@ func drain(ctx context.Context, sinkName string) drainResult {
 	if sinkName == "webhook" {
 		url, closeSrv := receiver(nil)
 		defer closeSrv()
-		w, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: url})
+		w, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: url, Concurrency: *conc})
 		check(err)
 		sink = w
 	}
@@ -290,7 +290,7 @@ func steady(ctx context.Context, notify bool) [4]float64 {
 		mu.Unlock()
 	})
 	defer closeSrv()
-	w, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: url})
+	w, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: url, Concurrency: *conc})
 	check(err)
 	stop := run(e.poller(w, notify))
 	defer stop()
@@ -371,7 +371,7 @@ func wake(ctx context.Context, notify bool, samples int) []float64 {
 	got := make(chan time.Time, 1)
 	url, closeSrv := receiver(func(int64) { got <- time.Now() })
 	defer closeSrv()
-	w, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: url})
+	w, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: url, Concurrency: *conc})
 	check(err)
 	stop := run(e.poller(w, notify))
 	defer stop()

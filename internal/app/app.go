@@ -20,6 +20,10 @@ import (
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/dispatch/kafka"
+	"github.com/outboxd/outboxd/dispatch/nats"
+	"github.com/outboxd/outboxd/dispatch/rabbitmq"
+	"github.com/outboxd/outboxd/dispatch/redisstream"
 	"github.com/outboxd/outboxd/internal/httpapi"
 	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/internal/metrics"
@@ -39,6 +43,8 @@ type App struct {
 	KV      redis.UniversalClient   // idempotency keys (the first node)
 	Locks   *lock.Client
 	Metrics *metrics.Metrics
+
+	extra []redis.UniversalClient // a redis_stream sink's own Redis
 }
 
 // New connects lazily: it does not wait for Postgres or Redis to be up.
@@ -87,7 +93,11 @@ func RedisNodes(c config.Redis, tlsCfg *tls.Config) []redis.UniversalClient {
 }
 
 // redisTLS builds the client TLS config from redis.tls.*; nil when disabled.
-func redisTLS(c config.RedisTLS) (*tls.Config, error) {
+func redisTLS(c config.TLS) (*tls.Config, error) { return tlsConfig("redis.tls", c) }
+
+// tlsConfig builds a client TLS config from the keys under prefix; nil when
+// disabled.
+func tlsConfig(prefix string, c config.TLS) (*tls.Config, error) {
 	if !c.Enabled {
 		return nil, nil
 	}
@@ -95,17 +105,17 @@ func redisTLS(c config.RedisTLS) (*tls.Config, error) {
 	if c.CAFile != "" {
 		pem, err := os.ReadFile(c.CAFile)
 		if err != nil {
-			return nil, &config.KeyError{Key: "redis.tls.ca_file", Err: err}
+			return nil, &config.KeyError{Key: prefix + ".ca_file", Err: err}
 		}
 		t.RootCAs = x509.NewCertPool()
 		if !t.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, &config.KeyError{Key: "redis.tls.ca_file", Err: errors.New("no PEM certificate found")}
+			return nil, &config.KeyError{Key: prefix + ".ca_file", Err: errors.New("no PEM certificate found")}
 		}
 	}
 	if c.CertFile != "" {
 		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
 		if err != nil {
-			return nil, &config.KeyError{Key: "redis.tls.cert_file", Err: err}
+			return nil, &config.KeyError{Key: prefix + ".cert_file", Err: err}
 		}
 		t.Certificates = []tls.Certificate{cert}
 	}
@@ -114,20 +124,59 @@ func redisTLS(c config.RedisTLS) (*tls.Config, error) {
 
 // Close closes every connection.
 func (a *App) Close() {
-	for _, n := range a.Nodes {
+	for _, n := range append(a.Nodes, a.extra...) {
 		_ = n.Close()
 	}
 	a.Store.Close()
 }
 
-// Sink builds the configured sink.
+// Sink builds the configured sink. Brokers are not contacted here: an
+// unreachable one makes sends fail and be retried, never the start. Close
+// the sink with CloseSink.
 func (a *App) Sink() (dispatch.Sink, error) {
-	switch a.Cfg.Dispatch.Sink {
+	d := a.Cfg.Dispatch
+	ce := dispatch.CloudEvents{Enabled: d.CloudEvents, Source: d.CloudEventsSource}
+	switch d.Sink {
 	case "noop":
 		return dispatch.Noop{}, nil
+	case "kafka":
+		t, err := tlsConfig("dispatch.kafka.tls", d.Kafka.TLS)
+		if err != nil {
+			return nil, err
+		}
+		return kafka.New(kafka.Config{Brokers: d.Kafka.Brokers, Topic: d.Kafka.Topic, ClientID: d.Kafka.ClientID,
+			SASL: kafka.SASL{Mechanism: d.Kafka.SASL.Mechanism, Username: d.Kafka.SASL.Username, Password: d.Kafka.SASL.Password},
+			TLS:  t, CloudEvents: ce, Log: a.Log})
+	case "nats":
+		return nats.New(nats.Config{URL: d.NATS.URL, Subject: d.NATS.Subject, CredsFile: d.NATS.CredsFile, CloudEvents: ce, Log: a.Log})
+	case "rabbitmq":
+		return rabbitmq.New(rabbitmq.Config{URL: d.RabbitMQ.URL, Exchange: d.RabbitMQ.Exchange, RoutingKey: d.RabbitMQ.RoutingKey,
+			CloudEvents: ce, Log: a.Log})
+	case "redis_stream":
+		client := a.KV
+		if addr := d.RedisStream.Addr; addr != "" {
+			tlsCfg, err := redisTLS(a.Cfg.Redis.TLS)
+			if err != nil {
+				return nil, err
+			}
+			c := a.Cfg.Redis
+			c.Mode, c.Addrs = "single", []string{addr}
+			client = RedisNodes(c, tlsCfg)[0]
+			a.extra = append(a.extra, client)
+		}
+		return redisstream.New(redisstream.Config{Client: client, Stream: d.RedisStream.Stream, MaxLen: d.RedisStream.MaxLen,
+			KeyPrefix: a.Cfg.Redis.KeyPrefix, CloudEvents: ce, Log: a.Log})
 	default:
-		w := a.Cfg.Dispatch.Webhook
-		return dispatch.NewWebhook(dispatch.WebhookConfig{URL: w.URL, Secret: w.Secret, Timeout: w.Timeout, Log: a.Log})
+		w := d.Webhook
+		return dispatch.NewWebhook(dispatch.WebhookConfig{URL: w.URL, Secret: w.Secret, Timeout: w.Timeout, Log: a.Log,
+			Concurrency: a.Cfg.Poller.Concurrency, CloudEvents: ce})
+	}
+}
+
+// CloseSink releases what a sink holds (broker connections), if anything.
+func CloseSink(s dispatch.Sink) {
+	if c, ok := s.(interface{ Close() error }); ok {
+		_ = c.Close()
 	}
 }
 
@@ -142,7 +191,7 @@ func (a *App) pollerConfig() poller.Config {
 	c := a.Cfg.Poller
 	return poller.Config{
 		LockTTL: c.LockTTL, LockWait: c.LockWait, BatchSize: c.BatchSize, PollInterval: c.PollInterval,
-		MaxAttempts: c.MaxAttempts, Concurrency: c.Concurrency, ClaimTTL: c.ClaimTTL,
+		MaxAttempts: c.MaxAttempts, ClaimTTL: c.ClaimTTL,
 		BackoffBase: c.BackoffBase, BackoffMax: c.BackoffMax, ShutdownTimeout: a.Cfg.ShutdownTimeout,
 		MaxPayloadBytes: int64(c.MaxPayloadBytes), BatchMaxBytes: int64(c.BatchMaxBytes),
 		KeyPrefix: a.Cfg.Redis.KeyPrefix, Notify: c.Notify,
@@ -166,6 +215,7 @@ func (a *App) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	defer CloseSink(sink)
 	p := a.Poller(sink)
 	rec, err := a.Reconciler()
 	if err != nil {
@@ -190,10 +240,12 @@ func (a *App) Run(ctx context.Context) error {
 	}), httpapi.Timeouts{})
 
 	lo, hi := poller.RetryHorizon(a.pollerConfig())
+	caps := sink.Capabilities()
 	a.Log.Info("outboxd started", "http_addr", ln.Addr().String(), "redis_mode", a.Cfg.Redis.Mode,
-		"sink", a.Cfg.Dispatch.Sink, "poller_notify", a.Cfg.Poller.Notify,
+		"sink", a.Cfg.Dispatch.Sink, "sink_ordering", caps.Ordering, "poller_notify", a.Cfg.Poller.Notify,
 		// How long a row that keeps failing is retried before it is dead-lettered.
 		"retry_horizon_min", lo.Round(time.Second).String(), "retry_horizon_max", hi.Round(time.Second).String())
+	a.warnUnsafe(caps, hi)
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return p.Run(gctx) })
 	g.Go(func() error { return rec.Run(gctx) })
@@ -212,6 +264,20 @@ func (a *App) Run(ctx context.Context) error {
 	err = g.Wait()
 	a.Log.Info("outboxd stopped")
 	return err
+}
+
+// warnUnsafe says at start where the sink and the configuration do not fit
+// together: a destination that drops repeated ids for less time than a row
+// can be retried delivers a late retry twice.
+func (a *App) warnUnsafe(caps dispatch.Capabilities, retryHorizon time.Duration) {
+	if caps.DedupeWindow > 0 && caps.DedupeWindow < retryHorizon {
+		a.Log.Warn("the sink's duplicate window is shorter than the retry horizon: a retry after it is delivered again (consumers must dedupe on the id)",
+			"sink", a.Cfg.Dispatch.Sink, "dedupe_window", caps.DedupeWindow.String(), "retry_horizon_max", retryHorizon.Round(time.Second).String())
+	}
+	if caps.MaxBatch > 0 && caps.MaxBatch < a.Cfg.Poller.BatchSize {
+		a.Log.Info("the sink takes fewer events per call than poller.batch_size: batches are split",
+			"sink", a.Cfg.Dispatch.Sink, "max_batch", caps.MaxBatch, "batch_size", a.Cfg.Poller.BatchSize)
+	}
 }
 
 // syncNotifyTrigger makes the NOTIFY trigger match poller.notify, retrying in

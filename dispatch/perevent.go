@@ -1,0 +1,95 @@
+package dispatch
+
+import (
+	"cmp"
+	"context"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+)
+
+// SendFunc delivers one event: nil when delivered, otherwise an error that
+// IsPermanent and RetryAfter classify.
+type SendFunc func(ctx context.Context, ev Event, token int64) error
+
+// DefaultConcurrency is how many aggregates a PerEvent sink sends at once
+// when asked for 0.
+const DefaultConcurrency = 16
+
+// PerEvent makes a Sink of a destination that takes one event per request
+// (the webhook). It sends the aggregates of a batch in parallel, at most
+// concurrency at once, and the events of one aggregate one after another in
+// order, stopping an aggregate at its first failure: its later events are
+// NotAttempted. It reads the trust deadline before every send, starts none
+// past it and bounds each by it; a send that fails after its deadline or
+// context ended is reported Cut.
+func PerEvent(send SendFunc, concurrency int, caps Capabilities) Sink {
+	return &perEvent{send: send, concurrency: cmp.Or(concurrency, DefaultConcurrency), caps: caps}
+}
+
+type perEvent struct {
+	send        SendFunc
+	concurrency int
+	caps        Capabilities
+}
+
+func (p *perEvent) Capabilities() Capabilities { return p.caps }
+
+func (p *perEvent) Send(ctx context.Context, b Batch) []Result {
+	out := make([]Result, len(b.Events))
+	var g errgroup.Group
+	g.SetLimit(p.concurrency)
+	for _, idx := range byAggregate(b.Events) {
+		g.Go(func() error {
+			p.sendAggregate(ctx, b, idx, out)
+			return nil
+		})
+	}
+	_ = g.Wait() // outcomes are per event
+	return out
+}
+
+// sendAggregate sends the events at idx (one aggregate's, in order) until
+// the first that does not go through.
+func (p *perEvent) sendAggregate(ctx context.Context, b Batch, idx []int, out []Result) {
+	for _, i := range idx {
+		// Trust the lease less than Redis does: past the local deadline (a
+		// pause, a slow network) stop without waiting to hear from Redis.
+		until := b.Until()
+		if ctx.Err() != nil || !time.Now().Before(until) {
+			return // the rest stay NotAttempted
+		}
+		sctx, cancel := context.WithDeadline(ctx, until)
+		err := p.send(sctx, b.Events[i], b.Token)
+		// Read before cancel, which sets it. Past the deadline the webhook
+		// refuses to write (ErrDeadlinePassed), maybe before the context's
+		// timer fired: that is the deadline's doing too, not the receiver's.
+		cut := sctx.Err() != nil || !time.Now().Before(until)
+		cancel()
+		if err != nil {
+			out[i] = Failed(err)
+			out[i].Cut = cut
+			return
+		}
+		out[i].Outcome = Delivered
+	}
+}
+
+// byAggregate groups event indexes by aggregate, each group in event order,
+// groups in order of first appearance.
+func byAggregate(events []Event) [][]int {
+	type key struct{ t, id string }
+	pos := map[key]int{}
+	var groups [][]int
+	for i, ev := range events {
+		k := key{ev.AggregateType, ev.AggregateID}
+		g, ok := pos[k]
+		if !ok {
+			g = len(groups)
+			pos[k] = g
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], i)
+	}
+	return groups
+}

@@ -1,0 +1,119 @@
+package dispatch_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outboxd/dispatch"
+)
+
+func batchOf(aggs ...string) dispatch.Batch {
+	b := dispatch.Batch{Token: 7, Until: func() time.Time { return time.Now().Add(time.Hour) }}
+	for i, a := range aggs {
+		b.Events = append(b.Events, dispatch.Event{ID: int64(i + 1), AggregateType: "deal", AggregateID: a})
+	}
+	return b
+}
+
+// One aggregate in order, stopped at its first failure (the rest not
+// attempted); other aggregates unaffected; results aligned by index.
+func TestPerEventStopsAnAggregateAtItsFirstFailure(t *testing.T) {
+	var mu sync.Mutex
+	sent := map[string][]int64{}
+	sink := dispatch.PerEvent(func(_ context.Context, ev dispatch.Event, token int64) error {
+		if token != 7 {
+			t.Errorf("token %d, want 7", token)
+		}
+		mu.Lock()
+		sent[ev.AggregateID] = append(sent[ev.AggregateID], ev.ID)
+		mu.Unlock()
+		switch ev.ID {
+		case 3:
+			return &dispatch.Error{Err: errors.New("503"), RetryAfter: time.Second}
+		case 4:
+			return &dispatch.Error{Err: errors.New("400"), Permanent: true}
+		}
+		return nil
+	}, 4, dispatch.Capabilities{})
+	//                     1    2    3    4    5    6    7
+	res := sink.Send(context.Background(), batchOf("a", "b", "a", "c", "a", "b", "c"))
+	want := []dispatch.Outcome{dispatch.Delivered, dispatch.Delivered, dispatch.Retryable, dispatch.Permanent,
+		dispatch.NotAttempted, dispatch.Delivered, dispatch.NotAttempted}
+	for i, w := range want {
+		if res[i].Outcome != w {
+			t.Errorf("event %d: %s, want %s", i+1, res[i].Outcome, w)
+		}
+	}
+	if res[2].RetryAfter != time.Second || res[2].Cut {
+		t.Errorf("event 3: %+v, want RetryAfter 1s and not cut", res[2])
+	}
+	if fmt.Sprint(sent["a"]) != "[1 3]" || fmt.Sprint(sent["b"]) != "[2 6]" || fmt.Sprint(sent["c"]) != "[4]" {
+		t.Fatalf("sent %v: want each aggregate in order, none after its failure", sent)
+	}
+}
+
+// Aggregates go in parallel, never more than the concurrency at once.
+func TestPerEventBoundsConcurrency(t *testing.T) {
+	var now, peak atomic.Int32
+	release := make(chan struct{})
+	sink := dispatch.PerEvent(func(context.Context, dispatch.Event, int64) error {
+		n := now.Add(1)
+		for {
+			p := peak.Load()
+			if n <= p || peak.CompareAndSwap(p, n) {
+				break
+			}
+		}
+		<-release
+		now.Add(-1)
+		return nil
+	}, 3, dispatch.Capabilities{})
+	done := make(chan []dispatch.Result)
+	go func() { done <- sink.Send(context.Background(), batchOf("a", "b", "c", "d", "e", "f")) }()
+	for peak.Load() < 3 {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	res := <-done
+	if peak.Load() != 3 {
+		t.Fatalf("peak %d aggregates at once, want 3", peak.Load())
+	}
+	for i, r := range res {
+		if r.Outcome != dispatch.Delivered {
+			t.Fatalf("event %d: %s", i+1, r.Outcome)
+		}
+	}
+}
+
+// Past the trust deadline nothing more is sent; a send that outlives it is
+// reported Cut, not as the destination's failure.
+func TestPerEventHonoursTheTrustDeadline(t *testing.T) {
+	var sends atomic.Int32
+	deadline := time.Now().Add(50 * time.Millisecond)
+	sink := dispatch.PerEvent(func(ctx context.Context, ev dispatch.Event, _ int64) error {
+		sends.Add(1)
+		<-ctx.Done() // a destination slower than the lease
+		return ctx.Err()
+	}, 1, dispatch.Capabilities{})
+	b := batchOf("a", "a", "b")
+	b.Until = func() time.Time { return deadline }
+	res := sink.Send(context.Background(), b)
+	if res[0].Outcome != dispatch.Retryable || !res[0].Cut {
+		t.Fatalf("event 1: %+v, want Retryable and Cut", res[0])
+	}
+	if res[1].Outcome != dispatch.NotAttempted || res[2].Outcome != dispatch.NotAttempted || sends.Load() != 1 {
+		t.Fatalf("after the deadline: %s, %s, %d sends; want nothing more sent", res[1].Outcome, res[2].Outcome, sends.Load())
+	}
+}
+
+func TestNoopDeliversEverything(t *testing.T) {
+	res := dispatch.Noop{}.Send(context.Background(), batchOf("a", "b"))
+	if len(res) != 2 || res[0].Outcome != dispatch.Delivered || res[1].Outcome != dispatch.Delivered {
+		t.Fatalf("%+v", res)
+	}
+}
