@@ -46,11 +46,12 @@ type Redis struct {
 	KeyPrefix    string   `mapstructure:"key_prefix"`
 	PasswordFile string   `mapstructure:"password_file"`
 	// MasterName is the Sentinel master name (mode sentinel).
-	MasterName string   `mapstructure:"master_name"`
-	TLS        RedisTLS `mapstructure:"tls"`
+	MasterName string `mapstructure:"master_name"`
+	TLS        TLS    `mapstructure:"tls"`
 }
 
-type RedisTLS struct {
+// TLS is a client TLS setting (redis.tls, dispatch.kafka.tls).
+type TLS struct {
 	Enabled            bool   `mapstructure:"enabled"`
 	CAFile             string `mapstructure:"ca_file"`
 	CertFile           string `mapstructure:"cert_file"`
@@ -87,8 +88,47 @@ type Reconcile struct {
 }
 
 type Dispatch struct {
-	Sink    string  `mapstructure:"sink"`
-	Webhook Webhook `mapstructure:"webhook"`
+	Sink              string      `mapstructure:"sink"` // webhook | kafka | nats | rabbitmq | redis_stream | noop
+	Webhook           Webhook     `mapstructure:"webhook"`
+	Kafka             Kafka       `mapstructure:"kafka"`
+	NATS              NATS        `mapstructure:"nats"`
+	RabbitMQ          RabbitMQ    `mapstructure:"rabbitmq"`
+	RedisStream       RedisStream `mapstructure:"redis_stream"`
+	CloudEvents       bool        `mapstructure:"cloudevents"`        // binary-mode CloudEvents attributes on every message
+	CloudEventsSource string      `mapstructure:"cloudevents_source"` // their "source"
+}
+
+type Kafka struct {
+	Brokers  []string  `mapstructure:"brokers"`
+	Topic    string    `mapstructure:"topic"` // template: {aggregate_type}, {event_type}
+	ClientID string    `mapstructure:"client_id"`
+	SASL     KafkaSASL `mapstructure:"sasl"`
+	TLS      TLS       `mapstructure:"tls"`
+}
+
+type KafkaSASL struct {
+	Mechanism    string `mapstructure:"mechanism"` // "" (none), PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
+	Username     string `mapstructure:"username"`
+	Password     string `mapstructure:"password"`
+	PasswordFile string `mapstructure:"password_file"`
+}
+
+type NATS struct {
+	URL       string `mapstructure:"url"`
+	Subject   string `mapstructure:"subject"` // template
+	CredsFile string `mapstructure:"creds_file"`
+}
+
+type RabbitMQ struct {
+	URL        string `mapstructure:"url"`
+	Exchange   string `mapstructure:"exchange"`
+	RoutingKey string `mapstructure:"routing_key"` // template
+}
+
+type RedisStream struct {
+	Addr   string `mapstructure:"addr"`   // "" = the lock's Redis
+	Stream string `mapstructure:"stream"` // template
+	MaxLen int64  `mapstructure:"maxlen"` // approximate trimming; 0 = none
 }
 
 type Webhook struct {
@@ -128,7 +168,7 @@ func Keys() []string {
 // Secret keys are replaced whole wherever the config is shown; postgres.dsn
 // and dispatch.webhook.url are shown with their secrets parsed out
 // (RedactDSN, RedactURL). *_file keys are paths and are shown.
-var secretKeys = []string{"redis.password", "dispatch.webhook.secret"}
+var secretKeys = []string{"redis.password", "dispatch.webhook.secret", "dispatch.kafka.sasl.password"}
 
 // KeyError is a configuration error about one key.
 type KeyError struct {
@@ -265,6 +305,7 @@ func (c *Config) readSecretFiles() error {
 		{"postgres.dsn_file", c.Postgres.DSNFile, &c.Postgres.DSN, false},
 		{"redis.password_file", c.Redis.PasswordFile, &c.Redis.Password, true},
 		{"dispatch.webhook.secret_file", c.Dispatch.Webhook.SecretFile, &c.Dispatch.Webhook.Secret, true},
+		{"dispatch.kafka.sasl.password_file", c.Dispatch.Kafka.SASL.PasswordFile, &c.Dispatch.Kafka.SASL.Password, true},
 	} {
 		if f.file == "" {
 			continue
@@ -315,21 +356,8 @@ func (c *Config) Validate() error {
 	if c.Redis.Mode == "sentinel" && c.Redis.MasterName == "" {
 		return bad("redis.master_name", "must be set in sentinel mode")
 	}
-	for _, f := range []struct{ key, path string }{
-		{"redis.tls.ca_file", c.Redis.TLS.CAFile}, {"redis.tls.cert_file", c.Redis.TLS.CertFile}, {"redis.tls.key_file", c.Redis.TLS.KeyFile},
-	} {
-		if f.path == "" {
-			continue
-		}
-		if !c.Redis.TLS.Enabled {
-			return bad(f.key, "set, but redis.tls.enabled is false")
-		}
-		if _, err := os.Stat(f.path); err != nil {
-			return bad(f.key, "%v", err)
-		}
-	}
-	if (c.Redis.TLS.CertFile == "") != (c.Redis.TLS.KeyFile == "") {
-		return bad("redis.tls.key_file", "redis.tls.cert_file and redis.tls.key_file go together")
+	if err := validateTLSFiles("redis.tls", c.Redis.TLS); err != nil {
+		return err
 	}
 	if c.Redis.DB < 0 || c.Redis.DB > 15 {
 		return bad("redis.db", "want 0..15, got %d", c.Redis.DB)
@@ -384,9 +412,22 @@ func (c *Config) Validate() error {
 		if err := c.validateWebhook(); err != nil {
 			return err
 		}
-	case "noop":
+	case "kafka":
+		if err := c.validateKafka(); err != nil {
+			return err
+		}
+	case "nats":
+		if f := c.Dispatch.NATS.CredsFile; f != "" {
+			if _, err := os.Stat(f); err != nil {
+				return bad("dispatch.nats.creds_file", "%v", err)
+			}
+		}
+	case "rabbitmq", "redis_stream", "noop":
 	default:
-		return bad("dispatch.sink", "want webhook or noop, got %q", c.Dispatch.Sink)
+		return bad("dispatch.sink", "want webhook, kafka, nats, rabbitmq, redis_stream or noop, got %q", c.Dispatch.Sink)
+	}
+	if c.Dispatch.RedisStream.MaxLen < 0 {
+		return bad("dispatch.redis_stream.maxlen", "must be 0 (no trimming) or positive, got %d", c.Dispatch.RedisStream.MaxLen)
 	}
 	switch strings.ToLower(c.Log.Level) {
 	case "debug", "info", "warn", "error":
@@ -408,6 +449,47 @@ func (c *Config) sourceKey(key, file string) string {
 		return key + "_file"
 	}
 	return key
+}
+
+// validateKafka checks the Kafka settings that are plain values; the topic
+// template is checked by the sink.
+func (c *Config) validateKafka() error {
+	k := c.Dispatch.Kafka
+	if len(k.Brokers) == 0 || slices.Contains(k.Brokers, "") {
+		return &KeyError{Key: "dispatch.kafka.brokers", Err: errors.New("must list at least one host:port, without empty entries")}
+	}
+	switch k.SASL.Mechanism {
+	case "":
+	case "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512":
+		if k.SASL.Username == "" {
+			return &KeyError{Key: "dispatch.kafka.sasl.username", Err: fmt.Errorf("must be set with mechanism %s", k.SASL.Mechanism)}
+		}
+	default:
+		return &KeyError{Key: "dispatch.kafka.sasl.mechanism", Err: fmt.Errorf("want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (or empty), got %q", k.SASL.Mechanism)}
+	}
+	return validateTLSFiles("dispatch.kafka.tls", k.TLS)
+}
+
+// validateTLSFiles checks that the files of a TLS setting exist and come
+// with tls.enabled.
+func validateTLSFiles(prefix string, t TLS) error {
+	for _, f := range []struct{ key, path string }{
+		{prefix + ".ca_file", t.CAFile}, {prefix + ".cert_file", t.CertFile}, {prefix + ".key_file", t.KeyFile},
+	} {
+		if f.path == "" {
+			continue
+		}
+		if !t.Enabled {
+			return &KeyError{Key: f.key, Err: fmt.Errorf("set, but %s.enabled is false", prefix)}
+		}
+		if _, err := os.Stat(f.path); err != nil {
+			return &KeyError{Key: f.key, Err: err}
+		}
+	}
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		return &KeyError{Key: prefix + ".key_file", Err: fmt.Errorf("%s.cert_file and %s.key_file go together", prefix, prefix)}
+	}
+	return nil
 }
 
 // validateWebhook checks what concerns the webhook and another part
@@ -452,7 +534,9 @@ func (c *Config) Redacted() map[string]any {
 		}
 	}
 	flat["postgres.dsn"] = RedactDSN(c.Postgres.DSN)
-	flat["dispatch.webhook.url"] = RedactURL(c.Dispatch.Webhook.URL)
+	for _, k := range []string{"dispatch.webhook.url", "dispatch.nats.url", "dispatch.rabbitmq.url"} {
+		flat[k] = RedactURL(flat[k].(string))
+	}
 	out := map[string]any{}
 	for k, v := range flat {
 		parts := strings.Split(k, ".")

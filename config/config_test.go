@@ -84,7 +84,12 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{name: "bad mode", sets: []string{"redis.mode=magic"}, key: "redis.mode"},
 		{name: "redlock with one node", sets: []string{"redis.mode=redlock"}, key: "redis.mode"},
 		{name: "bad url", sets: []string{"dispatch.webhook.url=ftp://x"}, key: "dispatch.webhook.url"},
-		{name: "bad sink", sets: []string{"dispatch.sink=kafka"}, key: "dispatch.sink"},
+		{name: "bad sink", sets: []string{"dispatch.sink=carrier-pigeon"}, key: "dispatch.sink"},
+		{name: "kafka without brokers", sets: []string{"dispatch.sink=kafka"}, key: "dispatch.kafka.brokers"},
+		{name: "bad kafka sasl", sets: []string{"dispatch.sink=kafka", "dispatch.kafka.brokers=b:9092", "dispatch.kafka.sasl.mechanism=GSSAPI"}, key: "dispatch.kafka.sasl.mechanism"},
+		{name: "bad topic template", sets: []string{"dispatch.sink=kafka", "dispatch.kafka.brokers=b:9092", "dispatch.kafka.topic=outbox.{aggregate}"}, key: "dispatch.kafka.topic"},
+		{name: "bad subject template", sets: []string{"dispatch.sink=nats", "dispatch.nats.subject=x.{nope}"}, key: "dispatch.nats.subject"},
+		{name: "negative maxlen", sets: []string{"dispatch.redis_stream.maxlen=-1"}, key: "dispatch.redis_stream.maxlen"},
 		{name: "bad level", sets: []string{"log.level=loud"}, key: "log.level"},
 		{name: "zero shutdown", sets: []string{"shutdown_timeout=0s"}, key: "shutdown_timeout"},
 		{name: "bad bool", sets: []string{"poller.notify=maybe"}, key: "poller.notify"},
@@ -133,10 +138,13 @@ func TestRedactedHidesSecrets(t *testing.T) {
 // must be added to this table (and to the redaction) to pass.
 func TestRedactedCoversEverySecretKey(t *testing.T) {
 	cases := map[string]struct{ value, canary string }{
-		"postgres.dsn":            {"host=db user=app password='pg canary' dbname=app", "canary"},
-		"redis.password":          {"canary", "canary"},
-		"dispatch.webhook.secret": {"canary", "canary"},
-		"dispatch.webhook.url":    {"https://u:canary@h/x?api_key=canary2", "canary"},
+		"postgres.dsn":                 {"host=db user=app password='pg canary' dbname=app", "canary"},
+		"redis.password":               {"canary", "canary"},
+		"dispatch.webhook.secret":      {"canary", "canary"},
+		"dispatch.webhook.url":         {"https://u:canary@h/x?api_key=canary2", "canary"},
+		"dispatch.kafka.sasl.password": {"canary", "canary"},
+		"dispatch.nats.url":            {"nats://u:canary@h:4222", "canary"},
+		"dispatch.rabbitmq.url":        {"amqp://guest:canary@h:5672/", "canary"},
 	}
 	for _, key := range config.Keys() {
 		if strings.HasSuffix(key, "_file") {

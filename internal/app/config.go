@@ -5,6 +5,10 @@ import (
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/dispatch/kafka"
+	"github.com/outboxd/outboxd/dispatch/nats"
+	"github.com/outboxd/outboxd/dispatch/rabbitmq"
+	"github.com/outboxd/outboxd/dispatch/redisstream"
 	"github.com/outboxd/outboxd/poller"
 	"github.com/outboxd/outboxd/reconcile"
 )
@@ -23,48 +27,72 @@ const (
 // (poller, reconcile, dispatch) for the rest.
 func Defaults() map[string]any {
 	return map[string]any{
-		"postgres.dsn":                   DefaultPostgresDSN,
-		"postgres.dsn_file":              "",
-		"redis.addrs":                    []string{DefaultRedisAddr},
-		"redis.mode":                     "single",
-		"redis.username":                 "",
-		"redis.password":                 "",
-		"redis.db":                       0,
-		"redis.key_prefix":               "",
-		"redis.master_name":              "",
-		"redis.password_file":            "",
-		"redis.tls.enabled":              false,
-		"redis.tls.ca_file":              "",
-		"redis.tls.cert_file":            "",
-		"redis.tls.key_file":             "",
-		"redis.tls.server_name":          "",
-		"redis.tls.insecure_skip_verify": false,
-		"poller.lock_ttl":                poller.DefaultLockTTL,
-		"poller.lock_wait":               poller.DefaultLockWait,
-		"poller.batch_size":              poller.DefaultBatchSize,
-		"poller.poll_interval":           poller.DefaultPollInterval,
-		"poller.max_attempts":            poller.DefaultMaxAttempts,
-		"poller.concurrency":             poller.DefaultConcurrency,
-		"poller.claim_ttl":               poller.DefaultClaimTTL,
-		"poller.backoff_base":            poller.DefaultBackoffBase,
-		"poller.backoff_max":             poller.DefaultBackoffMax,
-		"poller.notify":                  false,
-		"poller.max_payload_bytes":       poller.DefaultMaxPayloadBytes,
-		"poller.batch_max_bytes":         poller.DefaultBatchMaxBytes,
-		"reconcile.schedule":             reconcile.DefaultSchedule,
-		"reconcile.lock_ttl":             reconcile.DefaultLockTTL,
-		"reconcile.retention":            reconcile.DefaultRetention,
-		"reconcile.dead_retention":       time.Duration(0), // keep dead rows
-		"reconcile.batch_size":           reconcile.DefaultBatchSize,
-		"dispatch.sink":                  "webhook",
-		"dispatch.webhook.url":           DefaultWebhookURL,
-		"dispatch.webhook.secret":        "",
-		"dispatch.webhook.secret_file":   "",
-		"dispatch.webhook.timeout":       dispatch.DefaultWebhookTimeout,
-		"http.addr":                      DefaultHTTPAddr,
-		"log.level":                      "info",
-		"log.format":                     "json",
-		"shutdown_timeout":               poller.DefaultShutdownTimeout,
+		"postgres.dsn":                            DefaultPostgresDSN,
+		"postgres.dsn_file":                       "",
+		"redis.addrs":                             []string{DefaultRedisAddr},
+		"redis.mode":                              "single",
+		"redis.username":                          "",
+		"redis.password":                          "",
+		"redis.db":                                0,
+		"redis.key_prefix":                        "",
+		"redis.master_name":                       "",
+		"redis.password_file":                     "",
+		"redis.tls.enabled":                       false,
+		"redis.tls.ca_file":                       "",
+		"redis.tls.cert_file":                     "",
+		"redis.tls.key_file":                      "",
+		"redis.tls.server_name":                   "",
+		"redis.tls.insecure_skip_verify":          false,
+		"poller.lock_ttl":                         poller.DefaultLockTTL,
+		"poller.lock_wait":                        poller.DefaultLockWait,
+		"poller.batch_size":                       poller.DefaultBatchSize,
+		"poller.poll_interval":                    poller.DefaultPollInterval,
+		"poller.max_attempts":                     poller.DefaultMaxAttempts,
+		"poller.concurrency":                      dispatch.DefaultConcurrency, // aggregates a per-event sink sends at once
+		"poller.claim_ttl":                        poller.DefaultClaimTTL,
+		"poller.backoff_base":                     poller.DefaultBackoffBase,
+		"poller.backoff_max":                      poller.DefaultBackoffMax,
+		"poller.notify":                           false,
+		"poller.max_payload_bytes":                poller.DefaultMaxPayloadBytes,
+		"poller.batch_max_bytes":                  poller.DefaultBatchMaxBytes,
+		"reconcile.schedule":                      reconcile.DefaultSchedule,
+		"reconcile.lock_ttl":                      reconcile.DefaultLockTTL,
+		"reconcile.retention":                     reconcile.DefaultRetention,
+		"reconcile.dead_retention":                time.Duration(0), // keep dead rows
+		"reconcile.batch_size":                    reconcile.DefaultBatchSize,
+		"dispatch.sink":                           "webhook",
+		"dispatch.webhook.url":                    DefaultWebhookURL,
+		"dispatch.webhook.secret":                 "",
+		"dispatch.webhook.secret_file":            "",
+		"dispatch.webhook.timeout":                dispatch.DefaultWebhookTimeout,
+		"dispatch.kafka.brokers":                  []string{},
+		"dispatch.kafka.topic":                    kafka.DefaultTopic,
+		"dispatch.kafka.client_id":                kafka.DefaultClientID,
+		"dispatch.kafka.sasl.mechanism":           "",
+		"dispatch.kafka.sasl.username":            "",
+		"dispatch.kafka.sasl.password":            "",
+		"dispatch.kafka.sasl.password_file":       "",
+		"dispatch.kafka.tls.enabled":              false,
+		"dispatch.kafka.tls.ca_file":              "",
+		"dispatch.kafka.tls.cert_file":            "",
+		"dispatch.kafka.tls.key_file":             "",
+		"dispatch.kafka.tls.server_name":          "",
+		"dispatch.kafka.tls.insecure_skip_verify": false,
+		"dispatch.nats.url":                       nats.DefaultURL,
+		"dispatch.nats.subject":                   nats.DefaultSubject,
+		"dispatch.nats.creds_file":                "",
+		"dispatch.rabbitmq.url":                   rabbitmq.DefaultURL,
+		"dispatch.rabbitmq.exchange":              rabbitmq.DefaultExchange,
+		"dispatch.rabbitmq.routing_key":           rabbitmq.DefaultRoutingKey,
+		"dispatch.redis_stream.addr":              "",
+		"dispatch.redis_stream.stream":            redisstream.DefaultStream,
+		"dispatch.redis_stream.maxlen":            redisstream.DefaultMaxLen,
+		"dispatch.cloudevents":                    false,
+		"dispatch.cloudevents_source":             dispatch.DefaultCloudEventsSource,
+		"http.addr":                               DefaultHTTPAddr,
+		"log.level":                               "info",
+		"log.format":                              "json",
+		"shutdown_timeout":                        poller.DefaultShutdownTimeout,
 	}
 }
 
@@ -89,11 +117,21 @@ func Check(cfg *config.Config) error {
 	if _, err := reconcile.ParseSchedule(cfg.Reconcile.Schedule); err != nil {
 		return &config.KeyError{Key: "reconcile.schedule", Err: err}
 	}
-	if cfg.Dispatch.Sink == "webhook" {
-		if _, err := dispatch.ParseURL(cfg.Dispatch.Webhook.URL); err != nil {
+	d := cfg.Dispatch
+	template := map[string]string{"kafka": "dispatch.kafka.topic", "nats": "dispatch.nats.subject",
+		"rabbitmq": "dispatch.rabbitmq.routing_key", "redis_stream": "dispatch.redis_stream.stream"}[d.Sink]
+	values := map[string]string{"dispatch.kafka.topic": d.Kafka.Topic, "dispatch.nats.subject": d.NATS.Subject,
+		"dispatch.rabbitmq.routing_key": d.RabbitMQ.RoutingKey, "dispatch.redis_stream.stream": d.RedisStream.Stream}
+	if template != "" {
+		if _, err := dispatch.ParseTemplate(values[template]); err != nil {
+			return &config.KeyError{Key: template, Err: err}
+		}
+	}
+	if d.Sink == "webhook" {
+		if _, err := dispatch.ParseURL(d.Webhook.URL); err != nil {
 			return &config.KeyError{Key: "dispatch.webhook.url", Err: err}
 		}
-		if _, err := dispatch.ParseSecret(cfg.Dispatch.Webhook.Secret); err != nil {
+		if _, err := dispatch.ParseSecret(d.Webhook.Secret); err != nil {
 			return &config.KeyError{Key: cfg.SourceKey("dispatch.webhook.secret"), Err: err}
 		}
 	}

@@ -1,0 +1,191 @@
+package dispatch
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Template is a destination name (topic, subject, routing key, stream) with
+// placeholders replaced by the row's values: {aggregate_type} and
+// {event_type}. Debezium's outbox router default is
+// "outbox.event.{aggregate_type}".
+type Template struct {
+	parts []string // literal, placeholder, literal, ... (placeholders at odd indexes)
+}
+
+// placeholders are the names a Template may use.
+var placeholders = []string{"aggregate_type", "event_type"}
+
+// ParseTemplate reads s; an unknown or unclosed placeholder is an error.
+func ParseTemplate(s string) (Template, error) {
+	if s == "" {
+		return Template{}, fmt.Errorf("dispatch: empty destination template")
+	}
+	var t Template
+	rest := s
+	for {
+		open := strings.IndexByte(rest, '{')
+		if open < 0 {
+			t.parts = append(t.parts, rest)
+			return t, nil
+		}
+		end := strings.IndexByte(rest[open:], '}')
+		if end < 0 {
+			return Template{}, fmt.Errorf("dispatch: template %q: unclosed {", s)
+		}
+		name := rest[open+1 : open+end]
+		if !slices.Contains(placeholders, name) {
+			return Template{}, fmt.Errorf("dispatch: template %q: unknown placeholder {%s} (want {aggregate_type} or {event_type})", s, name)
+		}
+		t.parts = append(t.parts, rest[:open], name)
+		rest = rest[open+end+1:]
+	}
+}
+
+// MustTemplate is ParseTemplate for constants known to be valid.
+func MustTemplate(s string) Template {
+	t, err := ParseTemplate(s)
+	if err != nil {
+		panic(err)
+	}
+	return t
+}
+
+// Expand fills the placeholders from ev.
+func (t Template) Expand(ev Event) string {
+	if len(t.parts) == 1 {
+		return t.parts[0]
+	}
+	var b strings.Builder
+	for i, p := range t.parts {
+		switch {
+		case i%2 == 0:
+			b.WriteString(p)
+		case p == "aggregate_type":
+			b.WriteString(ev.AggregateType)
+		default:
+			b.WriteString(ev.EventType)
+		}
+	}
+	return b.String()
+}
+
+// CloudEvents adds binary-mode CloudEvents attributes to every message
+// (dispatch.cloudevents, dispatch.cloudevents_source).
+type CloudEvents struct {
+	Enabled bool
+	Source  string // "source" attribute; DefaultCloudEventsSource when empty
+}
+
+// DefaultCloudEventsSource is the "source" attribute when none is set.
+const DefaultCloudEventsSource = "outboxd"
+
+// Attributes are the binary-mode CloudEvents attributes of ev with prefix
+// ("ce-" on HTTP, NATS and AMQP; "ce_" on Kafka): specversion 1.0, id = the
+// outbox id, source, type = event_type, time = created_at. None when
+// disabled.
+func (ce CloudEvents) Attributes(ev Event, prefix string) []Header {
+	if !ce.Enabled {
+		return nil
+	}
+	source := ce.Source
+	if source == "" {
+		source = DefaultCloudEventsSource
+	}
+	return []Header{
+		{prefix + "specversion", "1.0"},
+		{prefix + "id", strconv.FormatInt(ev.ID, 10)},
+		{prefix + "source", source},
+		{prefix + "type", ev.EventType},
+		{prefix + "time", ev.CreatedAt.UTC().Format(time.RFC3339Nano)},
+	}
+}
+
+// Header is one message header (Kafka record header, NATS header, AMQP
+// table entry, Redis stream field).
+type Header struct{ Key, Value string }
+
+// Header names every broker message carries (the contract's mapping).
+const (
+	HeaderID            = "id"
+	HeaderAggregateType = "aggregate_type"
+	HeaderAggregateID   = "aggregate_id" // also the ordering key
+	HeaderEventType     = "event_type"
+	HeaderCreatedAt     = "created_at" // RFC 3339
+	HeaderFencingToken  = "fencing_token"
+)
+
+// Headers returns a message's headers in the contract's order: id,
+// aggregate_type, aggregate_id, event_type, created_at, fencing_token; then
+// each entry of the row's headers object (string values as they are, other
+// JSON values as their JSON text) whose name collides with none of those
+// (compared case-insensitively) and which a header can carry; then, when
+// enabled, the CloudEvents attributes with cePrefix ("ce-", or "ce_" on
+// Kafka): specversion, id, source, type, time. dropped names the row's
+// entries left out, for a warning.
+func Headers(ev Event, token int64, ce CloudEvents, cePrefix string) (hs []Header, dropped []string) {
+	created := ev.CreatedAt.UTC().Format(time.RFC3339Nano)
+	hs = []Header{
+		{HeaderID, strconv.FormatInt(ev.ID, 10)},
+		{HeaderAggregateType, ev.AggregateType},
+		{HeaderAggregateID, ev.AggregateID},
+		{HeaderEventType, ev.EventType},
+		{HeaderCreatedAt, created},
+		{HeaderFencingToken, strconv.FormatInt(token, 10)},
+	}
+	ceHeaders := ce.Attributes(ev, cePrefix)
+	taken := func(name string) bool {
+		for _, h := range hs {
+			if strings.EqualFold(h.Key, name) {
+				return true
+			}
+		}
+		for _, h := range ceHeaders {
+			if strings.EqualFold(h.Key, name) {
+				return true
+			}
+		}
+		return false
+	}
+	var row map[string]json.RawMessage
+	if json.Unmarshal(ev.Headers, &row) == nil {
+		names := make([]string, 0, len(row))
+		for k := range row {
+			names = append(names, k)
+		}
+		slices.Sort(names) // a stable order, whatever Go's map did
+		for _, k := range names {
+			v := headerValue(row[k])
+			if k == "" || taken(k) || !headerSafe(k) || !headerSafe(v) {
+				dropped = append(dropped, k)
+				continue
+			}
+			hs = append(hs, Header{k, v})
+		}
+	}
+	return append(hs, ceHeaders...), dropped
+}
+
+// headerValue is a JSON string's text, or any other JSON value as written.
+func headerValue(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	return string(raw)
+}
+
+// headerSafe: free of control characters, which protocols refuse or split
+// on (NATS headers are lines: a CR/LF would inject another header).
+func headerSafe(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < ' ' || s[i] == 0x7f {
+			return false
+		}
+	}
+	return true
+}
