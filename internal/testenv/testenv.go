@@ -42,10 +42,13 @@ var (
 // Main runs a package's tests: services up, template migrated, goleak after.
 // Use it from TestMain: func TestMain(m *testing.M) { testenv.Main(m) }.
 func Main(m *testing.M) {
-	os.Exit(run(m))
+	os.Exit(Run(m))
 }
 
-func run(m *testing.M) int {
+// Run is Main without the exit: it returns the exit code, so a TestMain
+// with files of its own (a built binary) can remove them first. os.Exit
+// skips deferred calls, so a defer before Main never runs.
+func Run(m *testing.M) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	stopContainers, err := services(ctx)
