@@ -15,6 +15,7 @@ import (
 // A three-master Redis Cluster: the lock key and its fence counter share a
 // hash slot whatever the prefix, so the scripts run there.
 func TestRedisCluster(t *testing.T) {
+	t.Parallel()
 	addrs := testenv.StartRedisCluster(t, 3)
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
 	defer rdb.Close()

@@ -60,6 +60,7 @@ func wantCorrupt(t *testing.T, step string, err error, node, key string, fence b
 // fails Acquire at once with ErrCorrupt naming the key, writes nothing, and
 // is reported by Holder / LastToken; deleting the key repairs it.
 func TestCorruptStateIsRefusedBeforeAnyWrite(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		fence bool // the fence counter is the corrupt key, else the lock key
@@ -88,6 +89,7 @@ func TestCorruptStateIsRefusedBeforeAnyWrite(t *testing.T) {
 		{"lock without expiry", false, setString("phantom"), `the string "phantom" with no expiry`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			c, rdb, _ := newClient(t)
 			ctx := context.Background()
 			key, fence := c.Key(corruptName), c.FenceKey(corruptName)
@@ -155,6 +157,7 @@ func setString(v string) func(context.Context, *redis.Client, string) error {
 // The counter's last valid value issues the largest int64 token exactly (no
 // float rounding in the script); the next acquisition is refused, not wrapped.
 func TestCounterUpToInt64Max(t *testing.T) {
+	t.Parallel()
 	c, rdb, _ := newClient(t)
 	ctx := context.Background()
 	fence := c.FenceKey(corruptName)
@@ -184,6 +187,7 @@ func TestCounterUpToInt64Max(t *testing.T) {
 // A held lock whose key is overwritten with another type is lost at the next
 // renewal (no lease of ours is left), and Release names the key and leaves it.
 func TestCorruptedKeyLosesHeldLock(t *testing.T) {
+	t.Parallel()
 	c, rdb, _ := newClient(t)
 	ctx := context.Background()
 	key := c.Key(corruptName)
@@ -215,6 +219,7 @@ func TestCorruptedKeyLosesHeldLock(t *testing.T) {
 // them still leaves a quorum; a majority ends the wait at once, naming each
 // key on each node; a minority plus a holder elsewhere reads as both.
 func TestRedlockCorruptNodes(t *testing.T) {
+	t.Parallel()
 	srvs, nodes := redlockNodes(t, 3)
 	c := lock.New(nodes)
 	var clients []*redis.Client

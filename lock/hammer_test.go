@@ -68,6 +68,8 @@ func hammerChild() bool {
 	return true
 }
 
+// Not parallel: three processes of twenty goroutines keep both cores busy
+// for 10 s, which would starve the 1 s leases of the other tests.
 func TestMutualExclusionAcrossProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("10 s multi-process contention test; runs without -short")
@@ -124,8 +126,10 @@ func redlockNodes(t *testing.T, n int) ([]*testenv.RedisServer, []redis.Universa
 }
 
 func TestRedlockToleratesMinorityDown(t *testing.T) {
+	t.Parallel()
 	for _, n := range []int{3, 5} {
 		t.Run(strconv.Itoa(n)+"nodes", func(t *testing.T) {
+			t.Parallel()
 			srvs, clients := redlockNodes(t, n)
 			c := lock.New(clients)
 			ctx := context.Background()
@@ -166,6 +170,7 @@ func TestRedlockToleratesMinorityDown(t *testing.T) {
 }
 
 func TestRedlockTokensIncreaseAcrossShiftingMajorities(t *testing.T) {
+	t.Parallel()
 	srvs, clients := redlockNodes(t, 3)
 	c := lock.New(clients)
 	ctx := context.Background()

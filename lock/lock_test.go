@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/internal/testutil"
 	"github.com/outboxd/outboxd/lock"
 )
 
@@ -24,6 +25,17 @@ func newClient(t *testing.T) (*lock.Client, *redis.Client, string) {
 	return lock.New([]redis.UniversalClient{rdb}, lock.WithKeyPrefix(prefix)), rdb, prefix
 }
 
+// subscribed reports whether, within 10 s, someone listens for key's
+// releases: release.lua publishes on "<key>:released", and Acquire
+// subscribes once its first try has failed.
+func subscribed(rdb *redis.Client, key string) bool {
+	channel := key + ":released"
+	return testutil.Poll(10*time.Second, func() bool {
+		n, err := rdb.PubSubNumSub(context.Background(), channel).Result()
+		return err == nil && n[channel] > 0
+	})
+}
+
 func release(t *testing.T, l *lock.Lock) {
 	t.Helper()
 	if err := l.Release(context.Background()); err != nil {
@@ -32,6 +44,7 @@ func release(t *testing.T, l *lock.Lock) {
 }
 
 func TestAcquireExcludesAndReleaseHandsOver(t *testing.T) {
+	t.Parallel()
 	c, rdb, prefix := newClient(t)
 	ctx := context.Background()
 	opts := lock.Options{TTL: 5 * time.Second}
@@ -71,6 +84,7 @@ func TestAcquireExcludesAndReleaseHandsOver(t *testing.T) {
 }
 
 func TestAcquireWaitGivesUpWithCause(t *testing.T) {
+	t.Parallel()
 	c, _, _ := newClient(t)
 	ctx := context.Background()
 	a, err := c.TryAcquire(ctx, "lock:w", lock.Options{TTL: 10 * time.Second})
@@ -87,6 +101,7 @@ func TestAcquireWaitGivesUpWithCause(t *testing.T) {
 }
 
 func TestTokensIncreaseOverManyAcquisitions(t *testing.T) {
+	t.Parallel()
 	c, _, _ := newClient(t)
 	ctx := context.Background()
 	var last int64
@@ -104,6 +119,7 @@ func TestTokensIncreaseOverManyAcquisitions(t *testing.T) {
 }
 
 func TestFloorKeepsTokensIncreasingAfterDataLoss(t *testing.T) {
+	t.Parallel()
 	srv := testenv.StartRedisServer(t)
 	rdb := srv.Client()
 	c := lock.New([]redis.UniversalClient{rdb})
@@ -161,6 +177,7 @@ func TestFloorKeepsTokensIncreasingAfterDataLoss(t *testing.T) {
 }
 
 func TestExpiresWithoutRenewal(t *testing.T) {
+	t.Parallel()
 	c, rdb, prefix := newClient(t)
 	ctx := context.Background()
 	// TTLs of a second, not less: each Redis call gets TTL/10, and 30 ms was
@@ -178,9 +195,9 @@ func TestExpiresWithoutRenewal(t *testing.T) {
 		t.Fatalf("cause %v, want ErrLost", context.Cause(a.Context()))
 	}
 	// Wait for Redis to expire the key, then someone else can take it.
-	for rdb.Exists(ctx, prefix+"lock:e").Val() == 1 {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.WaitFor(t, 5*time.Second, "Redis to expire lock:e", func() bool {
+		return rdb.Exists(ctx, prefix+"lock:e").Val() == 0
+	}, nil)
 	b, err := c.TryAcquire(ctx, "lock:e", lock.Options{TTL: time.Second})
 	if err != nil {
 		t.Fatalf("acquire after expiry: %v", err)
@@ -192,6 +209,7 @@ func TestExpiresWithoutRenewal(t *testing.T) {
 }
 
 func TestWatchdogKeepsLockPastThreeTTLs(t *testing.T) {
+	t.Parallel()
 	c, rdb, prefix := newClient(t)
 	ctx := context.Background()
 	ttl := time.Second // see TestExpiresWithoutRenewal
@@ -213,6 +231,7 @@ func TestWatchdogKeepsLockPastThreeTTLs(t *testing.T) {
 }
 
 func TestNonOwnerCannotReleaseOrExtend(t *testing.T) {
+	t.Parallel()
 	c, rdb, prefix := newClient(t)
 	ctx := context.Background()
 	a, err := c.TryAcquire(ctx, "lock:o", lock.Options{TTL: 5 * time.Second, RenewInterval: -1})
@@ -238,6 +257,7 @@ func TestNonOwnerCannotReleaseOrExtend(t *testing.T) {
 }
 
 func TestLostSignalWhenKeyDeletedOrStolen(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		tamper func(rdb *redis.Client, key string)
@@ -247,6 +267,7 @@ func TestLostSignalWhenKeyDeletedOrStolen(t *testing.T) {
 		{"stolen", func(rdb *redis.Client, key string) { rdb.Set(context.Background(), key, "thief", time.Minute) }, lock.ErrOwnedByOther},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			c, rdb, prefix := newClient(t)
 			renew := 100 * time.Millisecond
 			a, err := c.TryAcquire(context.Background(), "lock:l", lock.Options{TTL: 10 * time.Second, RenewInterval: renew})
@@ -269,6 +290,7 @@ func TestLostSignalWhenKeyDeletedOrStolen(t *testing.T) {
 }
 
 func TestLostBeforeTTLWhenRedisUnreachable(t *testing.T) {
+	t.Parallel()
 	srv := testenv.StartRedisServer(t)
 	c := lock.New([]redis.UniversalClient{srv.Client()})
 	ttl := 2 * time.Second
@@ -297,7 +319,8 @@ func TestLostBeforeTTLWhenRedisUnreachable(t *testing.T) {
 }
 
 func TestWaiterWakesOnRelease(t *testing.T) {
-	c, _, _ := newClient(t)
+	t.Parallel()
+	c, rdb, _ := newClient(t)
 	ctx := context.Background()
 	a, err := c.TryAcquire(ctx, "lock:h", lock.Options{TTL: 30 * time.Second})
 	if err != nil {
@@ -316,7 +339,11 @@ func TestWaiterWakesOnRelease(t *testing.T) {
 		got <- time.Now()
 		_ = b.Release(ctx)
 	}()
-	time.Sleep(200 * time.Millisecond) // let the waiter subscribe and fail its first try
+	// Subscribed means its first try failed: from here only the release
+	// notification wakes it in time.
+	if !subscribed(rdb, c.Key("lock:h")) {
+		t.Fatal("the waiter never subscribed to the release channel")
+	}
 	released := time.Now()
 	release(t, a)
 	select {
@@ -334,6 +361,7 @@ func TestWaiterWakesOnRelease(t *testing.T) {
 // When the wait ends while an attempt is still in flight (Redis stalled),
 // the error still says who held the lock, as the earlier attempts saw it.
 func TestWaitEndingMidAttemptKeepsHolder(t *testing.T) {
+	t.Parallel()
 	srv := testenv.StartRedisServerArgs(t, "--enable-debug-command", "yes")
 	rdb := srv.Client()
 	c := lock.New([]redis.UniversalClient{rdb})
@@ -342,15 +370,23 @@ func TestWaitEndingMidAttemptKeepsHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stalled := make(chan struct{})
+	stalled := make(chan bool, 1)
 	go func() {
-		defer close(stalled)
-		time.Sleep(150 * time.Millisecond) // after a few attempts saw the holder
 		other := redis.NewClient(&redis.Options{Addr: srv.Addr})
 		defer other.Close()
-		other.Do(context.Background(), "debug", "sleep", "0.6") // stalls past the wait's end
+		// Subscribed: the first attempt saw the holder, and the waiter
+		// retries every 20 ms, so one attempt is in flight when the wait ends.
+		ok := subscribed(other, c.Key("lock:stall"))
+		if ok {
+			other.Do(context.Background(), "debug", "sleep", "0.6") // stalls past the wait's end
+		}
+		stalled <- ok
 	}()
-	defer func() { <-stalled }()
+	defer func() {
+		if !<-stalled {
+			t.Error("the waiter never subscribed to the release channel: nothing was stalled")
+		}
+	}()
 	// TTL 10 s: the per-node timeout (1 s) outlasts the wait, so the wait ends the attempt.
 	_, err = c.Acquire(ctx, "lock:stall", lock.Options{TTL: 10 * time.Second, Wait: 400 * time.Millisecond, RetryInterval: 20 * time.Millisecond})
 	var held *lock.HolderError
