@@ -22,6 +22,7 @@ func exec(t *testing.T, st *store.Store, sql string, args ...any) {
 // A batch is bounded in bytes: it is a prefix of the due rows (no aggregate
 // gets a gap), and the first row always comes.
 func TestFetchDueStaysWithinTheByteBudget(t *testing.T) {
+	t.Parallel()
 	st, _ := testenv.Store(t)
 	ctx := context.Background()
 	// 10 rows of ~10 kB (incompressible), then small ones.
@@ -60,6 +61,7 @@ func TestFetchDueStaysWithinTheByteBudget(t *testing.T) {
 // poison with a reason naming the limit, even when Postgres stores it
 // compressed to almost nothing; it does not count against the budget.
 func TestOversizedRowsAreNotLoaded(t *testing.T) {
+	t.Parallel()
 	st, _ := testenv.Store(t)
 	ctx := context.Background()
 	exec(t, st, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, headers) VALUES
@@ -97,6 +99,7 @@ func TestOversizedRowsAreNotLoaded(t *testing.T) {
 // A created_at of infinity (a producer's odd row) does not break the fetch:
 // that row is marked poison, the others come back.
 func TestInfiniteCreatedAtIsPoisonNotAFailedFetch(t *testing.T) {
+	t.Parallel()
 	st, _ := testenv.Store(t)
 	exec(t, st, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at, available_at)
 		VALUES ('deal', '1', 'e', '{}', 'infinity', '-infinity'), ('deal', '2', 'e', '{}', '-infinity', '-infinity')`)
@@ -113,6 +116,7 @@ func TestInfiniteCreatedAtIsPoisonNotAFailedFetch(t *testing.T) {
 // Whatever text a receiver answered, last_error is stored valid UTF-8,
 // without NUL, at most MaxErrorBytes, cut on a character boundary.
 func TestCompleteStoresAnyText(t *testing.T) {
+	t.Parallel()
 	st, _ := testenv.Store(t)
 	ctx := context.Background()
 	var evs []store.Event
@@ -147,6 +151,7 @@ func TestCompleteStoresAnyText(t *testing.T) {
 // hold back the batch: the deliveries and the other failures are written,
 // and the refused one is stored saying so, with its attempt counted.
 func TestCompleteFallsBackWhenOneValueIsRefused(t *testing.T) {
+	t.Parallel()
 	st, _ := testenv.Store(t)
 	ctx := context.Background()
 	enqueue(t, st, ev("deal", "1", 1), ev("deal", "2", 2), ev("deal", "3", 3))

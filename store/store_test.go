@@ -50,6 +50,7 @@ func state(t *testing.T, st *store.Store, id int64) rowState {
 }
 
 func TestEnqueueCommitsWithTheCallersTransaction(t *testing.T) {
+	t.Parallel()
 	st, _ := testenv.Store(t)
 	ctx := context.Background()
 	enqueue(t, st, ev("deal", "1", 1), store.Event{
@@ -80,6 +81,7 @@ func TestEnqueueCommitsWithTheCallersTransaction(t *testing.T) {
 }
 
 func TestEnqueueNamesTheBadField(t *testing.T) {
+	t.Parallel()
 	st, _ := testenv.Store(t)
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -99,6 +101,7 @@ func TestEnqueueNamesTheBadField(t *testing.T) {
 }
 
 func TestStaleFenceIsRejectedAndChangesNothing(t *testing.T) {
+	t.Parallel()
 	st, _ := testenv.Store(t)
 	ctx := context.Background()
 	enqueue(t, st, ev("deal", "1", 1), ev("deal", "2", 2))
@@ -154,6 +157,7 @@ func TestStaleFenceIsRejectedAndChangesNothing(t *testing.T) {
 }
 
 func TestFetchDueKeepsAggregateOrderBehindBackoff(t *testing.T) {
+	t.Parallel()
 	st, _ := testenv.Store(t)
 	ctx := context.Background()
 	enqueue(t, st, ev("deal", "A", 1), ev("deal", "A", 2), ev("deal", "B", 3), ev("deal", "A", 4))
@@ -182,6 +186,7 @@ func TestFetchDueKeepsAggregateOrderBehindBackoff(t *testing.T) {
 }
 
 func TestNotifyTriggerSwitch(t *testing.T) {
+	t.Parallel()
 	st, _ := testenv.Store(t)
 	ctx := context.Background()
 	has := func() bool {
@@ -222,6 +227,7 @@ wait:
 }
 
 func TestMissingSchemaSaysRunMigrate(t *testing.T) {
+	t.Parallel()
 	st, err := store.Open(context.Background(), testenv.EmptyDSN(t))
 	if err != nil {
 		t.Fatal(err)
