@@ -22,6 +22,7 @@ func writeFile(t *testing.T, body string) string {
 }
 
 func TestDefaultsAreValid(t *testing.T) {
+	t.Parallel()
 	c, err := app.LoadConfig("", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -32,6 +33,7 @@ func TestDefaultsAreValid(t *testing.T) {
 }
 
 func TestRepositoryConfigYAMLLoads(t *testing.T) {
+	t.Parallel()
 	c, err := app.LoadConfig("../config.yaml", nil)
 	if err != nil {
 		t.Fatalf("config.yaml at the repository root must run as-is: %v", err)
@@ -65,6 +67,9 @@ func TestPrecedenceFileEnvFlag(t *testing.T) {
 	}
 }
 
+// Not parallel, nor TestPrecedenceFileEnvFlag and TestByteLimits: they set
+// OUTBOXD_* variables, which every LoadConfig reads. Go runs the parallel
+// tests only once these have finished.
 func TestErrorsNameTheKey(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -95,6 +100,9 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{name: "bad bool", sets: []string{"poller.notify=maybe"}, key: "poller.notify"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if len(tc.env) == 0 {
+				t.Parallel() // t.Setenv forbids it, and the parent with it
+			}
 			for k, v := range tc.env {
 				t.Setenv(k, v)
 			}
@@ -112,6 +120,7 @@ func TestErrorsNameTheKey(t *testing.T) {
 }
 
 func TestRedactedHidesSecrets(t *testing.T) {
+	t.Parallel()
 	c, err := app.LoadConfig("", []string{
 		"postgres.dsn=postgres://app:pg-s3cret@db:5432/app",
 		"redis.password=redis-s3cret",
@@ -137,6 +146,7 @@ func TestRedactedHidesSecrets(t *testing.T) {
 // Every key that can hold a secret is redacted by Redacted(): a new such key
 // must be added to this table (and to the redaction) to pass.
 func TestRedactedCoversEverySecretKey(t *testing.T) {
+	t.Parallel()
 	cases := map[string]struct{ value, canary string }{
 		"postgres.dsn":                 {"host=db user=app password='pg canary' dbname=app", "canary"},
 		"redis.password":               {"canary", "canary"},
@@ -170,6 +180,7 @@ func TestRedactedCoversEverySecretKey(t *testing.T) {
 }
 
 func TestRedactDSN(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ dsn, want string }{
 		// URL form: the password wherever pgx reads one, nothing else touched.
 		{"postgres://app:pg-s3cret@db:5432/app", "postgres://app:redacted@db:5432/app"},
@@ -200,6 +211,7 @@ func TestRedactDSN(t *testing.T) {
 }
 
 func TestRedactURL(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ url, want string }{
 		{"https://user:hunter2@h/x?token=abc&a=1", "https://user:redacted@h/x?token=redacted&a=1"},
 		{"https://h/x?api_key=1&X-Amz-Signature=2&page=3;sig=4", "https://h/x?api_key=redacted&X-Amz-Signature=redacted&page=3;sig=redacted"},
@@ -221,6 +233,7 @@ func TestRedactURL(t *testing.T) {
 // Finding 11: secrets that cannot work are refused at load, naming the key
 // they came from, without echoing them.
 func TestBadSecretsAreRefused(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	file := func(name, body string) string {
 		p := filepath.Join(dir, name)
@@ -250,6 +263,7 @@ func TestBadSecretsAreRefused(t *testing.T) {
 		{"empty dsn_file", []string{"postgres.dsn_file=" + file("empty-dsn", "\n")}, "postgres.dsn_file", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			_, err := app.LoadConfig("", tc.sets)
 			var ke *config.KeyError
 			if !errors.As(err, &ke) || ke.Key != tc.key {
@@ -274,6 +288,7 @@ func TestBadSecretsAreRefused(t *testing.T) {
 }
 
 func TestDSNErrorText(t *testing.T) {
+	t.Parallel()
 	_, err := app.LoadConfig("", []string{"postgres.dsn=host=h password=pw sekrit dbname=d"})
 	want := "config: postgres.dsn: cannot be parsed as a key=value DSN: a value holds a space but is not quoted (want host=h port=5432 user=u password='quote it if it holds spaces' dbname=db; the DSN is not shown, it may hold a password)"
 	if err == nil || !strings.HasPrefix(err.Error(), want) {
@@ -288,6 +303,7 @@ func TestDSNErrorText(t *testing.T) {
 
 // Finding 5: a webhook request must fit well inside the lease.
 func TestWebhookTimeoutFitsTheLease(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		sets []string
 		err  string
@@ -365,6 +381,7 @@ func toString(v any) string {
 }
 
 func TestSecretFiles(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	write := func(name, body string) string {
 		p := filepath.Join(dir, name)
