@@ -41,6 +41,7 @@ func closedWithin(c net.Conn, d time.Duration) bool {
 // connection, a request whose headers never finish, and one whose body never
 // finishes are all closed by the server.
 func TestSlowAndIdleClientsAreCut(t *testing.T) {
+	t.Parallel()
 	const short = 300 * time.Millisecond
 	addr := serve(t, httpapi.Timeouts{ReadHeader: short, Read: 2 * short, Idle: short})
 
@@ -81,6 +82,7 @@ func TestSlowAndIdleClientsAreCut(t *testing.T) {
 
 // The defaults are set (a zero Timeouts is not "no timeouts").
 func TestServerDefaults(t *testing.T) {
+	t.Parallel()
 	s := httpapi.Server(http.NotFoundHandler(), httpapi.Timeouts{})
 	if s.ReadHeaderTimeout <= 0 || s.ReadTimeout <= 0 || s.WriteTimeout <= 0 || s.IdleTimeout <= 0 {
 		t.Fatalf("timeouts %s %s %s %s: want all set", s.ReadHeaderTimeout, s.ReadTimeout, s.WriteTimeout, s.IdleTimeout)
