@@ -9,7 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxd/outboxd/internal/testenv"
-	"github.com/outboxd/outboxd/internal/testutil"
+	"github.com/outboxd/outboxd/internal/testkit"
 	"github.com/outboxd/outboxd/lock"
 )
 
@@ -30,7 +30,7 @@ func newClient(t *testing.T) (*lock.Client, *redis.Client, string) {
 // subscribes once its first try has failed.
 func subscribed(rdb *redis.Client, key string) bool {
 	channel := key + ":released"
-	return testutil.Poll(10*time.Second, func() bool {
+	return testkit.Poll(10*time.Second, func() bool {
 		n, err := rdb.PubSubNumSub(context.Background(), channel).Result()
 		return err == nil && n[channel] > 0
 	})
@@ -195,7 +195,7 @@ func TestExpiresWithoutRenewal(t *testing.T) {
 		t.Fatalf("cause %v, want ErrLost", context.Cause(a.Context()))
 	}
 	// Wait for Redis to expire the key, then someone else can take it.
-	testutil.WaitFor(t, 5*time.Second, "Redis to expire lock:e", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "Redis to expire lock:e", func() bool {
 		return rdb.Exists(ctx, prefix+"lock:e").Val() == 0
 	}, nil)
 	b, err := c.TryAcquire(ctx, "lock:e", lock.Options{TTL: time.Second})

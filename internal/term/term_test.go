@@ -1,12 +1,10 @@
 package term_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 	"github.com/outboxd/outboxd/internal/metrics"
 	"github.com/outboxd/outboxd/internal/term"
 	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/internal/testkit"
 	"github.com/outboxd/outboxd/lock"
 	"github.com/outboxd/outboxd/store"
 )
@@ -24,39 +23,24 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 
 const name = "lock:test"
 
-type bundle struct {
+// testBundle is what every test starts with: its own database, Redis key
+// prefix, metrics and log lines.
+type testBundle struct {
 	st     *store.Store
 	rdb    *redis.Client
 	prefix string
 	m      *metrics.Metrics
-	logs   *syncBuffer
+	logs   *testkit.Logs
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func setup(t *testing.T) *bundle {
-	t.Parallel()
+func setup(t *testing.T) *testBundle {
+	t.Helper()
 	st, _ := testenv.Store(t)
 	rdb, prefix := testenv.Redis(t)
-	return &bundle{st: st, rdb: rdb, prefix: prefix, m: metrics.New(), logs: &syncBuffer{}}
+	return &testBundle{st: st, rdb: rdb, prefix: prefix, m: metrics.New(), logs: &testkit.Logs{}}
 }
 
-func (b *bundle) seat(o term.Options) *term.Seat {
+func (b *testBundle) seat(o term.Options) *term.Seat {
 	locks := lock.New([]redis.UniversalClient{b.rdb}, lock.WithKeyPrefix(b.prefix), lock.WithHooks(term.Hooks(b.m)))
 	return term.New(name, o, term.Deps{Locks: locks, Store: b.st, Log: slog.New(slog.NewJSONHandler(b.logs, nil)), Metrics: b.m})
 }
@@ -64,6 +48,7 @@ func (b *bundle) seat(o term.Options) *term.Seat {
 // The fence is raised to the term's token before the work starts, the token
 // is published while held, and the lock is released (logged) afterwards.
 func TestRunRaisesTheFenceFirstAndReleasesAfter(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	s := b.seat(term.Options{TTL: 5 * time.Second, Wait: time.Second})
 	ctx := context.Background()
@@ -97,6 +82,7 @@ func TestRunRaisesTheFenceFirstAndReleasesAfter(t *testing.T) {
 
 // A superseded term is counted and logged once, as "fence rejected".
 func TestStaleFenceIsCountedAndLogged(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	s := b.seat(term.Options{TTL: 5 * time.Second, Wait: time.Second})
 	err := s.Run(context.Background(), 0, func(ctx context.Context, tm *term.Term) error {
@@ -120,6 +106,7 @@ func TestStaleFenceIsCountedAndLogged(t *testing.T) {
 // After the caller stops, the work's context lives ShutdownTimeout longer:
 // in-flight work finishes, then it is cut.
 func TestShutdownTimeoutBoundsTheWork(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	s := b.seat(term.Options{TTL: 5 * time.Second, Wait: time.Second, ShutdownTimeout: 200 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -145,6 +132,7 @@ func TestShutdownTimeoutBoundsTheWork(t *testing.T) {
 
 // Not getting the lock is ErrNotAcquired, with the lock's reason kept.
 func TestHeldElsewhereIsNotAcquired(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	s := b.seat(term.Options{TTL: 5 * time.Second, Wait: 100 * time.Millisecond})
 	if err := b.rdb.Set(context.Background(), b.prefix+name, "someone", time.Minute).Err(); err != nil {
@@ -163,6 +151,7 @@ func TestHeldElsewhereIsNotAcquired(t *testing.T) {
 // After Redis lost the lock's state (the floor lifted the counter), a seat
 // that asks for it waits one TTL before raising the fence and working.
 func TestWaitsOneTTLAfterDataLoss(t *testing.T) {
+	t.Parallel()
 	b := setup(t)
 	const ttl = 600 * time.Millisecond
 	// Postgres accepted token 7; Redis' counter is gone.

@@ -1,4 +1,4 @@
-package testutil_test
+package testkit_test
 
 import (
 	"bytes"
@@ -11,7 +11,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/outboxd/outboxd/internal/testutil"
+	"github.com/outboxd/outboxd/internal/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -20,7 +20,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // waiter is woken by the lines it waits for.
 func TestLogsSplitLinesAndWake(t *testing.T) {
 	t.Parallel()
-	var logs testutil.Logs
+	var logs testkit.Logs
 	var wg sync.WaitGroup
 	for g := range 4 {
 		wg.Go(func() {
@@ -36,7 +36,7 @@ func TestLogsSplitLinesAndWake(t *testing.T) {
 		t.Fatalf("%d matched, %d lines, %d last lines", len(got), len(logs.Lines()), logs.Count(`"i":49}`))
 	}
 
-	var split testutil.Logs
+	var split testkit.Logs
 	done := make(chan string)
 	go func() { done <- split.WaitLine(t, 10*time.Second, "wanted") }()
 	_, _ = split.Write([]byte("other\nwan"))
@@ -60,8 +60,8 @@ func TestWriterAfterTheTest(t *testing.T) {
 	t.Parallel()
 	var w interface{ Write([]byte) (int, error) }
 	t.Run("inner", func(t *testing.T) {
-		w = testutil.Writer(t)
-		testutil.Logger(t).Info("during the test")
+		w = testkit.Writer(t)
+		testkit.Logger(t).Info("during the test")
 	})
 	if _, err := w.Write([]byte("after the test\n")); err != nil { // must not panic
 		t.Fatal(err)
@@ -90,12 +90,12 @@ func ev(id int, agg string) string {
 // answered (and recorded) at release, and waits that wake on arrivals.
 func TestReceiverAnswersHoldsAndRecords(t *testing.T) {
 	t.Parallel()
-	rc := testutil.NewReceiver(t)
-	rc.SetRespond(func(r testutil.Request) testutil.Reply {
+	rc := testkit.NewReceiver(t)
+	rc.SetRespond(func(r testkit.Request) testkit.Reply {
 		if r.Agg == "deal/bad" && r.Attempt == 1 {
-			return testutil.Reply{Status: http.StatusServiceUnavailable, Header: http.Header{"Retry-After": {"1"}}}
+			return testkit.Reply{Status: http.StatusServiceUnavailable, Header: http.Header{"Retry-After": {"1"}}}
 		}
-		return testutil.Reply{}
+		return testkit.Reply{}
 	})
 	if code := post(t, rc.URL(), ev(1, "deal/bad"), 3); code != http.StatusServiceUnavailable {
 		t.Fatalf("first attempt answered %d", code)
@@ -104,14 +104,14 @@ func TestReceiverAnswersHoldsAndRecords(t *testing.T) {
 		t.Fatalf("second attempt answered %d", code)
 	}
 
-	release := rc.Hold(testutil.HoldAggregate("deal/held"))
+	release := rc.Hold(testkit.HoldAggregate("deal/held"))
 	answered := make(chan int)
 	go func() { answered <- post(t, rc.URL(), ev(2, "deal/held"), 3) }()
 	rc.WaitHeld(t, 10*time.Second, 1)
 	if rc.OKCounts()[2] != 0 {
 		t.Fatal("a held request counted as delivered")
 	}
-	rc.SetRespond(testutil.Statuses(map[string]int{"deal/held": http.StatusAccepted}))
+	rc.SetRespond(testkit.Statuses(map[string]int{"deal/held": http.StatusAccepted}))
 	release()
 	release() // idempotent
 	if code := <-answered; code != http.StatusAccepted {
@@ -132,32 +132,32 @@ func TestOrderAndTokenViolations(t *testing.T) {
 	t.Parallel()
 	t0 := time.Now()
 	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
-	reqs := []testutil.Request{
+	reqs := []testkit.Request{
 		{ID: 1, Agg: "a/1", Token: 1, Status: 204, At: at(0)},
 		{ID: 3, Agg: "a/1", Token: 2, Status: 503, At: at(1)}, // a failure does not count
 		{ID: 2, Agg: "a/1", Token: 2, Status: 204, At: at(2)},
 		{ID: 3, Agg: "a/1", Token: 2, Status: 204, At: at(3)},
 		{ID: 1, Agg: "a/1", Token: 2, Status: 204, At: at(4)}, // a duplicate is no reordering
 	}
-	if v := testutil.OrderViolations(reqs); len(v) != 0 {
+	if v := testkit.OrderViolations(reqs); len(v) != 0 {
 		t.Fatalf("in order, got %v", v)
 	}
-	if v := testutil.TokenViolations(reqs, at(0)); len(v) != 0 {
+	if v := testkit.TokenViolations(reqs, at(0)); len(v) != 0 {
 		t.Fatalf("rising tokens, got %v", v)
 	}
 	reqs = append(reqs,
-		testutil.Request{ID: 5, Agg: "a/1", Token: 1, Status: 204, At: at(5)},
-		testutil.Request{ID: 4, Agg: "a/1", Token: 2, Status: 204, At: at(6)})
-	if v := testutil.OrderViolations(reqs); len(v) != 1 || !strings.Contains(v[0], "event 4 first delivered after 5") {
+		testkit.Request{ID: 5, Agg: "a/1", Token: 1, Status: 204, At: at(5)},
+		testkit.Request{ID: 4, Agg: "a/1", Token: 2, Status: 204, At: at(6)})
+	if v := testkit.OrderViolations(reqs); len(v) != 1 || !strings.Contains(v[0], "event 4 first delivered after 5") {
 		t.Fatalf("got %v", v)
 	}
-	if v := testutil.TokenViolations(reqs, at(0)); len(v) != 1 || !strings.Contains(v[0], "event 5 arrived with token 1 after token 2") {
+	if v := testkit.TokenViolations(reqs, at(0)); len(v) != 1 || !strings.Contains(v[0], "event 5 arrived with token 1 after token 2") {
 		t.Fatalf("got %v", v)
 	}
-	if v := testutil.TokenViolations(reqs, at(5)); len(v) != 0 {
+	if v := testkit.TokenViolations(reqs, at(5)); len(v) != 0 {
 		t.Fatalf("from the fault on, got %v", v)
 	}
-	if n := testutil.Tokens(reqs); n != 2 {
+	if n := testkit.Tokens(reqs); n != 2 {
 		t.Fatalf("%d tokens", n)
 	}
 }

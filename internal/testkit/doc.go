@@ -1,4 +1,4 @@
-// Package testutil holds test helpers that need no services, shared by the
+// Package testkit holds test helpers that need no services, shared by the
 // packages' tests instead of a copy in each:
 //
 //   - Logs, a log buffer written from many goroutines (a daemon's slog
@@ -15,4 +15,4 @@
 //
 // Real Postgres and Redis are internal/testenv's; this package imports
 // nothing of outboxd, so any package's tests may use it.
-package testutil
+package testkit
