@@ -1,28 +1,58 @@
 // Package redisstream is the Redis Streams sink: one pipelined XADD per
-// batch with a reply per entry, approximate MAXLEN trimming, the stream key
-// from a template. Redis 7 has no server-side dedupe: consumers dedupe on
-// the id field. It imports nothing of outboxd but dispatch.
+// event of a batch, all in one round trip (a Cluster client splits the
+// pipeline by node), with a reply per entry, approximate MAXLEN trimming and
+// the stream key from a template.
+//
+// What it promises: an event is Delivered only once Redis replied to its
+// XADD with the new entry's id (the Result's Ref); the entries of one
+// stream key are appended in the batch's order; per aggregate, successes are
+// a prefix of the batch; no byte is written after the batch's trust
+// deadline (the client must bound commands by their context:
+// ContextTimeoutEnabled).
+//
+// What it does not: Redis 7 has no server-side dedupe, so a retry after a
+// lost reply, or an event reported NotAttempted that Redis had taken anyway,
+// appends a second entry with the same id field: consumers dedupe on it.
+// Redis 8.6 added XADD IDMP; the sink reads the server's version once and
+// logs whether IDMP is there, but does not use it (see docs/sinks/redis_stream.md).
+//
+// It imports nothing of outboxd but dispatch.
 package redisstream
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxd/outboxd/dispatch"
 )
 
-// Defaults (the contract's) for Config's zero fields.
+// Defaults (the contract's). DefaultStream fills an empty Config.Stream;
+// DefaultMaxLen is the config key's default: in Config, 0 means no trimming.
 const (
 	DefaultStream = "outbox.event.{aggregate_type}"
 	DefaultMaxLen = 1000000 // approximate (MAXLEN ~)
 )
 
+// PayloadField is the stream entry field that carries the row's payload
+// JSON as is, beside the header fields.
+const PayloadField = "payload"
+
+// cePrefix is the CloudEvents attribute prefix on stream fields (as on
+// HTTP, NATS and AMQP).
+const cePrefix = "ce-"
+
 // Config configures the sink.
 type Config struct {
-	Client      redis.UniversalClient // where the streams live (the lock's Redis by default)
+	Client      redis.UniversalClient // where the streams live (the lock's Redis by default); not closed by Close
 	Stream      string                // template; DefaultStream when empty
 	MaxLen      int64                 // approximate trim length; 0 = no trimming
 	KeyPrefix   string                // put before every stream key (redis.key_prefix)
@@ -31,17 +61,297 @@ type Config struct {
 }
 
 // Sink appends batches to Redis streams. Create with New.
-type Sink struct{}
+type Sink struct {
+	mu     sync.Mutex // one Send at a time; guards the fields below it too
+	client redis.UniversalClient
+	stream dispatch.Template
+	maxLen int64
+	prefix string
+	ce     dispatch.CloudEvents
+	log    *slog.Logger
 
-// New validates cfg and returns the sink.
+	closed  bool
+	version serverVersion // read once, from the first INFO reply
+}
+
+// errClosed answers a Send after Close.
+var errClosed = errors.New("redisstream: sink is closed")
+
+// New validates cfg and returns the sink. It does not contact Redis: a
+// server that is down makes Send return Retryable results until it is back.
 func New(cfg Config) (*Sink, error) {
-	return nil, errors.New("redisstream: sink not implemented yet")
+	if cfg.Client == nil {
+		return nil, errors.New("redisstream: no Redis client")
+	}
+	if !contextTimeouts(cfg.Client) {
+		// Without it a command outlives its context: the trust deadline
+		// would not bound what is written.
+		return nil, errors.New("redisstream: the Redis client must bound commands by their context (set ContextTimeoutEnabled in its options)")
+	}
+	if cfg.MaxLen < 0 {
+		return nil, fmt.Errorf("redisstream: maxlen must be 0 (no trimming) or positive, got %d", cfg.MaxLen)
+	}
+	tpl, err := dispatch.ParseTemplate(cmp.Or(cfg.Stream, DefaultStream))
+	if err != nil {
+		return nil, fmt.Errorf("redisstream: stream: %w", err)
+	}
+	log := cfg.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Sink{client: cfg.Client, stream: tpl, maxLen: cfg.MaxLen, prefix: cfg.KeyPrefix, ce: cfg.CloudEvents, log: log}, nil
 }
 
-// Send implements dispatch.Sink.
+// contextTimeouts reports whether c's commands are bounded by their
+// context's deadline; true for client types it cannot inspect.
+func contextTimeouts(c redis.UniversalClient) bool {
+	switch c := c.(type) {
+	case *redis.Client: // single and sentinel (failover) clients
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return true
+}
+
+// Capabilities implements dispatch.Sink. No batch limit (the poller bounds
+// batches in rows and bytes), no dedupe window (Redis 7 has none).
+func (s *Sink) Capabilities() dispatch.Capabilities {
+	return dispatch.Capabilities{Ordering: "per stream (append order)"}
+}
+
+// Close marks the sink closed: later Sends fail (Retryable). The client is
+// the caller's: Close leaves it open.
+func (s *Sink) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	return nil
+}
+
+// Send implements dispatch.Sink: one pipeline, one XADD per event, bounded
+// by the trust deadline taken at the start.
 func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
-	return make([]dispatch.Result, len(b.Events))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]dispatch.Result, len(b.Events))
+	if len(out) == 0 {
+		return out
+	}
+	if s.closed {
+		for i := range out {
+			out[i] = dispatch.Result{Outcome: dispatch.Retryable, Err: errClosed}
+		}
+		return out
+	}
+	until := b.Until()
+	if ctx.Err() != nil || !time.Now().Before(until) {
+		return out // nothing sent: all NotAttempted
+	}
+	ctx, cancel := context.WithDeadline(ctx, until)
+	defer cancel()
+	start := time.Now()
+
+	pipe := s.client.Pipeline()
+	var info *redis.StringCmd
+	if !s.version.known {
+		info = pipe.Info(ctx, "server") // rides along: no extra round trip
+	}
+	keys := make([]string, len(b.Events))
+	cmds := make([]*redis.StringCmd, len(b.Events))
+	var drops droppedHeaders
+	for i, ev := range b.Events {
+		keys[i] = s.prefix + s.stream.Expand(ev)
+		fields, dropped := s.fields(ev, b.Token)
+		drops.add(ev.ID, dropped)
+		cmds[i] = pipe.XAdd(ctx, &redis.XAddArgs{Stream: keys[i], MaxLen: s.maxLen, Approx: true, ID: "*", Values: fields})
+	}
+	_, _ = pipe.Exec(ctx) // each command holds its own reply or error
+	// A command without a reply when the deadline or ctx has ended was cut
+	// by us, not refused by Redis.
+	cut := ctx.Err() != nil
+	for i, cmd := range cmds {
+		out[i] = result(cmd, keys[i], b.Events[i].ID, cut)
+	}
+	prefixPerAggregate(b.Events, out)
+	if info != nil {
+		s.readVersion(info)
+	}
+	drops.log(s.log)
+	s.log.Debug("redis stream batch sent", "batch_size", len(b.Events), "duration_ms", time.Since(start).Milliseconds())
+	return out
 }
 
-// Capabilities implements dispatch.Sink.
-func (s *Sink) Capabilities() dispatch.Capabilities { return dispatch.Capabilities{} }
+// fields are an entry's field-value pairs: the contract's headers (with
+// ce- attributes when enabled), then the payload JSON as is. A row header
+// named like the payload field is dropped, as Headers drops colliding ones.
+func (s *Sink) fields(ev dispatch.Event, token int64) ([]any, []string) {
+	hs, dropped := dispatch.Headers(ev, token, s.ce, cePrefix)
+	fields := make([]any, 0, 2*len(hs)+2)
+	for _, h := range hs {
+		if strings.EqualFold(h.Key, PayloadField) {
+			dropped = append(dropped, h.Key)
+			continue
+		}
+		fields = append(fields, h.Key, h.Value)
+	}
+	return append(fields, PayloadField, []byte(ev.Payload)), dropped
+}
+
+// result is one XADD's outcome.
+func result(cmd *redis.StringCmd, key string, id int64, cut bool) dispatch.Result {
+	ref, err := cmd.Result()
+	if err == nil {
+		return dispatch.Result{Outcome: dispatch.Delivered, Ref: ref}
+	}
+	var reply redis.Error
+	if errors.As(err, &reply) {
+		return dispatch.Failed(classify(reply, key, id))
+	}
+	// No reply: the connection failed, or the deadline or ctx ended first.
+	r := dispatch.Failed(fmt.Errorf("redisstream: event %d: XADD to stream %q got no reply (is Redis reachable?): %w", id, key, err))
+	r.Cut = cut
+	return r
+}
+
+// classify turns Redis' error reply to an XADD into the sink's advice.
+// Permanent only for replies that say the command itself is malformed
+// (retrying the same command cannot succeed); everything else an operator
+// or time can fix, so it is retried.
+func classify(reply redis.Error, key string, id int64) error {
+	msg := reply.Error()
+	code, _, _ := strings.Cut(msg, " ")
+	switch {
+	case code == "WRONGTYPE":
+		return &dispatch.Error{Err: fmt.Errorf("redisstream: event %d: key %q holds a value that is not a stream (WRONGTYPE): rename or delete that key, or change the stream template: %w", id, key, reply)}
+	case code == "OOM":
+		return &dispatch.Error{Err: fmt.Errorf("redisstream: event %d: XADD to stream %q refused, Redis is out of memory (OOM): raise maxmemory or lower dispatch.redis_stream.maxlen: %w", id, key, reply)}
+	case code == "READONLY":
+		return &dispatch.Error{Err: fmt.Errorf("redisstream: event %d: XADD to stream %q reached a read-only replica (READONLY): point the sink at the primary: %w", id, key, reply)}
+	case code == "NOPERM" || code == "NOAUTH" || code == "WRONGPASS":
+		return &dispatch.Error{Err: fmt.Errorf("redisstream: event %d: XADD to stream %q not permitted (%s): grant the user +xadd on the stream keys: %w", id, key, code, reply)}
+	case malformed(msg):
+		return &dispatch.Error{Err: fmt.Errorf("redisstream: event %d: XADD to stream %q rejected as malformed (retrying cannot help): %w", id, key, reply), Permanent: true}
+	default: // LOADING, BUSY, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, NOREPLICAS, ...
+		return &dispatch.Error{Err: fmt.Errorf("redisstream: event %d: XADD to stream %q failed: %w", id, key, reply)}
+	}
+}
+
+// malformedReplies are the error replies of a command that cannot succeed
+// as built, whatever the server's state.
+var malformedReplies = []string{
+	"ERR syntax error",
+	"ERR wrong number of arguments",
+	"ERR value is not an integer",
+	"ERR Invalid stream ID",
+}
+
+func malformed(msg string) bool {
+	for _, m := range malformedReplies {
+		if strings.HasPrefix(msg, m) {
+			return true
+		}
+	}
+	return false
+}
+
+// prefixPerAggregate enforces the contract's prefix rule: after an
+// aggregate's first event that is not Delivered, its later events are
+// NotAttempted, even those Redis appended (they are sent again later;
+// consumers dedupe on the id field).
+func prefixPerAggregate(events []dispatch.Event, out []dispatch.Result) {
+	type agg struct{ t, id string }
+	failed := map[agg]bool{}
+	for i, ev := range events {
+		a := agg{ev.AggregateType, ev.AggregateID}
+		switch {
+		case failed[a]:
+			out[i] = dispatch.Result{Outcome: dispatch.NotAttempted}
+		case out[i].Outcome != dispatch.Delivered:
+			failed[a] = true
+		}
+	}
+}
+
+// droppedHeaders gathers the row headers left out of a batch's entries, for
+// one warning per batch.
+type droppedHeaders struct {
+	firstID   int64
+	first     []string
+	moreCount int
+}
+
+func (d *droppedHeaders) add(id int64, names []string) {
+	switch {
+	case len(names) == 0:
+	case d.first == nil:
+		d.firstID, d.first = id, names
+	default:
+		d.moreCount++
+	}
+}
+
+func (d *droppedHeaders) log(l *slog.Logger) {
+	if d.first == nil {
+		return
+	}
+	l.Warn("row headers dropped: their names collide with the contract's fields or the payload field, or a stream field cannot carry them",
+		"outbox_id", d.firstID, "dropped", d.first, "other_events_with_dropped_headers", d.moreCount)
+}
+
+// serverVersion is the Redis server's version, read once.
+type serverVersion struct {
+	known        bool
+	major, minor int
+	text         string
+}
+
+// idmp reports whether the server has XADD IDMP (Redis 8.6 and later).
+func (v serverVersion) idmp() bool {
+	return v.major > 8 || (v.major == 8 && v.minor >= 6)
+}
+
+// readVersion takes the server's version from an INFO reply; a refused
+// INFO (renamed, or denied by an ACL) is not asked again.
+func (s *Sink) readVersion(info *redis.StringCmd) {
+	text, err := info.Result()
+	var reply redis.Error
+	switch {
+	case err == nil:
+		s.version = parseVersion(text)
+	case errors.As(err, &reply):
+		s.version = serverVersion{known: true, text: "unknown"}
+		s.log.Info("redis stream sink: INFO server refused; cannot tell whether XADD IDMP (Redis 8.6+) is available", "error", err)
+		return
+	default:
+		return // no reply: ask again with the next batch
+	}
+	if s.version.idmp() {
+		s.log.Info("redis stream sink: the server has XADD IDMP (Redis 8.6+); outboxd does not use it: consumers dedupe on the id field",
+			"redis_version", s.version.text)
+		return
+	}
+	s.log.Info("redis stream sink: no server-side dedupe (XADD IDMP needs Redis 8.6+): consumers dedupe on the id field",
+		"redis_version", s.version.text)
+}
+
+// parseVersion reads redis_version from INFO server text.
+func parseVersion(info string) serverVersion {
+	v := serverVersion{known: true, text: "unknown"}
+	for line := range strings.Lines(info) {
+		val, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:")
+		if !ok {
+			continue
+		}
+		v.text = val
+		parts := strings.SplitN(val, ".", 3)
+		v.major, _ = strconv.Atoi(parts[0])
+		if len(parts) > 1 {
+			v.minor, _ = strconv.Atoi(parts[1])
+		}
+		break
+	}
+	return v
+}
