@@ -336,7 +336,11 @@ func (c *Client) try(opCtx context.Context, name string, opts Options, waitStart
 	}
 	if a.got < c.quorum || validity <= 0 {
 		if len(acquired) > 0 {
-			c.releaseAll(context.WithoutCancel(opCtx), opts.TTL, key, owner, c.channel(name))
+			// Best effort, error dropped on purpose: we hold less than a
+			// quorum, so releaseAll reports "no quorum" almost always, and a
+			// lease it could not delete expires within the TTL anyway. The
+			// caller gets the failure that matters from c.failure.
+			_ = c.releaseAll(context.WithoutCancel(opCtx), opts.TTL, key, owner, c.channel(name))
 		}
 		final, err := c.failure(key, a)
 		return nil, final, err
