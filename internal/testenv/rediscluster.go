@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os/exec"
@@ -80,11 +81,13 @@ func clusterProblem(clients []*redis.Client, n int) string {
 		if p := clusterInfoProblem(info, n); p != "" {
 			return addr + " reports " + p
 		}
-		slots, err := c.ClusterSlots(ctx).Result()
+		// CLUSTER SHARDS, not the deprecated CLUSTER SLOTS: we need Redis 7+
+		// anyway (scripts/services.sh says so).
+		shards, err := c.ClusterShards(ctx).Result()
 		if err != nil {
-			return fmt.Sprintf("%s: CLUSTER SLOTS: %v", addr, err)
+			return fmt.Sprintf("%s: CLUSTER SHARDS: %v", addr, err)
 		}
-		owners, p := slotOwners(slots)
+		owners, p := slotOwners(shards)
 		if p != "" {
 			return addr + ": " + p
 		}
@@ -120,21 +123,46 @@ func clusterInfoProblem(info string, n int) string {
 	return ""
 }
 
-// slotOwners renders CLUSTER SLOTS as "start-end=nodeID,..." in slot order,
-// and says when the ranges do not cover every slot exactly once.
-func slotOwners(slots []redis.ClusterSlot) (string, string) {
-	slices.SortFunc(slots, func(a, b redis.ClusterSlot) int { return a.Start - b.Start })
-	var parts []string
-	next := 0
-	for _, s := range slots {
-		if s.Start != next || len(s.Nodes) == 0 {
-			return "", fmt.Sprintf("CLUSTER SLOTS: slot %d unserved", next)
+// slotOwners renders CLUSTER SHARDS as "start-end=masterID,..." in slot
+// order, and says when the ranges do not cover every slot exactly once or a
+// range has no master.
+func slotOwners(shards []redis.ClusterShard) (string, string) {
+	type owned struct {
+		start, end int64
+		master     string
+	}
+	var ranges []owned
+	for _, sh := range shards {
+		master := shardMaster(sh)
+		for _, r := range sh.Slots {
+			if master == "" {
+				return "", fmt.Sprintf("CLUSTER SHARDS: slots %d-%d have no master", r.Start, r.End)
+			}
+			ranges = append(ranges, owned{r.Start, r.End, master})
 		}
-		parts = append(parts, fmt.Sprintf("%d-%d=%s", s.Start, s.End, s.Nodes[0].ID))
-		next = s.End + 1
+	}
+	slices.SortFunc(ranges, func(a, b owned) int { return cmp.Compare(a.start, b.start) })
+	var parts []string
+	var next int64
+	for _, r := range ranges {
+		if r.start != next {
+			return "", fmt.Sprintf("CLUSTER SHARDS: slot %d unserved", next)
+		}
+		parts = append(parts, fmt.Sprintf("%d-%d=%s", r.start, r.end, r.master))
+		next = r.end + 1
 	}
 	if next != clusterSlots {
-		return "", fmt.Sprintf("CLUSTER SLOTS: slots %d-%d unserved", next, clusterSlots-1)
+		return "", fmt.Sprintf("CLUSTER SHARDS: slots %d-%d unserved", next, clusterSlots-1)
 	}
 	return strings.Join(parts, ","), ""
+}
+
+// shardMaster is the ID of a shard's master, "" when it has none.
+func shardMaster(sh redis.ClusterShard) string {
+	for _, n := range sh.Nodes {
+		if n.Role == "master" {
+			return n.ID
+		}
+	}
+	return ""
 }

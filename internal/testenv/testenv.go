@@ -100,7 +100,7 @@ func services(ctx context.Context) (stop func(), err error) {
 		return stop, nil
 	}
 	if !dockerAvailable(ctx) {
-		return stop, fmt.Errorf("Postgres (%s: %v) or Redis (%s: %v) is not reachable and no Docker engine answers; "+
+		return stop, fmt.Errorf("cannot reach Postgres (%s: %v) or Redis (%s: %v), and no Docker engine answers; "+
 			"start them (scripts/services.sh does) or point OUTBOXD_TEST_POSTGRES_DSN / OUTBOXD_TEST_REDIS_ADDR at running ones",
 			redactedDSN(baseDSN), pgErr, redisAddr, redisErr)
 	}
