@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Runs the whole test suite against real Postgres and Redis (started or
-# installed by scripts/services.sh when they are not already reachable).
+# Runs go vet, the linters (scripts/lint.sh) and the whole test suite against
+# real Postgres and Redis (started or installed by scripts/services.sh when
+# they are not already reachable). Any failure fails CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${OUTBOXD_TEST_POSTGRES_DSN:-}${OUTBOXD_TEST_REDIS_ADDR:-}" ]; then
   scripts/services.sh
 fi
 go vet ./...
+scripts/lint.sh
 go test -race -count=1 -timeout 20m "$@" ./...
