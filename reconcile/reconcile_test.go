@@ -16,23 +16,27 @@ import (
 	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/internal/metrics"
 	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/internal/testkit"
 	"github.com/outboxd/outboxd/lock"
 	"github.com/outboxd/outboxd/store"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-type env struct {
+// testBundle is what every test starts with: its own database and Redis
+// key prefix.
+type testBundle struct {
 	t      *testing.T
 	st     *store.Store
 	rdb    *redis.Client
 	prefix string
 }
 
-func newEnv(t *testing.T) *env {
+func setup(t *testing.T) *testBundle {
+	t.Helper()
 	st, _ := testenv.Store(t)
 	rdb, prefix := testenv.Redis(t)
-	return &env{t: t, st: st, rdb: rdb, prefix: prefix}
+	return &testBundle{t: t, st: st, rdb: rdb, prefix: prefix}
 }
 
 type rec struct {
@@ -40,7 +44,7 @@ type rec struct {
 	m *metrics.Metrics
 }
 
-func (e *env) reconciler(cfg Config) *rec {
+func (e *testBundle) reconciler(cfg Config) *rec {
 	e.t.Helper()
 	cfg.KeyPrefix = e.prefix
 	if cfg.Schedule == "" {
@@ -51,28 +55,21 @@ func (e *env) reconciler(cfg Config) *rec {
 	}
 	m := metrics.New()
 	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(e.prefix))
-	r, err := New(cfg, Deps{Store: e.st, Locks: locks, Redis: e.rdb, Log: slog.New(slog.NewJSONHandler(testWriter{e.t}, nil)), Metrics: m})
+	r, err := New(cfg, Deps{Store: e.st, Locks: locks, Redis: e.rdb, Log: testkit.Logger(e.t), Metrics: m})
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	return &rec{r, m}
 }
 
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
-}
-
-func (e *env) exec(sql string, args ...any) {
+func (e *testBundle) exec(sql string, args ...any) {
 	e.t.Helper()
 	if _, err := e.st.Pool().Exec(context.Background(), sql, args...); err != nil {
 		e.t.Fatal(err)
 	}
 }
 
-func (e *env) count(sql string, args ...any) int {
+func (e *testBundle) count(sql string, args ...any) int {
 	e.t.Helper()
 	var n int
 	if err := e.st.Pool().QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
@@ -82,7 +79,7 @@ func (e *env) count(sql string, args ...any) int {
 }
 
 // insertPending adds n pending rows and returns their ids.
-func (e *env) insertPending(n int) []int64 {
+func (e *testBundle) insertPending(n int) []int64 {
 	e.t.Helper()
 	rows, err := e.st.Pool().Query(context.Background(), `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
 		SELECT 'deal', (i % 7)::text, 'deal.funded', '{}' FROM generate_series(1, $1) i RETURNING id`, n)
@@ -98,14 +95,15 @@ func (e *env) insertPending(n int) []int64 {
 	return ids
 }
 
-func (e *env) markKeyDelivered(id int64) {
+func (e *testBundle) markKeyDelivered(id int64) {
 	e.rdb.Set(context.Background(), e.prefix+"idempotency:notify:"+strconv.FormatInt(id, 10), "1", time.Hour)
 }
 
 // Three replicas with skewed starts: every fire time in the window runs
 // exactly once.
 func TestEachFireTimeRunsOnceAcrossReplicas(t *testing.T) {
-	e := newEnv(t)
+	t.Parallel()
+	e := setup(t)
 	var recs []*rec
 	var wg sync.WaitGroup
 	ctx, cancel := context.WithCancel(context.Background())
@@ -146,7 +144,8 @@ func TestEachFireTimeRunsOnceAcrossReplicas(t *testing.T) {
 
 // A sweep longer than 3 TTLs keeps its lock (watchdog) and finishes.
 func TestWatchdogKeepsLongSweepAlive(t *testing.T) {
-	e := newEnv(t)
+	t.Parallel()
+	e := setup(t)
 	ids := e.insertPending(3)
 	e.markKeyDelivered(ids[0])
 	ttl := time.Second
@@ -169,7 +168,8 @@ func TestWatchdogKeepsLongSweepAlive(t *testing.T) {
 // Deleting the lock mid-sweep stops it within one renewal period, and its
 // later write is refused by the fence once a successor has run.
 func TestLostLockStopsSweepAndFenceRefusesIt(t *testing.T) {
-	e := newEnv(t)
+	t.Parallel()
+	e := setup(t)
 	ids := e.insertPending(4)
 	e.markKeyDelivered(ids[1])
 	ttl := 900 * time.Millisecond // renewal every 300 ms
@@ -222,7 +222,8 @@ func TestLostLockStopsSweepAndFenceRefusesIt(t *testing.T) {
 // Retention deletes exactly the old delivered rows of 100k, in bounded
 // batches; pending, recent and dead rows survive; keys of "1" get marked.
 func TestRetentionAndMarkSweeps(t *testing.T) {
-	e := newEnv(t)
+	t.Parallel()
+	e := setup(t)
 	const batch = 1000
 	// 100k rows: 60k delivered long ago, 20k delivered recently, 15k pending, 5k dead long ago.
 	e.exec(`INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at, dispatched_at, dead_at)
@@ -276,7 +277,8 @@ func TestRetentionAndMarkSweeps(t *testing.T) {
 }
 
 func TestBadScheduleIsRefused(t *testing.T) {
-	e := newEnv(t)
+	t.Parallel()
+	e := setup(t)
 	_, err := New(Config{Schedule: "every day"}, Deps{Store: e.st, Locks: lock.New([]redis.UniversalClient{e.rdb}),
 		Redis: e.rdb, Log: slog.Default(), Metrics: metrics.New()})
 	if err == nil || !strings.Contains(err.Error(), "every") {
@@ -292,7 +294,8 @@ func TestBadScheduleIsRefused(t *testing.T) {
 // An idempotency key of the wrong type does not stop the repair sweep: the
 // other rows are still marked from Redis, and the run succeeds.
 func TestWrongTypedKeyDoesNotStopTheSweep(t *testing.T) {
-	e := newEnv(t)
+	t.Parallel()
+	e := setup(t)
 	ids := e.insertPending(3)
 	e.markKeyDelivered(ids[0])
 	e.markKeyDelivered(ids[2])
