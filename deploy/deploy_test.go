@@ -67,6 +67,7 @@ func envKey(env string) string {
 }
 
 func TestEveryYAMLParses(t *testing.T) {
+	t.Parallel()
 	files, _ := filepath.Glob("*.yml")
 	more, _ := filepath.Glob("*/*.yaml")
 	for _, f := range append(files, more...) {
@@ -77,6 +78,7 @@ func TestEveryYAMLParses(t *testing.T) {
 }
 
 func TestComposeRunsThreeReplicasWithKnownKeys(t *testing.T) {
+	t.Parallel()
 	c := docs(t, "docker-compose.yml")[0]
 	services := get(c, "services").(map[string]any)
 	replicas := 0
@@ -105,6 +107,7 @@ func TestComposeRunsThreeReplicasWithKnownKeys(t *testing.T) {
 // image has no shell or curl); `outboxd version` always passed. Services
 // that share the image but do not run the relay switch the check off.
 func TestComposeHealthchecksAskReadyz(t *testing.T) {
+	t.Parallel()
 	services := get(docs(t, "docker-compose.yml")[0], "services").(map[string]any)
 	for name, svc := range services {
 		hc := get(svc, "healthcheck")
@@ -128,6 +131,7 @@ func TestComposeHealthchecksAskReadyz(t *testing.T) {
 }
 
 func TestDockerfileHealthcheck(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile("../Dockerfile")
 	if err != nil {
 		t.Fatal(err)
@@ -148,7 +152,9 @@ func TestDockerfileHealthcheck(t *testing.T) {
 }
 
 // The compose replicas' settings (the image's config.yaml plus the
-// environment) pass validation, so they start rather than exit 2.
+// environment) pass validation, so they start rather than exit 2. Not
+// parallel, nor TestSystemdConfigLoads: they set OUTBOXD_* variables, which
+// the other tests' LoadConfig would read.
 func TestComposeConfigLoads(t *testing.T) {
 	env := get(docs(t, "docker-compose.yml")[0], "x-outboxd", "environment").(map[string]any)
 	for k, v := range env {
@@ -187,6 +193,7 @@ func TestSystemdConfigLoads(t *testing.T) {
 }
 
 func TestKubernetesManifests(t *testing.T) {
+	t.Parallel()
 	kinds := map[string]map[string]any{}
 	files, _ := filepath.Glob("kubernetes/*.yaml")
 	for _, f := range files {
@@ -238,6 +245,7 @@ func TestKubernetesManifests(t *testing.T) {
 }
 
 func TestSystemdUnit(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile("systemd/outboxd@.service")
 	if err != nil {
 		t.Fatal(err)
@@ -294,6 +302,7 @@ func exported(t *testing.T) map[string]bool {
 }
 
 func TestAlertsAndDashboardQueryExportedMetrics(t *testing.T) {
+	t.Parallel()
 	have := exported(t)
 	rules := get(docs(t, "prometheus/alerts.yaml")[0], "groups").([]any)[0].(map[string]any)["rules"].([]any)
 	want := map[string]bool{"OutboxdNoLeader": false, "OutboxdMoreThanOneLeader": false, "OutboxdOldestPendingTooOld": false,
