@@ -22,6 +22,7 @@ func (reply) RedisError()     {}
 // TestClassify: only a malformed command is Permanent; every reply an
 // operator or time can fix is retried; each error names the stream key.
 func TestClassify(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		reply     string
 		permanent bool
@@ -58,6 +59,7 @@ func TestClassify(t *testing.T) {
 // TestClassifyRealReply: a malformed XADD's real reply from Redis is
 // recognised as Permanent (the texts above are Redis' own).
 func TestClassifyRealReply(t *testing.T) {
+	t.Parallel()
 	c, prefix := testenv.Redis(t)
 	err := c.Do(context.Background(), "XADD", prefix+"s", "MAXLEN", "~", "many", "*", "f", "v").Err()
 	var r redis.Error
@@ -71,6 +73,7 @@ func TestClassifyRealReply(t *testing.T) {
 
 // TestParseVersion: IDMP from 8.6 on.
 func TestParseVersion(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		info string
 		text string

@@ -180,7 +180,13 @@ func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
 		s.readVersion(info)
 	}
 	drops.log(s.log)
-	s.log.Debug("redis stream batch sent", "batch_size", len(b.Events), "duration_ms", time.Since(start).Milliseconds())
+	delivered := 0
+	for _, r := range out {
+		if r.Outcome == dispatch.Delivered {
+			delivered++
+		}
+	}
+	s.log.Debug("redis stream batch sent", "batch_size", len(b.Events), "delivered", delivered, "duration_ms", time.Since(start).Milliseconds())
 	return out
 }
 

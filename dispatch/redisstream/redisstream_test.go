@@ -139,6 +139,7 @@ func allOutcomes(n int, o dispatch.Outcome) []dispatch.Outcome {
 // headers that do not collide, and the payload bytes as is; the key comes
 // from the template after the key prefix; Ref is the entry id.
 func TestMapping(t *testing.T) {
+	t.Parallel()
 	c, prefix := testenv.Redis(t)
 	var logs testkit.Logs
 	s := newSink(t, c, redisstream.Config{Stream: "orders.{aggregate_type}.{event_type}", KeyPrefix: prefix, MaxLen: 1000}, &logs)
@@ -179,6 +180,7 @@ func TestMapping(t *testing.T) {
 // TestCloudEvents: with CloudEvents on, the ce- attributes follow the
 // headers; off, none is written.
 func TestCloudEvents(t *testing.T) {
+	t.Parallel()
 	c, prefix := testenv.Redis(t)
 	on := newSink(t, c, redisstream.Config{Stream: "ce.on", KeyPrefix: prefix,
 		CloudEvents: dispatch.CloudEvents{Enabled: true, Source: "urn:billing"}}, nil)
@@ -206,6 +208,7 @@ func TestCloudEvents(t *testing.T) {
 // TestOrderAndRefs: many aggregates over two streams in one Send: each
 // result Delivered with the entry id as Ref, each stream in batch order.
 func TestOrderAndRefs(t *testing.T) {
+	t.Parallel()
 	c, prefix := testenv.Redis(t)
 	s := newSink(t, c, redisstream.Config{Stream: "{aggregate_type}", KeyPrefix: prefix}, nil)
 	var events []dispatch.Event
@@ -238,6 +241,7 @@ func TestOrderAndRefs(t *testing.T) {
 // TestMaxLen: MAXLEN ~ keeps a stream near its limit: never below it, never
 // a whole node of entries above it; 0 trims nothing.
 func TestMaxLen(t *testing.T) {
+	t.Parallel()
 	c, prefix := testenv.Redis(t)
 	const maxLen = 100
 	trimmed := newSink(t, c, redisstream.Config{Stream: "trimmed", KeyPrefix: prefix, MaxLen: maxLen}, nil)
@@ -274,6 +278,7 @@ func TestMaxLen(t *testing.T) {
 // bound for it (Retryable, naming the key); the other aggregates' events in
 // the same batch are Delivered.
 func TestWrongType(t *testing.T) {
+	t.Parallel()
 	c, prefix := testenv.Redis(t)
 	s := newSink(t, c, redisstream.Config{Stream: "{aggregate_type}", KeyPrefix: prefix}, nil)
 	if err := c.Set(context.Background(), prefix+"blocked", "not a stream", 0).Err(); err != nil {
@@ -297,6 +302,7 @@ func TestWrongType(t *testing.T) {
 // streams through {event_type}) makes its later events NotAttempted, even
 // the one Redis appended; another aggregate's events are unaffected.
 func TestPrefixRule(t *testing.T) {
+	t.Parallel()
 	c, prefix := testenv.Redis(t)
 	s := newSink(t, c, redisstream.Config{Stream: "{event_type}", KeyPrefix: prefix}, nil)
 	if err := c.Set(context.Background(), prefix+"bad", "x", 0).Err(); err != nil {
@@ -323,6 +329,7 @@ func TestPrefixRule(t *testing.T) {
 // TestServerRefusals: OOM and READONLY replies are Retryable and name the
 // stream; once the server accepts writes again the same sink delivers.
 func TestServerRefusals(t *testing.T) {
+	t.Parallel()
 	srv := testenv.StartRedisServer(t)
 	c := srv.Client()
 	s := newSink(t, c, redisstream.Config{Stream: "refused"}, nil)
@@ -356,11 +363,39 @@ func TestServerRefusals(t *testing.T) {
 	}
 }
 
+// TestACL: a user allowed XADD on some keys only: a denied key is
+// Retryable (NOPERM, naming the key, never the password); a refused INFO
+// leaves delivery alone and is logged once.
+func TestACL(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedisServer(t)
+	admin := srv.Client()
+	ctx := context.Background()
+	if err := admin.Do(ctx, "ACL", "SETUSER", "relay", "on", ">s3cret-pw", "~allowed.*", "+xadd", "+ping", "+hello", "+client").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "relay", Password: "s3cret-pw", ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	var logs testkit.Logs
+	s := newSink(t, c, redisstream.Config{Stream: "{aggregate_type}.events"}, &logs)
+	rs := s.Send(ctx, batch(event(1, "allowed", "1"), event(2, "denied", "1")))
+	wantOutcomes(t, rs, dispatch.Delivered, dispatch.Retryable)
+	if msg := rs[1].Err.Error(); !strings.Contains(msg, "NOPERM") || !strings.Contains(msg, `"denied.events"`) || strings.Contains(msg, "s3cret") {
+		t.Errorf("denied: %q; want NOPERM naming the key, without the password", msg)
+	}
+	logs.WaitLine(t, 5*time.Second, "INFO server refused")
+	wantOutcomes(t, s.Send(ctx, batch(event(3, "allowed", "1"))), dispatch.Delivered)
+	if n := logs.Count("INFO server refused"); n != 1 {
+		t.Errorf("%d INFO refusal lines, want 1 (asked once)", n)
+	}
+}
+
 // ---- deadline ----
 
 // TestDeadlinePassed: a batch whose trust deadline has passed, or whose
 // context has ended, publishes nothing: all NotAttempted.
 func TestDeadlinePassed(t *testing.T) {
+	t.Parallel()
 	c, prefix := testenv.Redis(t)
 	s := newSink(t, c, redisstream.Config{Stream: "late", KeyPrefix: prefix}, nil)
 	b := batch(event(1, "deal", "1"), event(2, "deal", "2"))
@@ -380,6 +415,7 @@ func TestDeadlinePassed(t *testing.T) {
 // replies unreceived when the deadline comes: every event is Retryable and
 // Cut, and Send returns; after the server resumes the same sink delivers.
 func TestDeadlineMidSend(t *testing.T) {
+	t.Parallel()
 	srv := testenv.StartRedisServer(t)
 	s := newSink(t, srv.Client(), redisstream.Config{Stream: "paused"}, nil)
 	// Warm the connection, so the cut falls on a reply, not on a dial.
@@ -413,6 +449,7 @@ func TestDeadlineMidSend(t *testing.T) {
 // naming the stream; the same sink delivers once it is up, fails again
 // when it goes away and recovers again when it is back.
 func TestOutage(t *testing.T) {
+	t.Parallel()
 	srv := testenv.StartRedisServer(t)
 	srv.Stop()
 	s := newSink(t, srv.Client(), redisstream.Config{Stream: "outage"}, nil)
@@ -446,6 +483,7 @@ func TestOutage(t *testing.T) {
 // different nodes) each receive their events in order; a WRONGTYPE on one
 // key fails only its aggregate.
 func TestCluster(t *testing.T) {
+	t.Parallel()
 	addrs := testenv.StartRedisCluster(t, 3)
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
@@ -513,6 +551,7 @@ func nodeOf(t *testing.T, c *redis.ClusterClient, slot int64) string {
 // TestConcurrentSends: Sends from several goroutines at once all deliver,
 // each stream in its batch's order.
 func TestConcurrentSends(t *testing.T) {
+	t.Parallel()
 	c, prefix := testenv.Redis(t)
 	s := newSink(t, c, redisstream.Config{Stream: "{aggregate_type}", KeyPrefix: prefix}, nil)
 	var wg sync.WaitGroup
@@ -541,6 +580,7 @@ func TestConcurrentSends(t *testing.T) {
 // TestClose: after Close, Send fails Retryable without sending; Close twice
 // is fine; the caller's client stays open.
 func TestClose(t *testing.T) {
+	t.Parallel()
 	c, prefix := testenv.Redis(t)
 	s := newSink(t, c, redisstream.Config{Stream: "closed", KeyPrefix: prefix}, nil)
 	if err := s.Close(); err != nil {
@@ -561,6 +601,7 @@ func TestClose(t *testing.T) {
 
 // TestNew: New refuses a Config that cannot work and contacts nobody.
 func TestNew(t *testing.T) {
+	t.Parallel()
 	nowhere := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t)), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = nowhere.Close() })
 	untimed := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
@@ -598,6 +639,7 @@ func TestNew(t *testing.T) {
 // TestServerVersion: the server's version is read once (it rides along
 // with the first batch) and logged with whether XADD IDMP exists.
 func TestServerVersion(t *testing.T) {
+	t.Parallel()
 	c, prefix := testenv.Redis(t)
 	var logs testkit.Logs
 	s := newSink(t, c, redisstream.Config{Stream: "v", KeyPrefix: prefix}, &logs)
