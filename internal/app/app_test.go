@@ -1,121 +1,97 @@
 package app_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
-	"net/http/httptest"
 	"strconv"
-	"sync"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/internal/app"
 	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/internal/testkit"
 	"github.com/outboxd/outboxd/store"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-// receiver records deliveries and checks each request against the contract.
-type receiver struct {
-	t      *testing.T
-	secret []byte
-	mu     sync.Mutex
-	got    []delivery
-	unique map[int64]bool
-	all    chan struct{}
-	want   int
+// testBundle is one test's relay surroundings: its own database, Redis key
+// prefix and recording webhook receiver.
+type testBundle struct {
+	st     *store.Store
+	dsn    string
+	rdb    *redis.Client
+	prefix string
+	rc     *testkit.Receiver
+	secret string // the webhook secret, raw
 }
 
-type delivery struct {
-	ID    int64
-	Agg   string
-	Token int64
+func setup(t *testing.T, secret string) *testBundle {
+	t.Helper()
+	st, dsn := testenv.Store(t)
+	rdb, prefix := testenv.Redis(t)
+	return &testBundle{st: st, dsn: dsn, rdb: rdb, prefix: prefix, rc: testkit.NewReceiver(t), secret: secret}
 }
 
-func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(r.Body)
-	var ev dispatch.Event
-	if err := json.Unmarshal(body, &ev); err != nil {
-		rc.t.Errorf("body is not the contract's JSON: %v: %s", err, body)
-		w.WriteHeader(400)
-		return
-	}
-	id := strconv.FormatInt(ev.ID, 10)
-	h := r.Header
-	if h.Get("Content-Type") != "application/json" || h.Get("Idempotency-Key") != id || h.Get("webhook-id") != id {
-		rc.t.Errorf("event %d: headers %v", ev.ID, h)
-	}
-	ts, _ := strconv.ParseInt(h.Get("webhook-timestamp"), 10, 64)
-	if want := dispatch.Sign(rc.secret, id, ts, body); h.Get("webhook-signature") != want {
-		rc.t.Errorf("event %d: signature %q, want %q", ev.ID, h.Get("webhook-signature"), want)
-	}
-	token, err := strconv.ParseInt(h.Get("X-Fencing-Token"), 10, 64)
-	if err != nil || token < 1 {
-		rc.t.Errorf("event %d: X-Fencing-Token %q", ev.ID, h.Get("X-Fencing-Token"))
-	}
-	if ev.AggregateType == "" || ev.EventType == "" || ev.CreatedAt.IsZero() || len(ev.Payload) == 0 {
-		rc.t.Errorf("event %d: incomplete body %s", ev.ID, body)
-	}
-	rc.mu.Lock()
-	rc.got = append(rc.got, delivery{ev.ID, ev.AggregateType + "/" + ev.AggregateID, token})
-	rc.unique[ev.ID] = true
-	if len(rc.unique) == rc.want {
-		close(rc.all)
-	}
-	rc.mu.Unlock()
-	w.WriteHeader(http.StatusNoContent)
+// sets points a replica at the bundle's services, then applies extra (a
+// later setting of a key wins).
+func (b *testBundle) sets(extra ...string) []string {
+	return append([]string{
+		"postgres.dsn=" + b.dsn, "redis.addrs=" + testenv.RedisAddr(), "redis.key_prefix=" + b.prefix,
+		"dispatch.webhook.url=" + b.rc.URL(), "dispatch.webhook.secret=" + b.secret, "http.addr=127.0.0.1:0",
+	}, extra...)
 }
 
-// syncBuffer collects log lines from the daemon's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+// checkContract checks every request the receiver got against the
+// contract: the event as JSON, its headers, its signature with secret, a
+// fencing token.
+func checkContract(t *testing.T, reqs []testkit.Request, secret []byte) {
+	t.Helper()
+	for _, r := range reqs {
+		var ev dispatch.Event
+		if err := json.Unmarshal(r.Body, &ev); err != nil || r.BodyLen != len(r.Body) {
+			t.Errorf("body is not the contract's JSON: %v: %s", err, r.Body)
+			continue
+		}
+		id := strconv.FormatInt(ev.ID, 10)
+		h := r.Header
+		if h.Get("Content-Type") != "application/json" || h.Get("Idempotency-Key") != id || h.Get("webhook-id") != id {
+			t.Errorf("event %d: headers %v", ev.ID, h)
+		}
+		ts, _ := strconv.ParseInt(h.Get("webhook-timestamp"), 10, 64)
+		if want := dispatch.Sign(secret, id, ts, r.Body); h.Get("webhook-signature") != want {
+			t.Errorf("event %d: signature %q, want %q", ev.ID, h.Get("webhook-signature"), want)
+		}
+		if token, err := strconv.ParseInt(h.Get("X-Fencing-Token"), 10, 64); err != nil || token < 1 {
+			t.Errorf("event %d: X-Fencing-Token %q", ev.ID, h.Get("X-Fencing-Token"))
+		}
+		if ev.AggregateType == "" || ev.EventType == "" || ev.CreatedAt.IsZero() || len(ev.Payload) == 0 {
+			t.Errorf("event %d: incomplete body %s", ev.ID, r.Body)
+		}
+	}
 }
 
 func TestEndToEndRelaysEveryEventInAggregateOrder(t *testing.T) {
+	t.Parallel()
 	const events, aggregates = 1000, 50
-	st, dsn := testenv.Store(t)
-	rdb, prefix := testenv.Redis(t)
+	b := setup(t, "e2e-secret")
+	st, rdb, prefix, rc := b.st, b.rdb, b.prefix, b.rc
 	ctx := context.Background()
 
-	rc := &receiver{t: t, secret: []byte("e2e-secret"), unique: map[int64]bool{}, all: make(chan struct{}), want: events}
-	srv := httptest.NewServer(rc)
-	defer srv.Close()
-
-	logs := &syncBuffer{}
-	a := newApp(t, logs, "debug",
-		"postgres.dsn="+dsn,
-		"redis.addrs="+testenv.RedisAddr(),
-		"redis.key_prefix="+prefix,
-		"dispatch.webhook.url="+srv.URL+"/events",
-		"dispatch.webhook.secret=e2e-secret",
-		"http.addr=127.0.0.1:0",
+	logs := &testkit.Logs{}
+	a := newApp(t, logs, "debug", b.sets(
 		"poller.poll_interval=20ms",
 		"poller.batch_size=100",
 		"poller.concurrency=8",
-	)
+	)...)
 
 	insert := func(from, to int) {
 		err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
@@ -141,14 +117,7 @@ func TestEndToEndRelaysEveryEventInAggregateOrder(t *testing.T) {
 		insert(i, i+100)
 	}
 
-	select {
-	case <-rc.all:
-	case <-time.After(60 * time.Second):
-		rc.mu.Lock()
-		n := len(rc.unique)
-		rc.mu.Unlock()
-		t.Fatalf("only %d of %d events delivered", n, events)
-	}
+	rc.WaitDelivered(t, 60*time.Second, events)
 
 	// While running: the lock key holds a UUID with a TTL of at most 30 s.
 	lockKey := prefix + "lock:outbox:poller"
@@ -167,23 +136,21 @@ func TestEndToEndRelaysEveryEventInAggregateOrder(t *testing.T) {
 	if n := rdb.Exists(ctx, lockKey).Val(); n != 0 {
 		t.Fatal("lock not released on shutdown")
 	}
+	checkContract(t, rc.Requests(), []byte(b.secret))
 
 	// First deliveries in id order per aggregate.
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	seen, last := map[int64]bool{}, map[string]int64{}
-	for _, d := range rc.got {
-		if seen[d.ID] {
-			continue
-		}
-		seen[d.ID] = true
-		if d.ID < last[d.Agg] {
-			t.Fatalf("aggregate %s: event %d delivered after %d", d.Agg, d.ID, last[d.Agg])
-		}
-		last[d.Agg] = d.ID
+	reqs := rc.Requests()
+	if v := testkit.OrderViolations(reqs); len(v) > 0 {
+		t.Fatalf("%d out of order, first: %s", len(v), v[0])
 	}
-	if len(last) != aggregates {
-		t.Fatalf("%d aggregates delivered, want %d", len(last), aggregates)
+	delivered := map[string]bool{}
+	for _, r := range reqs {
+		if r.OK() {
+			delivered[r.Agg] = true
+		}
+	}
+	if len(delivered) != aggregates {
+		t.Fatalf("%d aggregates delivered, want %d", len(delivered), aggregates)
 	}
 
 	// Every idempotency key says delivered, for about 24 h.
@@ -210,17 +177,15 @@ func TestEndToEndRelaysEveryEventInAggregateOrder(t *testing.T) {
 	}
 
 	// Every log line is JSON with time, level, msg; lock lines carry the lock and token.
-	sc := bufio.NewScanner(bytes.NewReader([]byte(logs.String())))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	var sawAcquired, sawReleased bool
-	for sc.Scan() {
+	for _, line := range logs.Lines() {
 		var m map[string]any
-		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
-			t.Fatalf("log line is not JSON: %s", sc.Text())
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("log line is not JSON: %s", line)
 		}
 		for _, k := range []string{"time", "level", "msg"} {
 			if _, ok := m[k]; !ok {
-				t.Fatalf("log line without %s: %s", k, sc.Text())
+				t.Fatalf("log line without %s: %s", k, line)
 			}
 		}
 		switch m["msg"] {
@@ -229,8 +194,8 @@ func TestEndToEndRelaysEveryEventInAggregateOrder(t *testing.T) {
 		case "lock released":
 			sawReleased = m["lock"] == "lock:outbox:poller"
 		}
-		if bytes.Contains(sc.Bytes(), []byte("e2e-secret")) {
-			t.Fatalf("log line shows the webhook secret: %s", sc.Text())
+		if strings.Contains(line, "e2e-secret") {
+			t.Fatalf("log line shows the webhook secret: %s", line)
 		}
 	}
 	if !sawAcquired || !sawReleased {
@@ -242,8 +207,9 @@ func TestEndToEndRelaysEveryEventInAggregateOrder(t *testing.T) {
 // while events flow: neither undoes the other's writes and nothing pending
 // is ever deleted.
 func TestPollerAndReconcilerNeverUndoEachOther(t *testing.T) {
-	st, dsn := testenv.Store(t)
-	_, prefix := testenv.Redis(t)
+	t.Parallel()
+	b := setup(t, "s")
+	st := b.st
 	ctx := context.Background()
 	for _, sql := range []string{
 		`CREATE TABLE audit (id bigint, what text)`,
@@ -258,15 +224,10 @@ func TestPollerAndReconcilerNeverUndoEachOther(t *testing.T) {
 		}
 	}
 	const events = 600
-	rc := &receiver{t: t, secret: []byte("s"), unique: map[int64]bool{}, all: make(chan struct{}), want: events}
-	srv := httptest.NewServer(rc)
-	defer srv.Close()
-	stop := runApp(t, newApp(t, io.Discard, "warn",
-		"postgres.dsn="+dsn, "redis.addrs="+testenv.RedisAddr(), "redis.key_prefix="+prefix,
-		"dispatch.webhook.url="+srv.URL, "dispatch.webhook.secret=s", "http.addr=127.0.0.1:0",
+	stop := runApp(t, newApp(t, io.Discard, "warn", b.sets(
 		"poller.poll_interval=10ms", "poller.batch_size=20",
 		"reconcile.schedule=@every 1s", "reconcile.retention=1s", "reconcile.batch_size=7",
-	))
+	)...))
 	for i := range events / 20 {
 		err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
 			var evs []store.Event
@@ -279,27 +240,19 @@ func TestPollerAndReconcilerNeverUndoEachOther(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(time.Duration(10+i%3*20) * time.Millisecond)
+		time.Sleep(time.Duration(10+i%3*20) * time.Millisecond) // events keep arriving while both run
 	}
-	select {
-	case <-rc.all:
-	case <-time.After(60 * time.Second):
-		t.Fatal("not every event delivered")
-	}
+	b.rc.WaitDelivered(t, 60*time.Second, events)
 	// Let at least two more reconciliations purge what was delivered.
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		var left int
-		_ = st.Pool().QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&left)
-		if left == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d rows never purged", left)
-		}
-		time.Sleep(100 * time.Millisecond)
+	left := func() int {
+		var n int
+		_ = st.Pool().QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n)
+		return n
 	}
+	testkit.WaitFor(t, 15*time.Second, "every row purged", func() bool { return left() == 0 },
+		func() string { return fmt.Sprintf("%d rows never purged", left()) })
 	stop()
+	checkContract(t, b.rc.Requests(), []byte(b.secret))
 	var violations int
 	_ = st.Pool().QueryRow(ctx, `SELECT count(*) FROM audit`).Scan(&violations)
 	if violations != 0 {
@@ -316,20 +269,15 @@ func TestPollerAndReconcilerNeverUndoEachOther(t *testing.T) {
 // results are written after its last send.
 func waitAllMarked(t *testing.T, st *store.Store) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var left int
-		if err := st.Pool().QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE dispatched_at IS NULL`).Scan(&left); err != nil {
+	left := func() int {
+		var n int
+		if err := st.Pool().QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE dispatched_at IS NULL`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		if left == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d rows still without dispatched_at", left)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return n
 	}
+	testkit.WaitFor(t, 10*time.Second, "every row marked dispatched", func() bool { return left() == 0 },
+		func() string { return fmt.Sprintf("%d rows still without dispatched_at", left()) })
 }
 
 // newApp loads config from sets (on top of the defaults) and builds an App

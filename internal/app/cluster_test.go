@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -20,18 +19,16 @@ import (
 // The whole relay on a three-master Redis Cluster: the idempotency claims
 // and scripts are pipelined across hash slots.
 func TestRelayOnRedisCluster(t *testing.T) {
+	t.Parallel()
 	addrs := testenv.StartRedisCluster(t, 3)
-	st, dsn := testenv.Store(t)
+	b := setup(t, "s")
+	st := b.st
 	ctx := context.Background()
 	const events = 300
-	rc := &receiver{t: t, secret: []byte("s"), unique: map[int64]bool{}, all: make(chan struct{}), want: events}
-	srv := httptest.NewServer(rc)
-	defer srv.Close()
-	a := newApp(t, io.Discard, "warn",
-		"postgres.dsn="+dsn, "redis.mode=cluster", "redis.addrs="+strings.Join(addrs, ","),
-		"redis.key_prefix=app:", "dispatch.webhook.url="+srv.URL, "dispatch.webhook.secret=s",
-		"http.addr=127.0.0.1:0", "poller.poll_interval=10ms", "poller.batch_size=50",
-	)
+	a := newApp(t, io.Discard, "warn", b.sets(
+		"redis.mode=cluster", "redis.addrs="+strings.Join(addrs, ","), "redis.key_prefix=app:",
+		"poller.poll_interval=10ms", "poller.batch_size=50",
+	)...)
 	err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
 		var evs []store.Event
 		for i := range events {
@@ -44,11 +41,7 @@ func TestRelayOnRedisCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := runApp(t, a)
-	select {
-	case <-rc.all:
-	case <-time.After(30 * time.Second):
-		t.Fatal("events not delivered over Redis Cluster")
-	}
+	b.rc.WaitDelivered(t, 30*time.Second, events) // over Redis Cluster
 	waitAllMarked(t, st)
 	// The delivered marks landed, spread over the cluster's slots.
 	for _, id := range []int64{1, 150, 300} {
@@ -58,4 +51,5 @@ func TestRelayOnRedisCluster(t *testing.T) {
 		}
 	}
 	stop()
+	checkContract(t, b.rc.Requests(), []byte(b.secret))
 }

@@ -5,9 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,17 +15,9 @@ import (
 
 	"github.com/outboxd/outboxd/internal/app"
 	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/internal/testkit"
 	"github.com/outboxd/outboxd/store"
 )
-
-func freeAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
 
 func httpGet(t *testing.T, url string) (int, string) {
 	t.Helper()
@@ -57,31 +47,31 @@ func metricValue(t *testing.T, body, series string) float64 {
 }
 
 func TestOperationsEndpointsWithTwoReplicas(t *testing.T) {
+	t.Parallel()
+	// whsec_ of base64("secret-webhook"): the receiver checks with the raw bytes.
 	const pgSecret, webhookSecret = "pg-s3cret-value", "whsec_c2VjcmV0LXdlYmhvb2s="
-	st, dsn := testenv.Store(t)
-	redisSrv := testenv.StartRedisServer(t)
+	b := setup(t, "secret-webhook")
+	st := b.st
+	redisSrv := testenv.StartRedisServer(t) // stopped below: the test's own
 	ctx := context.Background()
-	rc := &receiver{t: t, secret: []byte("secret-webhook"), unique: map[int64]bool{}, all: make(chan struct{}), want: 50}
-	srv := httptest.NewServer(rc)
-	defer srv.Close()
 	// Trust auth accepts any password, so the DSN can carry one to prove it is never shown.
-	dsnWithPassword := strings.Replace(dsn, "postgres@", "postgres:"+pgSecret+"@", 1)
+	dsnWithPassword := strings.Replace(b.dsn, "postgres@", "postgres:"+pgSecret+"@", 1)
 
 	type replica struct {
 		addr string
 		app  *app.App
-		logs *syncBuffer
+		logs *testkit.Logs
 		stop func() // requires a clean exit
 	}
 	var reps []*replica
 	for range 2 {
-		addr := freeAddr(t)
-		logs := &syncBuffer{}
-		a := newApp(t, logs, "debug",
-			"postgres.dsn="+dsnWithPassword, "redis.addrs="+redisSrv.Addr,
-			"dispatch.webhook.url="+srv.URL, "dispatch.webhook.secret="+webhookSecret,
+		addr := "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))
+		logs := &testkit.Logs{}
+		a := newApp(t, logs, "debug", b.sets(
+			"postgres.dsn="+dsnWithPassword, "redis.addrs="+redisSrv.Addr, "redis.key_prefix=",
+			"dispatch.webhook.secret="+webhookSecret,
 			"http.addr="+addr, "poller.poll_interval=10ms", "poller.lock_ttl=2s", "dispatch.webhook.timeout=1s",
-		)
+		)...)
 		reps = append(reps, &replica{addr: addr, app: a, logs: logs, stop: runApp(t, a)})
 	}
 	err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
@@ -95,11 +85,7 @@ func TestOperationsEndpointsWithTwoReplicas(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-rc.all:
-	case <-time.After(30 * time.Second):
-		t.Fatal("events not delivered")
-	}
+	b.rc.WaitDelivered(t, 30*time.Second, 50)
 	waitAllMarked(t, st)
 
 	// /status: exactly one leader, whose token Postgres and Redis agree on.
@@ -180,16 +166,10 @@ func TestOperationsEndpointsWithTwoReplicas(t *testing.T) {
 		t.Fatalf("/readyz with Redis down: %d %s", code, body)
 	}
 	redisSrv.Start()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if code, _ := httpGet(t, "http://"+reps[0].addr+"/readyz"); code == 200 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("/readyz did not recover after Redis came back")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testkit.WaitFor(t, 10*time.Second, "/readyz to recover after Redis came back", func() bool {
+		code, _ := httpGet(t, "http://"+reps[0].addr+"/readyz")
+		return code == 200
+	}, nil)
 
 	for _, r := range reps {
 		r.stop()
@@ -201,4 +181,5 @@ func TestOperationsEndpointsWithTwoReplicas(t *testing.T) {
 	if strings.Contains(string(shown), pgSecret) || strings.Contains(string(shown), webhookSecret) {
 		t.Fatalf("config output shows a secret: %s", shown)
 	}
+	checkContract(t, b.rc.Requests(), []byte(b.secret))
 }

@@ -71,6 +71,7 @@ func writeCerts(t *testing.T, dir string) {
 // Redis with TLS (client certificates required) and an ACL user; the
 // password comes from a *_file key.
 func TestRedisTLSAndACL(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	writeCerts(t, dir)
 	tlsPort := testenv.FreePort(t)

@@ -230,7 +230,8 @@ func (rc *Receiver) Delivered() int {
 
 // Await waits up to limit until cond holds, looking again at each arrival
 // and answer (not on a timer), and reports whether it did. cond runs with
-// the receiver's lock held on its own slice: it may read it, not keep it.
+// the receiver's lock held on its own slice: it may read it, not keep it,
+// and must not call the Receiver's methods.
 func (rc *Receiver) Await(limit time.Duration, cond func(reqs []Request) bool) bool {
 	timer := time.NewTimer(limit)
 	defer timer.Stop()
