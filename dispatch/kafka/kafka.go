@@ -2,22 +2,68 @@
 // acks from all in-sync replicas, idempotent producer, one produce call per
 // batch with a result per record. It imports nothing of outboxd but
 // dispatch.
+//
+// What it promises: an event is Delivered only once every in-sync replica of
+// its partition has acknowledged its record; the events of one aggregate go
+// to one partition per topic (the key's murmur2 hash, as Java clients pick),
+// in the batch's order; after an aggregate's first failure its later events
+// are NotAttempted, even if the broker took them. What it does not: the
+// idempotent producer drops a retried record only within one producer
+// session, so an event resent by the poller (after a cut, a timeout or a
+// restart) can land twice; consumers dedupe on the id header.
+//
+// The sink never creates topics. Its metadata requests allow auto-creation,
+// so a cluster with auto.create.topics.enable creates them as it would for
+// a Java producer; otherwise a missing topic is a retryable failure naming
+// the topic.
 package kafka
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/outboxd/outboxd/dispatch"
 )
 
-// Defaults (the contract's) for Config's zero fields.
+// Defaults (the contract's, and this sink's) for Config's zero fields.
 const (
 	DefaultTopic    = "outbox.event.{aggregate_type}"
 	DefaultClientID = "outboxd"
+	// DefaultTimeout bounds one Send below the lease: a cluster that does
+	// not acknowledge within it (down, no leader, overloaded) fails the
+	// batch's unacknowledged events as retryable, counted attempts.
+	DefaultTimeout = 10 * time.Second
+	// DefaultMaxMessageBytes is the largest record batch the producer
+	// builds: Kafka's default message.max.bytes (broker) and
+	// max.message.bytes (topic). A record above it is MESSAGE_TOO_LARGE
+	// (dead-lettered) without being sent.
+	DefaultMaxMessageBytes = 1048588
 )
+
+// cePrefix is the CloudEvents Kafka binding's header prefix.
+const cePrefix = "ce_"
+
+// metadataMinAge is how soon franz-go may refresh metadata again when it
+// needs to (an unknown topic, a moved leader). Its default of 5 s made a
+// missing topic take about 10 s to report and a created one 5 s to be used;
+// at 200 ms both take about a second (measured on kfake).
+const metadataMinAge = 200 * time.Millisecond
 
 // SASL authenticates to the brokers; Mechanism "" means none.
 type SASL struct {
@@ -35,24 +81,508 @@ type Config struct {
 	TLS         *tls.Config          // nil: plaintext
 	CloudEvents dispatch.CloudEvents // ce_ headers
 	Log         *slog.Logger         // optional
+	// Timeout bounds one Send (besides the batch's trust deadline);
+	// DefaultTimeout when 0.
+	Timeout time.Duration
+	// MaxMessageBytes is the largest record batch, and so record, the
+	// producer sends; DefaultMaxMessageBytes when 0. Raise it only with the
+	// brokers' message.max.bytes and the topics' max.message.bytes.
+	MaxMessageBytes int
+
+	hooks []kgo.Hook // tests watch the client
 }
 
 // Sink produces batches to Kafka. Create with New; Close when done.
-type Sink struct{}
+type Sink struct {
+	client   *kgo.Client
+	topic    dispatch.Template
+	ce       dispatch.CloudEvents
+	log      *slog.Logger
+	timeout  time.Duration
+	conn     *connErrors
+	unacked  *unacked
+	mu       sync.Mutex // one Send at a time: batches reach the wire in order
+	closeOne sync.Once
+}
 
 // New validates cfg and returns the sink. It does not wait for the brokers:
 // an unreachable cluster makes sends fail (retryable), never New.
 func New(cfg Config) (*Sink, error) {
-	return nil, errors.New("kafka: sink not implemented yet")
+	if err := validBrokers(cfg.Brokers); err != nil {
+		return nil, err
+	}
+	topicText := cmp.Or(cfg.Topic, DefaultTopic)
+	topic, err := dispatch.ParseTemplate(topicText)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: topic: %w", err)
+	}
+	// The literal parts must be valid in any expansion: check with values
+	// that are valid themselves.
+	if err := validTopic(topic.Expand(dispatch.Event{AggregateType: "a", EventType: "e"})); err != nil {
+		return nil, fmt.Errorf("kafka: topic template %q: %w", topicText, err)
+	}
+	mech, err := mechanism(cfg.SASL)
+	if err != nil {
+		return nil, err
+	}
+	log := cfg.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	maxBytes := cmp.Or(cfg.MaxMessageBytes, DefaultMaxMessageBytes)
+	if maxBytes < 0 || maxBytes > 1<<30 {
+		return nil, fmt.Errorf("kafka: max message bytes %d: want 1 to %d", maxBytes, 1<<30)
+	}
+	s := &Sink{topic: topic, ce: cfg.CloudEvents, log: log, timeout: cmp.Or(cfg.Timeout, DefaultTimeout),
+		conn: &connErrors{}, unacked: newUnacked()}
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(cfg.Brokers...),
+		kgo.ClientID(cmp.Or(cfg.ClientID, DefaultClientID)),
+		kgo.RequiredAcks(kgo.AllISRAcks()), // idempotent writes (the default) need it
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
+		kgo.ProducerBatchMaxBytes(int32(maxBytes)),
+		kgo.AllowAutoTopicCreation(), // only where the cluster allows it
+		kgo.MetadataMinAge(metadataMinAge),
+		// A Send hands over its whole batch, then waits: lingering would
+		// only delay the last request (10 ms per batch at the default).
+		kgo.ProducerLinger(0),
+		kgo.WithHooks(append([]kgo.Hook{s.conn}, cfg.hooks...)...),
+		kgo.WithLogger(logger{log}),
+	}
+	if mech != nil {
+		opts = append(opts, kgo.SASL(mech))
+		if cfg.TLS == nil && mech.Name() == "PLAIN" {
+			log.Warn("kafka: SASL PLAIN without TLS sends the password in clear text; set dispatch.kafka.tls.enabled")
+		}
+	}
+	if cfg.TLS != nil {
+		opts = append(opts, kgo.DialTLSConfig(cfg.TLS.Clone()))
+	}
+	client, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: %w", err)
+	}
+	s.client = client
+	return s, nil
 }
 
-// Send implements dispatch.Sink.
-func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
-	return make([]dispatch.Result, len(b.Events))
+// validBrokers checks the seeds are host:port. Values that look like URLs
+// are not quoted: they may carry credentials.
+func validBrokers(brokers []string) error {
+	if len(brokers) == 0 {
+		return errors.New("kafka: no brokers: list at least one host:port in dispatch.kafka.brokers")
+	}
+	for i, b := range brokers {
+		if strings.Contains(b, "://") || strings.Contains(b, "@") {
+			return fmt.Errorf("kafka: broker %d: want host:port, not a URL (credentials go in dispatch.kafka.sasl)", i+1)
+		}
+		host, port, err := net.SplitHostPort(b)
+		if err != nil || host == "" {
+			return fmt.Errorf("kafka: broker %d %q: want host:port", i+1, b)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("kafka: broker %d %q: port must be 1 to 65535", i+1, b)
+		}
+	}
+	return nil
+}
+
+// mechanism builds the SASL mechanism cfg asks for, nil for none.
+func mechanism(cfg SASL) (sasl.Mechanism, error) {
+	if cfg.Mechanism == "" {
+		return nil, nil
+	}
+	if cfg.Username == "" {
+		return nil, fmt.Errorf("kafka: SASL %s needs a username (dispatch.kafka.sasl.username)", cfg.Mechanism)
+	}
+	switch strings.ToUpper(cfg.Mechanism) {
+	case "PLAIN":
+		return plain.Auth{User: cfg.Username, Pass: cfg.Password}.AsMechanism(), nil
+	case "SCRAM-SHA-256":
+		return scram.Auth{User: cfg.Username, Pass: cfg.Password}.AsSha256Mechanism(), nil
+	case "SCRAM-SHA-512":
+		return scram.Auth{User: cfg.Username, Pass: cfg.Password}.AsSha512Mechanism(), nil
+	}
+	return nil, fmt.Errorf("kafka: SASL mechanism %q: want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", cfg.Mechanism)
+}
+
+// validTopic applies Kafka's rule for topic names: 1 to 249 of ASCII
+// letters, digits, '.', '_' and '-', and not "." or "..".
+func validTopic(name string) error {
+	switch {
+	case name == "":
+		return errors.New("empty topic name")
+	case name == "." || name == "..":
+		return fmt.Errorf("topic name %q is not allowed", name)
+	case len(name) > 249:
+		return fmt.Errorf("topic name is %d bytes long; Kafka allows 249", len(name))
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("topic name %q has %q; Kafka allows ASCII letters, digits, '.', '_' and '-'", name, string(rune(c)))
+		}
+	}
+	return nil
 }
 
 // Capabilities implements dispatch.Sink.
-func (s *Sink) Capabilities() dispatch.Capabilities { return dispatch.Capabilities{} }
+func (s *Sink) Capabilities() dispatch.Capabilities {
+	return dispatch.Capabilities{
+		MaxBatch:     0, // franz-go splits a batch into produce requests itself
+		DedupeWindow: 0, // the idempotent producer dedupes its own retries only, within one session
+		Ordering:     "per partition (key = aggregate_id)",
+	}
+}
 
-// Close flushes nothing (every Send waited for its acks) and disconnects.
-func (s *Sink) Close() error { return nil }
+// Close disconnects. Every Send waited for its acks, or gave up on them
+// and reported the events retryable, so nothing is flushed. Safe to call
+// more than once.
+func (s *Sink) Close() error {
+	s.closeOne.Do(s.client.Close)
+	return nil
+}
+
+// Send implements dispatch.Sink. It produces the whole batch at once,
+// bounded by the batch's trust deadline and the sink's timeout, and waits
+// for every record's acknowledgement, or for the bound.
+func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	start := time.Now()
+	// Trust the lease less than Redis does: nothing is produced past it.
+	dctx, cancel := context.WithDeadline(ctx, b.Until())
+	defer cancel()
+	tctx, cancelT := context.WithTimeout(dctx, s.timeout)
+	defer cancelT()
+	if !s.unacked.wait(tctx) {
+		return s.blocked(b, dctx)
+	}
+
+	p := newPending(len(b.Events))
+	var drops droppedHeaders
+	for i, ev := range b.Events {
+		if tctx.Err() != nil {
+			break // never produced: the rest stay NotAttempted
+		}
+		topic := s.topic.Expand(ev)
+		if err := validTopic(topic); err != nil {
+			p.fail(i, &dispatch.Error{Err: fmt.Errorf("kafka: event %d: %w: fix dispatch.kafka.topic or the row's aggregate_type/event_type, then replay it (INVALID_TOPIC_EXCEPTION)", ev.ID, err), Permanent: true})
+			continue
+		}
+		rec, dropped := s.record(ev, topic, b.Token)
+		drops.add(ev.ID, dropped)
+		p.started(i, topic)
+		s.unacked.add()
+		s.client.Produce(tctx, rec, func(r *kgo.Record, err error) {
+			p.done(i, r, err)
+			s.unacked.done()
+		})
+	}
+	p.seal()
+	drops.log(s.log)
+	select {
+	case <-p.all:
+	case <-tctx.Done():
+	}
+	out := p.results(func(i int, topic string, err error) dispatch.Result {
+		return s.classify(b.Events[i].ID, topic, err, dctx, tctx, start)
+	})
+	prefix(b.Events, out)
+	s.log.Debug("kafka batch produced", "batch_size", len(b.Events), "duration_ms", time.Since(start).Milliseconds())
+	return out
+}
+
+// blocked is the batch's Results when records of an earlier batch are still
+// unanswered: producing now could fail this batch with the earlier one
+// (franz-go fails a partition's buffered records together, by the oldest
+// one's context). Nothing is produced.
+func (s *Sink) blocked(b dispatch.Batch, dctx context.Context) []dispatch.Result {
+	out := make([]dispatch.Result, len(b.Events))
+	if dctx.Err() != nil {
+		return out // the deadline came first: NotAttempted
+	}
+	s.log.Warn("kafka: an earlier batch's records are still unanswered by the brokers; batch not sent", "batch_size", len(b.Events), "outbox_id", b.Events[0].ID)
+	for i, ev := range b.Events {
+		out[i] = dispatch.Failed(fmt.Errorf("kafka: event %d: not sent: the brokers have not answered an earlier batch's records for %s (unreachable, no leader, or overloaded); the event is retried", ev.ID, s.timeout))
+	}
+	prefix(b.Events, out)
+	return out
+}
+
+// record maps an event to its Kafka record: key = aggregate_id, value =
+// the payload as is, headers per dispatch.Headers. The timestamp is left to
+// the producer (now): a row's created_at, which may be days old after a
+// replay, would put the record at once past the topic's retention.ms.
+func (s *Sink) record(ev dispatch.Event, topic string, token int64) (*kgo.Record, []string) {
+	hs, dropped := dispatch.Headers(ev, token, s.ce, cePrefix)
+	headers := make([]kgo.RecordHeader, len(hs))
+	for i, h := range hs {
+		headers[i] = kgo.RecordHeader{Key: h.Key, Value: []byte(h.Value)}
+	}
+	value := []byte(ev.Payload)
+	if value == nil {
+		value = []byte{} // a record with a nil value is a tombstone on a compacted topic
+	}
+	return &kgo.Record{Topic: topic, Key: []byte(ev.AggregateID), Value: value, Headers: headers}, dropped
+}
+
+// classify turns a failed record's error into a Result; nil means the
+// wait ended without an answer.
+func (s *Sink) classify(id int64, topic string, err error, dctx, tctx context.Context, start time.Time) dispatch.Result {
+	var e *dispatch.Error
+	switch {
+	case err == nil:
+		return s.unacknowledged(id, topic, dctx, tctx, start)
+	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge):
+		e = &dispatch.Error{Permanent: true, Err: fmt.Errorf("kafka: topic %q: event %d is larger than the cluster or the producer accepts: %w; "+
+			"raise the topic's max.message.bytes, the brokers' message.max.bytes and dispatch.kafka.max_message_bytes, or shrink the payload, then replay it", topic, id, err)}
+	case errors.Is(err, kerr.InvalidTopicException):
+		e = &dispatch.Error{Permanent: true, Err: fmt.Errorf("kafka: topic %q: event %d: the cluster refuses the topic name: %w; fix dispatch.kafka.topic, then replay it", topic, id, err)}
+	case errors.Is(err, kerr.UnknownTopicOrPartition):
+		e = &dispatch.Error{Err: fmt.Errorf("kafka: topic %q does not exist (event %d): create it (this cluster does not create topics on first use); the event is retried: %w", topic, id, err)}
+	case errors.Is(err, kerr.TopicAuthorizationFailed):
+		e = &dispatch.Error{Err: fmt.Errorf("kafka: topic %q: event %d: not authorized to write: grant the sink's principal WRITE and DESCRIBE on the topic; the event is retried: %w", topic, id, err)}
+	case errors.Is(err, kerr.ClusterAuthorizationFailed):
+		e = &dispatch.Error{Err: fmt.Errorf("kafka: topic %q: event %d: the cluster refused the idempotent producer: grant the sink's principal IDEMPOTENT_WRITE on the cluster (Kafka before 2.8); the event is retried: %w", topic, id, err)}
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, kgo.ErrRecordTimeout):
+		return s.unacknowledged(id, topic, dctx, tctx, start)
+	case errors.Is(err, kgo.ErrClientClosed):
+		e = &dispatch.Error{Err: fmt.Errorf("kafka: topic %q: event %d: the sink is closed", topic, id)}
+	default:
+		e = &dispatch.Error{Err: fmt.Errorf("kafka: topic %q: event %d: %w%s", topic, id, err, s.conn.since(start))}
+	}
+	return dispatch.Failed(e)
+}
+
+// unacknowledged is the Result of a record without an answer when the
+// wait ended: Cut if the trust deadline or the caller's context ended it,
+// a plain retryable failure if the sink's own timeout did.
+func (s *Sink) unacknowledged(id int64, topic string, dctx, tctx context.Context, start time.Time) dispatch.Result {
+	if dctx.Err() != nil {
+		r := dispatch.Failed(fmt.Errorf("kafka: topic %q: event %d: not acknowledged before the lease's trust deadline or shutdown (%w)%s",
+			topic, id, context.Cause(dctx), s.conn.since(start)))
+		r.Cut = true
+		return r
+	}
+	what := "not acknowledged"
+	if tctx.Err() != nil {
+		what = fmt.Sprintf("not acknowledged within %s", s.timeout)
+	}
+	return dispatch.Failed(fmt.Errorf("kafka: topic %q: event %d: %s: the brokers are unreachable, the partition has no leader, or the cluster is overloaded; the event is retried%s",
+		topic, id, what, s.conn.since(start)))
+}
+
+// pending collects one Send's answers. franz-go calls done from its own
+// goroutine, possibly after Send has returned (a record in flight when the
+// wait ended), so results copies them out under the lock.
+type pending struct {
+	mu      sync.Mutex
+	waiting int // started records without an answer, +1 until sealed
+	state   []recState
+	all     chan struct{} // closed once sealed and every started record has an answer
+}
+
+type recState struct {
+	topic             string
+	started, answered bool
+	rec               *kgo.Record
+	err               error
+	decided           *dispatch.Result // a failure decided without producing
+}
+
+func newPending(n int) *pending {
+	return &pending{state: make([]recState, n), all: make(chan struct{}), waiting: 1}
+}
+
+// fail records a failure decided without producing.
+func (p *pending) fail(i int, err error) {
+	r := dispatch.Failed(err)
+	p.mu.Lock()
+	p.state[i].decided = &r
+	p.mu.Unlock()
+}
+
+// started: record i, for topic, is being produced.
+func (p *pending) started(i int, topic string) {
+	p.mu.Lock()
+	p.state[i].started, p.state[i].topic = true, topic
+	p.waiting++
+	p.mu.Unlock()
+}
+
+// seal: no more records will be started.
+func (p *pending) seal() { p.answer(func() {}) }
+
+// done is record i's promise.
+func (p *pending) done(i int, r *kgo.Record, err error) {
+	p.answer(func() { p.state[i].answered, p.state[i].rec, p.state[i].err = true, r, err })
+}
+
+func (p *pending) answer(set func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	set()
+	p.waiting--
+	if p.waiting == 0 {
+		close(p.all)
+	}
+}
+
+// results are the answers so far: Delivered with the record's position;
+// failures and records without an answer (nil error) through classify;
+// never-produced events NotAttempted.
+func (p *pending) results(classify func(i int, topic string, err error) dispatch.Result) []dispatch.Result {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]dispatch.Result, len(p.state))
+	for i, st := range p.state {
+		switch {
+		case st.decided != nil:
+			out[i] = *st.decided
+		case !st.started:
+		case !st.answered:
+			out[i] = classify(i, st.topic, nil)
+		case st.err != nil:
+			out[i] = classify(i, st.topic, st.err)
+		default:
+			out[i] = dispatch.Result{Outcome: dispatch.Delivered, Ref: fmt.Sprintf("%s/%d@%d", st.rec.Topic, st.rec.Partition, st.rec.Offset)}
+		}
+	}
+	return out
+}
+
+// prefix applies the rule that an aggregate's successes are a prefix: after
+// its first event that is not delivered, its later events are NotAttempted
+// whatever became of them.
+func prefix(events []dispatch.Event, out []dispatch.Result) {
+	type key struct{ t, id string }
+	stopped := map[key]bool{}
+	for i, ev := range events {
+		k := key{ev.AggregateType, ev.AggregateID}
+		if stopped[k] {
+			out[i] = dispatch.Result{Outcome: dispatch.NotAttempted}
+			continue
+		}
+		if o := out[i].Outcome; o != dispatch.Delivered && o != dispatch.Duplicate {
+			stopped[k] = true
+		}
+	}
+}
+
+// connErrors remembers the last failed connection to a broker (dial, TLS
+// or SASL), so a timeout can say why; a later success clears it.
+type connErrors struct {
+	last atomic.Pointer[connError]
+}
+
+type connError struct {
+	addr string
+	err  error
+	at   time.Time
+}
+
+// OnBrokerConnect implements kgo.HookBrokerConnect.
+func (c *connErrors) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+	addr := net.JoinHostPort(meta.Host, strconv.Itoa(int(meta.Port)))
+	if err != nil {
+		c.last.Store(&connError{addr: addr, err: err, at: time.Now()})
+		return
+	}
+	if l := c.last.Load(); l != nil && l.addr == addr {
+		c.last.CompareAndSwap(l, nil)
+	}
+}
+
+// since is "; last connection error: ..." for a failure since t, or "".
+func (c *connErrors) since(t time.Time) string {
+	l := c.last.Load()
+	if l == nil || l.at.Before(t) {
+		return ""
+	}
+	return fmt.Sprintf("; last connection error (broker %s): %v", l.addr, l.err)
+}
+
+// unacked counts the records handed to franz-go whose promise has not run,
+// across batches: a batch that ended without all its answers leaves some.
+type unacked struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed while n == 0
+}
+
+func newUnacked() *unacked {
+	u := &unacked{idle: make(chan struct{})}
+	close(u.idle)
+	return u
+}
+
+func (u *unacked) add() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.n == 0 {
+		u.idle = make(chan struct{})
+	}
+	u.n++
+}
+
+func (u *unacked) done() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.n--
+	if u.n == 0 {
+		close(u.idle)
+	}
+}
+
+// wait reports whether every record was answered before ctx ended.
+func (u *unacked) wait(ctx context.Context) bool {
+	u.mu.Lock()
+	idle := u.idle
+	u.mu.Unlock()
+	select {
+	case <-idle:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// droppedHeaders gathers the row headers left out of a batch's records,
+// for one warning per batch.
+type droppedHeaders struct {
+	firstID int64
+	first   []string
+	more    int
+}
+
+func (d *droppedHeaders) add(id int64, names []string) {
+	switch {
+	case len(names) == 0:
+	case d.first == nil:
+		d.firstID, d.first = id, names
+	default:
+		d.more++
+	}
+}
+
+func (d *droppedHeaders) log(l *slog.Logger) {
+	if d.first == nil {
+		return
+	}
+	l.Warn("row headers dropped: their names collide with the contract's headers or they hold control characters",
+		"outbox_id", d.firstID, "dropped", d.first, "other_events_with_dropped_headers", d.more)
+}
+
+// logger passes franz-go's errors to slog; its warnings (each failed
+// connection attempt while a broker is down) would repeat every second,
+// and the failures reach last_error through the results anyway.
+type logger struct{ l *slog.Logger }
+
+func (logger) Level() kgo.LogLevel { return kgo.LogLevelError }
+
+func (g logger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	if level == kgo.LogLevelError {
+		g.l.Error("kafka client: "+msg, keyvals...)
+	}
+}
