@@ -154,40 +154,59 @@ func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
 	defer cancel()
 	start := time.Now()
 
-	pipe := s.client.Pipeline()
-	var info *redis.StringCmd
-	if !s.version.known {
-		info = pipe.Info(ctx, "server") // rides along: no extra round trip
-	}
-	keys := make([]string, len(b.Events))
-	cmds := make([]*redis.StringCmd, len(b.Events))
-	var drops droppedHeaders
-	for i, ev := range b.Events {
-		keys[i] = s.prefix + s.stream.Expand(ev)
-		fields, dropped := s.fields(ev, b.Token)
-		drops.add(ev.ID, dropped)
-		cmds[i] = pipe.XAdd(ctx, &redis.XAddArgs{Stream: keys[i], MaxLen: s.maxLen, Approx: true, ID: "*", Values: fields})
-	}
-	_, _ = pipe.Exec(ctx) // each command holds its own reply or error
+	p := s.pipeline(ctx, b)
+	_, _ = p.Exec(ctx) // each command holds its own reply or error
 	// A command without a reply when the deadline or ctx has ended was cut
 	// by us, not refused by Redis.
 	cut := ctx.Err() != nil
-	for i, cmd := range cmds {
-		out[i] = result(cmd, keys[i], b.Events[i].ID, cut)
+	for i, cmd := range p.xadds {
+		out[i] = result(cmd, p.keys[i], b.Events[i].ID, cut)
 	}
 	prefixPerAggregate(b.Events, out)
-	if info != nil {
-		s.readVersion(info)
+	if p.info != nil {
+		s.readVersion(p.info)
 	}
-	drops.log(s.log)
-	delivered := 0
+	p.drops.log(s.log)
+	s.log.Debug("redis stream batch sent", "batch_size", len(b.Events), "delivered", delivered(out),
+		"duration_ms", time.Since(start).Milliseconds())
+	return out
+}
+
+// batchPipeline is a batch's commands, queued and not yet sent.
+type batchPipeline struct {
+	redis.Pipeliner
+	keys  []string           // stream key per event
+	xadds []*redis.StringCmd // XADD per event
+	info  *redis.StringCmd   // INFO server, until the version is known
+	drops droppedHeaders
+}
+
+// pipeline queues one XADD per event, in order (and INFO server until the
+// server's version is known: it rides along, no extra round trip).
+func (s *Sink) pipeline(ctx context.Context, b dispatch.Batch) *batchPipeline {
+	p := &batchPipeline{Pipeliner: s.client.Pipeline(),
+		keys: make([]string, len(b.Events)), xadds: make([]*redis.StringCmd, len(b.Events))}
+	if !s.version.known {
+		p.info = p.Info(ctx, "server")
+	}
+	for i, ev := range b.Events {
+		p.keys[i] = s.prefix + s.stream.Expand(ev)
+		fields, dropped := s.fields(ev, b.Token)
+		p.drops.add(ev.ID, dropped)
+		p.xadds[i] = p.XAdd(ctx, &redis.XAddArgs{Stream: p.keys[i], MaxLen: s.maxLen, Approx: true, ID: "*", Values: fields})
+	}
+	return p
+}
+
+// delivered counts the Delivered results, for the batch's log line.
+func delivered(out []dispatch.Result) int {
+	n := 0
 	for _, r := range out {
 		if r.Outcome == dispatch.Delivered {
-			delivered++
+			n++
 		}
 	}
-	s.log.Debug("redis stream batch sent", "batch_size", len(b.Events), "delivered", delivered, "duration_ms", time.Since(start).Milliseconds())
-	return out
+	return n
 }
 
 // fields are an entry's field-value pairs: the contract's headers (with
