@@ -68,7 +68,7 @@ func urlVia(t *testing.T, hostport string) string {
 	return u.String()
 }
 
-func randomName(t *testing.T) string {
+func randomName(t testing.TB) string {
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	name := strings.NewReplacer("/", "-", " ", "-").Replace(t.Name())
@@ -77,7 +77,7 @@ func randomName(t *testing.T) string {
 
 // admin is a test's own connection for setting up and reading the broker.
 type admin struct {
-	t        *testing.T
+	t        testing.TB
 	conn     *amqp.Connection
 	ch       *amqp.Channel
 	exchange string // this test's exchange name
@@ -86,7 +86,7 @@ type admin struct {
 
 // newAdmin connects and names the test's exchange; nothing is declared yet.
 // At cleanup it deletes the exchange and the queues it declared.
-func newAdmin(t *testing.T) *admin {
+func newAdmin(t testing.TB) *admin {
 	t.Helper()
 	conn, err := amqp.Dial(brokerURL)
 	if err != nil {
@@ -224,7 +224,7 @@ func (l *logs) String() string {
 }
 
 // newSink builds a sink on the test's exchange, closed at cleanup.
-func newSink(t *testing.T, cfg Config) *Sink {
+func newSink(t testing.TB, cfg Config) *Sink {
 	t.Helper()
 	if cfg.URL == "" {
 		cfg.URL = brokerURL
