@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -18,11 +19,36 @@ import (
 
 	"github.com/outboxd/outboxd/internal/app"
 	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/internal/testkit"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) {
+	code := testenv.Run(m)
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// binDir holds the binary built by buildBinary, removed after the tests.
+var binDir string
+
+// built builds this command once, for the tests that run it as users do.
+var built = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "outboxd-cmd-test")
+	if err != nil {
+		return "", err
+	}
+	binDir = dir
+	bin := filepath.Join(dir, "outboxd")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build: %w\n%s", err, out)
+	}
+	return bin, nil
+})
 
 func TestExitCodes(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -43,6 +69,7 @@ func TestExitCodes(t *testing.T) {
 		{"version", []string{"version"}, 0, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			var out, errb bytes.Buffer
 			code := run(tc.args, &out, &errb)
 			if code != tc.code || !strings.Contains(errb.String(), tc.want) {
@@ -52,12 +79,12 @@ func TestExitCodes(t *testing.T) {
 	}
 }
 
-// buildBinary builds this command into a temporary directory.
+// buildBinary returns this command built (once for all tests).
 func buildBinary(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "outboxd")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
+	bin, err := built()
+	if err != nil {
+		t.Fatal(err)
 	}
 	return bin
 }
@@ -94,6 +121,7 @@ func badSecrets(t *testing.T) []struct {
 // Findings 11 and 5: `config` and `run` both refuse, with exit 2 (systemd's
 // RestartPreventExitStatus) naming the key and echoing no secret.
 func TestBadSecretsExit2(t *testing.T) {
+	t.Parallel()
 	// Should a setting slip through, `run` must fail rather than serve
 	// forever: an http.addr it cannot listen on ends it with exit 1.
 	// The database is this test's own, unless the DSN is what is tested.
@@ -102,6 +130,7 @@ func TestBadSecretsExit2(t *testing.T) {
 	for _, tc := range badSecrets(t) {
 		for _, cmd := range []string{"config", "run"} {
 			t.Run(tc.name+"/"+cmd, func(t *testing.T) {
+				t.Parallel()
 				args := append([]string{cmd}, safe...)
 				for _, kv := range tc.sets {
 					args = append(args, "--set", kv)
@@ -122,9 +151,11 @@ func TestBadSecretsExit2(t *testing.T) {
 // Finding 11 against the real binary: `run` with an undecodable whsec_
 // secret exits 2 at once.
 func TestBinaryRefusesBadSecretWithExit2(t *testing.T) {
+	t.Parallel()
 	bin := buildBinary(t)
 	for _, tc := range badSecrets(t)[:3] {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			args := []string{"run", "--set", "http.addr=127.0.0.1:notaport"}
@@ -151,6 +182,7 @@ func TestBinaryRefusesBadSecretWithExit2(t *testing.T) {
 // Finding 10: `outboxd config` shows every DSN spelling and the webhook URL
 // with their secrets replaced, and the rest as written.
 func TestConfigShowsNoSecrets(t *testing.T) {
+	t.Parallel()
 	url := "https://hook:pw-SECRET1@receiver.example/in?token=SECRET2&tenant=7"
 	for _, tc := range []struct {
 		dsn, want string
@@ -162,6 +194,7 @@ func TestConfigShowsNoSecrets(t *testing.T) {
 		{"postgres://postgres:pa#SECRET6@127.0.0.1:5432/postgres", "postgres://postgres:redacted@127.0.0.1:5432/postgres", []string{"SECRET6"}},
 	} {
 		t.Run(tc.secrets[0], func(t *testing.T) {
+			t.Parallel()
 			var out, errb bytes.Buffer
 			code := run([]string{"config", "--set", "postgres.dsn=" + tc.dsn, "--set", "dispatch.webhook.url=" + url}, &out, &errb)
 			if code != 0 {
@@ -184,6 +217,8 @@ func TestConfigShowsNoSecrets(t *testing.T) {
 
 // Finding 13: `outboxd health` asks a real /readyz: 0 while Postgres and
 // Redis answer, 1 naming redis once it is gone, 1 when nothing listens.
+// Not parallel: it routes go-redis' process-wide logger (RouteRedisLogs),
+// which every other test's Redis clients would write to.
 func TestHealth(t *testing.T) {
 	rs := testenv.StartRedisServer(t)
 	port := strconv.Itoa(testenv.FreePort(t))
@@ -245,37 +280,35 @@ func runHealth(args []string) (int, string, string) {
 // notices Redis gone, on its own time), failing after 15s.
 func waitForExit(t *testing.T, args []string, want int) (int, string, string) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		code, stdout, stderr := runHealth(args)
-		if code == want {
-			return code, stdout, stderr
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%v: exit %d (stdout %q stderr %q), want %d", args, code, stdout, stderr, want)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	var code int
+	var stdout, stderr string
+	testkit.WaitFor(t, 15*time.Second, fmt.Sprintf("%v to exit %d", args, want), func() bool {
+		code, stdout, stderr = runHealth(args)
+		return code == want
+	}, func() string { return fmt.Sprintf("exit %d (stdout %q stderr %q)", code, stdout, stderr) })
+	return code, stdout, stderr
 }
 
 // With Redis unreachable, the real binary keeps stdout one JSON object per
 // line, reports the outage there, and writes nothing else to stderr.
 func TestLogsStayJSONWhenRedisIsDown(t *testing.T) {
+	t.Parallel()
 	bin := buildBinary(t)
 	down := testenv.StartRedisServer(t)
 	down.Stop()
 	cmd := exec.Command(bin, "run")
 	cmd.Env = append(os.Environ(), "OUTBOXD_POSTGRES_DSN="+testenv.DSN(t), "OUTBOXD_REDIS_ADDRS="+down.Addr,
 		"OUTBOXD_HTTP_ADDR=127.0.0.1:"+strconv.Itoa(testenv.FreePort(t)), "OUTBOXD_POLLER_LOCK_WAIT=200ms")
-	var stdout, stderr syncBuffer // exec copies into them from its own goroutines
+	var stdout, stderr testkit.Logs // exec copies into them from its own goroutines
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(15 * time.Second)
 	// Several failed attempts: go-redis logs after repeated failed dials.
-	for strings.Count(stdout.String(), `"msg":"lock attempt failed"`) < 4 && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
+	if _, ok := stdout.Await(15*time.Second, 4, func(line string) bool {
+		return strings.Contains(line, `"msg":"lock attempt failed"`)
+	}); !ok {
+		t.Logf("fewer than 4 failed lock attempts logged within 15s; checking what was logged")
 	}
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	if err := cmd.Wait(); err != nil {
@@ -292,21 +325,4 @@ func TestLogsStayJSONWhenRedisIsDown(t *testing.T) {
 			t.Fatalf("stdout line is not JSON: %s", line)
 		}
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
