@@ -96,7 +96,8 @@ func (c *cluster) needFake() {
 // topic is this test's topic name for suffix.
 func (c *cluster) topic(suffix string) string { return c.prefix + "." + suffix }
 
-// create makes topics with partitions each; on a real cluster they are
+// create makes topics with partitions each (the cluster's default
+// replication factor: Kafka 2.4 or later); on a real cluster they are
 // deleted at cleanup.
 func (c *cluster) create(partitions int32, topics ...string) {
 	c.t.Helper()
@@ -118,19 +119,26 @@ func (c *cluster) create(partitions int32, topics ...string) {
 			c.t.Fatalf("create topic %s: %v", rt.Topic, err)
 		}
 	}
-	if c.fake == nil {
-		c.t.Cleanup(func() {
-			del := kmsg.NewPtrDeleteTopicsRequest()
-			del.TimeoutMillis = 10000
-			for _, name := range topics {
-				dt := kmsg.NewDeleteTopicsRequestTopic()
-				dt.Topic = kmsg.StringPtr(name)
-				del.Topics = append(del.Topics, dt)
-				del.TopicNames = append(del.TopicNames, name)
-			}
-			_, _ = del.RequestWith(context.Background(), c.admin)
-		})
+	c.deleteAtCleanup(topics...)
+}
+
+// deleteAtCleanup deletes topics from a real cluster when the test ends
+// (kfake goes away by itself).
+func (c *cluster) deleteAtCleanup(topics ...string) {
+	if c.fake != nil {
+		return
 	}
+	c.t.Cleanup(func() {
+		del := kmsg.NewPtrDeleteTopicsRequest()
+		del.TimeoutMillis = 10000
+		for _, name := range topics {
+			dt := kmsg.NewDeleteTopicsRequestTopic()
+			dt.Topic = kmsg.StringPtr(name)
+			del.Topics = append(del.Topics, dt)
+			del.TopicNames = append(del.TopicNames, name)
+		}
+		_, _ = del.RequestWith(context.Background(), c.admin)
+	})
 }
 
 // landed returns every record in topic, partition by partition, each in

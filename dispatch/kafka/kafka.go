@@ -247,6 +247,9 @@ func (s *Sink) Close() error {
 // bounded by the batch's trust deadline and the sink's timeout, and waits
 // for every record's acknowledgement, or for the bound.
 func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
+	if len(b.Events) == 0 {
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	start := time.Now()
@@ -304,7 +307,7 @@ func (s *Sink) blocked(b dispatch.Batch, dctx context.Context) []dispatch.Result
 	}
 	s.log.Warn("kafka: an earlier batch's records are still unanswered by the brokers; batch not sent", "batch_size", len(b.Events), "outbox_id", b.Events[0].ID)
 	for i, ev := range b.Events {
-		out[i] = dispatch.Failed(fmt.Errorf("kafka: event %d: not sent: the brokers have not answered an earlier batch's records for %s (unreachable, no leader, or overloaded); the event is retried", ev.ID, s.timeout))
+		out[i] = dispatch.Failed(fmt.Errorf("kafka: event %d: not sent: the brokers have not answered an earlier batch's records within %s (unreachable, no leader, or overloaded); the event is retried", ev.ID, s.timeout))
 	}
 	prefix(b.Events, out)
 	return out

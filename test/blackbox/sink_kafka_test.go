@@ -1,0 +1,226 @@
+package blackbox
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxd/outboxd/internal/testenv"
+)
+
+// Black-box tests of dispatch.sink=kafka: the built binary produces to
+// kfake, franz-go's fake Kafka cluster, run inside this test process on a
+// fixed loopback port; the test reads the topics back with a consumer.
+
+// kafkaCluster starts kfake on 127.0.0.1:<free port> with topics of 3
+// partitions each (no auto-creation), closed at cleanup, after the
+// replicas started later have stopped.
+func kafkaCluster(t *testing.T, topics ...string) *kfake.Cluster {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(testenv.FreePort(t)), kfake.SeedTopics(3, topics...))
+	if err != nil {
+		t.Fatalf("start kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// kafkaEnv is an env whose replica relays to c with the default topic
+// template (outbox.event.{aggregate_type}). The lease is longer than the
+// suite's 2 s, so the sink's own answers (about a second to call a topic
+// missing) come before the lease's trust deadline.
+func kafkaEnv(t *testing.T, c *kfake.Cluster) *env {
+	e := newEnv(t)
+	e.set("OUTBOXD_DISPATCH_SINK", "kafka",
+		"OUTBOXD_DISPATCH_KAFKA_BROKERS", strings.Join(c.ListenAddrs(), ","),
+		"OUTBOXD_POLLER_LOCK_TTL", "10s")
+	return e
+}
+
+// kafkaRecords reads every record of topic from the start until there are
+// at least n, in each partition's order.
+func kafkaRecords(t *testing.T, c *kfake.Cluster, topic string, n int) []*kgo.Record {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	var out []*kgo.Record
+	for len(out) < n {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("read %d of at least %d records from %s", len(out), n, topic)
+		}
+		fs.EachError(func(tp string, p int32, err error) { t.Fatalf("fetch %s/%d: %v", tp, p, err) })
+		out = append(out, fs.Records()...)
+	}
+	return out
+}
+
+// kafkaHeaders are a record's headers by name; a name twice is an error.
+func kafkaHeaders(t *testing.T, r *kgo.Record) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, h := range r.Headers {
+		if _, dup := out[h.Key]; dup {
+			t.Errorf("record %s/%d@%d has header %s twice", r.Topic, r.Partition, r.Offset, h.Key)
+		}
+		out[h.Key] = string(h.Value)
+	}
+	return out
+}
+
+// kafkaPayloads maps each row's id to its payload as Postgres renders it:
+// what the relay reads and must produce byte for byte.
+func (e *env) kafkaPayloads() map[int64]string {
+	e.t.Helper()
+	rs, err := e.pool.Query(context.Background(), `SELECT id, payload::text FROM outbox`)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer rs.Close()
+	out := map[int64]string{}
+	for rs.Next() {
+		var id int64
+		var p string
+		if err := rs.Scan(&id, &p); err != nil {
+			e.t.Fatal(err)
+		}
+		out[id] = p
+	}
+	return out
+}
+
+// kafkaFirstSeen checks the records against the contract and returns, per
+// aggregate_id, the ids in the order of their first appearance, and how
+// many times each id appeared.
+func kafkaFirstSeen(t *testing.T, recs []*kgo.Record, aggType string, payloads map[int64]string, ce bool) (map[string][]int64, map[int64]int) {
+	t.Helper()
+	order := map[string][]int64{}
+	seen := map[int64]int{}
+	for _, r := range recs {
+		h := kafkaHeaders(t, r)
+		where := fmt.Sprintf("record %s/%d@%d", r.Topic, r.Partition, r.Offset)
+		id, err := strconv.ParseInt(h["id"], 10, 64)
+		if err != nil {
+			t.Fatalf("%s: id header %q", where, h["id"])
+		}
+		if seen[id]++; seen[id] > 1 {
+			continue // a redelivery: consumers dedupe on id
+		}
+		order[string(r.Key)] = append(order[string(r.Key)], id)
+		if h["aggregate_type"] != aggType || h["event_type"] != "test.event" || h["aggregate_id"] != string(r.Key) {
+			t.Errorf("%s: key %q, headers %v", where, r.Key, h)
+		}
+		if _, err := time.Parse(time.RFC3339, h["created_at"]); err != nil {
+			t.Errorf("%s: created_at %q: %v", where, h["created_at"], err)
+		}
+		if tok, err := strconv.ParseInt(h["fencing_token"], 10, 64); err != nil || tok < 1 {
+			t.Errorf("%s: fencing_token %q", where, h["fencing_token"])
+		}
+		if string(r.Value) != payloads[id] {
+			t.Errorf("event %d: value %q, want the payload %q as is", id, r.Value, payloads[id])
+		}
+		if ce && (h["ce_specversion"] != "1.0" || h["ce_id"] != h["id"] || h["ce_type"] != "test.event" || h["ce_source"] != "outboxd") {
+			t.Errorf("%s: CloudEvents headers missing or wrong: %v", where, h)
+		}
+	}
+	return order, seen
+}
+
+// TestKafkaSink: 200 events over 20 aggregates are all marked dispatched;
+// each is in the topic at least once, with the contract's headers (and the
+// ce_ CloudEvents attributes), key = aggregate_id, the payload as is, and
+// each aggregate's records in one partition in id order.
+func TestKafkaSink(t *testing.T) {
+	t.Parallel()
+	const topic = "outbox.event.order"
+	c := kafkaCluster(t, topic)
+	e := kafkaEnv(t, c).set("OUTBOXD_DISPATCH_CLOUDEVENTS", "true")
+	ids := e.insertMany("order", 20, 10)
+	e.start()
+	waitFor(t, "all 200 rows dispatched", func() bool { return e.count("dispatched_at IS NOT NULL") == len(ids) },
+		e.describeRows("dispatched_at IS NULL"))
+
+	recs := kafkaRecords(t, c, topic, len(ids))
+	order, seen := kafkaFirstSeen(t, recs, "order", e.kafkaPayloads(), true)
+	partition := map[string]int32{}
+	for _, r := range recs {
+		if p, ok := partition[string(r.Key)]; ok && p != r.Partition {
+			t.Errorf("aggregate %s in partitions %d and %d", r.Key, p, r.Partition)
+		}
+		partition[string(r.Key)] = r.Partition
+	}
+	for agg, got := range order {
+		if !slices.IsSorted(got) {
+			t.Errorf("aggregate %s: first appearances %v, want id order", agg, got)
+		}
+	}
+	dups := 0
+	for _, id := range ids {
+		switch n := seen[id]; {
+		case n == 0:
+			t.Errorf("event %d dispatched but not in %s", id, topic)
+		case n > 1:
+			dups++
+		}
+	}
+	if len(order) != 20 {
+		t.Errorf("%d aggregates in the topic, want 20", len(order))
+	}
+	t.Logf("%d records for %d events (%d delivered more than once)", len(recs), len(ids), dups)
+}
+
+// TestKafkaSinkUnknownTopic: rows whose topic does not exist are retried
+// with a last_error that names the topic and says to create it, while the
+// other aggregates flow; once the topic is created they go through, each
+// aggregate in order.
+func TestKafkaSinkUnknownTopic(t *testing.T) {
+	t.Parallel()
+	c := kafkaCluster(t, "outbox.event.order")
+	e := kafkaEnv(t, c).set("OUTBOXD_POLLER_MAX_ATTEMPTS", "1000")
+	var missing []int64
+	for i := range 6 {
+		missing = append(missing, e.insert("missing", strconv.Itoa(i%2), `{"m":`+strconv.Itoa(i)+`}`, ""))
+	}
+	flowing := e.insertMany("order", 5, 4)
+	e.start()
+	waitFor(t, "the other aggregates' rows dispatched", func() bool {
+		return e.count("aggregate_type = 'order' AND dispatched_at IS NOT NULL") == len(flowing)
+	}, e.describeRows("aggregate_type = 'order'"))
+	waitFor(t, "the rows without a topic retried, saying so", func() bool {
+		return e.count(`aggregate_type = 'missing' AND attempts >= 2 AND last_error LIKE '%does not exist%'`) >= 2
+	}, e.describeRows("aggregate_type = 'missing'"))
+	for _, w := range e.rows("aggregate_type = 'missing'") {
+		if w.Dispatched || w.Dead {
+			t.Fatalf("row without a topic settled: %s", w)
+		}
+		if w.Attempts > 0 && (!strings.Contains(w.LastError, `topic "outbox.event.missing"`) || !strings.Contains(w.LastError, "create it")) {
+			t.Errorf("last_error does not name the topic and the fix: %s", w)
+		}
+	}
+	t.Logf("last_error: %s", e.rows("aggregate_type = 'missing' AND attempts > 0")[0].LastError)
+
+	if err := c.CreateTopic("outbox.event.missing", 2, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the rows dispatched once the topic exists", func() bool {
+		return e.count("aggregate_type = 'missing' AND dispatched_at IS NOT NULL") == len(missing)
+	}, e.describeRows("aggregate_type = 'missing'"))
+	order, _ := kafkaFirstSeen(t, kafkaRecords(t, c, "outbox.event.missing", len(missing)), "missing", e.kafkaPayloads(), false)
+	want := map[string][]int64{"0": {missing[0], missing[2], missing[4]}, "1": {missing[1], missing[3], missing[5]}}
+	if fmt.Sprint(order) != fmt.Sprint(want) {
+		t.Errorf("topic holds per aggregate %v, want %v", order, want)
+	}
+}
