@@ -117,11 +117,14 @@ type Sink struct {
 	warnAt  time.Duration // a stream window below this is worth a WARN
 	pending int           // maxPending, or a test's
 
-	// The connection, made by run in the background: nc and js are set
-	// before ready is closed and not changed after.
-	ready chan struct{}
-	nc    *nats.Conn
-	js    jetstream.JetStream
+	// The connection, made by run in the background; ready is closed once
+	// the first attempt has returned. A connection the server closed for
+	// good (not just lost) is replaced by run: connClosed tells it.
+	ready      chan struct{}
+	connMu     sync.RWMutex
+	nc         *nats.Conn
+	js         jetstream.JetStream
+	connClosed chan struct{}
 
 	probed   chan struct{} // closed once the start-up lookup is over
 	started  atomic.Bool   // New has returned: windows found now are logged by us
@@ -169,14 +172,15 @@ func New(cfg Config) (*Sink, error) {
 		subject: tpl, servers: servers, target: target, ce: cfg.CloudEvents, log: log,
 		warnAt: cmp.Or(cfg.RetryHorizon, DefaultWarnWindow), pending: cmp.Or(cfg.maxPending, maxPending),
 		ready: make(chan struct{}), probed: make(chan struct{}), stop: stop, done: make(chan struct{}),
-		lookups: make(chan string, 16), refused: make(chan string, 64),
+		lookups: make(chan string, 16), refused: make(chan string, 64), connClosed: make(chan struct{}, 1),
 	}
 	s.streams.init()
 	go s.run(ctx, s.options(cfg.CredsFile))
 	select {
 	case <-s.probed:
 	case <-time.After(startProbe):
-		log.Info("nats: server not reached at start; the sink keeps connecting in the background", "servers", target)
+		log.Info("nats: no answer from the server within the start-up probe; the sink keeps connecting in the background (the streams' duplicate windows are learned at first use)",
+			"servers", target, "probe", startProbe.String())
 	}
 	s.started.Store(true)
 	return s, nil
@@ -206,6 +210,7 @@ func (s *Sink) options(credsFile string) []nats.Option {
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			s.log.Info("nats: reconnected", "server", nc.ConnectedUrlRedacted())
 		}),
+		nats.ClosedHandler(s.connectionClosed),
 	}
 	if credsFile != "" {
 		opts = append(opts, nats.UserCredentials(credsFile))
@@ -214,11 +219,14 @@ func (s *Sink) options(credsFile string) []nats.Option {
 }
 
 // run connects, looks up the template's stream, then serves stream
-// lookups for Send until ctx ends.
+// lookups for Send and replaces a closed connection until ctx ends.
 func (s *Sink) run(ctx context.Context, opts []nats.Option) {
 	defer close(s.done)
 	s.connect(opts)
-	s.probe(ctx)
+	close(s.ready)
+	if ctx.Err() == nil { // not closed while connecting
+		s.probe(ctx)
+	}
 	close(s.probed)
 	for {
 		select {
@@ -226,15 +234,26 @@ func (s *Sink) run(ctx context.Context, opts []nats.Option) {
 			return
 		case name := <-s.lookups:
 			s.lookup(ctx, name)
+		case <-s.connClosed:
+			// Not the sink's Close (ctx would be done): the server closed
+			// the connection for good, which nats.go does not recover
+			// from (e.g. an -ERR it does not know). Pause, so a server that
+			// keeps doing it is not hammered, then start over.
+			s.log.Warn("nats: the connection was closed; making a new one", "servers", s.target, "error", s.lastError())
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(reconnectWait):
+			}
+			s.connect(opts)
 		}
 	}
 }
 
-// connect makes the connection. With RetryOnFailedConnect, nats.Connect
-// fails only on options it cannot use; the sink then answers every Send
-// with that error.
+// connect makes a connection and makes it the sink's. With
+// RetryOnFailedConnect, nats.Connect fails only on options it cannot use;
+// the sink then answers every Send with that error.
 func (s *Sink) connect(opts []nats.Option) {
-	defer close(s.ready)
 	nc, err := nats.Connect(s.servers, opts...)
 	if err != nil {
 		s.log.Error("nats: cannot connect", "servers", s.target, "error", err)
@@ -246,7 +265,38 @@ func (s *Sink) connect(opts []nats.Option) {
 		s.log.Error("nats: cannot use JetStream", "servers", s.target, "error", err)
 		return
 	}
+	s.connMu.Lock()
 	s.nc, s.js = nc, js
+	s.connMu.Unlock()
+}
+
+// current is the connection, nil before the first is made.
+func (s *Sink) current() (*nats.Conn, jetstream.JetStream) {
+	s.connMu.RLock()
+	defer s.connMu.RUnlock()
+	return s.nc, s.js
+}
+
+func (s *Sink) lastError() error {
+	if nc, _ := s.current(); nc != nil {
+		return nc.LastError()
+	}
+	return nil
+}
+
+// connectionClosed runs when a connection reaches CLOSED (nats.go's
+// ClosedHandler): its publishes still awaiting a PubAck fail now rather
+// than at their ack timeout, and run is told to make a new connection.
+func (s *Sink) connectionClosed(closed *nats.Conn) {
+	nc, js := s.current()
+	if nc != closed {
+		return
+	}
+	js.CleanupPublisher()
+	select {
+	case s.connClosed <- struct{}{}:
+	default:
+	}
 }
 
 // conn returns the connection once it is made, or why there is none.
@@ -260,19 +310,20 @@ func (s *Sink) conn() (*nats.Conn, jetstream.JetStream, error) {
 	select {
 	case <-s.ready:
 	default:
-		return nil, nil, fmt.Errorf("nats: still connecting to %s: the event is retried", s.target)
+		return nil, nil, fmt.Errorf("nats: still connecting to %s", s.target)
 	}
-	if s.nc == nil {
+	nc, js := s.current()
+	if nc == nil {
 		return nil, nil, fmt.Errorf("nats: no connection to %s (see the sink's error at start)", s.target)
 	}
-	if st := s.nc.Status(); st != nats.CONNECTED {
+	if st := nc.Status(); st != nats.CONNECTED {
 		msg := fmt.Sprintf("nats: not connected to %s (%s)", s.target, strings.ToLower(st.String()))
-		if err := s.nc.LastError(); err != nil {
+		if err := nc.LastError(); err != nil {
 			return nil, nil, fmt.Errorf("%s: last error: %w", msg, err)
 		}
 		return nil, nil, errors.New(msg + ": is the server up and reachable?")
 	}
-	return s.nc, s.js, nil
+	return nc, js, nil
 }
 
 // asyncError receives the connection's asynchronous errors. A publish the
@@ -323,9 +374,9 @@ func (s *Sink) Close() error {
 	s.closeMu.Unlock()
 	s.stop()
 	<-s.done // run returns once nats.Connect has (bounded by its dial timeout)
-	if s.nc != nil {
-		s.js.CleanupPublisher()
-		s.nc.Close()
+	if nc, js := s.current(); nc != nil {
+		js.CleanupPublisher()
+		nc.Close()
 	}
 	return nil
 }
@@ -383,12 +434,22 @@ func sampleSubject(t dispatch.Template) string {
 	return t.Expand(dispatch.Event{AggregateType: "x", EventType: "x"})
 }
 
+// maxSubject bounds a subject's length. The publish's protocol line
+// (subject, reply subject, sizes) must fit the server's max_control_line,
+// 4 KiB by default; a longer one makes the server close the connection,
+// which would cut every other aggregate's publishes with it.
+const maxSubject = 4000
+
 // checkSubject accepts a subject JetStream can store a message under:
 // dot-separated non-empty tokens, no whitespace or control characters, no
-// wildcard tokens (* and >), which a publish may not use.
+// wildcard tokens (* and >), which a publish may not use, and not longer
+// than maxSubject.
 func checkSubject(subj string) error {
 	if subj == "" {
 		return errors.New("the subject is empty")
+	}
+	if len(subj) > maxSubject {
+		return fmt.Errorf("subject %q is %d bytes long, above the %d a publish can carry (the server's max_control_line is 4 KiB by default)", clip(subj), len(subj), maxSubject)
 	}
 	for i := 0; i < len(subj); i++ {
 		if c := subj[i]; c <= ' ' || c == 0x7f {

@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -468,14 +470,86 @@ func TestInvalidSubjectFromRow(t *testing.T) {
 	t.Parallel()
 	ts := newStream(t, sharedURL, nil)
 	s, _ := newSink(t, Config{URL: sharedURL, Subject: ts.prefix + ".{aggregate_type}"})
-	rs := s.Send(t.Context(), batch(event(1, "bad type", "1"), event(2, "bad type", "1"), event(3, "", "1"), event(4, "ok", "1")))
-	wantOutcomes(t, rs, dispatch.Permanent, dispatch.NotAttempted, dispatch.Permanent, dispatch.Delivered)
+	// A subject above the server's control line would make it close the
+	// connection, cutting every aggregate's publishes: refused before.
+	long := strings.Repeat("l", 5000)
+	rs := s.Send(t.Context(), batch(event(1, "bad type", "1"), event(2, "bad type", "1"), event(3, "", "1"),
+		event(4, long, "1"), event(5, "ok", "1")))
+	wantOutcomes(t, rs, dispatch.Permanent, dispatch.NotAttempted, dispatch.Permanent, dispatch.Permanent, dispatch.Delivered)
 	for _, c := range []struct {
 		i    int
 		want string
-	}{{0, `"` + ts.prefix + `.bad type" contains whitespace`}, {2, "empty token"}} {
+	}{{0, `"` + ts.prefix + `.bad type" contains whitespace`}, {2, "empty token"}, {3, "is 5010 bytes long"}} {
 		if msg := rs[c.i].Err.Error(); !strings.Contains(msg, c.want) {
 			t.Errorf("result %d: %q, want it to contain %q", c.i, msg, c.want)
 		}
 	}
+}
+
+// TestSilentServer: a server that accepts connections but never speaks
+// does not hold New (beyond its start-up probe); Send is Retryable, and
+// Close returns while the connection is half made.
+func TestSilentServer(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c) // held open, never answered
+			mu.Unlock()
+		}
+	})
+	t.Cleanup(func() {
+		_ = ln.Close()
+		wg.Wait()
+		mu.Lock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+	})
+	s, logs := newSink(t, Config{URL: "nats://" + ln.Addr().String()})
+	logs.WaitLine(t, waitLimit, "no answer from the server within the start-up probe")
+	rs := s.Send(t.Context(), batch(event(1, "a", "1")))
+	wantOutcomes(t, rs, dispatch.Retryable)
+	if msg := rs[0].Err.Error(); !strings.Contains(msg, "connect") || !strings.Contains(msg, ln.Addr().String()) {
+		t.Errorf("error %q should say it is (still) connecting to %s", msg, ln.Addr())
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestConnectionClosedByServer: a server that closes the connection for
+// good (here: an -ERR for a protocol line above its max_control_line,
+// lowered to 512 bytes) fails the publishes awaiting a PubAck at once; the
+// sink makes a new connection by itself and delivers again.
+func TestConnectionClosedByServer(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t, "max_control_line: 512")
+	srv.start()
+	ts := newStream(t, srv.URL(), nil)
+	s, logs := newSink(t, Config{URL: srv.URL(), Subject: ts.prefix + ".{aggregate_type}"})
+	long := strings.Repeat("l", 600)
+	rs := s.Send(t.Context(), batch(event(1, long, "1")))
+	wantOutcomes(t, rs, dispatch.Retryable)
+	if rs[0].Cut || !strings.Contains(rs[0].Err.Error(), "maximum control line exceeded") {
+		t.Errorf("want the publish failed when the connection closed, with the server's reason: cut %v, %v", rs[0].Cut, rs[0].Err)
+	}
+	t.Log(rs[0].Err)
+	logs.WaitLine(t, waitLimit, "the connection was closed; making a new one")
+	testkit.WaitFor(t, waitLimit, "a delivery on a new connection", func() bool {
+		rs = s.Send(t.Context(), batch(event(2, "a", "1")))
+		return rs[0].Outcome == dispatch.Delivered
+	}, func() string { return describe(rs) + logs.Tail(5) })
 }

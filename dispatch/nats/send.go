@@ -121,10 +121,10 @@ func (s *Sink) await(ctx context.Context, sent []published, events []dispatch.Ev
 			streams[ack.Stream] = true
 			out[p.i] = acked(ack)
 		case err != nil:
-			out[p.i] = dispatch.Failed(ackError(ev, p.subject, err))
+			out[p.i] = dispatch.Failed(s.ackError(ev, clip(p.subject), err))
 		default:
 			out[p.i] = dispatch.Result{Outcome: dispatch.Retryable, Cut: true,
-				Err: fmt.Errorf("nats: event %d: no PubAck for subject %q before the send's deadline: %w", ev.ID, p.subject, context.Cause(ctx))}
+				Err: fmt.Errorf("nats: event %d: no PubAck for subject %q before the send's deadline: %w", ev.ID, clip(p.subject), context.Cause(ctx))}
 		}
 	}
 	return streams
@@ -238,22 +238,22 @@ func (s *Sink) publishError(nc *nats.Conn, ev dispatch.Event, msg *nats.Msg, err
 		size := msg.Size() - len(msg.Subject)
 		return &dispatch.Error{Permanent: true, Err: fmt.Errorf(
 			"nats: event %d to subject %q: message of %d bytes (payload %d plus headers) is above the server's max_payload of %d bytes: retrying cannot help; raise max_payload on the server or make the event smaller: %w",
-			ev.ID, msg.Subject, size, len(msg.Data), nc.MaxPayload(), err)}
+			ev.ID, clip(msg.Subject), size, len(msg.Data), nc.MaxPayload(), err)}
 	case errors.Is(err, nats.ErrBadSubject), errors.Is(err, nats.ErrBadHeaderMsg):
-		return &dispatch.Error{Permanent: true, Err: fmt.Errorf("nats: event %d to subject %q: the client refused the message (retrying cannot help): %w", ev.ID, msg.Subject, err)}
+		return &dispatch.Error{Permanent: true, Err: fmt.Errorf("nats: event %d to subject %q: the client refused the message (retrying cannot help): %w", ev.ID, clip(msg.Subject), err)}
 	case errors.Is(err, nats.ErrReconnectBufExceeded):
-		return fmt.Errorf("nats: event %d to subject %q: not sent, the connection to %s is down (reconnecting): %w", ev.ID, msg.Subject, s.target, err)
+		return fmt.Errorf("nats: event %d to subject %q: not sent, the connection to %s is down (reconnecting): %w", ev.ID, clip(msg.Subject), s.target, err)
 	case errors.Is(err, nats.ErrHeadersNotSupported):
 		return fmt.Errorf("nats: event %d: the server at %s does not support headers (NATS 2.2 or later is needed): %w", ev.ID, s.target, err)
 	default:
-		return fmt.Errorf("nats: event %d to subject %q: not sent: %w", ev.ID, msg.Subject, err)
+		return fmt.Errorf("nats: event %d to subject %q: not sent: %w", ev.ID, clip(msg.Subject), err)
 	}
 }
 
 // ackError explains an error answer to a publish. Permanent only when the
 // stream says the message is too large for it; everything else (no stream,
 // a full stream, a lost connection) an operator or time can fix.
-func ackError(ev dispatch.Event, subj string, err error) error {
+func (s *Sink) ackError(ev dispatch.Event, subj string, err error) error {
 	var api *jetstream.APIError
 	switch {
 	case errors.Is(err, jetstream.ErrNoStreamResponse):
@@ -272,6 +272,8 @@ func ackError(ev dispatch.Event, subj string, err error) error {
 		return fmt.Errorf("nats: event %d: no PubAck for subject %q within %s: %w", ev.ID, subj, ackTimeout, err)
 	case errors.Is(err, nats.ErrDisconnected):
 		return fmt.Errorf("nats: event %d: the connection was lost before the PubAck for subject %q came: %w", ev.ID, subj, err)
+	case errors.Is(err, jetstream.ErrJetStreamPublisherClosed):
+		return fmt.Errorf("nats: event %d: the connection was closed before the PubAck for subject %q came (last error: %v): %w", ev.ID, subj, s.lastError(), err)
 	default:
 		return fmt.Errorf("nats: event %d: publish to subject %q failed: %w", ev.ID, subj, err)
 	}
@@ -332,4 +334,14 @@ func (d *droppedHeaders) log(l *slog.Logger) {
 	}
 	l.Warn("row headers dropped: their names collide with the contract's headers, or NATS cannot carry them (see docs/sinks/nats.md)",
 		"outbox_id", d.firstID, "dropped", d.first, "other_events_with_dropped_headers", d.moreCount)
+}
+
+// clip shortens a subject for an error text (a subject may be up to
+// maxSubject bytes; last_error need not carry all of it).
+func clip(subj string) string {
+	const n = 200
+	if len(subj) <= n {
+		return subj
+	}
+	return subj[:n] + "…"
 }

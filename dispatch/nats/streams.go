@@ -88,8 +88,10 @@ func (s *Sink) askWindows(streams map[string]bool) {
 // daemon's start-up check sees its duplicate window. Nothing is cached
 // when no stream captures it: the subjects of real rows may still be.
 func (s *Sink) probe(ctx context.Context) {
-	nc, js, err := s.conn()
-	if err != nil || nc == nil {
+	_, js, err := s.conn()
+	if err != nil {
+		s.log.Info("nats: not connected at start; the sink keeps connecting in the background (the streams' duplicate windows are learned at first use)",
+			"error", err)
 		return
 	}
 	subj := sampleSubject(s.subject)
