@@ -179,8 +179,10 @@ func New(cfg Config) (*Sink, error) {
 	select {
 	case <-s.probed:
 	case <-time.After(startProbe):
-		log.Info("nats: no answer from the server within the start-up probe; the sink keeps connecting in the background (the streams' duplicate windows are learned at first use)",
-			"servers", target, "probe", startProbe.String())
+		if _, _, err := s.conn(); err != nil { // connected: the probe logs why its lookup is slow
+			log.Info("nats: no answer from the server within the start-up probe; the sink keeps connecting in the background (the streams' duplicate windows are learned at first use)",
+				"servers", target, "probe", startProbe.String())
+		}
 	}
 	s.started.Store(true)
 	return s, nil
@@ -331,6 +333,9 @@ func (s *Sink) conn() (*nats.Conn, jetstream.JetStream, error) {
 // passed to the Send waiting for it.
 func (s *Sink) asyncError(_ *nats.Conn, sub *nats.Subscription, err error) {
 	if subj, ok := refusedSubject(err); ok && sub == nil {
+		if strings.HasPrefix(subj, "$JS.API.") {
+			return // a stream lookup: it times out and logs that it could not
+		}
 		select {
 		case s.refused <- subj:
 		default: // a Send not waiting: its deadline ends the wait instead

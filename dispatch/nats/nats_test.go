@@ -553,3 +553,22 @@ func TestConnectionClosedByServer(t *testing.T) {
 		return rs[0].Outcome == dispatch.Delivered
 	}, func() string { return describe(rs) + logs.Tail(5) })
 }
+
+// TestWithoutStreamAPIPermissions: a user allowed only to publish on the
+// subjects (and to receive PubAcks) is enough: events are delivered; the
+// duplicate window stays unknown (0) and the start-up lookup says why.
+func TestWithoutStreamAPIPermissions(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t, `authorization { users = [
+		{user: "admin", password: "a"},
+		{user: "pub", password: "p", permissions: {publish: {allow: ["tt.>"]}, subscribe: {allow: ["_INBOX.>"]}}}
+	] }`)
+	srv.start()
+	newStream(t, "nats://admin:a@127.0.0.1:"+strconv.Itoa(srv.port), func(c *jetstream.StreamConfig) { c.Subjects = []string{"tt.>"} })
+	s, logs := newSink(t, Config{URL: "nats://pub:p@127.0.0.1:" + strconv.Itoa(srv.port), Subject: "tt.{aggregate_type}"})
+	logs.WaitLine(t, waitLimit, "could not look up the template's stream at start")
+	wantOutcomes(t, s.Send(t.Context(), batch(event(1, "a", "1"), event(2, "a", "1"))), dispatch.Delivered, dispatch.Delivered)
+	if w := s.Capabilities().DedupeWindow; w != 0 {
+		t.Errorf("DedupeWindow %v, want 0 (not readable)", w)
+	}
+}

@@ -109,7 +109,8 @@ func (s *Sink) probe(ctx context.Context) {
 		}
 		return
 	case err != nil:
-		s.log.Info("nats: could not look up the template's stream at start", "subject", subj, "error", err)
+		s.log.Info("nats: could not look up the template's stream at start (a timeout: the account may not allow $JS.API.STREAM.NAMES); the duplicate windows are learned at first use",
+			"subject", subj, "error", err)
 		return
 	}
 	s.streams.want(name, time.Now())
