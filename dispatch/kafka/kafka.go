@@ -134,7 +134,7 @@ func New(cfg Config) (*Sink, error) {
 		return nil, fmt.Errorf("kafka: max message bytes %d: want 1 to %d", maxBytes, 1<<30)
 	}
 	s := &Sink{topic: topic, ce: cfg.CloudEvents, log: log, timeout: cmp.Or(cfg.Timeout, DefaultTimeout),
-		conn: &connErrors{}, unacked: newUnacked()}
+		conn: &connErrors{sasl: mech != nil}, unacked: newUnacked()}
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.ClientID(cmp.Or(cfg.ClientID, DefaultClientID)),
@@ -477,6 +477,7 @@ func prefix(events []dispatch.Event, out []dispatch.Result) {
 // or SASL), so a timeout can say why; a later success clears it.
 type connErrors struct {
 	last atomic.Pointer[connError]
+	sasl bool // a login is configured: a connection closed after the dial may be a refused login
 }
 
 type connError struct {
@@ -503,7 +504,13 @@ func (c *connErrors) since(t time.Time) string {
 	if l == nil || l.at.Before(t) {
 		return ""
 	}
-	return fmt.Sprintf("; last connection error (broker %s): %v", l.addr, l.err)
+	msg := fmt.Sprintf("; last connection error (broker %s): %v", l.addr, l.err)
+	if c.sasl && !strings.HasPrefix(l.err.Error(), "unable to dial") {
+		// Brokers close the connection on a failed login, some (kfake)
+		// without saying why.
+		msg += " (connected, then failed: check dispatch.kafka.sasl.*)"
+	}
+	return msg
 }
 
 // unacked counts the records handed to franz-go whose promise has not run,

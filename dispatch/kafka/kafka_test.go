@@ -293,6 +293,7 @@ func TestFailureModes(t *testing.T) {
 					t.Errorf("Cut set: the broker failed it, not the deadline")
 				}
 				msg := fmt.Sprint(r.Err)
+				t.Logf("%s: %s", tc.name, msg)
 				for _, want := range append(tc.errHas, `"`+bad+`"`, "event 1") {
 					if !strings.Contains(msg, want) {
 						t.Errorf("error %q does not mention %q", msg, want)
@@ -464,6 +465,7 @@ func TestOutage(t *testing.T) {
 		out := send(t, s, batch(event(id, "deal", "a")))
 		wantOutcomes(t, out, dispatch.Retryable)
 		msg := fmt.Sprint(out[0].Err)
+		t.Logf("broker down: %s", msg)
 		if out[0].Cut || !strings.Contains(msg, "not acknowledged within 1s") || !strings.Contains(msg, "connection refused") {
 			t.Errorf("broker down: cut %v, error %q; want a plain retryable failure naming the connection error", out[0].Cut, msg)
 		}
@@ -500,6 +502,43 @@ func TestOutage(t *testing.T) {
 	c := newCluster(t, fake.ListenAddrs(), fake)
 	if got := ids(t, c.landed("outage.deal")); !slices.Contains(got, 2) || !slices.Contains(got, 4) {
 		t.Errorf("landed %v, want 2 and 4 among them", got)
+	}
+}
+
+// TestHungBroker: a broker that takes a produce request and never answers.
+// The batch is Retryable (the sink's timeout, not the lease: not Cut); the
+// next batch is not produced behind the unanswered records (franz-go
+// would fail it with them) but reported Retryable; once the broker answers,
+// the same sink delivers.
+func TestHungBroker(t *testing.T) {
+	c := newFake(t)
+	topic := c.topic("deal")
+	c.create(1, topic)
+	s := c.sink(c.prefix+".{aggregate_type}", func(cfg *Config) { cfg.Timeout = 500 * time.Millisecond })
+	held, release, requests := holdProduce(t, c.fake)
+	out := send(t, s, batch(event(1, "deal", "a"), event(2, "deal", "b")))
+	<-held
+	wantOutcomes(t, out, dispatch.Retryable, dispatch.Retryable)
+	if out[0].Cut || !strings.Contains(fmt.Sprint(out[0].Err), "not acknowledged within 500ms") {
+		t.Errorf("hung broker: cut %v err %v; want the sink's timeout named", out[0].Cut, out[0].Err)
+	}
+
+	before := requests()
+	out = send(t, s, batch(event(3, "deal", "a"), event(4, "deal", "a")))
+	wantOutcomes(t, out, dispatch.Retryable, dispatch.NotAttempted)
+	if !strings.Contains(fmt.Sprint(out[0].Err), "earlier batch") {
+		t.Errorf("blocked batch: %v; want it to say an earlier batch is unanswered", out[0].Err)
+	}
+	if requests() != before {
+		t.Errorf("the blocked batch was produced")
+	}
+
+	release()
+	wantOutcomes(t, send(t, s, batch(event(3, "deal", "a"), event(4, "deal", "a"))), dispatch.Delivered, dispatch.Delivered)
+	// The held records landed when the broker answered: a duplicate at
+	// worst, never a loss.
+	if got := ids(t, c.landed(topic)); !slices.Equal(got, []int64{1, 2, 3, 4}) {
+		t.Errorf("landed %v, want 1 and 2 (held), then 3 and 4", got)
 	}
 }
 
