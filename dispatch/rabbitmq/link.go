@@ -25,6 +25,7 @@ type link struct {
 	returns    chan amqp.Return // returned (unroutable) messages; nil once closed
 	reason     *amqp.Error      // why the channel closed, once read
 	up         bool             // the channel is set up (confirm mode, exchange declared)
+	aborted    atomic.Bool      // abort closed the socket (the library may not have noticed yet)
 }
 
 // ready returns a link with a channel set up, dialling or opening a
@@ -40,13 +41,19 @@ func (s *Sink) ready(ctx context.Context) (*link, error) {
 	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
 	switch {
-	case l != nil && !l.conn.IsClosed():
+	case l != nil && l.connOpen():
 		if l.up {
 			s.log.Warn("rabbitmq channel closed; opening another", "error", describe(l.closeReason()))
 		}
 	default:
-		if l != nil {
+		switch {
+		case l == nil:
+		case l.aborted.Load():
+			s.log.Info("rabbitmq reconnecting: the last connection was dropped when a send or its setup ran past the deadline")
+		default:
 			s.log.Warn("rabbitmq connection lost; reconnecting", "error", describe(l.connReason()))
+		}
+		if l != nil {
 			l.close()
 			s.link = nil
 		}
@@ -72,7 +79,12 @@ func (s *Sink) ready(ctx context.Context) (*link, error) {
 
 // usable: connection and channel open and set up.
 func (l *link) usable() bool {
-	return l.up && !l.conn.IsClosed() && !l.ch.IsClosed()
+	return l.up && l.connOpen() && !l.ch.IsClosed()
+}
+
+// connOpen: the connection is open, and not aborted.
+func (l *link) connOpen() bool {
+	return !l.aborted.Load() && !l.conn.IsClosed()
 }
 
 // dial connects to the broker. The dial and the AMQP handshake are
@@ -223,7 +235,10 @@ func (l *link) connReason() *amqp.Error {
 
 // abort drops the connection at once (a cut send, an RPC past its
 // deadline). The library's reader sees the close and nacks what is pending.
-func (l *link) abort() { _ = l.raw.Close() }
+func (l *link) abort() {
+	l.aborted.Store(true)
+	_ = l.raw.Close()
+}
 
 // close says goodbye to the broker, briefly, then drops the connection.
 func (l *link) close() {

@@ -101,7 +101,7 @@ func New(cfg Config) (*Sink, error) {
 	if raw == "" {
 		raw = DefaultURL
 	}
-	target, err := parseURL(raw)
+	target, err := ParseURL(raw)
 	if err != nil {
 		return nil, err
 	}
@@ -127,9 +127,10 @@ func New(cfg Config) (*Sink, error) {
 	return &Sink{url: raw, target: target, exchange: exchange, key: key, ce: cfg.CloudEvents, log: log, now: time.Now}, nil
 }
 
-// parseURL checks an AMQP URL and returns it without credentials. Its
-// errors never quote the URL, which may hold a password.
-func parseURL(s string) (string, error) {
+// ParseURL checks an AMQP URL (dispatch.rabbitmq.url) and returns it
+// without credentials, for display. Its errors never quote the URL, which
+// may hold a password. New calls it; a config check may too.
+func ParseURL(s string) (string, error) {
 	u, err := amqp.ParseURI(s)
 	if err != nil {
 		var ue *url.Error
