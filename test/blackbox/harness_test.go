@@ -15,7 +15,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,6 +29,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/internal/testkit"
 )
 
 var binary string
@@ -43,11 +43,13 @@ func TestMain(m *testing.M) {
 	// No -race: the memory test reads the relay's real peak RSS.
 	out, err := exec.Command("go", "build", "-o", binary, "../../cmd/outboxd").CombinedOutput()
 	if err != nil {
+		_ = os.RemoveAll(dir)
 		fmt.Fprintf(os.Stderr, "blackbox: build outboxd: %v\n%s", err, out)
 		os.Exit(1)
 	}
-	defer os.RemoveAll(dir)
-	testenv.Main(m)
+	code := testenv.Run(m)
+	_ = os.RemoveAll(dir) // not deferred: os.Exit skips defers
+	os.Exit(code)
 }
 
 // waitTimeout bounds every wait for a condition.
@@ -121,9 +123,8 @@ type replica struct {
 	t       *testing.T
 	addr    string
 	cmd     *exec.Cmd
-	mu      sync.Mutex
-	lines   []string // stdout, one JSON log line each
-	stderr  bytes.Buffer
+	out     testkit.Logs // stdout, one JSON log line each
+	stderr  testkit.Logs
 	done    chan struct{}
 	waitErr error
 }
@@ -136,40 +137,17 @@ func (e *env) start() *replica {
 	r := &replica{t: t, addr: e.vars["OUTBOXD_HTTP_ADDR"], done: make(chan struct{})}
 	r.cmd = exec.Command(binary, "run")
 	r.cmd.Env = environ(e.vars)
-	r.cmd.Stderr = &lockedWriter{mu: &r.mu, w: &r.stderr}
-	stdout, err := r.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
+	r.cmd.Stdout, r.cmd.Stderr = &r.out, &r.stderr // exec copies until the process' end
 	if err := r.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	go func() {
-		sc := bufio.NewScanner(stdout)
-		sc.Buffer(make([]byte, 1<<20), 16<<20)
-		for sc.Scan() {
-			r.mu.Lock()
-			r.lines = append(r.lines, sc.Text())
-			r.mu.Unlock()
-		}
-		_, _ = io.Copy(io.Discard, stdout) // a line above 16 MiB: keep draining
 		r.waitErr = r.cmd.Wait()
 		close(r.done)
 	}()
 	t.Cleanup(r.stop)
 	r.waitReady()
 	return r
-}
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }
 
 func (r *replica) exited() bool {
@@ -223,36 +201,35 @@ func (r *replica) stop() {
 	}
 }
 
-func (r *replica) logLines() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]string(nil), r.lines...)
-}
+func (r *replica) stderrText() string { return r.stderr.String() }
 
-func (r *replica) stderrText() string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.stderr.String()
-}
+func (r *replica) tail(n int) string { return r.out.Tail(n) }
 
-func (r *replica) tail(n int) string {
-	lines := r.logLines()
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
-}
-
-// logsMatching returns the parsed log lines for which match is true.
+// logsMatching returns the log lines for which match is true; match gets
+// each line parsed (nil when it is not a JSON object).
 func (r *replica) logsMatching(match func(line string, rec map[string]any) bool) []string {
 	var out []string
-	for _, l := range r.logLines() {
-		var rec map[string]any
-		if json.Unmarshal([]byte(l), &rec) != nil {
-			rec = nil
-		}
-		if match(l, rec) {
+	for _, l := range r.out.Lines() {
+		if matchRecord(l, match) {
 			out = append(out, l)
 		}
 	}
 	return out
+}
+
+// awaitLog waits up to limit for a log line match accepts, woken by each
+// new line, and reports whether one came.
+func (r *replica) awaitLog(limit time.Duration, match func(line string, rec map[string]any) bool) bool {
+	_, ok := r.out.Await(limit, 1, func(l string) bool { return matchRecord(l, match) })
+	return ok
+}
+
+func matchRecord(line string, match func(line string, rec map[string]any) bool) bool {
+	var rec map[string]any
+	if json.Unmarshal([]byte(line), &rec) != nil {
+		rec = nil
+	}
+	return match(line, rec)
 }
 
 // peakRSS is the process' VmHWM in bytes.
@@ -404,27 +381,7 @@ func (e *env) row(id int64) row {
 // fails with what describe says about the state.
 func waitFor(t *testing.T, what string, cond func() bool, describe func() string) {
 	t.Helper()
-	waitWithin(t, waitTimeout, what, cond, describe)
-}
-
-// waitWithin is waitFor with its own limit.
-func waitWithin(t *testing.T, limit time.Duration, what string, cond func() bool, describe func() string) {
-	t.Helper()
-	if !pollUntil(limit, cond) {
-		t.Fatalf("after %s, still waiting for %s; state:\n%s", limit, what, describe())
-	}
-}
-
-// pollUntil reports whether cond held within limit.
-func pollUntil(limit time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-	return true
+	testkit.WaitFor(t, waitTimeout, what, cond, describe)
 }
 
 // describeRows lists the rows matching where, for failure messages.
@@ -450,98 +407,23 @@ func (e *env) count(where string, args ...any) int {
 
 // ---- receivers ----
 
-// request is one request a recorder received.
-type request struct {
-	Method  string
-	Path    string
-	Header  http.Header
-	Body    []byte // up to bodyKeep bytes
-	BodyLen int
-	At      time.Time
-	ID      int64  // the event's id, from the body
-	Agg     string // aggregate_type/aggregate_id, from the body
-}
-
-// bodyKeep is how much of each body a recorder keeps: enough for any small
-// event, not the 10 MB ones.
-const bodyKeep = 64 << 10
-
-// reply is what a recorder answers.
-type reply struct {
-	code   int
-	header map[string]string
-	hang   bool // never answer (until the client gives up or the test ends)
-}
-
-// recorder is an httptest server that records every request and answers
-// as its respond function says (nil: 204). nth counts requests for this
-// event id, from 1.
-type recorder struct {
-	srv     *httptest.Server
-	quit    chan struct{}
-	mu      sync.Mutex
-	reqs    []request
-	perID   map[int64]int
-	respond func(req request, nth int) reply
-}
-
-func newRecorder(t *testing.T, respond func(req request, nth int) reply) *recorder {
-	rc := &recorder{quit: make(chan struct{}), perID: map[int64]int{}, respond: respond}
-	rc.srv = httptest.NewServer(rc)
-	t.Cleanup(func() {
-		close(rc.quit) // release hanging handlers: Close waits for them
-		rc.srv.Close()
-	})
+// newRecorder is a testkit.Receiver answering as respond says (nil: 204).
+func newRecorder(t *testing.T, respond func(req testkit.Request) testkit.Reply) *testkit.Receiver {
+	rc := testkit.NewReceiver(t)
+	rc.SetRespond(respond)
 	return rc
 }
 
-func (rc *recorder) URL() string { return rc.srv.URL + "/events" }
-
-func (rc *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(r.Body)
-	req := request{Method: r.Method, Path: r.URL.Path, Header: r.Header.Clone(), BodyLen: len(body), At: time.Now()}
-	req.Body = body[:min(len(body), bodyKeep)]
-	req.ID, req.Agg = eventOf(body)
-	rc.mu.Lock()
-	rc.perID[req.ID]++
-	nth := rc.perID[req.ID]
-	rc.reqs = append(rc.reqs, req)
-	rc.mu.Unlock()
-	rep := reply{code: http.StatusNoContent}
-	if rc.respond != nil {
-		rep = rc.respond(req, nth)
-	}
-	if rep.hang {
-		select {
-		case <-r.Context().Done():
-		case <-rc.quit:
-		}
-		return
-	}
-	for k, v := range rep.header {
-		w.Header().Set(k, v)
-	}
-	w.WriteHeader(rep.code)
-}
-
-func (rc *recorder) requests() []request {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	return append([]request(nil), rc.reqs...)
-}
-
-// eventOf reads the webhook body's id and aggregate; zero values if it is
-// not an event.
-func eventOf(body []byte) (int64, string) {
+// aggOf reads a webhook body's aggregate ("" if it is not an event).
+func aggOf(body []byte) string {
 	var ev struct {
-		ID            int64  `json:"id"`
 		AggregateType string `json:"aggregate_type"`
 		AggregateID   string `json:"aggregate_id"`
 	}
 	if json.Unmarshal(body, &ev) != nil {
-		return 0, ""
+		return ""
 	}
-	return ev.ID, ev.AggregateType + "/" + ev.AggregateID
+	return ev.AggregateType + "/" + ev.AggregateID
 }
 
 // rawReceiver speaks HTTP/1.1 by hand so it can send status lines Go's
@@ -607,7 +489,7 @@ func (rr *rawReceiver) serve(c net.Conn) {
 		if err != nil {
 			return
 		}
-		_, agg := eventOf(body)
+		agg := aggOf(body)
 		rr.mu.Lock()
 		rr.hits[agg]++
 		rr.mu.Unlock()

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/outboxd/outboxd/internal/testkit"
 )
 
 // Finding 4: Retry-After is clamped to poller.backoff_max, whether it says
@@ -19,11 +21,11 @@ func TestRetryAfterIsClamped(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	retryAfter := map[string]string{"ra/tenyears": "315360000", "ra/overflow": "99999999999"}
-	rc := newRecorder(t, func(req request, nth int) reply {
-		if v, ok := retryAfter[req.Agg]; ok && nth == 1 {
-			return reply{code: http.StatusServiceUnavailable, header: map[string]string{"Retry-After": v}}
+	rc := newRecorder(t, func(req testkit.Request) testkit.Reply {
+		if v, ok := retryAfter[req.Agg]; ok && req.Attempt == 1 {
+			return testkit.Reply{Status: http.StatusServiceUnavailable, Header: http.Header{"Retry-After": {v}}}
 		}
-		return reply{code: http.StatusNoContent}
+		return testkit.Reply{Status: http.StatusNoContent}
 	})
 	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL())
 	backoffMax, _ := time.ParseDuration(e.vars["OUTBOXD_POLLER_BACKOFF_MAX"])
@@ -49,7 +51,7 @@ func TestRetryAfterIsClamped(t *testing.T) {
 	clamped := true
 	for agg, id := range ids {
 		w := e.row(id)
-		first := firstArrival(rc.requests(), id)
+		first := firstArrival(rc.Requests(), id)
 		wait := w.AvailableAt.Sub(first)
 		if w.Attempts != 1 || wait > backoffMax+time.Second {
 			clamped = false
@@ -68,7 +70,7 @@ func TestRetryAfterIsClamped(t *testing.T) {
 	}, e.describeRows("aggregate_type = 'ra'"))
 }
 
-func firstArrival(reqs []request, id int64) time.Time {
+func firstArrival(reqs []testkit.Request, id int64) time.Time {
 	for _, r := range reqs {
 		if r.ID == id {
 			return r.At
@@ -85,11 +87,11 @@ func TestBigPayloadsBoundedMemory(t *testing.T) {
 	e := newEnv(t)
 	var mu sync.Mutex
 	maxBody := 0
-	rc := newRecorder(t, func(req request, _ int) reply {
+	rc := newRecorder(t, func(req testkit.Request) testkit.Reply {
 		mu.Lock()
 		maxBody = max(maxBody, req.BodyLen)
 		mu.Unlock()
-		return reply{code: http.StatusNoContent}
+		return testkit.Reply{Status: http.StatusNoContent}
 	})
 	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL())
 	// 331 rows over 10 aggregates: every 11th is 10 MiB of md5 text (30), one
@@ -111,7 +113,7 @@ func TestBigPayloadsBoundedMemory(t *testing.T) {
 
 	// Not fatal: whatever state it ends in, the memory figure is reported.
 	const limit = 40 * time.Second
-	if !pollUntil(limit, func() bool { return e.count(`dispatched_at IS NULL AND dead_at IS NULL`) == 0 }) {
+	if !testkit.Poll(limit, func() bool { return e.count(`dispatched_at IS NULL AND dead_at IS NULL`) == 0 }) {
 		t.Errorf("after %s, %d rows (%d big) still pending, %d delivered, %d dead; logs:\n%s", limit,
 			e.count(`dispatched_at IS NULL AND dead_at IS NULL`),
 			e.count(`dispatched_at IS NULL AND dead_at IS NULL AND event_type = 'big'`),
@@ -199,13 +201,11 @@ func TestCorruptFenceCounter(t *testing.T) {
 	e.insertMany("before", 3, 2)
 	rep := e.start()
 
-	errorLines := func() []string {
-		return rep.logsMatching(func(line string, rec map[string]any) bool {
-			return rec["level"] == "ERROR" && strings.Contains(line, "fence:{")
-		})
+	errorLine := func(line string, rec map[string]any) bool {
+		return rec["level"] == "ERROR" && strings.Contains(line, "fence:{")
 	}
 	// Not fatal: the checks below say more about what the relay did.
-	if !pollUntil(5*time.Second, func() bool { return len(errorLines()) > 0 }) {
+	if !rep.awaitLog(5*time.Second, errorLine) {
 		t.Errorf(`no ERROR log line naming "fence:{" within 5s; logs:%s`, "\n"+rep.tail(5))
 	}
 
@@ -247,16 +247,16 @@ func TestRetriesHaveATimeFloor(t *testing.T) {
 	e := newEnv(t)
 	var mu sync.Mutex
 	var downUntil time.Time
-	rc := newRecorder(t, func(req request, _ int) reply {
+	rc := newRecorder(t, func(req testkit.Request) testkit.Reply {
 		mu.Lock()
 		defer mu.Unlock()
 		if downUntil.IsZero() {
 			downUntil = req.At.Add(5 * time.Second)
 		}
 		if req.At.Before(downUntil) {
-			return reply{code: http.StatusServiceUnavailable}
+			return testkit.Reply{Status: http.StatusServiceUnavailable}
 		}
-		return reply{code: http.StatusNoContent}
+		return testkit.Reply{Status: http.StatusNoContent}
 	})
 	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL(), "OUTBOXD_POLLER_MAX_ATTEMPTS", "5",
 		"OUTBOXD_POLLER_BACKOFF_BASE", "1s", "OUTBOXD_POLLER_BACKOFF_MAX", "1h")
@@ -264,7 +264,7 @@ func TestRetriesHaveATimeFloor(t *testing.T) {
 	e.start()
 
 	// Worst case after the fix: the 5th attempt of an aggregate at 1+2+4+8 s.
-	waitWithin(t, 30*time.Second, "every row delivered or dead", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "every row delivered or dead", func() bool {
 		return e.count(`dispatched_at IS NULL AND dead_at IS NULL`) == 0
 	}, func() string {
 		return fmt.Sprintf("pending %d, dead %d", e.count(`dispatched_at IS NULL AND dead_at IS NULL`), e.count(`dead_at IS NOT NULL`))

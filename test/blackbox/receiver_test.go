@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/outboxd/outboxd/internal/testkit"
 )
 
 // Finding 2: redirects are never followed. 302 and 307 are retryable
@@ -18,11 +20,11 @@ func TestRedirectsAreNotFollowed(t *testing.T) {
 	e := newEnv(t)
 	elsewhere := newRecorder(t, nil)
 	codes := map[string]int{"redir/302": 302, "redir/307": 307, "redir/301": 301, "redir/308": 308}
-	rc := newRecorder(t, func(req request, _ int) reply {
+	rc := newRecorder(t, func(req testkit.Request) testkit.Reply {
 		if code, ok := codes[req.Agg]; ok {
-			return reply{code: code, header: map[string]string{"Location": elsewhere.srv.URL + "/stolen"}}
+			return testkit.Reply{Status: code, Header: http.Header{"Location": {elsewhere.URL()}}}
 		}
-		return reply{code: http.StatusNoContent}
+		return testkit.Reply{Status: http.StatusNoContent}
 	})
 	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL(),
 		"OUTBOXD_DISPATCH_WEBHOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
@@ -47,11 +49,11 @@ func TestRedirectsAreNotFollowed(t *testing.T) {
 		return true
 	}, e.describeRows("aggregate_type = 'redir'"))
 
-	if got := elsewhere.requests(); len(got) > 0 {
+	if got := elsewhere.Requests(); len(got) > 0 {
 		t.Errorf("the redirect target got %d request(s), want none (first: %s %s, signed: %v)",
 			len(got), got[0].Method, got[0].Path, got[0].Header.Get("webhook-signature") != "")
 	}
-	for _, req := range rc.requests() {
+	for _, req := range rc.Requests() {
 		if req.Method != http.MethodPost {
 			t.Errorf("the configured receiver got a %s %s, want only POSTs", req.Method, req.Path)
 		}
@@ -130,11 +132,11 @@ func TestHostileReasonPhrases(t *testing.T) {
 func TestHangingReceiver(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	rc := newRecorder(t, func(req request, _ int) reply {
+	rc := newRecorder(t, func(req testkit.Request) testkit.Reply {
 		if req.Agg == "hang/1" {
-			return reply{hang: true}
+			return testkit.Reply{Hang: true}
 		}
-		return reply{code: http.StatusNoContent}
+		return testkit.Reply{Status: http.StatusNoContent}
 	})
 	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL(), "OUTBOXD_POLLER_MAX_ATTEMPTS", "2")
 	id := e.insert("hang", "1", `{}`, "")
@@ -177,7 +179,7 @@ func TestTraceparentWithCRLF(t *testing.T) {
 		t.Errorf("CR/LF traceparent row: want delivered on the first attempt (attempts 0); got %s", w)
 	}
 	var evilReqs int
-	for _, req := range rc.requests() {
+	for _, req := range rc.Requests() {
 		switch req.ID {
 		case evil:
 			evilReqs++
