@@ -27,8 +27,8 @@ func (s *Sink) nacked(ev dispatch.Event, rk string) error {
 // is gone, or the write failed).
 func (s *Sink) publishError(ev dispatch.Event, rk string, err error, reason *amqp.Error) error {
 	if reason != nil {
-		return fmt.Errorf("rabbitmq: event %d: not published to exchange %q routing key %q: the channel closed (%s); it will be sent again",
-			ev.ID, s.exchange, rk, reason.Error())
+		return fmt.Errorf("rabbitmq: event %d: not published to exchange %q routing key %q: the channel closed (%w); it will be sent again",
+			ev.ID, s.exchange, rk, reason)
 	}
 	return fmt.Errorf("rabbitmq: event %d: publish to exchange %q routing key %q on %s: %w; it will be sent again", ev.ID, s.exchange, rk, s.target, err)
 }
@@ -60,7 +60,7 @@ func (s *Sink) closedError(ev dispatch.Event, rk string, reason *amqp.Error) err
 				ev.ID, s.exchange, s.target, reason.Reason)
 		}
 	}
-	return fmt.Errorf("rabbitmq: event %d: the channel closed before the broker confirmed the message (%s); it will be sent again", ev.ID, reason.Error())
+	return fmt.Errorf("rabbitmq: event %d: the channel closed before the broker confirmed the message (%w); it will be sent again", ev.ID, reason)
 }
 
 // tooLarge: the payload exceeds the broker's max_message_size.
