@@ -105,8 +105,12 @@ func TestResultsAndDuplicates(t *testing.T) {
 	t.Parallel()
 	ts := newStream(t, sharedURL, func(c *jetstream.StreamConfig) { c.Duplicates = 5 * time.Minute })
 	s, _ := newSink(t, Config{URL: sharedURL, Subject: ts.prefix + ".{aggregate_type}"})
-	if got := s.Capabilities(); got.DedupeWindow != 5*time.Minute || got.Ordering != "per subject (one stream)" || got.MaxBatch != 0 {
-		t.Errorf("Capabilities() = %+v, want the stream's 5m window, per subject ordering, no batch limit", got)
+	// New waits up to startProbe for the lookup; on a loaded machine it may
+	// finish just after, so wait rather than fail on a slow probe.
+	testkit.WaitFor(t, waitLimit, "the template's stream window", func() bool { return s.Capabilities().DedupeWindow == 5*time.Minute },
+		func() string { return fmt.Sprintf("%+v", s.Capabilities()) })
+	if got := s.Capabilities(); got.Ordering != "per subject (one stream)" || got.MaxBatch != 0 {
+		t.Errorf("Capabilities() = %+v, want per subject ordering, no batch limit", got)
 	}
 	evs := []dispatch.Event{event(1, "a", "1"), event(2, "b", "1"), event(3, "a", "1"), event(4, "c", "9"), event(5, "b", "1")}
 	rs := s.Send(t.Context(), batch(evs...))
