@@ -265,6 +265,32 @@ func send(t *testing.T, s *Sink, b dispatch.Batch) []dispatch.Result {
 	return out
 }
 
+// delivers sends b until every event is Delivered: after a failure is
+// fixed the client may need a few tries (reconnect backoff, leftovers of
+// an earlier batch) under a short Config.Timeout. Anything but Retryable
+// or NotAttempted on the way fails the test.
+func delivers(t *testing.T, s *Sink, b dispatch.Batch) {
+	t.Helper()
+	var out []dispatch.Result
+	for range 20 {
+		out = send(t, s, b)
+		done := true
+		for i, r := range out {
+			switch r.Outcome {
+			case dispatch.Delivered:
+			case dispatch.Retryable, dispatch.NotAttempted:
+				done = false
+			default:
+				t.Fatalf("event %d: %s %v", b.Events[i].ID, r.Outcome, r.Err)
+			}
+		}
+		if done {
+			return
+		}
+	}
+	t.Fatalf("not all delivered after 20 sends: %v", out)
+}
+
 // wantOutcomes checks each result's outcome, in order.
 func wantOutcomes(t *testing.T, got []dispatch.Result, want ...dispatch.Outcome) {
 	t.Helper()

@@ -108,18 +108,12 @@ type Sink struct {
 // New validates cfg and returns the sink. It does not wait for the brokers:
 // an unreachable cluster makes sends fail (retryable), never New.
 func New(cfg Config) (*Sink, error) {
-	if err := validBrokers(cfg.Brokers); err != nil {
+	if err := CheckBrokers(cfg.Brokers); err != nil {
 		return nil, err
 	}
-	topicText := cmp.Or(cfg.Topic, DefaultTopic)
-	topic, err := dispatch.ParseTemplate(topicText)
+	topic, err := ParseTopic(cmp.Or(cfg.Topic, DefaultTopic))
 	if err != nil {
-		return nil, fmt.Errorf("kafka: topic: %w", err)
-	}
-	// The literal parts must be valid in any expansion: check with values
-	// that are valid themselves.
-	if err := validTopic(topic.Expand(dispatch.Event{AggregateType: "a", EventType: "e"})); err != nil {
-		return nil, fmt.Errorf("kafka: topic template %q: %w", topicText, err)
+		return nil, err
 	}
 	mech, err := mechanism(cfg.SASL)
 	if err != nil {
@@ -166,9 +160,25 @@ func New(cfg Config) (*Sink, error) {
 	return s, nil
 }
 
-// validBrokers checks the seeds are host:port. Values that look like URLs
+// ParseTopic reads a topic template (dispatch.ParseTemplate) whose literal
+// parts are valid in a Kafka topic name, so only a row's values can make
+// an invalid one (that row is dead-lettered).
+func ParseTopic(s string) (dispatch.Template, error) {
+	t, err := dispatch.ParseTemplate(s)
+	if err != nil {
+		return dispatch.Template{}, fmt.Errorf("kafka: topic: %w", err)
+	}
+	// Expanded with values that are valid themselves, only the literal
+	// parts can be wrong.
+	if err := validTopic(t.Expand(dispatch.Event{AggregateType: "a", EventType: "e"})); err != nil {
+		return dispatch.Template{}, fmt.Errorf("kafka: topic template %q: %w", s, err)
+	}
+	return t, nil
+}
+
+// CheckBrokers checks the seeds are host:port. Values that look like URLs
 // are not quoted: they may carry credentials.
-func validBrokers(brokers []string) error {
+func CheckBrokers(brokers []string) error {
 	if len(brokers) == 0 {
 		return errors.New("kafka: no brokers: list at least one host:port in dispatch.kafka.brokers")
 	}

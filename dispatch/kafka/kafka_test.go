@@ -234,7 +234,7 @@ func TestFailureModes(t *testing.T) {
 	}{
 		{name: "not leader once", fault: &kfake.Fault{Err: kerr.NotLeaderForPartition, Count: 1}, want: dispatch.Delivered},
 		{name: "not leader for good", fault: &kfake.Fault{Err: kerr.NotLeaderForPartition, Count: -1}, want: dispatch.Retryable,
-			errHas: []string{"not acknowledged within 1s", "no leader"}},
+			errHas: []string{"not acknowledged within 2s", "no leader"}},
 		{name: "message too large", fault: &kfake.Fault{Err: kerr.MessageTooLarge, Count: -1}, want: dispatch.Permanent,
 			errHas: []string{"MESSAGE_TOO_LARGE", "max.message.bytes", "replay"}},
 		{name: "record list too large", fault: &kfake.Fault{Err: kerr.RecordListTooLarge, Count: -1}, want: dispatch.Permanent,
@@ -270,7 +270,7 @@ func TestFailureModes(t *testing.T) {
 				// (about a second), except where the timeout is the point.
 				timeout := 5 * time.Second
 				if tc.name == "not leader for good" {
-					timeout = time.Second
+					timeout = 2 * time.Second
 				}
 				s := c.sink(c.prefix+".{aggregate_type}", func(cfg *Config) { cfg.Timeout = timeout })
 				out := send(t, s, batch(event(1, "bad", "x"), event(2, "good", "y"), event(3, "bad", "x")))
@@ -307,7 +307,7 @@ func TestFailureModes(t *testing.T) {
 					if tc.missing {
 						c.create(1, bad)
 					}
-					wantOutcomes(t, send(t, s, batch(event(1, "bad", "x"), event(3, "bad", "x"))), dispatch.Delivered, dispatch.Delivered)
+					delivers(t, s, batch(event(1, "bad", "x"), event(3, "bad", "x")))
 				}
 			})
 		})
@@ -420,7 +420,11 @@ func TestDeadlineMidSend(t *testing.T) {
 	b.Until = func() time.Time { return until }
 	out := send(t, s, b)
 	atReturn := writes.n.Load()
-	<-held
+	select {
+	case <-held:
+	case <-time.After(waitTimeout):
+		t.Fatal("no produce request reached the broker before the deadline")
+	}
 	for i, r := range out {
 		cut := r.Outcome == dispatch.Retryable && r.Cut && strings.Contains(fmt.Sprint(r.Err), "trust deadline")
 		if !cut && r.Outcome != dispatch.NotAttempted {
@@ -477,28 +481,18 @@ func TestOutage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(fake.Close) // Close is idempotent
 		return fake
 	}
+	// The client reconnects on its own, after a backoff from its failed
+	// dials: the first sends may still fail (retryably).
+	up := func(id int64) { delivers(t, s, batch(event(id, "deal", "a"))) }
 	fake := start()
-	wantOutcomes(t, send(t, s, batch(event(2, "deal", "a"))), dispatch.Delivered)
+	up(2)
 	fake.Close()
 	down(3)
 	fake = start() // a restart: same port, same data
-	defer fake.Close()
-	// The client reconnects on its own; its first attempts may still see
-	// the old connection's end.
-	ok := false
-	for range 20 {
-		if out := send(t, s, batch(event(4, "deal", "a"))); out[0].Outcome == dispatch.Delivered {
-			ok = true
-			break
-		} else if out[0].Outcome != dispatch.Retryable {
-			t.Fatalf("after the restart: %s %v", out[0].Outcome, out[0].Err)
-		}
-	}
-	if !ok {
-		t.Fatal("the sink did not deliver after the broker came back")
-	}
+	up(4)
 	c := newCluster(t, fake.ListenAddrs(), fake)
 	if got := ids(t, c.landed("outage.deal")); !slices.Contains(got, 2) || !slices.Contains(got, 4) {
 		t.Errorf("landed %v, want 2 and 4 among them", got)
@@ -515,9 +509,14 @@ func TestHungBroker(t *testing.T) {
 	topic := c.topic("deal")
 	c.create(1, topic)
 	s := c.sink(c.prefix+".{aggregate_type}", func(cfg *Config) { cfg.Timeout = 500 * time.Millisecond })
+	delivers(t, s, batch(event(100, "deal", "a"))) // warm up: metadata and the producer id
 	held, release, requests := holdProduce(t, c.fake)
 	out := send(t, s, batch(event(1, "deal", "a"), event(2, "deal", "b")))
-	<-held
+	select {
+	case <-held:
+	case <-time.After(waitTimeout):
+		t.Fatal("no produce request reached the broker")
+	}
 	wantOutcomes(t, out, dispatch.Retryable, dispatch.Retryable)
 	if out[0].Cut || !strings.Contains(fmt.Sprint(out[0].Err), "not acknowledged within 500ms") {
 		t.Errorf("hung broker: cut %v err %v; want the sink's timeout named", out[0].Cut, out[0].Err)
@@ -534,11 +533,17 @@ func TestHungBroker(t *testing.T) {
 	}
 
 	release()
-	wantOutcomes(t, send(t, s, batch(event(3, "deal", "a"), event(4, "deal", "a"))), dispatch.Delivered, dispatch.Delivered)
+	delivers(t, s, batch(event(3, "deal", "a"), event(4, "deal", "a")))
 	// The held records landed when the broker answered: a duplicate at
 	// worst, never a loss.
-	if got := ids(t, c.landed(topic)); !slices.Equal(got, []int64{1, 2, 3, 4}) {
-		t.Errorf("landed %v, want 1 and 2 (held), then 3 and 4", got)
+	var first []int64 // first appearances, warm-up left out
+	for _, id := range ids(t, c.landed(topic)) {
+		if id != 100 && !slices.Contains(first, id) {
+			first = append(first, id)
+		}
+	}
+	if !slices.Equal(first, []int64{1, 2, 3, 4}) {
+		t.Errorf("landed first %v, want 1 and 2 (held), then 3 and 4", first)
 	}
 }
 
