@@ -130,10 +130,20 @@ func (a *App) Close() {
 	a.Store.Close()
 }
 
-// Sink builds the configured sink. Brokers are not contacted here: an
-// unreachable one makes sends fail and be retried, never the start. Close
+// Sink builds the configured sink. A broker that is down does not fail the
+// start (its sends fail and are retried); the NATS sink waits up to a second
+// for its first connection, to learn the stream's duplicate window. Close
 // the sink with CloseSink.
 func (a *App) Sink() (dispatch.Sink, error) {
+	s, err := a.sink()
+	if err != nil {
+		// A sink's constructor fails only for settings that cannot work.
+		return nil, &config.KeyError{Key: "dispatch." + a.Cfg.Dispatch.Sink, Err: err}
+	}
+	return s, nil
+}
+
+func (a *App) sink() (dispatch.Sink, error) {
 	d := a.Cfg.Dispatch
 	ce := dispatch.CloudEvents{Enabled: d.CloudEvents, Source: d.CloudEventsSource}
 	switch d.Sink {
@@ -148,7 +158,9 @@ func (a *App) Sink() (dispatch.Sink, error) {
 			SASL: kafka.SASL{Mechanism: d.Kafka.SASL.Mechanism, Username: d.Kafka.SASL.Username, Password: d.Kafka.SASL.Password},
 			TLS:  t, CloudEvents: ce, Log: a.Log})
 	case "nats":
-		return nats.New(nats.Config{URL: d.NATS.URL, Subject: d.NATS.Subject, CredsFile: d.NATS.CredsFile, CloudEvents: ce, Log: a.Log})
+		_, horizon := poller.RetryHorizon(a.pollerConfig())
+		return nats.New(nats.Config{URL: d.NATS.URL, Subject: d.NATS.Subject, CredsFile: d.NATS.CredsFile, CloudEvents: ce, Log: a.Log,
+			RetryHorizon: horizon})
 	case "rabbitmq":
 		return rabbitmq.New(rabbitmq.Config{URL: d.RabbitMQ.URL, Exchange: d.RabbitMQ.Exchange, RoutingKey: d.RabbitMQ.RoutingKey,
 			CloudEvents: ce, Log: a.Log})

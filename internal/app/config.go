@@ -127,6 +127,11 @@ func Check(cfg *config.Config) error {
 			return &config.KeyError{Key: template, Err: err}
 		}
 	}
+	if d.Sink == "rabbitmq" {
+		if _, err := rabbitmq.ParseURL(d.RabbitMQ.URL); err != nil {
+			return &config.KeyError{Key: "dispatch.rabbitmq.url", Err: err}
+		}
+	}
 	if d.Sink == "webhook" {
 		if _, err := dispatch.ParseURL(d.Webhook.URL); err != nil {
 			return &config.KeyError{Key: "dispatch.webhook.url", Err: err}
