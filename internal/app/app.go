@@ -136,11 +136,12 @@ func (a *App) Close() {
 // the sink with CloseSink.
 func (a *App) Sink() (dispatch.Sink, error) {
 	s, err := a.sink()
-	if err != nil {
+	var ke *config.KeyError
+	if err != nil && !errors.As(err, &ke) {
 		// A sink's constructor fails only for settings that cannot work.
-		return nil, &config.KeyError{Key: "dispatch." + a.Cfg.Dispatch.Sink, Err: err}
+		err = &config.KeyError{Key: "dispatch." + a.Cfg.Dispatch.Sink, Err: err}
 	}
-	return s, nil
+	return s, err
 }
 
 func (a *App) sink() (dispatch.Sink, error) {
