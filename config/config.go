@@ -99,11 +99,13 @@ type Dispatch struct {
 }
 
 type Kafka struct {
-	Brokers  []string  `mapstructure:"brokers"`
-	Topic    string    `mapstructure:"topic"` // template: {aggregate_type}, {event_type}
-	ClientID string    `mapstructure:"client_id"`
-	SASL     KafkaSASL `mapstructure:"sasl"`
-	TLS      TLS       `mapstructure:"tls"`
+	Brokers         []string      `mapstructure:"brokers"`
+	Topic           string        `mapstructure:"topic"` // template: {aggregate_type}, {event_type}
+	ClientID        string        `mapstructure:"client_id"`
+	Timeout         time.Duration `mapstructure:"timeout"`           // bounds one produce, below the lease
+	MaxMessageBytes int           `mapstructure:"max_message_bytes"` // the producer's record batch limit
+	SASL            KafkaSASL     `mapstructure:"sasl"`
+	TLS             TLS           `mapstructure:"tls"`
 }
 
 type KafkaSASL struct {

@@ -156,6 +156,7 @@ func (a *App) sink() (dispatch.Sink, error) {
 			return nil, err
 		}
 		return kafka.New(kafka.Config{Brokers: d.Kafka.Brokers, Topic: d.Kafka.Topic, ClientID: d.Kafka.ClientID,
+			Timeout: d.Kafka.Timeout, MaxMessageBytes: d.Kafka.MaxMessageBytes,
 			SASL: kafka.SASL{Mechanism: d.Kafka.SASL.Mechanism, Username: d.Kafka.SASL.Username, Password: d.Kafka.SASL.Password},
 			TLS:  t, CloudEvents: ce, Log: a.Log})
 	case "nats":
@@ -286,6 +287,10 @@ func (a *App) warnUnsafe(caps dispatch.Capabilities, retryHorizon time.Duration)
 	if caps.DedupeWindow > 0 && caps.DedupeWindow < retryHorizon {
 		a.Log.Warn("the sink's duplicate window is shorter than the retry horizon: a retry after it is delivered again (consumers must dedupe on the id)",
 			"sink", a.Cfg.Dispatch.Sink, "dedupe_window", caps.DedupeWindow.String(), "retry_horizon_max", retryHorizon.Round(time.Second).String())
+	}
+	if k := a.Cfg.Dispatch.Kafka.Timeout; a.Cfg.Dispatch.Sink == "kafka" && k > a.Cfg.Poller.LockTTL/2 {
+		a.Log.Warn("dispatch.kafka.timeout is above half of poller.lock_ttl: a slow cluster cuts sends at the lease instead of failing them",
+			"timeout", k.String(), "lock_ttl", a.Cfg.Poller.LockTTL.String())
 	}
 	if caps.MaxBatch > 0 && caps.MaxBatch < a.Cfg.Poller.BatchSize {
 		a.Log.Info("the sink takes fewer events per call than poller.batch_size: batches are split",

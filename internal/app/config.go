@@ -68,6 +68,8 @@ func Defaults() map[string]any {
 		"dispatch.kafka.brokers":                  []string{},
 		"dispatch.kafka.topic":                    kafka.DefaultTopic,
 		"dispatch.kafka.client_id":                kafka.DefaultClientID,
+		"dispatch.kafka.timeout":                  kafka.DefaultTimeout,
+		"dispatch.kafka.max_message_bytes":        kafka.DefaultMaxMessageBytes,
 		"dispatch.kafka.sasl.mechanism":           "",
 		"dispatch.kafka.sasl.username":            "",
 		"dispatch.kafka.sasl.password":            "",
@@ -125,6 +127,14 @@ func Check(cfg *config.Config) error {
 	if template != "" {
 		if _, err := dispatch.ParseTemplate(values[template]); err != nil {
 			return &config.KeyError{Key: template, Err: err}
+		}
+	}
+	if d.Sink == "kafka" {
+		if _, err := kafka.ParseTopic(d.Kafka.Topic); err != nil {
+			return &config.KeyError{Key: "dispatch.kafka.topic", Err: err}
+		}
+		if err := kafka.CheckBrokers(d.Kafka.Brokers); err != nil {
+			return &config.KeyError{Key: "dispatch.kafka.brokers", Err: err}
 		}
 	}
 	if d.Sink == "rabbitmq" {
