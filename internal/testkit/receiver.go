@@ -31,6 +31,7 @@ type Request struct {
 	Agg     string // aggregate_type/aggregate_id, from the body
 	Token   int64  // X-Fencing-Token (0: none)
 	Attempt int    // requests for this ID so far, this one included
+	Held    bool   // caught by a Hold
 	Status  int    // the answer; 0 while held, or never answered (Hang, receiver closed)
 }
 
@@ -138,12 +139,13 @@ func (rc *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	req.Seq = len(rc.reqs)
 	rc.attempts[req.ID]++
 	req.Attempt = rc.attempts[req.ID]
-	rc.reqs = append(rc.reqs, req)
 	release := rc.release
 	hold := rc.holdIf != nil && rc.holdIf(req)
 	if hold {
 		rc.held++
+		req.Held = true
 	}
+	rc.reqs = append(rc.reqs, req)
 	rc.notify()
 	rc.mu.Unlock()
 
@@ -266,6 +268,17 @@ func (rc *Receiver) Wait(t testing.TB, limit time.Duration, what string, cond fu
 func (rc *Receiver) WaitDelivered(t testing.TB, limit time.Duration, n int) {
 	t.Helper()
 	rc.Wait(t, limit, fmt.Sprintf("%d events delivered", n), func([]Request) bool { return len(rc.ok) >= n })
+}
+
+// InFlight reports whether a request no Hold caught is still unanswered
+// (for Await's cond). A request answered with Hang stays in flight.
+func InFlight(reqs []Request) bool {
+	for _, r := range reqs {
+		if r.Status == 0 && !r.Held {
+			return true
+		}
+	}
+	return false
 }
 
 // WaitHeld waits until the current Hold has caught n requests.

@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/outboxd/outboxd/internal/testkit"
 )
 
 // runCase starts three replicas and the producer, lets events flow, injects
@@ -19,22 +21,28 @@ func runCaseWith(t *testing.T, opt options, inject func(c *cluster), deadAggs ma
 	c := newCluster(t, opt)
 	c.startAll(3)
 	c.leader()
+	started := time.Now()
 	c.produce()
-	time.Sleep(1500 * time.Millisecond)
+	c.waitFlowing(started, flowing, 30*time.Second)
 	faultAt := time.Now()
 	inject(c)
-	time.Sleep(1500 * time.Millisecond)
+	// Producing on until the cluster relays again: rows written during
+	// the recovery are part of what is checked.
+	c.waitFlowing(time.Now(), flowing, 60*time.Second)
 	c.stopProducing()
 	c.drain(60 * time.Second)
-	time.Sleep(200 * time.Millisecond) // the last batch's marks
-	c.stopAll()
+	c.stopAll() // each replica finishes its batch (marks written) before it exits
 	return c.check(faultAt, deadAggs)
 }
 
+// flowing is how many deliveries say the cluster relays: two batches.
+const flowing = 2 * batchSize
+
 func TestKillLeaderMidBatch(t *testing.T) {
+	t.Parallel()
 	rep := runCase(t, func(c *cluster) {
 		l := c.leader()
-		release := c.rc.hold("deal/3") // a batch is in flight when the leader dies
+		release := c.hold("deal/3") // a batch is in flight when the leader dies
 		c.waitHeld()
 		c.signal(l, syscall.SIGKILL)
 		<-c.reps[l].done
@@ -49,18 +57,19 @@ func TestKillLeaderMidBatch(t *testing.T) {
 }
 
 func TestPausedLeaderResumes(t *testing.T) {
+	t.Parallel()
 	rep := runCase(t, func(c *cluster) {
 		l := c.leader()
-		release := c.rc.hold("deal/3")
+		release := c.hold("deal/3")
 		c.waitHeld()
 		c.signal(l, syscall.SIGSTOP)
 		release()
-		time.Sleep(2 * lockTTL)
+		c.leaderOtherThan(l) // paused past its lease: another replica took over
 		if n := c.leader(); n == l {
 			t.Fatal("the paused leader still reported leading")
 		}
 		c.signal(l, syscall.SIGCONT)
-		time.Sleep(500 * time.Millisecond) // it resumes, finds its lease gone, tries to write
+		c.waitStandby(l) // it resumed, found its lease gone, tried to write, stepped down
 	}, nil)
 	// Whether the resumed leader still has results to write depends on which
 	// of its sends Go's transport completes or abandons after SIGCONT; when it
@@ -70,6 +79,7 @@ func TestPausedLeaderResumes(t *testing.T) {
 }
 
 func TestRedisFlushAll(t *testing.T) {
+	t.Parallel()
 	runCase(t, func(c *cluster) {
 		rdb := c.redis.Client()
 		if err := rdb.FlushAll(context.Background()).Err(); err != nil {
@@ -79,26 +89,24 @@ func TestRedisFlushAll(t *testing.T) {
 }
 
 func TestRedisRestart(t *testing.T) {
+	t.Parallel()
 	runCase(t, func(c *cluster) { c.redis.Restart() }, nil)
 }
 
 func TestReceiverOutage(t *testing.T) {
+	t.Parallel()
 	runCase(t, func(c *cluster) {
-		c.rc.setStatus(func(string) int { return http.StatusServiceUnavailable })
-		time.Sleep(outage())
-		c.rc.setStatus(nil)
+		c.rc.SetRespond(func(testkit.Request) testkit.Reply { return testkit.Reply{Status: http.StatusServiceUnavailable} })
+		time.Sleep(outage()) // the outage's length
+		c.rc.SetRespond(nil)
 	}, nil)
 }
 
 func TestReceiverRejectsOneAggregate(t *testing.T) {
+	t.Parallel()
 	const bad = "deal/7"
 	rep := runCase(t, func(c *cluster) {
-		c.rc.setStatus(func(agg string) int {
-			if agg == bad {
-				return http.StatusBadRequest
-			}
-			return http.StatusNoContent
-		})
+		c.rc.SetRespond(testkit.Statuses(map[string]int{bad: http.StatusBadRequest}))
 	}, map[string]bool{bad: true})
 	if rep.dead == 0 {
 		t.Fatal("the rejected aggregate's events were not dead-lettered")
@@ -106,6 +114,7 @@ func TestReceiverRejectsOneAggregate(t *testing.T) {
 }
 
 func TestRollingRestart(t *testing.T) {
+	t.Parallel()
 	runCase(t, func(c *cluster) {
 		for i := range c.reps {
 			c.signal(i, syscall.SIGTERM)
@@ -118,12 +127,13 @@ func TestRollingRestart(t *testing.T) {
 				t.Fatalf("replica %d exited with %v on SIGTERM", i, err)
 			}
 			c.start(i)
-			time.Sleep(500 * time.Millisecond)
+			c.waitReady(i) // up again before the next one stops
 		}
 	}, nil)
 }
 
 func TestAllKilledAndRestarted(t *testing.T) {
+	t.Parallel()
 	runCase(t, func(c *cluster) {
 		for i := range c.reps {
 			c.signal(i, syscall.SIGKILL)
@@ -131,7 +141,11 @@ func TestAllKilledAndRestarted(t *testing.T) {
 		for _, r := range c.reps {
 			<-r.done
 		}
-		time.Sleep(lockTTL)
+		// Restarted once the dead leader's lease has expired.
+		rdb := c.redis.Client()
+		testkit.WaitFor(t, 5*lockTTL, "the dead leader's lease to expire", func() bool {
+			return rdb.Exists(context.Background(), "lock:outbox:poller").Val() == 0
+		}, nil)
 		for i := range c.reps {
 			c.start(i)
 		}
@@ -146,7 +160,9 @@ func outage() time.Duration {
 }
 
 func TestPostgresResetsAndBlackhole(t *testing.T) {
+	t.Parallel()
 	runCaseWith(t, options{proxies: true}, func(c *cluster) {
+		// The sleeps are the faults' lengths and the gap between them.
 		remove := c.toxic(c.pgProxy, "reset", "reset_peer", "downstream", `{"timeout":0}`)
 		time.Sleep(500 * time.Millisecond)
 		remove()
@@ -158,22 +174,22 @@ func TestPostgresResetsAndBlackhole(t *testing.T) {
 }
 
 func TestPostgresCrashRestart(t *testing.T) {
+	t.Parallel()
 	runCaseWith(t, options{ownPostgres: true}, func(c *cluster) { c.pg.CrashRestart() }, nil)
 }
 
 func TestRedisLatencyMakesLeaderStepDown(t *testing.T) {
+	t.Parallel()
 	rep := runCaseWith(t, options{proxies: true}, func(c *cluster) {
 		l := c.leader()
 		// Replies slower than the lease: renewals cannot land in time.
 		remove := c.toxic(c.redisPx[l], "slow", "latency", "downstream", `{"latency":1500,"jitter":0}`)
-		deadline := time.Now().Add(10 * time.Second)
-		for !strings.Contains(c.reps[l].logs(), `"msg":"lock lost"`) {
-			if time.Now().After(deadline) {
-				t.Fatal("the slowed leader never gave up its lock")
-			}
-			time.Sleep(50 * time.Millisecond)
+		if _, ok := c.reps[l].out.Await(10*time.Second, 1, func(line string) bool {
+			return strings.Contains(line, `"msg":"lock lost"`)
+		}); !ok {
+			t.Fatal("the slowed leader never gave up its lock")
 		}
-		time.Sleep(2 * lockTTL)
+		c.leaderOtherThan(l) // slow until another replica has taken over
 		remove()
 	}, nil)
 	if rep.tokens < 2 {

@@ -6,15 +6,11 @@
 package fault
 
 import (
-	"bufio"
 	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
@@ -31,8 +27,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
-	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/internal/testkit"
 	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/store"
 )
@@ -50,12 +46,14 @@ func TestMain(m *testing.M) {
 	for _, args := range [][]string{{"build", "-race", "-o", binary}, {"build", "-o", plainBinary}} {
 		out, err := exec.Command("go", append(args, "../../cmd/outboxd")...).CombinedOutput()
 		if err != nil {
+			_ = os.RemoveAll(dir)
 			fmt.Fprintf(os.Stderr, "fault: build outboxd: %v\n%s", err, out)
 			os.Exit(1)
 		}
 	}
-	defer os.RemoveAll(dir)
-	testenv.Main(m)
+	code := testenv.Run(m)
+	_ = os.RemoveAll(dir) // not deferred: os.Exit skips defers
+	os.Exit(code)
 }
 
 const (
@@ -63,98 +61,17 @@ const (
 	batchSize = 50
 )
 
-// hit is one request at the receiver, in arrival order.
-type hit struct {
-	id     int64
-	agg    string
-	token  int64
-	status int
-	at     time.Time
-}
-
-type receiver struct {
-	mu      sync.Mutex
-	hits    []hit
-	status  func(agg string) int // nil: 204
-	holdAgg string               // requests for this aggregate wait for release
-	heldN   int
-	release chan struct{}
-}
-
-// hold makes requests for agg wait until the returned release is called.
-func (rc *receiver) hold(agg string) (release func()) {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	rc.holdAgg, rc.heldN, rc.release = agg, 0, make(chan struct{})
-	ch := rc.release
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			rc.mu.Lock()
-			rc.holdAgg = ""
-			rc.mu.Unlock()
-			close(ch)
-		})
-	}
-}
-
-func (rc *receiver) held() int {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	return rc.heldN
-}
-
-func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(r.Body)
-	var ev dispatch.Event
-	_ = json.Unmarshal(body, &ev)
-	token, _ := strconv.ParseInt(r.Header.Get("X-Fencing-Token"), 10, 64)
-	agg := ev.AggregateType + "/" + ev.AggregateID
-	rc.mu.Lock()
-	if agg == rc.holdAgg {
-		rc.heldN++
-		ch := rc.release
-		rc.mu.Unlock()
-		<-ch
-		rc.mu.Lock()
-	}
-	code := http.StatusNoContent
-	if rc.status != nil {
-		code = rc.status(agg)
-	}
-	rc.hits = append(rc.hits, hit{ev.ID, agg, token, code, time.Now()})
-	rc.mu.Unlock()
-	w.WriteHeader(code)
-}
-
-func (rc *receiver) setStatus(f func(agg string) int) {
-	rc.mu.Lock()
-	rc.status = f
-	rc.mu.Unlock()
-}
-
-func (rc *receiver) snapshot() []hit {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	return append([]hit(nil), rc.hits...)
-}
-
 type replica struct {
 	i       int
 	addr    string
 	cmd     *exec.Cmd
-	mu      sync.Mutex
-	out     strings.Builder
+	out     testkit.Logs // stdout and stderr
 	done    chan struct{}
 	waitErr error
 	killed  bool // by the test: any exit is expected
 }
 
-func (r *replica) logs() string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.out.String()
-}
+func (r *replica) logs() string { return r.out.String() }
 
 func (r *replica) exited() bool {
 	select {
@@ -176,8 +93,7 @@ type cluster struct {
 	redis   *testenv.RedisServer
 	redisA  string // address the replicas use for Redis (may be a proxy)
 	pgDSN   string // DSN the replicas use for Postgres (may be a proxy)
-	rc      *receiver
-	srv     *httptest.Server
+	rc      *testkit.Receiver
 	reps    []*replica
 	ended   []*replica // replicas replaced by restarts
 
@@ -218,17 +134,8 @@ func newCluster(t *testing.T, opt options) *cluster {
 		st, dsn = testenv.Store(t)
 	}
 	rs := testenv.StartRedisServer(t)
-	rc := &receiver{}
-	srv := httptest.NewServer(rc)
-	t.Cleanup(func() {
-		rc.mu.Lock()
-		if rc.release != nil && rc.holdAgg != "" {
-			close(rc.release) // never leave a handler blocked: Close waits for it
-		}
-		rc.mu.Unlock()
-		srv.Close()
-	})
-	c := &cluster{t: t, st: st, dsn: dsn, pgDSN: dsn, redis: rs, redisA: rs.Addr, rc: rc, srv: srv, pg: pg,
+	rc := testkit.NewReceiver(t) // releases held requests before closing
+	c := &cluster{t: t, st: st, dsn: dsn, pgDSN: dsn, redis: rs, redisA: rs.Addr, rc: rc, pg: pg,
 		batch: cmp.Or(opt.batch, batchSize), env: opt.env, binary: binary}
 	if opt.plain {
 		c.binary = plainBinary
@@ -266,14 +173,7 @@ func newCluster(t *testing.T, opt options) *cluster {
 	return c
 }
 
-func freeAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
+func freeAddr(t *testing.T) string { return "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t)) }
 
 func (c *cluster) proxy(name, upstream string) *toxiproxy.Proxy {
 	c.t.Helper()
@@ -317,7 +217,7 @@ func (c *cluster) start(i int) {
 	cmd.Env = append(os.Environ(),
 		"OUTBOXD_POSTGRES_DSN="+c.pgDSN,
 		"OUTBOXD_REDIS_ADDRS="+c.redisAddrFor(i),
-		"OUTBOXD_DISPATCH_WEBHOOK_URL="+c.srv.URL+"/events",
+		"OUTBOXD_DISPATCH_WEBHOOK_URL="+c.rc.URL(),
 		"OUTBOXD_DISPATCH_WEBHOOK_TIMEOUT=400ms", // at most lock_ttl/2
 		"OUTBOXD_HTTP_ADDR="+r.addr,
 		"OUTBOXD_POLLER_LOCK_TTL="+lockTTL.String(),
@@ -333,24 +233,13 @@ func (c *cluster) start(i int) {
 		"OUTBOXD_RECONCILE_LOCK_TTL=3s",
 		"OUTBOXD_SHUTDOWN_TIMEOUT=5s",
 	)
-	cmd.Env = append(cmd.Env, c.env...) // the last value of a key wins
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	cmd.Stderr = cmd.Stdout
+	cmd.Env = append(cmd.Env, c.env...)     // the last value of a key wins
+	cmd.Stdout, cmd.Stderr = &r.out, &r.out // exec copies until the process' end
 	if err := cmd.Start(); err != nil {
 		c.t.Fatal(err)
 	}
 	r.cmd = cmd
 	go func() {
-		sc := bufio.NewScanner(stdout)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			r.mu.Lock()
-			r.out.WriteString(sc.Text() + "\n")
-			r.mu.Unlock()
-		}
 		r.waitErr = cmd.Wait()
 		close(r.done)
 	}()
@@ -368,52 +257,116 @@ func (c *cluster) startAll(n int) {
 	}
 }
 
+// hold makes requests for agg wait at the receiver until release.
+func (c *cluster) hold(agg string) (release func()) { return c.rc.Hold(testkit.HoldAggregate(agg)) }
+
 // waitHeld waits until the leader has a request held at the receiver (so a
-// batch is in flight), then a little longer for the batch's other aggregates.
+// batch is in flight), then until the receiver has no other request in
+// flight: the batch's other aggregates sent so far have been answered.
 func (c *cluster) waitHeld() {
 	c.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for c.rc.held() == 0 {
-		if time.Now().After(deadline) {
-			c.t.Fatal("no request for the held aggregate arrived")
+	c.rc.WaitHeld(c.t, 10*time.Second, 1)
+	c.rc.Wait(c.t, 10*time.Second, "the held batch's other requests answered", func(reqs []testkit.Request) bool {
+		return !testkit.InFlight(reqs)
+	})
+}
+
+// waitFlowing waits until n deliveries have arrived since since: the
+// cluster relays again (after a start or a fault).
+func (c *cluster) waitFlowing(since time.Time, n int, limit time.Duration) {
+	c.t.Helper()
+	c.rc.Wait(c.t, limit, fmt.Sprintf("%d deliveries after %s", n, since.Format(time.TimeOnly)), func(reqs []testkit.Request) bool {
+		got := 0
+		for i := len(reqs) - 1; i >= 0 && !reqs[i].At.Before(since); i-- {
+			if reqs[i].OK() {
+				got++
+			}
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	time.Sleep(100 * time.Millisecond)
+		return got >= n
+	})
 }
 
 // statusClient times out: a paused replica never answers.
 var statusClient = &http.Client{Timeout: 500 * time.Millisecond}
 
 // leader returns the index of the replica whose /status says it leads.
-func (c *cluster) leader() int {
+func (c *cluster) leader() int { return c.leaderOtherThan(-1) }
+
+// leaderOtherThan waits until a replica other than not says it leads, and
+// returns its index.
+func (c *cluster) leaderOtherThan(not int) int {
 	c.t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		for i, r := range c.reps {
-			if r.exited() {
-				continue
-			}
-			resp, err := statusClient.Get("http://" + r.addr + "/status")
-			if err != nil {
-				continue
-			}
-			var s struct {
-				Locks []struct {
-					Name string `json:"name"`
-					Held bool   `json:"held_by_this_replica"`
-				} `json:"locks"`
-			}
-			_ = json.NewDecoder(resp.Body).Decode(&s)
-			resp.Body.Close()
-			if len(s.Locks) > 0 && s.Locks[0].Held {
-				return i
+	found := -1
+	testkit.WaitFor(c.t, 15*time.Second, "a replica to lead", func() bool {
+		for i := range c.reps {
+			if held, ok := c.leads(i); i != not && ok && held {
+				found = i
+				return true
 			}
 		}
-		time.Sleep(50 * time.Millisecond)
+		return false
+	}, c.describe)
+	return found
+}
+
+// describe tells each replica's state and last log lines, for failures.
+func (c *cluster) describe() string {
+	var b strings.Builder
+	for i, r := range c.reps {
+		state := "running"
+		if r.exited() {
+			state = fmt.Sprintf("exited (%v)", r.waitErr)
+		}
+		fmt.Fprintf(&b, "replica %d on %s, %s:\n%s\n", i, r.addr, state, tail(r.logs(), 5))
 	}
-	c.t.Fatal("no replica leads")
-	return -1
+	return b.String()
+}
+
+// leads asks replica i's /status whether it holds the poller lock; ok is
+// false when it does not answer (exited, paused, or its Redis is slow).
+func (c *cluster) leads(i int) (held, ok bool) {
+	r := c.reps[i]
+	if r.exited() {
+		return false, false
+	}
+	resp, err := statusClient.Get("http://" + r.addr + "/status")
+	if err != nil {
+		return false, false
+	}
+	defer resp.Body.Close()
+	var s struct {
+		Locks []struct {
+			Name string `json:"name"`
+			Held bool   `json:"held_by_this_replica"`
+		} `json:"locks"`
+	}
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&s) != nil || len(s.Locks) == 0 {
+		return false, false
+	}
+	return s.Locks[0].Held, true
+}
+
+// waitStandby waits until replica i answers /status as a standby: its
+// term, if it had one, has ended (written or refused, and released).
+func (c *cluster) waitStandby(i int) {
+	c.t.Helper()
+	testkit.WaitFor(c.t, 15*time.Second, fmt.Sprintf("replica %d to answer as a standby", i), func() bool {
+		held, ok := c.leads(i)
+		return ok && !held
+	}, func() string { return tail(c.reps[i].logs(), 10) })
+}
+
+// waitReady waits until replica i's /readyz answers 200.
+func (c *cluster) waitReady(i int) {
+	c.t.Helper()
+	testkit.WaitFor(c.t, 15*time.Second, fmt.Sprintf("replica %d ready", i), func() bool {
+		resp, err := statusClient.Get("http://" + c.reps[i].addr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, func() string { return tail(c.reps[i].logs(), 10) })
 }
 
 func (c *cluster) signal(i int, s syscall.Signal) {
@@ -463,21 +416,19 @@ func (c *cluster) stopProducing() {
 // drain waits until no row is pending (dead rows aside).
 func (c *cluster) drain(timeout time.Duration) {
 	c.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		var pending int
-		if err := c.st.Pool().QueryRow(context.Background(),
-			`SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL`).Scan(&pending); err != nil {
-			c.t.Fatal(err)
-		}
-		if pending == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("%d rows still pending after %s", pending, timeout)
-		}
-		time.Sleep(50 * time.Millisecond)
+	testkit.WaitFor(c.t, timeout, "no row pending", func() bool { return c.pending() == 0 },
+		func() string { return fmt.Sprintf("%d rows still pending", c.pending()) })
+}
+
+// pending is how many rows are neither delivered nor dead.
+func (c *cluster) pending() int {
+	c.t.Helper()
+	var n int
+	if err := c.st.Pool().QueryRow(context.Background(),
+		`SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL`).Scan(&n); err != nil {
+		c.t.Fatal(err)
 	}
+	return n
 }
 
 // stopAll sends SIGTERM to every live replica and requires a clean exit.
@@ -507,7 +458,7 @@ type report struct {
 func (c *cluster) check(faultAt time.Time, deadAggs map[string]bool) report {
 	c.t.Helper()
 	ctx := context.Background()
-	hits := c.rc.snapshot()
+	reqs := c.rc.Requests()
 	var rep report
 
 	// Dead rows: only where the case made them.
@@ -525,12 +476,7 @@ func (c *cluster) check(faultAt time.Time, deadAggs map[string]bool) report {
 	rep.dead = len(dead)
 
 	// 0 lost: every committed event delivered at least once (or dead by design).
-	ok := map[int64]int{}
-	for _, h := range hits {
-		if h.status >= 200 && h.status < 300 {
-			ok[h.id]++
-		}
-	}
+	ok := c.rc.OKCounts()
 	c.prodMu.Lock()
 	committed := append([]int64(nil), c.committed...)
 	c.prodMu.Unlock()
@@ -547,32 +493,15 @@ func (c *cluster) check(faultAt time.Time, deadAggs map[string]bool) report {
 	}
 
 	// First deliveries in id order per aggregate.
-	seen, last := map[int64]bool{}, map[string]int64{}
-	for _, h := range hits {
-		if h.status < 200 || h.status >= 300 || seen[h.id] {
-			continue
-		}
-		seen[h.id] = true
-		if h.id < last[h.agg] {
-			c.t.Errorf("aggregate %s: event %d first delivered after %d", h.agg, h.id, last[h.agg])
-		}
-		last[h.agg] = h.id
+	for _, v := range testkit.OrderViolations(reqs) {
+		c.t.Error(v)
 	}
 
 	// After the fault, no delivery carries a token lower than one already seen.
-	tokens := map[int64]bool{}
-	var newest int64
-	for _, h := range hits {
-		tokens[h.token] = true
-		if h.at.Before(faultAt) {
-			continue
-		}
-		if h.token < newest {
-			c.t.Errorf("event %d arrived with token %d after token %d", h.id, h.token, newest)
-		}
-		newest = max(newest, h.token)
+	for _, v := range testkit.TokenViolations(reqs, faultAt) {
+		c.t.Error(v)
 	}
-	rep.tokens = len(tokens)
+	rep.tokens = testkit.Tokens(reqs)
 
 	// Duplicates: at most about one batch per change of leader.
 	if limit := c.batch * max(1, rep.tokens-1) * 2; rep.duplicates > limit {

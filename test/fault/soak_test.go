@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/outboxd/outboxd/internal/testkit"
 )
 
 var soak = flag.Duration("soak", 0, "run TestSoak for this long with random faults (e.g. -soak 30m)")
@@ -44,9 +46,9 @@ func TestSoak(t *testing.T) {
 		"redis FLUSHALL": func() { _ = c.redis.Client().FlushAll(context.Background()).Err() },
 		"redis restart":  func() { c.redis.Restart() },
 		"receiver 503 5s": func() {
-			c.rc.setStatus(func(string) int { return http.StatusServiceUnavailable })
+			c.rc.SetRespond(func(testkit.Request) testkit.Reply { return testkit.Reply{Status: http.StatusServiceUnavailable} })
 			time.Sleep(5 * time.Second)
-			c.rc.setStatus(nil)
+			c.rc.SetRespond(nil)
 		},
 		"SIGTERM + restart one": func() {
 			i := rand.IntN(len(c.reps))
@@ -69,7 +71,6 @@ func TestSoak(t *testing.T) {
 	}
 	c.stopProducing()
 	c.drain(2 * time.Minute)
-	time.Sleep(200 * time.Millisecond)
 	c.stopAll()
 	rep := c.check(start, nil)
 

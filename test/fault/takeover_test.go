@@ -44,10 +44,10 @@ func (c *cluster) flowAfter(killAt time.Time, dead int64, aggs int, timeout time
 		}
 		if flowing == 0 {
 			first := map[string]time.Time{}
-			for _, h := range c.rc.snapshot() {
-				if h.token > dead && h.status < 300 && h.at.After(killAt) {
-					if _, ok := first[h.agg]; !ok {
-						first[h.agg] = h.at
+			for _, h := range c.rc.Requests() {
+				if h.Token > dead && h.OK() && h.At.After(killAt) {
+					if _, ok := first[h.Agg]; !ok {
+						first[h.Agg] = h.At
 					}
 				}
 			}
@@ -76,7 +76,8 @@ func (c *cluster) flowAfter(killAt time.Time, dead int64, aggs int, timeout time
 // events over 50 aggregates, with the default batch (500) and claim TTL
 // (60 s): the standby takes over the dead leader's claims at once, so every
 // aggregate flows again, and the backlog is drained, within about one lock
-// TTL of the kill, not claim_ttl.
+// TTL of the kill, not claim_ttl. Not parallel: it times what a user
+// sees, so it runs before the other cases, with the machine to itself.
 func TestKillLeaderTimeToFlow(t *testing.T) {
 	const (
 		ttl      = 3 * time.Second
@@ -89,7 +90,7 @@ func TestKillLeaderTimeToFlow(t *testing.T) {
 		"OUTBOXD_POLLER_CONCURRENCY=16", "OUTBOXD_DISPATCH_WEBHOOK_TIMEOUT=1s",
 	}})
 	c.backlog(events, aggs)
-	release := c.rc.hold("deal/3") // the leader's first batch stays in flight
+	release := c.hold("deal/3") // the leader's first batch stays in flight
 	c.startAll(3)
 	c.waitHeld()
 	l := c.leader()
