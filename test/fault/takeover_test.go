@@ -77,7 +77,7 @@ func (c *cluster) flowAfter(killAt time.Time, dead int64, aggs int, timeout time
 // (60 s): the standby takes over the dead leader's claims at once, so every
 // aggregate flows again, and the backlog is drained, within about one lock
 // TTL of the kill, not claim_ttl. Not parallel: it times what a user
-// sees, so it runs before the other cases, with the machine to itself.
+// sees, so it runs before this package's parallel cases, not among them.
 func TestKillLeaderTimeToFlow(t *testing.T) {
 	const (
 		ttl      = 3 * time.Second
