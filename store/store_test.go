@@ -220,7 +220,9 @@ wait:
 		}
 	}
 	cancel()
-	<-done
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Listen ended with %v, want the cancellation", err)
+	}
 	if err := st.SetNotifyTrigger(ctx, false); err != nil || has() {
 		t.Fatalf("off: %v", err)
 	}
