@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -113,12 +114,32 @@ func (s *RedisServer) Client() *redis.Client {
 
 func (s *RedisServer) String() string { return fmt.Sprintf("redis-server %s", s.Addr) }
 
-// FreePort returns a loopback TCP port that was free a moment ago.
+// FreePort returns a loopback TCP port that was free a moment ago, and
+// never the same one twice in a test process: with tests in parallel, the
+// kernel may hand a port just closed here to the next caller before the
+// first has bound it (a replica's http.addr, a redis-server).
 func FreePort(t testing.TB) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	t.Helper()
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+		portsMu.Lock()
+		seen := portsGiven[port]
+		portsGiven[port] = true
+		portsMu.Unlock()
+		if !seen {
+			return port
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("testenv: no loopback port not handed out before in 100 tries")
+	return 0
 }
+
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
