@@ -5,10 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -26,6 +23,7 @@ import (
 	"github.com/outboxd/outboxd/internal/metrics"
 	"github.com/outboxd/outboxd/internal/term"
 	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/internal/testkit"
 	"github.com/outboxd/outboxd/lock"
 	"github.com/outboxd/outboxd/store"
 )
@@ -37,123 +35,22 @@ func TestMain(m *testing.M) {
 	testenv.Main(m)
 }
 
-// hit is one request as the receiver saw it, in arrival order.
-type hit struct {
-	id     int64
-	agg    string
-	token  int64
-	status int
-}
-
-// recv is a programmable webhook receiver.
-type recv struct {
-	mu       sync.Mutex
-	hits     []*hit
-	attempts map[int64]int
-	// respond decides the answer (nil: 204).
-	respond func(ev dispatch.Event, token int64, attempt int) (int, http.Header)
-	// hold, if it returns true, blocks the request until release is closed.
-	hold    func(ev dispatch.Event, token int64) bool
-	release chan struct{}
-	heldN   int
-}
-
-func newRecv() *recv { return &recv{attempts: map[int64]int{}, release: make(chan struct{})} }
-
-func (rc *recv) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(r.Body)
-	var ev dispatch.Event
-	if err := json.Unmarshal(body, &ev); err != nil {
-		w.WriteHeader(http.StatusBadRequest)
-		return
-	}
-	token, _ := strconv.ParseInt(r.Header.Get("X-Fencing-Token"), 10, 64)
-	h := &hit{id: ev.ID, agg: ev.AggregateType + "/" + ev.AggregateID, token: token}
-	rc.mu.Lock()
-	rc.hits = append(rc.hits, h) // arrival order
-	hold := rc.hold != nil && rc.hold(ev, token)
-	if hold {
-		rc.heldN++
-	}
-	rc.mu.Unlock()
-	if hold {
-		<-rc.release
-	}
-	rc.mu.Lock()
-	rc.attempts[ev.ID]++
-	status, hdr := http.StatusNoContent, http.Header(nil)
-	if rc.respond != nil {
-		status, hdr = rc.respond(ev, token, rc.attempts[ev.ID])
-	}
-	h.status = status
-	rc.mu.Unlock()
-	for k, v := range hdr {
-		w.Header()[k] = v
-	}
-	w.WriteHeader(status)
-}
-
-func (rc *recv) held() int {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	return rc.heldN
-}
-
-// okCounts returns how many 2xx answers each id got.
-func (rc *recv) okCounts() map[int64]int {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	out := map[int64]int{}
-	for _, h := range rc.hits {
-		if h.status >= 200 && h.status < 300 {
-			out[h.id]++
-		}
-	}
-	return out
-}
-
-func (rc *recv) snapshot() []hit {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	out := make([]hit, len(rc.hits))
-	for i, h := range rc.hits {
-		out[i] = *h
-	}
-	return out
-}
-
+// env is a test's bundle: its own database, Redis key prefix and
+// recording webhook receiver.
 type env struct {
 	t      *testing.T
 	st     *store.Store
 	dsn    string
 	rdb    *redis.Client
 	prefix string
-	rc     *recv
-	srv    *httptest.Server
+	rc     *testkit.Receiver
 }
 
 func newEnv(t *testing.T) *env {
+	t.Parallel() // own database, own key prefix, own receiver
 	st, dsn := testenv.Store(t)
 	rdb, prefix := testenv.Redis(t)
-	rc := newRecv()
-	srv := httptest.NewServer(rc)
-	t.Cleanup(func() {
-		rc.mu.Lock()
-		select {
-		case <-rc.release:
-		default:
-			close(rc.release)
-		}
-		rc.mu.Unlock()
-		srv.Close()
-	})
-	return &env{t: t, st: st, dsn: dsn, rdb: rdb, prefix: prefix, rc: rc, srv: srv}
-}
-
-func (e *env) releaseHeld() {
-	e.rc.mu.Lock()
-	defer e.rc.mu.Unlock()
-	close(e.rc.release)
+	return &env{t: t, st: st, dsn: dsn, rdb: rdb, prefix: prefix, rc: testkit.NewReceiver(t)}
 }
 
 // insert writes n events round-robin over aggregates "deal/0".. and returns
@@ -206,21 +103,14 @@ func (e *env) poller(cfg testCfg, lockPrefix string) *runner {
 		lockPrefix = e.prefix
 	}
 	cfg.KeyPrefix = e.prefix
-	sink, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: e.srv.URL, Timeout: 5 * time.Second, Concurrency: cfg.Concurrency})
+	sink, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: e.rc.URL(), Timeout: 5 * time.Second, Concurrency: cfg.Concurrency})
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	m := metrics.New()
 	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(lockPrefix), lock.WithHooks(term.Hooks(m)))
-	log := slog.New(slog.NewJSONHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	log := testkit.Logger(e.t)
 	return &runner{New(cfg.Config, Deps{Store: e.st, Locks: locks, Redis: e.rdb, Sink: sink, Log: log, Metrics: m}), m}
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
 }
 
 // run starts r; the returned stop cancels it and waits for Run to return.
@@ -241,16 +131,10 @@ func (e *env) run(r *runner) (stop func()) {
 	return stop
 }
 
-// waitFor polls cond until it holds or timeout passes.
+// waitFor waits until cond holds, failing the test after timeout.
 func (e *env) waitFor(what string, timeout time.Duration, cond func() bool) {
 	e.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			e.t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.WaitFor(e.t, timeout, what, cond, nil)
 }
 
 func (e *env) count(where string) int {
@@ -270,7 +154,7 @@ func (e *env) waitAllDispatched(timeout time.Duration) {
 // checkDelivered asserts every id got at least one 2xx.
 func (e *env) checkDelivered(ids []int64) (duplicates int) {
 	e.t.Helper()
-	ok := e.rc.okCounts()
+	ok := e.rc.OKCounts()
 	for _, id := range ids {
 		if ok[id] == 0 {
 			e.t.Fatalf("event %d never delivered (lost)", id)
@@ -283,16 +167,8 @@ func (e *env) checkDelivered(ids []int64) (duplicates int) {
 // checkOrder asserts first successful deliveries are in id order per aggregate.
 func (e *env) checkOrder() {
 	e.t.Helper()
-	seen, last := map[int64]bool{}, map[string]int64{}
-	for _, h := range e.rc.snapshot() {
-		if h.status < 200 || h.status >= 300 || seen[h.id] {
-			continue
-		}
-		seen[h.id] = true
-		if h.id < last[h.agg] {
-			e.t.Fatalf("aggregate %s: event %d first delivered after %d", h.agg, h.id, last[h.agg])
-		}
-		last[h.agg] = h.id
+	if v := testkit.OrderViolations(e.rc.Requests()); len(v) > 0 {
+		e.t.Fatalf("order broken: %s", strings.Join(v, "; "))
 	}
 }
 
@@ -315,7 +191,7 @@ func (e *env) startChild(crash string, cfg testCfg) *child {
 	e.t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"=1", "C_DSN="+e.dsn, "C_REDIS="+testenv.RedisAddr(),
-		"C_PREFIX="+e.prefix, "C_URL="+e.srv.URL, "C_CRASH="+crash,
+		"C_PREFIX="+e.prefix, "C_URL="+e.rc.URL(), "C_CRASH="+crash,
 		"C_TTL="+cfg.LockTTL.String(), "C_BATCH="+strconv.Itoa(cfg.BatchSize),
 		"C_CONC="+strconv.Itoa(cfg.Concurrency), "C_CLAIM="+cfg.ClaimTTL.String())
 	stdout, err := cmd.StdoutPipe()

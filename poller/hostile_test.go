@@ -14,6 +14,7 @@ import (
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/internal/metrics"
 	"github.com/outboxd/outboxd/internal/term"
+	"github.com/outboxd/outboxd/internal/testkit"
 	"github.com/outboxd/outboxd/lock"
 )
 
@@ -63,9 +64,9 @@ func TestNewerHoldersClaimIsLeftAlone(t *testing.T) {
 	e.waitFor("the other aggregates delivered", 10*time.Second, func() bool {
 		return e.count("dispatched_at IS NULL") == 2
 	})
-	for _, h := range e.rc.snapshot() {
-		if h.agg == "deal/0" {
-			t.Fatalf("event %d of the aggregate behind a newer claim was sent", h.id)
+	for _, r := range e.rc.Requests() {
+		if r.Agg == "deal/0" {
+			t.Fatalf("event %d of the aggregate behind a newer claim was sent", r.ID)
 		}
 	}
 	if v, _ := e.rdb.Get(context.Background(), key).Result(); v != newer {
@@ -137,8 +138,8 @@ func TestOversizedRowIsDeadLetteredAndItsAggregateFlows(t *testing.T) {
 	if n := e.count("dead_at IS NOT NULL AND attempts = 1 AND last_error LIKE '%poller.max_payload_bytes%'"); n != 1 {
 		t.Fatal("the oversized row's last_error does not name poller.max_payload_bytes")
 	}
-	if len(e.rc.snapshot()) != 2 {
-		t.Fatalf("receiver got %d requests, want the 2 small rows only", len(e.rc.snapshot()))
+	if n := len(e.rc.Requests()); n != 2 {
+		t.Fatalf("receiver got %d requests, want the 2 small rows only", n)
 	}
 	e.checkOrder()
 }
@@ -156,7 +157,7 @@ func TestSendsCutByTheLeaseCountAsAttempts(t *testing.T) {
 	}, 1, dispatch.Capabilities{})
 	cfg := testConfig()
 	cfg.LockTTL, cfg.MaxAttempts, cfg.KeyPrefix = time.Second, 2, e.prefix
-	var logs lockedBuffer
+	var logs testkit.Logs
 	m := metrics.New()
 	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(e.prefix), lock.WithHooks(term.Hooks(m)))
 	p := New(cfg.Config, Deps{Store: e.st, Locks: locks, Redis: e.rdb, Sink: hang, Log: slog.New(slog.NewJSONHandler(&logs, nil)), Metrics: m})

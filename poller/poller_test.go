@@ -20,6 +20,7 @@ import (
 	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/internal/metrics"
 	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/internal/testkit"
 	"github.com/outboxd/outboxd/lock"
 	"github.com/outboxd/outboxd/store"
 )
@@ -50,7 +51,7 @@ func TestCrashWindowsLoseNothing(t *testing.T) {
 			if n := e.count("dispatched_at IS NOT NULL"); n != 0 {
 				t.Fatalf("%d rows marked before the crash, want 0", n)
 			}
-			sentBefore := len(e.rc.snapshot())
+			sentBefore := len(e.rc.Requests())
 			if tc.childSends != (sentBefore > 0) {
 				t.Fatalf("child sent %d before dying at %s", sentBefore, tc.crash)
 			}
@@ -79,14 +80,14 @@ func TestReceiverOutageRecovers(t *testing.T) {
 	ids := e.insert(300, 10)
 	var mu sync.Mutex
 	down := true
-	e.rc.respond = func(dispatch.Event, int64, int) (int, http.Header) {
+	e.rc.SetRespond(func(testkit.Request) testkit.Reply {
 		mu.Lock()
 		defer mu.Unlock()
 		if down {
-			return http.StatusServiceUnavailable, nil
+			return testkit.Reply{Status: http.StatusServiceUnavailable}
 		}
-		return http.StatusOK, nil
-	}
+		return testkit.Reply{Status: http.StatusOK}
+	})
 	r := e.poller(testConfig(), "")
 	e.run(r)
 	e.waitFor("failures recorded", 10*time.Second, func() bool { return e.count("attempts > 0") >= 10 })
@@ -108,12 +109,12 @@ func TestReceiverOutageRecovers(t *testing.T) {
 func TestRetryAfterIsHonoured(t *testing.T) {
 	e := newEnv(t)
 	e.insert(1, 1)
-	e.rc.respond = func(_ dispatch.Event, _ int64, attempt int) (int, http.Header) {
-		if attempt == 1 {
-			return http.StatusTooManyRequests, http.Header{"Retry-After": {"3"}}
+	e.rc.SetRespond(func(r testkit.Request) testkit.Reply {
+		if r.Attempt == 1 {
+			return testkit.Reply{Status: http.StatusTooManyRequests, Header: http.Header{"Retry-After": {"3"}}}
 		}
-		return http.StatusOK, nil
-	}
+		return testkit.Reply{Status: http.StatusOK}
+	})
 	cfg := testConfig()
 	cfg.BackoffMax = 5 * time.Second // Retry-After is honoured up to backoff_max
 	r := e.poller(cfg, "")
@@ -137,14 +138,14 @@ func TestPermanentErrorDeadLettersAndReplayDelivers(t *testing.T) {
 	ids := e.insert(100, 10) // deal/0 .. deal/9
 	var mu sync.Mutex
 	reject := true
-	e.rc.respond = func(ev dispatch.Event, _ int64, _ int) (int, http.Header) {
+	e.rc.SetRespond(func(r testkit.Request) testkit.Reply {
 		mu.Lock()
 		defer mu.Unlock()
-		if reject && ev.AggregateID == "3" {
-			return http.StatusBadRequest, nil
+		if reject && r.Agg == "deal/3" {
+			return testkit.Reply{Status: http.StatusBadRequest}
 		}
-		return http.StatusOK, nil
-	}
+		return testkit.Reply{Status: http.StatusOK}
+	})
 	r := e.poller(testConfig(), "")
 	e.run(r)
 	e.waitFor("all but deal/3 delivered, deal/3 dead", 20*time.Second, func() bool {
@@ -181,14 +182,14 @@ func TestOrderUnderFailuresAtScale(t *testing.T) {
 	ids := e.insert(10000, 500)
 	rnd := rand.New(rand.NewPCG(1, 2))
 	var mu sync.Mutex
-	e.rc.respond = func(dispatch.Event, int64, int) (int, http.Header) {
+	e.rc.SetRespond(func(testkit.Request) testkit.Reply {
 		mu.Lock()
 		defer mu.Unlock()
 		if rnd.IntN(100) < 5 {
-			return http.StatusServiceUnavailable, nil
+			return testkit.Reply{Status: http.StatusServiceUnavailable}
 		}
-		return http.StatusOK, nil
-	}
+		return testkit.Reply{Status: http.StatusOK}
+	})
 	cfg := testConfig()
 	cfg.Concurrency, cfg.BatchSize, cfg.BackoffMax = 32, 500, 20*time.Millisecond
 	e.run(e.poller(cfg, ""))
@@ -208,24 +209,24 @@ func TestPausedLeaderIsFencedOut(t *testing.T) {
 	ids := e.insert(200, 10)
 	// Hold the stale leader's first request for deal/0 so that its batch is in
 	// flight when it is paused, with other aggregates already delivered.
-	var once sync.Once
-	e.rc.hold = func(ev dispatch.Event, token int64) bool {
-		held := false
-		if token == 1 && ev.AggregateID == "0" {
-			once.Do(func() { held = true })
+	caught := false // Hold's matcher runs under the receiver's lock
+	release := e.rc.Hold(func(r testkit.Request) bool {
+		if caught || r.Token != 1 || r.Agg != "deal/0" {
+			return false
 		}
-		return held
-	}
+		caught = true
+		return true
+	})
 	cfg := testConfig()
 	cfg.LockTTL, cfg.BatchSize, cfg.Concurrency, cfg.ClaimTTL = time.Second, 50, 4, time.Second
 	old := e.startChild("", cfg)
 	e.waitFor("the old leader's request held and its other sends done", 10*time.Second, func() bool {
-		if e.rc.held() == 0 {
+		if e.rc.Held() == 0 {
 			return false
 		}
 		n := 0
-		for _, h := range e.rc.snapshot() {
-			if h.status != 0 {
+		for _, r := range e.rc.Requests() {
+			if r.Status != 0 {
 				n++
 			}
 		}
@@ -242,7 +243,7 @@ func TestPausedLeaderIsFencedOut(t *testing.T) {
 	}
 
 	old.signal(t, syscall.SIGCONT)
-	e.releaseHeld()
+	release()
 	e.waitFor("the resumed leader to be refused by the fence", 10*time.Second, func() bool {
 		return strings.Contains(old.logs(), `"msg":"fence rejected"`)
 	})
@@ -251,12 +252,8 @@ func TestPausedLeaderIsFencedOut(t *testing.T) {
 		t.Fatalf("old leader did not exit cleanly after resuming: %v\n%s", err, old.logs())
 	}
 
-	newest := int64(0)
-	for _, h := range e.rc.snapshot() {
-		if h.token < newest {
-			t.Fatalf("event %d with token %d arrived after token %d", h.id, h.token, newest)
-		}
-		newest = max(newest, h.token)
+	if v := testkit.TokenViolations(e.rc.Requests(), time.Time{}); len(v) > 0 {
+		t.Fatalf("old token after a newer one: %s", strings.Join(v, "; "))
 	}
 	e.checkDelivered(ids)
 	if e.count("dispatched_at IS NULL") != 0 {
@@ -294,15 +291,15 @@ func TestSplitBrainRunnersNeverOverwriteEachOther(t *testing.T) {
 	ids := e.insert(2000, 100)
 	rnd := rand.New(rand.NewPCG(3, 4))
 	var mu sync.Mutex
-	e.rc.respond = func(dispatch.Event, int64, int) (int, http.Header) {
+	e.rc.SetRespond(func(testkit.Request) testkit.Reply {
 		time.Sleep(2 * time.Millisecond) // keep the first leader busy past the second's recovery wait
 		mu.Lock()
 		defer mu.Unlock()
 		if rnd.IntN(100) < 20 {
-			return http.StatusServiceUnavailable, nil
+			return testkit.Reply{Status: http.StatusServiceUnavailable}
 		}
-		return http.StatusOK, nil
-	}
+		return testkit.Reply{Status: http.StatusOK}
+	})
 	cfg := testConfig()
 	cfg.BatchSize, cfg.Concurrency, cfg.LockTTL = 50, 4, 600*time.Millisecond
 	a := e.poller(cfg, "")
@@ -339,15 +336,15 @@ func TestSplitBrainRunnersNeverOverwriteEachOther(t *testing.T) {
 func TestShutdownFinishesInFlightThenReleases(t *testing.T) {
 	e := newEnv(t)
 	e.insert(20, 20)
-	var once sync.Once
-	e.rc.hold = func(dispatch.Event, int64) bool {
-		held := false
-		once.Do(func() { held = true })
-		return held
-	}
+	caught := false // Hold's matcher runs under the receiver's lock
+	release := e.rc.Hold(func(testkit.Request) bool {
+		first := !caught
+		caught = true
+		return first
+	})
 	r := e.poller(testConfig(), "")
 	stop := e.run(r)
-	e.waitFor("a request in flight", 10*time.Second, func() bool { return e.rc.held() == 1 })
+	e.waitFor("a request in flight", 10*time.Second, func() bool { return e.rc.Held() == 1 })
 	stopped := make(chan struct{})
 	go func() { stop(); close(stopped) }()
 	select {
@@ -355,7 +352,7 @@ func TestShutdownFinishesInFlightThenReleases(t *testing.T) {
 		t.Fatal("Run returned with a delivery in flight")
 	case <-time.After(200 * time.Millisecond):
 	}
-	e.releaseHeld()
+	release()
 	<-stopped
 	if n := e.count("dispatched_at IS NULL"); n != 0 {
 		t.Fatalf("%d rows of the in-flight batch not marked", n)
@@ -375,7 +372,7 @@ func TestRedisOutageIsLogged(t *testing.T) {
 	cfg.KeyPrefix, cfg.LockWait = e.prefix, 200*time.Millisecond
 	rdb := redis.NewClient(&redis.Options{Addr: down.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
 	defer rdb.Close()
-	logs := &lockedBuffer{}
+	logs := &testkit.Logs{}
 	r := New(cfg.Config, Deps{Store: e.st, Locks: lock.New([]redis.UniversalClient{rdb}), Redis: rdb, Sink: dispatch.Noop{},
 		Log: slog.New(slog.NewJSONHandler(logs, nil)), Metrics: metrics.New()})
 	stop := e.run(&runner{r, nil})
@@ -384,21 +381,4 @@ func TestRedisOutageIsLogged(t *testing.T) {
 		return strings.Contains(s, `"msg":"lock attempt failed"`) && strings.Contains(s, "redis "+down.Addr)
 	})
 	stop()
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

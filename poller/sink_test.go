@@ -3,7 +3,6 @@ package poller
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +13,7 @@ import (
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/internal/metrics"
 	"github.com/outboxd/outboxd/internal/term"
+	"github.com/outboxd/outboxd/internal/testkit"
 	"github.com/outboxd/outboxd/lock"
 )
 
@@ -58,7 +58,7 @@ func (e *env) pollerWith(cfg testCfg, sink dispatch.Sink) *runner {
 	cfg.KeyPrefix = e.prefix
 	m := metrics.New()
 	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(e.prefix), lock.WithHooks(term.Hooks(m)))
-	log := slog.New(slog.NewJSONHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	log := testkit.Logger(e.t)
 	return &runner{New(cfg.Config, Deps{Store: e.st, Locks: locks, Redis: e.rdb, Sink: sink, Log: log, Metrics: m}), m}
 }
 
