@@ -26,6 +26,13 @@ type Event struct {
 	CreatedAt     time.Time       `json:"created_at"`
 }
 
+// Aggregate is the unit of ordering: events of one aggregate are delivered
+// in id order.
+type Aggregate struct{ Type, ID string }
+
+// Aggregate is the event's aggregate.
+func (ev Event) Aggregate() Aggregate { return Aggregate{ev.AggregateType, ev.AggregateID} }
+
 // Batch is one call's worth of events.
 type Batch struct {
 	// Events in id order; the events of one aggregate in their order.
@@ -67,6 +74,24 @@ type Result struct {
 	// Cut: Retryable because the send was cut by the trust deadline or the
 	// context, not by the destination.
 	Cut bool
+}
+
+// KeepPrefix applies the contract to results a sink collected: per
+// aggregate, after its first event that was neither delivered nor a
+// duplicate, every later event is NotAttempted, whatever the destination did
+// with it (the caller sends it again later; consumers dedupe on the id).
+func KeepPrefix(events []Event, out []Result) {
+	stopped := map[Aggregate]bool{}
+	for i, ev := range events {
+		a := ev.Aggregate()
+		if stopped[a] {
+			out[i] = Result{Outcome: NotAttempted}
+			continue
+		}
+		if o := out[i].Outcome; o != Delivered && o != Duplicate {
+			stopped[a] = true
+		}
+	}
 }
 
 // Capabilities tell the caller how to use a sink safely.

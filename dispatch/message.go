@@ -3,6 +3,7 @@ package dispatch
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -188,4 +189,33 @@ func headerSafe(s string) bool {
 		}
 	}
 	return true
+}
+
+// DroppedHeaders gathers, over a batch, the row headers a sink left out of
+// its messages (Headers' dropped, and any the protocol refuses), so the
+// batch gets one warning, not one per message.
+type DroppedHeaders struct {
+	firstID int64
+	first   []string
+	more    int
+}
+
+// Add records the names dropped from event id's message.
+func (d *DroppedHeaders) Add(id int64, names []string) {
+	switch {
+	case len(names) == 0:
+	case d.first == nil:
+		d.firstID, d.first = id, names
+	default:
+		d.more++
+	}
+}
+
+// Log warns once, with msg, naming the first event's dropped headers and
+// how many other events lost some.
+func (d *DroppedHeaders) Log(l *slog.Logger, msg string) {
+	if d.first == nil {
+		return
+	}
+	l.Warn(msg, "outbox_id", d.firstID, "dropped", d.first, "other_events_with_dropped_headers", d.more)
 }

@@ -78,11 +78,10 @@ func (p *perEvent) sendAggregate(ctx context.Context, b Batch, idx []int, out []
 // byAggregate groups event indexes by aggregate, each group in event order,
 // groups in order of first appearance.
 func byAggregate(events []Event) [][]int {
-	type key struct{ t, id string }
-	pos := map[key]int{}
+	pos := map[Aggregate]int{}
 	var groups [][]int
 	for i, ev := range events {
-		k := key{ev.AggregateType, ev.AggregateID}
+		k := ev.Aggregate()
 		g, ok := pos[k]
 		if !ok {
 			g = len(groups)

@@ -273,7 +273,7 @@ func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
 	}
 
 	p := newPending(len(b.Events))
-	var drops droppedHeaders
+	var drops dispatch.DroppedHeaders
 	for i, ev := range b.Events {
 		if tctx.Err() != nil {
 			break // never produced: the rest stay NotAttempted
@@ -284,7 +284,7 @@ func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
 			continue
 		}
 		rec, dropped := s.record(ev, topic, b.Token)
-		drops.add(ev.ID, dropped)
+		drops.Add(ev.ID, dropped)
 		p.started(i, topic)
 		s.unacked.add()
 		s.client.Produce(tctx, rec, func(r *kgo.Record, err error) {
@@ -293,7 +293,7 @@ func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
 		})
 	}
 	p.seal()
-	drops.log(s.log)
+	drops.Log(s.log, "row headers dropped: their names collide with the contract's headers or they hold control characters")
 	select {
 	case <-p.all:
 	case <-tctx.Done():
@@ -301,7 +301,7 @@ func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
 	out := p.results(func(i int, topic string, err error) dispatch.Result {
 		return s.classify(b.Events[i].ID, topic, err, dctx, tctx, start)
 	})
-	prefix(b.Events, out)
+	dispatch.KeepPrefix(b.Events, out)
 	s.log.Debug("kafka batch produced", "batch_size", len(b.Events), "duration_ms", time.Since(start).Milliseconds())
 	return out
 }
@@ -319,7 +319,7 @@ func (s *Sink) blocked(b dispatch.Batch, dctx context.Context) []dispatch.Result
 	for i, ev := range b.Events {
 		out[i] = dispatch.Failed(fmt.Errorf("kafka: event %d: not sent: the brokers have not answered an earlier batch's records within %s (unreachable, no leader, or overloaded); the event is retried", ev.ID, s.timeout))
 	}
-	prefix(b.Events, out)
+	dispatch.KeepPrefix(b.Events, out)
 	return out
 }
 
@@ -465,24 +465,6 @@ func (p *pending) results(classify func(i int, topic string, err error) dispatch
 	return out
 }
 
-// prefix applies the rule that an aggregate's successes are a prefix: after
-// its first event that is not delivered, its later events are NotAttempted
-// whatever became of them.
-func prefix(events []dispatch.Event, out []dispatch.Result) {
-	type key struct{ t, id string }
-	stopped := map[key]bool{}
-	for i, ev := range events {
-		k := key{ev.AggregateType, ev.AggregateID}
-		if stopped[k] {
-			out[i] = dispatch.Result{Outcome: dispatch.NotAttempted}
-			continue
-		}
-		if o := out[i].Outcome; o != dispatch.Delivered && o != dispatch.Duplicate {
-			stopped[k] = true
-		}
-	}
-}
-
 // connErrors remembers the last failed connection to a broker (dial, TLS
 // or SASL), so a timeout can say why; a later success clears it.
 type connErrors struct {
@@ -566,32 +548,6 @@ func (u *unacked) wait(ctx context.Context) bool {
 	case <-ctx.Done():
 		return false
 	}
-}
-
-// droppedHeaders gathers the row headers left out of a batch's records,
-// for one warning per batch.
-type droppedHeaders struct {
-	firstID int64
-	first   []string
-	more    int
-}
-
-func (d *droppedHeaders) add(id int64, names []string) {
-	switch {
-	case len(names) == 0:
-	case d.first == nil:
-		d.firstID, d.first = id, names
-	default:
-		d.more++
-	}
-}
-
-func (d *droppedHeaders) log(l *slog.Logger) {
-	if d.first == nil {
-		return
-	}
-	l.Warn("row headers dropped: their names collide with the contract's headers or they hold control characters",
-		"outbox_id", d.firstID, "dropped", d.first, "other_events_with_dropped_headers", d.more)
 }
 
 // logger passes franz-go's errors to slog; its warnings (each failed

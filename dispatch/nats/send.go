@@ -41,8 +41,8 @@ func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
 	s.drainRefused() // left by an earlier batch that stopped waiting
 	sent, drops := s.publish(ctx, nc, js, b, out)
 	streams := s.await(ctx, sent, b.Events, out)
-	prefixPerAggregate(b.Events, out)
-	drops.log(s.log)
+	dispatch.KeepPrefix(b.Events, out)
+	drops.Log(s.log, "row headers dropped: their names collide with the contract's headers, or NATS cannot carry them (see docs/sinks/nats.md)")
 	s.askWindows(streams)
 	if s.log.Enabled(ctx, slog.LevelDebug) {
 		s.log.Debug("nats batch sent", "batch_size", len(b.Events), "published", len(sent),
@@ -58,21 +58,17 @@ type published struct {
 	ack     jetstream.PubAckFuture
 }
 
-type aggKey struct{ t, id string }
-
-func aggOf(ev dispatch.Event) aggKey { return aggKey{ev.AggregateType, ev.AggregateID} }
-
 // publish sends the batch in order without waiting for acks. An aggregate
 // stops at its first event that cannot be sent (its later ones stay
 // NotAttempted and are never sent); a failure of the connection itself
 // stops the batch.
-func (s *Sink) publish(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, b dispatch.Batch, out []dispatch.Result) ([]published, droppedHeaders) {
+func (s *Sink) publish(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, b dispatch.Batch, out []dispatch.Result) ([]published, dispatch.DroppedHeaders) {
 	deadline, _ := ctx.Deadline()
 	sent := make([]published, 0, len(b.Events))
-	stopped := map[aggKey]bool{}
-	var drops droppedHeaders
+	stopped := map[dispatch.Aggregate]bool{}
+	var drops dispatch.DroppedHeaders
 	for i, ev := range b.Events {
-		k := aggOf(ev)
+		k := ev.Aggregate()
 		if stopped[k] {
 			continue
 		}
@@ -81,7 +77,7 @@ func (s *Sink) publish(ctx context.Context, nc *nats.Conn, js jetstream.JetStrea
 			break // the rest stay NotAttempted
 		}
 		msg, dropped, err := s.message(ev, b.Token)
-		drops.add(ev.ID, dropped)
+		drops.Add(ev.ID, dropped)
 		if err != nil {
 			out[i] = dispatch.Failed(err)
 			stopped[k] = true
@@ -282,9 +278,9 @@ func (s *Sink) ackError(ev dispatch.Event, subj string, err error) error {
 // failFirst reports err for the first event of each aggregate (Retryable);
 // the others stay NotAttempted.
 func failFirst(events []dispatch.Event, out []dispatch.Result, err error) {
-	seen := map[aggKey]bool{}
+	seen := map[dispatch.Aggregate]bool{}
 	for i, ev := range events {
-		k := aggOf(ev)
+		k := ev.Aggregate()
 		if seen[k] {
 			continue
 		}
@@ -296,46 +292,6 @@ func failFirst(events []dispatch.Event, out []dispatch.Result, err error) {
 // prefixPerAggregate enforces the contract's prefix rule: after an
 // aggregate's first event that is neither Delivered nor Duplicate, its
 // later events are NotAttempted, even those the stream stored (they are
-// sent again later; the duplicate window or the consumers drop the copy).
-func prefixPerAggregate(events []dispatch.Event, out []dispatch.Result) {
-	failed := map[aggKey]bool{}
-	for i, ev := range events {
-		k := aggOf(ev)
-		switch {
-		case failed[k]:
-			out[i] = dispatch.Result{Outcome: dispatch.NotAttempted}
-		case out[i].Outcome != dispatch.Delivered && out[i].Outcome != dispatch.Duplicate:
-			failed[k] = true
-		}
-	}
-}
-
-// droppedHeaders gathers the row headers left out of a batch's messages,
-// for one warning per batch.
-type droppedHeaders struct {
-	firstID   int64
-	first     []string
-	moreCount int
-}
-
-func (d *droppedHeaders) add(id int64, names []string) {
-	switch {
-	case len(names) == 0:
-	case d.first == nil:
-		d.firstID, d.first = id, names
-	default:
-		d.moreCount++
-	}
-}
-
-func (d *droppedHeaders) log(l *slog.Logger) {
-	if d.first == nil {
-		return
-	}
-	l.Warn("row headers dropped: their names collide with the contract's headers, or NATS cannot carry them (see docs/sinks/nats.md)",
-		"outbox_id", d.firstID, "dropped", d.first, "other_events_with_dropped_headers", d.moreCount)
-}
-
 // clip shortens a subject for an error text (a subject may be up to
 // maxSubject bytes; last_error need not carry all of it).
 func clip(subj string) string {

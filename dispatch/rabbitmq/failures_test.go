@@ -114,7 +114,7 @@ func TestReturnTakenWhenBothArrived(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := make([]dispatch.Result, len(events))
-	tr := &sending{s: s, l: l, ctx: ctx, until: b.Until(), b: b, out: out, failed: map[aggKey]bool{}, returned: map[string]amqp.Return{}}
+	tr := &sending{s: s, l: l, ctx: ctx, until: b.Until(), b: b, out: out, failed: map[dispatch.Aggregate]bool{}, returned: map[string]amqp.Return{}}
 	fl, _ := tr.publish(0, len(events))
 	for _, f := range fl {
 		<-f.dc.Done()

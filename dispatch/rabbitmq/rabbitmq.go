@@ -201,14 +201,14 @@ func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
 		for i := range out {
 			out[i] = r
 		}
-		prefix(b.Events, out)
+		dispatch.KeepPrefix(b.Events, out)
 		return out
 	}
 	s.setupErr = ""
 	t := &sending{s: s, l: l, ctx: ctx, until: until, b: b, out: out,
-		failed: map[aggKey]bool{}, returned: map[string]amqp.Return{}}
+		failed: map[dispatch.Aggregate]bool{}, returned: map[string]amqp.Return{}}
 	t.run()
-	prefix(b.Events, out)
+	dispatch.KeepPrefix(b.Events, out)
 	t.warnDropped()
 	s.log.Debug("rabbitmq batch sent", "batch_size", len(out), "delivered", count(out, dispatch.Delivered),
 		"failed", count(out, dispatch.Retryable)+count(out, dispatch.Permanent), "duration_ms", time.Since(start).Milliseconds())
@@ -240,27 +240,6 @@ func (s *Sink) Close() error {
 	return nil
 }
 
-// aggKey is an aggregate: (aggregate_type, aggregate_id).
-type aggKey struct{ t, id string }
-
-func keyOf(ev dispatch.Event) aggKey { return aggKey{ev.AggregateType, ev.AggregateID} }
-
-// prefix enforces the contract: per aggregate, everything after the first
-// event that was not delivered is NotAttempted, even if the broker took it.
-func prefix(events []dispatch.Event, out []dispatch.Result) {
-	stopped := map[aggKey]bool{}
-	for i, ev := range events {
-		k := keyOf(ev)
-		if stopped[k] {
-			out[i] = dispatch.Result{}
-			continue
-		}
-		if o := out[i].Outcome; o != dispatch.Delivered && o != dispatch.Duplicate {
-			stopped[k] = true
-		}
-	}
-}
-
 func count(out []dispatch.Result, o dispatch.Outcome) int {
 	n := 0
 	for _, r := range out {
@@ -279,11 +258,11 @@ type sending struct {
 	until    time.Time
 	b        dispatch.Batch
 	out      []dispatch.Result
-	failed   map[aggKey]bool        // aggregates with a known failure: their later events are not published
-	returned map[string]amqp.Return // returned messages by message id
-	dropped  []string               // row header names left out, for one warning
-	dropID   int64                  // the first event that had some
-	dropN    int                    // how many events had some
+	failed   map[dispatch.Aggregate]bool // aggregates with a known failure: their later events are not published
+	returned map[string]amqp.Return      // returned messages by message id
+	dropped  []string                    // row header names left out, for one warning
+	dropID   int64                       // the first event that had some
+	dropN    int                         // how many events had some
 }
 
 // inflight is a published message waiting for its confirm.
@@ -315,7 +294,7 @@ func (t *sending) run() {
 func (t *sending) publish(lo, hi int) (fl []inflight, more bool) {
 	for i := lo; i < hi; i++ {
 		ev := t.b.Events[i]
-		if t.failed[keyOf(ev)] {
+		if t.failed[ev.Aggregate()] {
 			continue // NotAttempted: an earlier event of its aggregate failed
 		}
 		if t.ctx.Err() != nil || !t.s.now().Before(t.until) {
@@ -441,13 +420,13 @@ func (t *sending) settle(f inflight) {
 // fail records a failure for event i and stops its aggregate.
 func (t *sending) fail(i int, err error) {
 	t.out[i] = dispatch.Failed(err)
-	t.failed[keyOf(t.b.Events[i])] = true
+	t.failed[t.b.Events[i].Aggregate()] = true
 }
 
 // cut records event i as unanswered when the deadline or context ended.
 func (t *sending) cut(i int, err error) {
 	t.out[i] = dispatch.Result{Outcome: dispatch.Retryable, Err: err, Cut: true}
-	t.failed[keyOf(t.b.Events[i])] = true
+	t.failed[t.b.Events[i].Aggregate()] = true
 }
 
 // noteDropped remembers an event's row headers that were not sent.

@@ -162,11 +162,11 @@ func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
 	for i, cmd := range p.xadds {
 		out[i] = result(cmd, p.keys[i], b.Events[i].ID, cut)
 	}
-	prefixPerAggregate(b.Events, out)
+	dispatch.KeepPrefix(b.Events, out)
 	if p.info != nil {
 		s.readVersion(p.info)
 	}
-	p.drops.log(s.log)
+	p.drops.Log(s.log, "row headers dropped: their names collide with the contract's fields or the payload field, or a stream field cannot carry them")
 	s.log.Debug("redis stream batch sent", "batch_size", len(b.Events), "delivered", delivered(out),
 		"duration_ms", time.Since(start).Milliseconds())
 	return out
@@ -178,7 +178,7 @@ type batchPipeline struct {
 	keys  []string           // stream key per event
 	xadds []*redis.StringCmd // XADD per event
 	info  *redis.StringCmd   // INFO server, until the version is known
-	drops droppedHeaders
+	drops dispatch.DroppedHeaders
 }
 
 // pipeline queues one XADD per event, in order (and INFO server until the
@@ -192,7 +192,7 @@ func (s *Sink) pipeline(ctx context.Context, b dispatch.Batch) *batchPipeline {
 	for i, ev := range b.Events {
 		p.keys[i] = s.prefix + s.stream.Expand(ev)
 		fields, dropped := s.fields(ev, b.Token)
-		p.drops.add(ev.ID, dropped)
+		p.drops.Add(ev.ID, dropped)
 		p.xadds[i] = p.XAdd(ctx, &redis.XAddArgs{Stream: p.keys[i], MaxLen: s.maxLen, Approx: true, ID: "*", Values: fields})
 	}
 	return p
@@ -285,47 +285,6 @@ func malformed(msg string) bool {
 // prefixPerAggregate enforces the contract's prefix rule: after an
 // aggregate's first event that is not Delivered, its later events are
 // NotAttempted, even those Redis appended (they are sent again later;
-// consumers dedupe on the id field).
-func prefixPerAggregate(events []dispatch.Event, out []dispatch.Result) {
-	type agg struct{ t, id string }
-	failed := map[agg]bool{}
-	for i, ev := range events {
-		a := agg{ev.AggregateType, ev.AggregateID}
-		switch {
-		case failed[a]:
-			out[i] = dispatch.Result{Outcome: dispatch.NotAttempted}
-		case out[i].Outcome != dispatch.Delivered:
-			failed[a] = true
-		}
-	}
-}
-
-// droppedHeaders gathers the row headers left out of a batch's entries, for
-// one warning per batch.
-type droppedHeaders struct {
-	firstID   int64
-	first     []string
-	moreCount int
-}
-
-func (d *droppedHeaders) add(id int64, names []string) {
-	switch {
-	case len(names) == 0:
-	case d.first == nil:
-		d.firstID, d.first = id, names
-	default:
-		d.moreCount++
-	}
-}
-
-func (d *droppedHeaders) log(l *slog.Logger) {
-	if d.first == nil {
-		return
-	}
-	l.Warn("row headers dropped: their names collide with the contract's fields or the payload field, or a stream field cannot carry them",
-		"outbox_id", d.firstID, "dropped", d.first, "other_events_with_dropped_headers", d.moreCount)
-}
-
 // serverVersion is the Redis server's version, read once.
 type serverVersion struct {
 	known        bool
