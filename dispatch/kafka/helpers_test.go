@@ -19,7 +19,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-	"go.uber.org/goleak"
 
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/internal/testkit"
@@ -27,7 +26,7 @@ import (
 
 // No Postgres or Redis here: plain TestMain, still leak-checked.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	testkit.VerifyTestMain(m)
 }
 
 // waitTimeout bounds every wait for a condition.

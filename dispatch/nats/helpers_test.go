@@ -21,7 +21,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/goleak"
 
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/internal/testkit"
@@ -32,7 +31,7 @@ import (
 var sharedURL = cmp.Or(os.Getenv("OUTBOXD_TEST_NATS_URL"), "nats://127.0.0.1:4222")
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	testkit.VerifyTestMain(m)
 }
 
 // waitLimit bounds every wait for a condition.

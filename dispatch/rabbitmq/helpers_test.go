@@ -21,6 +21,8 @@ import (
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
+	"github.com/outboxd/outboxd/internal/testkit"
+
 	"github.com/outboxd/outboxd/dispatch"
 )
 
@@ -39,7 +41,7 @@ func TestMain(m *testing.M) {
 	_ = conn.Close()
 	// toxiproxy can leave a toxic's pipe blocked on a channel after its
 	// proxy stopped (as in internal/testenv).
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/Shopify/toxiproxy/v2/toxics.(*ToxicStub).Run"))
+	testkit.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/Shopify/toxiproxy/v2/toxics.(*ToxicStub).Run"))
 }
 
 func envOr(k, def string) string {

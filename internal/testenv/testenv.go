@@ -29,6 +29,7 @@ import (
 	tcredis "github.com/testcontainers/testcontainers-go/modules/redis"
 	"go.uber.org/goleak"
 
+	"github.com/outboxd/outboxd/internal/testkit"
 	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/store"
 )
@@ -69,7 +70,7 @@ func Run(m *testing.M) int {
 	}
 	code := m.Run()
 	if code == 0 {
-		if err := goleak.Find(LeakOptions()...); err != nil {
+		if err := testkit.CheckLeaks(LeakOptions()...); err != nil {
 			fmt.Fprintln(os.Stderr, "testenv: goroutine leak:", err)
 			return 1
 		}

@@ -1,8 +1,12 @@
 package testkit
 
 import (
+	"fmt"
+	"os"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
 
 // pollEvery is how often WaitFor and Poll look at a condition that cannot
@@ -35,4 +39,35 @@ func WaitFor(t testing.TB, limit time.Duration, what string, cond func() bool, d
 		state = "; state:\n" + describe()
 	}
 	t.Fatalf("after %s, still waiting for %s%s", limit, what, state)
+}
+
+// LeakSettle is how long CheckLeaks lets goroutines finish: clients shut
+// down asynchronously, and on a loaded two-core CI machine that took longer
+// than goleak's own half-second of retries (a passing Kafka run failed once).
+const LeakSettle = 10 * time.Second
+
+// CheckLeaks reports goroutines still running after the tests (goleak.Find
+// with opts), once they have had LeakSettle to finish.
+func CheckLeaks(opts ...goleak.Option) error {
+	deadline := time.Now().Add(LeakSettle)
+	for {
+		err := goleak.Find(opts...)
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// VerifyTestMain runs a package's tests and fails the run when a goroutine
+// outlives them (see CheckLeaks). Use it from TestMain.
+func VerifyTestMain(m *testing.M, opts ...goleak.Option) {
+	code := m.Run()
+	if code == 0 {
+		if err := CheckLeaks(opts...); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
