@@ -31,8 +31,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxd/outboxd/dispatch"
-	"github.com/outboxd/outboxd/lock"
 	"github.com/outboxd/outboxd/internal/metrics"
+	"github.com/outboxd/outboxd/lock"
 	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/poller"
 	"github.com/outboxd/outboxd/store"
