@@ -511,3 +511,40 @@ func trunc(s string, n int) string {
 	}
 	return s[:n] + "..."
 }
+
+// payloads maps each row's id to its payload as Postgres renders it (what
+// the relay reads and must pass on byte for byte).
+func (e *env) payloads(where string) map[int64]string {
+	e.t.Helper()
+	rs, err := e.pool.Query(context.Background(), `SELECT id, payload::text FROM outbox WHERE `+where)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer rs.Close()
+	out := map[int64]string{}
+	for rs.Next() {
+		var id int64
+		var p string
+		if err := rs.Scan(&id, &p); err != nil {
+			e.t.Fatal(err)
+		}
+		out[id] = p
+	}
+	return out
+}
+
+// consumedOnce checks that every dispatched id was found at the
+// destination (seen counts each id's copies there) and returns how many
+// arrived more than once (allowed: at least once, consumers dedupe).
+func consumedOnce(t *testing.T, ids []int64, seen map[int64]int, where string) (dups int) {
+	t.Helper()
+	for _, id := range ids {
+		switch n := seen[id]; {
+		case n == 0:
+			t.Errorf("event %d dispatched but not in %s", id, where)
+		case n > 1:
+			dups++
+		}
+	}
+	return dups
+}

@@ -81,27 +81,6 @@ func kafkaHeaders(t *testing.T, r *kgo.Record) map[string]string {
 	return out
 }
 
-// kafkaPayloads maps each row's id to its payload as Postgres renders it:
-// what the relay reads and must produce byte for byte.
-func (e *env) kafkaPayloads() map[int64]string {
-	e.t.Helper()
-	rs, err := e.pool.Query(context.Background(), `SELECT id, payload::text FROM outbox`)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer rs.Close()
-	out := map[int64]string{}
-	for rs.Next() {
-		var id int64
-		var p string
-		if err := rs.Scan(&id, &p); err != nil {
-			e.t.Fatal(err)
-		}
-		out[id] = p
-	}
-	return out
-}
-
 // kafkaFirstSeen checks the records against the contract and returns, per
 // aggregate_id, the ids in the order of their first appearance, and how
 // many times each id appeared.
@@ -154,7 +133,7 @@ func TestKafkaSink(t *testing.T) {
 		e.describeRows("dispatched_at IS NULL"))
 
 	recs := kafkaRecords(t, c, topic, len(ids))
-	order, seen := kafkaFirstSeen(t, recs, "order", e.kafkaPayloads(), true)
+	order, seen := kafkaFirstSeen(t, recs, "order", e.payloads("true"), true)
 	partition := map[string]int32{}
 	for _, r := range recs {
 		if p, ok := partition[string(r.Key)]; ok && p != r.Partition {
@@ -167,15 +146,7 @@ func TestKafkaSink(t *testing.T) {
 			t.Errorf("aggregate %s: first appearances %v, want id order", agg, got)
 		}
 	}
-	dups := 0
-	for _, id := range ids {
-		switch n := seen[id]; {
-		case n == 0:
-			t.Errorf("event %d dispatched but not in %s", id, topic)
-		case n > 1:
-			dups++
-		}
-	}
+	dups := consumedOnce(t, ids, seen, topic)
 	if len(order) != 20 {
 		t.Errorf("%d aggregates in the topic, want 20", len(order))
 	}
@@ -218,7 +189,7 @@ func TestKafkaSinkUnknownTopic(t *testing.T) {
 	waitFor(t, "the rows dispatched once the topic exists", func() bool {
 		return e.count("aggregate_type = 'missing' AND dispatched_at IS NOT NULL") == len(missing)
 	}, e.describeRows("aggregate_type = 'missing'"))
-	order, _ := kafkaFirstSeen(t, kafkaRecords(t, c, "outbox.event.missing", len(missing)), "missing", e.kafkaPayloads(), false)
+	order, _ := kafkaFirstSeen(t, kafkaRecords(t, c, "outbox.event.missing", len(missing)), "missing", e.payloads("true"), false)
 	want := map[string][]int64{"0": {missing[0], missing[2], missing[4]}, "1": {missing[1], missing[3], missing[5]}}
 	if fmt.Sprint(order) != fmt.Sprint(want) {
 		t.Errorf("topic holds per aggregate %v, want %v", order, want)

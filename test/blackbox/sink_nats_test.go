@@ -127,27 +127,6 @@ func natsEnv(t *testing.T, ns *natsStream) *env {
 	return e
 }
 
-// natsPayloads maps each row's id to its payload as Postgres renders it
-// (what the relay reads and must pass on byte for byte).
-func (e *env) natsPayloads() map[int64]string {
-	e.t.Helper()
-	rs, err := e.pool.Query(context.Background(), `SELECT id, payload::text FROM outbox`)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer rs.Close()
-	out := map[int64]string{}
-	for rs.Next() {
-		var id int64
-		var p string
-		if err := rs.Scan(&id, &p); err != nil {
-			e.t.Fatal(err)
-		}
-		out[id] = p
-	}
-	return out
-}
-
 // TestNATSSink: 200 events over 20 aggregates are all marked dispatched;
 // each is consumed from the stream at least once, with the contract's
 // headers, Nats-Msg-Id and its payload as is; each aggregate's first
@@ -162,7 +141,7 @@ func TestNATSSink(t *testing.T) {
 		e.describeRows("dispatched_at IS NULL"))
 
 	msgs := ns.consume()
-	payloads := e.natsPayloads()
+	payloads := e.payloads("true")
 	seen := map[int64]int{}
 	last := map[string]int64{} // aggregate_id -> last first-seen id
 	for _, m := range msgs {
@@ -196,15 +175,7 @@ func TestNATSSink(t *testing.T) {
 			t.Errorf("event %d: body %q, want the payload %q as is", id, m.Data(), payloads[id])
 		}
 	}
-	dups := 0
-	for _, id := range ids {
-		switch n := seen[id]; {
-		case n == 0:
-			t.Errorf("event %d dispatched but not in stream %s", id, ns.name)
-		case n > 1:
-			dups++
-		}
-	}
+	dups := consumedOnce(t, ids, seen, "stream "+ns.name)
 	if len(last) != 20 {
 		t.Errorf("%d aggregates in the stream, want 20", len(last))
 	}

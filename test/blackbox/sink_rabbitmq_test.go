@@ -2,7 +2,6 @@ package blackbox
 
 import (
 	"cmp"
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"os"
@@ -102,27 +101,6 @@ func rabbitEnv(t *testing.T, rx *rabbitExchange) *env {
 	return e
 }
 
-// rabbitPayloads maps each row's id to its payload as Postgres renders it
-// (what the relay reads and must pass on byte for byte).
-func (e *env) rabbitPayloads() map[int64]string {
-	e.t.Helper()
-	rs, err := e.pool.Query(context.Background(), `SELECT id, payload::text FROM outbox`)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer rs.Close()
-	out := map[int64]string{}
-	for rs.Next() {
-		var id int64
-		var p string
-		if err := rs.Scan(&id, &p); err != nil {
-			e.t.Fatal(err)
-		}
-		out[id] = p
-	}
-	return out
-}
-
 // header is a message's header as a string ("" when absent).
 func header(d amqp.Delivery, k string) string {
 	s, _ := d.Headers[k].(string)
@@ -144,7 +122,7 @@ func TestRabbitMQSink(t *testing.T) {
 		e.describeRows("dispatched_at IS NULL"))
 
 	msgs := rx.drain(q)
-	payloads := e.rabbitPayloads()
+	payloads := e.payloads("true")
 	seen := map[int64]int{}
 	last := map[string]int64{} // aggregate_id -> last first-seen id
 	for _, d := range msgs {
@@ -178,15 +156,7 @@ func TestRabbitMQSink(t *testing.T) {
 			t.Errorf("event %d: body %q, want the payload %q as is", id, d.Body, payloads[id])
 		}
 	}
-	dups := 0
-	for _, id := range ids {
-		switch n := seen[id]; {
-		case n == 0:
-			t.Errorf("event %d dispatched but not in queue %s", id, q)
-		case n > 1:
-			dups++
-		}
-	}
+	dups := consumedOnce(t, ids, seen, "queue "+q)
 	if len(last) != 20 {
 		t.Errorf("%d aggregates in the queue, want 20", len(last))
 	}

@@ -50,27 +50,6 @@ func redisStreamEnv(t *testing.T) *env {
 	return e
 }
 
-// payloads maps each row's id to its payload as Postgres renders it (what
-// the relay reads and must pass on byte for byte).
-func (e *env) payloads(where string) map[int64]string {
-	e.t.Helper()
-	rs, err := e.pool.Query(context.Background(), `SELECT id, payload::text FROM outbox WHERE `+where)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer rs.Close()
-	out := map[int64]string{}
-	for rs.Next() {
-		var id int64
-		var p string
-		if err := rs.Scan(&id, &p); err != nil {
-			e.t.Fatal(err)
-		}
-		out[id] = p
-	}
-	return out
-}
-
 // TestRedisStreamSink: 200 events over 20 aggregates are all marked
 // dispatched, each is in the stream at least once with the contract's
 // fields and its payload as is, and each aggregate's first appearances are
@@ -115,15 +94,7 @@ func TestRedisStreamSink(t *testing.T) {
 			t.Errorf("event %d: payload %q, want %q as is", id, f["payload"], payloads[id])
 		}
 	}
-	dups := 0
-	for _, id := range ids {
-		switch n := seen[id]; {
-		case n == 0:
-			t.Errorf("event %d dispatched but not in stream %s", id, key)
-		case n > 1:
-			dups++
-		}
-	}
+	dups := consumedOnce(t, ids, seen, "stream "+key)
 	if len(last) != 20 {
 		t.Errorf("%d aggregates in the stream, want 20", len(last))
 	}
