@@ -141,7 +141,8 @@ type Webhook struct {
 }
 
 type HTTP struct {
-	Addr string `mapstructure:"addr"`
+	Addr  string `mapstructure:"addr"`
+	Pprof bool   `mapstructure:"pprof"` // serve /debug/pprof/ on http.addr (profiling; off by default)
 }
 
 type Log struct {

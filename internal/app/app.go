@@ -248,6 +248,7 @@ func (a *App) Run(ctx context.Context) error {
 		},
 		Registry:     a.Metrics.Registry,
 		BeforeScrape: a.refreshBacklog,
+		Pprof:        a.Cfg.HTTP.Pprof,
 		Status: func(ctx context.Context) (any, error) {
 			return a.status(ctx, map[string]func() int64{keys.PollerLock: p.HeldToken, keys.ReconcileLock: rec.HeldToken})
 		},

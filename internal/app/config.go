@@ -92,6 +92,7 @@ func Defaults() map[string]any {
 		"dispatch.cloudevents":                    false,
 		"dispatch.cloudevents_source":             dispatch.DefaultCloudEventsSource,
 		"http.addr":                               DefaultHTTPAddr,
+		"http.pprof":                              false,
 		"log.level":                               "info",
 		"log.format":                              "json",
 		"shutdown_timeout":                        poller.DefaultShutdownTimeout,

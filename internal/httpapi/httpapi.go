@@ -1,5 +1,5 @@
 // Package httpapi serves outboxd's operations endpoints: /livez, /readyz,
-// /metrics and /status.
+// /metrics and /status, and /debug/pprof/ when asked for.
 package httpapi
 
 import (
@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,6 +25,10 @@ type Deps struct {
 	// BeforeScrape, if set, refreshes gauges that are read from elsewhere
 	// (the backlog in Postgres) so a scrape never shows a stale value.
 	BeforeScrape func(ctx context.Context)
+	// Pprof serves net/http/pprof under /debug/pprof/ (http.pprof): CPU and
+	// heap profiles of the running daemon, for benchmarks and incidents.
+	// Off by default: a profile can be expensive and shows internals.
+	Pprof bool
 }
 
 // Handler returns the endpoints' mux.
@@ -66,6 +71,13 @@ func Handler(d Deps) http.Handler {
 		}
 		writeJSON(w, http.StatusOK, st)
 	})
+	if d.Pprof {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	return mux
 }
 

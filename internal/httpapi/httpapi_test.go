@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -86,5 +87,24 @@ func TestServerDefaults(t *testing.T) {
 	s := httpapi.Server(http.NotFoundHandler(), httpapi.Timeouts{})
 	if s.ReadHeaderTimeout <= 0 || s.ReadTimeout <= 0 || s.WriteTimeout <= 0 || s.IdleTimeout <= 0 {
 		t.Fatalf("timeouts %s %s %s %s: want all set", s.ReadHeaderTimeout, s.ReadTimeout, s.WriteTimeout, s.IdleTimeout)
+	}
+}
+
+// /debug/pprof/ exists only when asked for (http.pprof).
+func TestPprofOnlyWhenEnabled(t *testing.T) {
+	t.Parallel()
+	for _, on := range []bool{false, true} {
+		h := httpapi.Handler(httpapi.Deps{Pprof: on, Status: func(context.Context) (any, error) { return nil, nil }})
+		for _, path := range []string{"/debug/pprof/", "/debug/pprof/heap", "/debug/pprof/cmdline"} {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+			want := http.StatusNotFound
+			if on {
+				want = http.StatusOK
+			}
+			if rec.Code != want {
+				t.Errorf("pprof=%t GET %s: %d, want %d", on, path, rec.Code, want)
+			}
+		}
 	}
 }
