@@ -8,28 +8,22 @@ package bench
 
 import (
 	"context"
-	stdsql "database/sql"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
-	"github.com/ThreeDotsLabs/watermill/components/forwarder"
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/bsm/redislock"
 	"github.com/go-redsync/redsync/v4"
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/jackc/pgx/v5"
-	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/outboxd/outboxd/bench/peer"
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/internal/metrics"
 	"github.com/outboxd/outboxd/lock"
@@ -147,65 +141,11 @@ func cleanKeys(rdb *redis.Client, prefix string) {
 	}
 }
 
-// countingPublisher is the forwarder's no-op destination.
-type countingPublisher struct{ n atomic.Int64 }
-
-func (c *countingPublisher) Publish(_ string, msgs ...*message.Message) error {
-	c.n.Add(int64(len(msgs)))
-	return nil
-}
-func (c *countingPublisher) Close() error { return nil }
-
 func drainWatermill(b *testing.B, batch int) float64 {
-	ctx := context.Background()
-	db, err := stdsql.Open("pgx", freshDB(b))
+	elapsed, err := peer.WatermillDrain(context.Background(), freshDB(b), batch, backlog, 12)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer db.Close()
-	db.SetMaxOpenConns(16)
-	logger := watermill.NopLogger{}
-	schema := wsql.DefaultPostgreSQLSchema{SubscribeBatchSize: batch}
-	pub, err := wsql.NewPublisher(db, wsql.PublisherConfig{SchemaAdapter: schema, AutoInitializeSchema: true}, logger)
-	if err != nil {
-		b.Fatal(err)
-	}
-	fwdPub := forwarder.NewPublisher(pub, forwarder.PublisherConfig{ForwarderTopic: "forwarder_topic"})
-	// The backlog: 100k enveloped messages, as the forwarder's producers write them.
-	for i := 0; i < backlog; i += 1000 {
-		msgs := make([]*message.Message, 1000)
-		for j := range msgs {
-			msgs[j] = message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprintf(`{"seq":%d}`, i+j)))
-		}
-		if err := fwdPub.Publish("events", msgs...); err != nil {
-			b.Fatal(err)
-		}
-	}
-	sub, err := wsql.NewSubscriber(db, wsql.SubscriberConfig{
-		SchemaAdapter: schema, OffsetsAdapter: wsql.DefaultPostgreSQLOffsetsAdapter{},
-		InitializeSchema: true, PollInterval: 10 * time.Millisecond,
-	}, logger)
-	if err != nil {
-		b.Fatal(err)
-	}
-	out := &countingPublisher{}
-	fwd, err := forwarder.NewForwarder(sub, out, logger, forwarder.Config{ForwarderTopic: "forwarder_topic"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.ResetTimer()
-	start := time.Now()
-	rctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = fwd.Run(rctx) })
-	for out.n.Load() < backlog {
-		time.Sleep(20 * time.Millisecond)
-	}
-	elapsed := time.Since(start)
-	b.StopTimer()
-	cancel()
-	_ = fwd.Close()
-	wg.Wait()
 	return backlog / elapsed.Seconds()
 }
 

@@ -1,0 +1,592 @@
+// Command blackbox measures what users get: it builds outboxd, starts the
+// binary as an operator would (`outboxd migrate`, then `outboxd run` with a
+// no-op sink), and times it from the outside. Each run has a fresh database
+// and Redis key prefix.
+//
+//	drain    a backlog of -rows events (~220-byte payloads over 1,000
+//	         aggregates) at each -batches size, alternated in every round with
+//	         watermill-sql's forwarder on the same Postgres; events/s from the
+//	         process start to the last row marked, peak RSS, and CPU per 1,000
+//	         events of the relay, Postgres and Redis
+//	latency  producers commit -rate events/s (-per-tx per transaction) for
+//	         -for while the binary runs; commit → marked delivered
+//	         (dispatched_at) p50/p95/p99 per run
+//
+// With -profile DIR, each outboxd drain also writes a CPU profile of the
+// relay (http.pprof), Postgres' pg_stat_statements (when the extension is
+// loaded) and Redis' INFO commandstats into DIR.
+//
+//	cd bench && go run ./blackbox -rounds 3
+//	cd bench && go run ./blackbox -scenario latency -runs 5 -rate 1000
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxd/outboxd/bench/peer"
+)
+
+var (
+	pgDSN     = flag.String("dsn", envOr("OUTBOXD_TEST_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "maintenance DSN (databases are created beside it)")
+	redisAddr = flag.String("redis", envOr("OUTBOXD_TEST_REDIS_ADDR", "127.0.0.1:6379"), "Redis address")
+	scenario  = flag.String("scenario", "drain", "drain or latency")
+	rounds    = flag.Int("rounds", 3, "drain: rounds (each runs every batch size for outboxd and the peer)")
+	batches   = flag.String("batches", "1000,100", "drain: poller.batch_size values")
+	rows      = flag.Int("rows", 100000, "drain: backlog size")
+	withPeer  = flag.Bool("peer", true, "drain: alternate with watermill-sql's forwarder")
+	profile   = flag.String("profile", "", "drain: write relay CPU profiles, pg_stat_statements and Redis commandstats here")
+	runs      = flag.Int("runs", 5, "latency: runs")
+	rate      = flag.Int("rate", 1000, "latency: events/s")
+	perTx     = flag.Int("per-tx", 1, "latency: events per producer transaction")
+	steadyFor = flag.Duration("for", 10*time.Second, "latency: measured duration (after a 1 s warm-up)")
+	latBatch  = flag.Int("batch", 500, "latency: poller.batch_size")
+	binPath   = flag.String("bin", "", "outboxd binary to run (default: build ../cmd/outboxd)")
+	sets      = flag.String("set", "", "extra --set key=value pairs for outboxd run, comma-separated")
+)
+
+// payloadPad makes a row's payload about 220 bytes, like the issue's figures.
+const payloadPad = 170
+
+func envOr(k, d string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return d
+}
+
+func main() {
+	flag.Parse()
+	ctx := context.Background()
+	bin := *binPath
+	if bin == "" {
+		dir, err := os.MkdirTemp("", "outboxd-blackbox")
+		check(err)
+		defer os.RemoveAll(dir)
+		bin = filepath.Join(dir, "outboxd")
+		build := exec.Command("go", "build", "-C", "..", "-o", bin, "./cmd/outboxd")
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		check(build.Run())
+	}
+	fmt.Printf("blackbox: %s, GOMAXPROCS %q, %s\n", bin, os.Getenv("GOMAXPROCS"), time.Now().UTC().Format(time.RFC3339))
+	switch *scenario {
+	case "drain":
+		drainRounds(ctx, bin)
+	case "latency":
+		latencyRuns(ctx, bin)
+	default:
+		check(fmt.Errorf("unknown -scenario %q", *scenario))
+	}
+}
+
+// ---- drain ----
+
+type drainResult struct {
+	perSec               float64
+	rssMiB               float64
+	relayCPU, pgCPU, rCPU float64 // CPU seconds per 1,000 events
+}
+
+func drainRounds(ctx context.Context, bin string) {
+	var sizes []int
+	for _, s := range strings.Split(*batches, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		check(err)
+		sizes = append(sizes, n)
+	}
+	ours := map[int][]drainResult{}
+	theirs := map[int][]float64{}
+	for r := range *rounds {
+		for _, b := range sizes {
+			res := drainOutboxd(ctx, bin, b, fmt.Sprintf("r%d-b%d", r+1, b))
+			ours[b] = append(ours[b], res)
+			fmt.Printf("round %d batch %4d outboxd   %8.0f ev/s  RSS %5.1f MiB  CPU s/1k events: relay %.4f  postgres %.4f  redis %.4f\n",
+				r+1, b, res.perSec, res.rssMiB, res.relayCPU, res.pgCPU, res.rCPU)
+			if *withPeer {
+				dsn, drop := freshDB(ctx)
+				d, err := peer.WatermillDrain(ctx, dsn, b, *rows, payloadPad+50)
+				drop()
+				check(err)
+				theirs[b] = append(theirs[b], float64(*rows)/d.Seconds())
+				fmt.Printf("round %d batch %4d watermill %8.0f msg/s\n", r+1, b, theirs[b][len(theirs[b])-1])
+			}
+		}
+	}
+	fmt.Printf("\n| batch | outboxd (binary) ev/s min / median / max | watermill forwarder msg/s min / median / max | ratio of medians | peak RSS MiB (max) | CPU s per 1k events relay / Postgres / Redis (medians) |\n|---|---|---|---|---|---|\n")
+	for _, b := range sizes {
+		var evs, rss, rc, pc, dc []float64
+		for _, x := range ours[b] {
+			evs, rss, rc, pc, dc = append(evs, x.perSec), append(rss, x.rssMiB), append(rc, x.relayCPU), append(pc, x.pgCPU), append(dc, x.rCPU)
+		}
+		peerCol, ratio := "not run", "—"
+		if t := theirs[b]; len(t) > 0 {
+			peerCol = mmm(t)
+			ratio = fmt.Sprintf("%.2f×", median(evs)/median(t))
+		}
+		fmt.Printf("| %d | %s | %s | %s | %.1f | %.4f / %.4f / %.4f |\n", b, mmm(evs), peerCol, ratio, slices.Max(rss), median(rc), median(pc), median(dc))
+	}
+}
+
+func drainOutboxd(ctx context.Context, bin string, batch int, tag string) drainResult {
+	dsn, drop := freshDB(ctx)
+	defer drop()
+	prefix := fmt.Sprintf("bb:%d:", time.Now().UnixNano())
+	rdb := redis.NewClient(&redis.Options{Addr: *redisAddr})
+	defer rdb.Close()
+	defer cleanKeys(rdb, prefix)
+	runCmd(bin, "migrate", "--set", "postgres.dsn="+dsn)
+	pool, err := pgxpool.New(ctx, dsn)
+	check(err)
+	defer pool.Close()
+	_, err = pool.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+		SELECT 'deal', (i % 1000)::text, 'deal.funded',
+		  jsonb_build_object('seq', i, 'deal', 'deal-' || (i % 1000), 'amount_cents', i * 7, 'pad', repeat('x', $2))
+		FROM generate_series(1, $1) i`, *rows, payloadPad)
+	check(err)
+	_, err = pool.Exec(ctx, `VACUUM ANALYZE outbox`)
+	check(err)
+	statements := *profile != "" && resetPgStatStatements(ctx, pool)
+	if *profile != "" {
+		check(rdb.ConfigResetStat(ctx).Err())
+	}
+
+	pgBefore := processCPU("postgres")
+	redisBefore := redisCPU(ctx, rdb)
+	d := startDaemon(ctx, bin, dsn, prefix, batch, *profile != "")
+	defer d.stop()
+	var prof *profileFetch
+	if *profile != "" {
+		prof = d.cpuProfile(filepath.Join(*profile, tag+".cpu.pprof"))
+	}
+	// /metrics refreshes the backlog gauges from Postgres on each scrape: poll
+	// sparingly; the end time comes from the rows themselves.
+	for d.dispatched() < float64(*rows) {
+		time.Sleep(250 * time.Millisecond)
+		d.checkAlive()
+	}
+	// The last row's mark is the end; the process start is the beginning
+	// (what an operator restarting onto a backlog waits for).
+	var last time.Time
+	check(pool.QueryRow(ctx, `SELECT max(dispatched_at) FROM outbox`).Scan(&last))
+	res := drainResult{perSec: float64(*rows) / last.Sub(d.started).Seconds()}
+	res.rssMiB = d.peakRSSMiB()
+	per1k := float64(*rows) / 1000
+	res.relayCPU = d.cpuSeconds() / per1k
+	res.pgCPU = (processCPU("postgres") - pgBefore) / per1k
+	res.rCPU = (redisCPU(ctx, rdb) - redisBefore) / per1k
+	if prof != nil {
+		prof.wait()
+		if statements {
+			dumpPgStatStatements(ctx, pool, filepath.Join(*profile, tag+".pg_stat_statements.txt"))
+		}
+		stats, err := rdb.Info(ctx, "commandstats").Result()
+		check(err)
+		check(os.WriteFile(filepath.Join(*profile, tag+".redis_commandstats.txt"), []byte(stats), 0o644))
+	}
+	return res
+}
+
+// ---- latency ----
+
+func latencyRuns(ctx context.Context, bin string) {
+	for r := range *runs {
+		q := latencyOnce(ctx, bin)
+		fmt.Printf("run %d: %d ev/s x%d per tx (achieved %.0f ev/s), commit → marked p50 %.2f ms  p95 %.2f ms  p99 %.2f ms  max %.2f ms (%d events)\n",
+			r+1, *rate, *perTx, q.achieved, q.p50, q.p95, q.p99, q.max, q.n)
+	}
+}
+
+type latency struct {
+	achieved, p50, p95, p99, max float64
+	n                            int
+}
+
+func latencyOnce(ctx context.Context, bin string) latency {
+	dsn, drop := freshDB(ctx)
+	defer drop()
+	prefix := fmt.Sprintf("bb:%d:", time.Now().UnixNano())
+	rdb := redis.NewClient(&redis.Options{Addr: *redisAddr})
+	defer rdb.Close()
+	defer cleanKeys(rdb, prefix)
+	runCmd(bin, "migrate", "--set", "postgres.dsn="+dsn)
+	cfg, err := pgxpool.ParseConfig(dsn)
+	check(err)
+	cfg.MaxConns = 16
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	check(err)
+	defer pool.Close()
+	d := startDaemon(ctx, bin, dsn, prefix, *latBatch, false)
+	defer d.stop()
+	d.waitLeader()
+
+	// Open loop: transaction i starts at start + i·interval whatever the
+	// others do; the first second warms up and is not measured.
+	k := max(*perTx, 1)
+	interval := time.Second * time.Duration(k) / time.Duration(*rate)
+	warm := *rate / k
+	n := warm + int(steadyFor.Seconds()*float64(*rate))/k
+	type commit struct {
+		ids []int64
+		at  time.Time
+	}
+	commits := make([]commit, n)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	start := time.Now()
+	for i := range n {
+		time.Sleep(time.Until(start.Add(time.Duration(i) * interval)))
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			var ids []int64
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				rows, err := tx.Query(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+					SELECT 'deal', (($1::int * 7 + g) % 1000)::text, 'deal.funded',
+					  jsonb_build_object('seq', $1::int, 'pad', repeat('x', $3))
+					FROM generate_series(1, $2::int) g RETURNING id`, i, k, payloadPad)
+				if err != nil {
+					return err
+				}
+				ids, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+				return err
+			})
+			check(err)
+			commits[i] = commit{ids, time.Now()}
+		})
+	}
+	wg.Wait()
+	achieved := float64(n*k) / time.Since(start).Seconds()
+	for d.dispatched() < float64(n*k) {
+		time.Sleep(20 * time.Millisecond)
+		d.checkAlive()
+	}
+	marked := map[int64]time.Time{}
+	res, err := pool.Query(ctx, `SELECT id, dispatched_at FROM outbox`)
+	check(err)
+	var id int64
+	var at time.Time
+	_, err = pgx.ForEachRow(res, []any{&id, &at}, func() error { marked[id] = at; return nil })
+	check(err)
+	var lat []float64
+	for _, c := range commits[warm:] {
+		for _, id := range c.ids {
+			lat = append(lat, float64(marked[id].Sub(c.at).Microseconds())/1000)
+		}
+	}
+	slices.Sort(lat)
+	q := func(p float64) float64 { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
+	return latency{achieved: achieved, p50: q(0.50), p95: q(0.95), p99: q(0.99), max: lat[len(lat)-1], n: len(lat)}
+}
+
+// ---- the daemon ----
+
+type daemon struct {
+	cmd     *exec.Cmd
+	addr    string
+	started time.Time
+	exited  chan struct{}
+	logs    *tail
+}
+
+// startDaemon runs `outboxd run` as a user would, with a no-op sink, and
+// returns once its HTTP port answers.
+func startDaemon(ctx context.Context, bin, dsn, prefix string, batch int, pprof bool) *daemon {
+	addr := freePort()
+	args := []string{"run",
+		"--set", "postgres.dsn=" + dsn, "--set", "redis.addrs=" + *redisAddr, "--set", "redis.key_prefix=" + prefix,
+		"--set", "dispatch.sink=noop", "--set", "poller.batch_size=" + strconv.Itoa(batch),
+		"--set", "http.addr=" + addr, "--set", "http.pprof=" + strconv.FormatBool(pprof),
+		"--set", "log.level=warn", "--set", "reconcile.schedule=@every 1h",
+	}
+	for _, s := range strings.Split(*sets, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			args = append(args, "--set", s)
+		}
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
+	logs := &tail{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	d := &daemon{cmd: cmd, addr: addr, exited: make(chan struct{}), logs: logs}
+	d.started = time.Now()
+	check(cmd.Start())
+	go func() { _ = cmd.Wait(); close(d.exited) }()
+	for {
+		d.checkAlive()
+		if resp, err := http.Get("http://" + addr + "/livez"); err == nil {
+			resp.Body.Close()
+			return d
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (d *daemon) checkAlive() {
+	select {
+	case <-d.exited:
+		check(fmt.Errorf("outboxd exited: %v\n%s", d.cmd.ProcessState, d.logs))
+	default:
+	}
+}
+
+func (d *daemon) stop() {
+	_ = d.cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-d.exited:
+	case <-time.After(30 * time.Second):
+		_ = d.cmd.Process.Kill()
+		<-d.exited
+	}
+}
+
+// metric reads one unlabelled sample from /metrics.
+func (d *daemon) metric(name string) float64 {
+	resp, err := http.Get("http://" + d.addr + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return 0
+}
+
+func (d *daemon) dispatched() float64 { return d.metric("outboxd_dispatched_total") }
+
+func (d *daemon) waitLeader() {
+	for d.metric(`outboxd_lock_held{lock="lock:outbox:poller"}`) < 1 {
+		d.checkAlive()
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// peakRSSMiB is the process' VmHWM.
+func (d *daemon) peakRSSMiB() float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.cmd.Process.Pid))
+	check(err)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+func (d *daemon) cpuSeconds() float64 { return pidCPU(d.cmd.Process.Pid) }
+
+type profileFetch struct{ done chan struct{} }
+
+func (p *profileFetch) wait() { <-p.done }
+
+// cpuProfile records the relay for the drain's expected length.
+func (d *daemon) cpuProfile(path string) *profileFetch {
+	p := &profileFetch{done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		resp, err := http.Get("http://" + d.addr + "/debug/pprof/profile?seconds=3")
+		check(err)
+		defer resp.Body.Close()
+		f, err := os.Create(path)
+		check(err)
+		defer f.Close()
+		_, err = io.Copy(f, resp.Body)
+		check(err)
+	}()
+	return p
+}
+
+// tail keeps the last 8 KiB a process wrote, for error messages.
+type tail struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (t *tail) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, p...)
+	if len(t.buf) > 8<<10 {
+		t.buf = t.buf[len(t.buf)-8<<10:]
+	}
+	return len(p), nil
+}
+
+func (t *tail) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.buf)
+}
+
+// ---- measuring Postgres and Redis ----
+
+// processCPU sums user+system CPU seconds of every process with this name
+// (Postgres: postmaster, backends, walwriter, ...). Backends that exit
+// between two readings lose their share; the relay's stay connected.
+func processCPU(name string) float64 {
+	ents, err := os.ReadDir("/proc")
+	check(err)
+	total := 0.0
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		if err != nil || strings.TrimSpace(string(comm)) != name {
+			continue
+		}
+		total += pidCPU(pid)
+	}
+	return total
+}
+
+// pidCPU reads utime+stime from /proc/<pid>/stat (clock ticks of 100 Hz).
+func pidCPU(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	ut, _ := strconv.ParseFloat(fields[11], 64)
+	st, _ := strconv.ParseFloat(fields[12], 64)
+	return (ut + st) / 100
+}
+
+func redisCPU(ctx context.Context, rdb *redis.Client) float64 {
+	info, err := rdb.Info(ctx, "cpu").Result()
+	check(err)
+	total := 0.0
+	for _, line := range strings.Split(info, "\r\n") {
+		for _, k := range []string{"used_cpu_sys:", "used_cpu_user:"} {
+			if v, ok := strings.CutPrefix(line, k); ok {
+				f, _ := strconv.ParseFloat(v, 64)
+				total += f
+			}
+		}
+	}
+	return total
+}
+
+func resetPgStatStatements(ctx context.Context, pool *pgxpool.Pool) bool {
+	if _, err := pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err != nil {
+		return false
+	}
+	_, err := pool.Exec(ctx, `SELECT pg_stat_statements_reset()`)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "pg_stat_statements unavailable (shared_preload_libraries?): %v\n", err)
+	}
+	return err == nil
+}
+
+func dumpPgStatStatements(ctx context.Context, pool *pgxpool.Pool, path string) {
+	rows, err := pool.Query(ctx, `
+SELECT calls, round(total_exec_time::numeric, 1)::float8, round(mean_exec_time::numeric, 3)::float8, rows,
+       shared_blks_hit, shared_blks_read, shared_blks_dirtied, wal_records, wal_bytes::float8,
+       left(regexp_replace(query, '\s+', ' ', 'g'), 160)
+FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+ORDER BY total_exec_time DESC LIMIT 15`)
+	check(err)
+	var b strings.Builder
+	b.WriteString("calls\ttotal_ms\tmean_ms\trows\tblks_hit\tblks_read\tblks_dirtied\twal_records\twal_bytes\tquery\n")
+	for rows.Next() {
+		vals, err := rows.Values()
+		check(err)
+		for i, v := range vals {
+			if i > 0 {
+				b.WriteByte('\t')
+			}
+			fmt.Fprint(&b, v)
+		}
+		b.WriteByte('\n')
+	}
+	check(rows.Err())
+	check(os.WriteFile(path, []byte(b.String()), 0o644))
+}
+
+// ---- environment ----
+
+// freshDB creates a database beside -dsn and returns its DSN and a drop func.
+func freshDB(ctx context.Context) (string, func()) {
+	name := fmt.Sprintf("outboxd_bb_%d", time.Now().UnixNano())
+	admin, err := pgx.Connect(ctx, *pgDSN)
+	check(err)
+	_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
+	check(err)
+	cfg, err := pgx.ParseConfig(*pgDSN)
+	check(err)
+	dsn := fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", cfg.User, cfg.Host, cfg.Port, name)
+	return dsn, func() {
+		_, _ = admin.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)")
+		_ = admin.Close(ctx)
+	}
+}
+
+func cleanKeys(rdb *redis.Client, prefix string) {
+	ctx := context.Background()
+	iter := rdb.Scan(ctx, 0, prefix+"*", 5000).Iterator()
+	var keys []string
+	for iter.Next(ctx) {
+		if keys = append(keys, iter.Val()); len(keys) == 5000 {
+			rdb.Unlink(ctx, keys...)
+			keys = keys[:0]
+		}
+	}
+	if len(keys) > 0 {
+		rdb.Unlink(ctx, keys...)
+	}
+}
+
+func runCmd(bin string, args ...string) {
+	out, err := exec.Command(bin, args...).CombinedOutput()
+	if err != nil {
+		check(fmt.Errorf("outboxd %s: %w\n%s", strings.Join(args, " "), err, out))
+	}
+}
+
+func freePort() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	check(err)
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// mmm formats min / median / max.
+func mmm(xs []float64) string {
+	return fmt.Sprintf("%.0f / %.0f / %.0f", slices.Min(xs), median(xs), slices.Max(xs))
+}
+
+func check(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "blackbox:", err)
+		os.Exit(1)
+	}
+}
