@@ -60,12 +60,9 @@ import (
 const DeliveredTTL = 24 * time.Hour
 
 var (
-	//go:embed scripts/delivered.lua
-	deliveredSrc    string
-	deliveredScript = redis.NewScript(deliveredSrc)
-	//go:embed scripts/unclaim.lua
-	unclaimSrc    string
-	unclaimScript = redis.NewScript(unclaimSrc)
+	//go:embed scripts/finish.lua
+	finishSrc    string
+	finishScript = redis.NewScript(finishSrc)
 	//go:embed scripts/takeover.lua
 	takeoverSrc    string
 	takeoverScript = redis.NewScript(takeoverSrc)
@@ -146,10 +143,12 @@ type Poller struct {
 	cuts  map[int64]int // sends of a row cut short by the lease while it was held
 }
 
-// hooks run at the protocol's crash windows; tests kill the process there.
+// hooks run at the protocol's crash windows; tests kill the process there,
+// or hold it to widen a window.
 type hooks struct {
 	afterClaim    func() // claims set, nothing sent
 	afterSend     func() // sends done, idempotency keys not finalised
+	beforeFinish  func() // results about to be written, beside the next batch
 	afterFinalize func() // keys say delivered, Postgres not marked
 }
 
@@ -230,13 +229,21 @@ func heldElsewhere(err error) bool {
 // lead runs batches while the term holds and ctx is live. Shutdown order:
 // stop fetching (ctx) → finish the batch in flight (work, cancelled by the
 // term ShutdownTimeout later) → release (the term, when lead returns).
-func (p *Poller) lead(ctx, work context.Context, t *term.Term) error {
+func (p *Poller) lead(ctx, work context.Context, t *term.Term) (err error) {
 	idle := time.Duration(0)
+	var inflight *finishing // the last batch's results, being written
+	defer func() {
+		// Every result is written (or has failed) before the term ends.
+		if ferr := inflight.wait(); err == nil && errors.Is(ferr, store.ErrStaleFence) {
+			err = ferr
+		}
+	}()
 	for {
 		if ctx.Err() != nil || work.Err() != nil {
 			return nil // "lock lost" is logged on release
 		}
-		n, more, err := p.batch(work, t.Fence(), t.TrustedUntil)
+		n, more, next, err := p.batch(work, t.Fence(), t.TrustedUntil, inflight)
+		inflight = next
 		switch {
 		case errors.Is(err, store.ErrStaleFence):
 			return err
@@ -305,19 +312,60 @@ type item struct {
 	err     error
 }
 
-// batch runs one fetch-claim-send-write cycle. It returns how many rows it
-// fetched and whether more are due at once (a full batch).
-// trusted is the lease's local trust deadline: no send starts past it, and
-// none outlives it; the fetch is bounded by it too.
-func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() time.Time) (int, bool, error) {
+// finishing is a batch whose results are being written (Redis keys, then
+// the fenced Postgres write) while the next batch is fetched, claimed and
+// sent: those writes are about a third of a batch's time, and the next
+// batch does not need them, as long as it leaves this batch's rows alone
+// (store.FetchLimits.Skip) and, if an aggregate stopped here at a row not
+// delivered, waits for the write that makes that row back off (otherwise
+// the aggregate's later rows would look due and overtake it).
+// At most one batch is finishing at a time, so Postgres gets the results
+// in batch order.
+type finishing struct {
+	ids   []int64 // the batch's rows
+	stops bool    // an aggregate stopped at a row not delivered
+	done  chan struct{}
+	err   error
+}
+
+// wait returns the write's error once it is done; nil for a nil finishing.
+func (f *finishing) wait() error {
+	if f == nil {
+		return nil
+	}
+	<-f.done
+	return f.err
+}
+
+// skip is what the next fetch must leave out while f is being written.
+func (f *finishing) skip() []int64 {
+	if f == nil {
+		return nil
+	}
+	return f.ids
+}
+
+// batch runs one fetch-claim-send cycle and starts writing its results,
+// which go on beside the next batch (see finishing); prev is the previous
+// batch's, or nil. It returns how many rows it fetched, whether more are due
+// at once (a full batch), and its finishing. trusted is the lease's local
+// trust deadline: no send starts past it, and none outlives it; the fetch is
+// bounded by it too.
+func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() time.Time, prev *finishing) (int, bool, *finishing, error) {
 	start := time.Now()
+	if prev != nil && prev.stops {
+		if err := prev.wait(); err != nil {
+			return 0, false, nil, err
+		}
+		prev = nil
+	}
 	qctx, cancel := context.WithDeadline(ctx, trusted())
 	rows, err := p.store.FetchDue(qctx, store.FetchLimits{
-		Rows: p.cfg.BatchSize, RowBytes: p.cfg.MaxPayloadBytes, Bytes: p.cfg.BatchMaxBytes,
+		Rows: p.cfg.BatchSize, RowBytes: p.cfg.MaxPayloadBytes, Bytes: p.cfg.BatchMaxBytes, Skip: prev.skip(),
 	})
 	cancel()
 	if err != nil || len(rows) == 0 {
-		return 0, false, err
+		return 0, false, nil, errors.Join(err, prev.wait())
 	}
 	// A batch the byte budget cut is not "full": the next one follows after
 	// the short busy pause, which is nothing beside sending 16 MiB.
@@ -332,17 +380,32 @@ func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() ti
 	}
 	c := claim{token: fence.Token, owner: fence.Owner, batch: strconv.FormatInt(start.UnixNano(), 36)}
 	if err := p.claim(ctx, items, c); err != nil {
-		return len(rows), more, err
+		return len(rows), more, nil, errors.Join(err, prev.wait())
 	}
 	run(p.hooks.afterClaim)
 	p.deliver(ctx, items, fence.Token, trusted)
 	run(p.hooks.afterSend)
 
+	f := &finishing{ids: make([]int64, len(items)), done: make(chan struct{})}
+	for i, it := range items {
+		f.ids[i] = it.row.ID
+		switch it.outcome {
+		case pending, foreign, failed, refused:
+			f.stops = true
+		}
+	}
 	// Results are written even if the lease was lost meanwhile: the fence, not
 	// the lease, decides whether they land, and landing them saves duplicates.
-	wctx, cancelW := context.WithTimeout(context.WithoutCancel(ctx), queryTimeout(p.cfg))
-	defer cancelW()
-	return len(rows), more, p.finish(wctx, items, c.String(), fence, start)
+	// They go after the previous batch's, and that one's error (a stale
+	// fence) is this batch's.
+	perr := prev.wait()
+	go func() {
+		defer close(f.done)
+		wctx, cancelW := context.WithTimeout(context.WithoutCancel(ctx), queryTimeout(p.cfg))
+		defer cancelW()
+		f.err = p.finish(wctx, items, c.String(), fence, start)
+	}()
+	return len(rows), more, f, perr
 }
 
 // claim is the value a runner puts on an idempotency key while it delivers
@@ -602,32 +665,33 @@ func (p *Poller) cutShort(ctx context.Context, id int64, err error) (outcome, er
 // maxTrackedCuts bounds the per-row memory of cut sends.
 const maxTrackedCuts = 10000
 
-// finish turns claims into delivered marks or releases them (one pipelined
-// round trip), then writes every outcome to Postgres in one fenced statement.
+// finish turns claims into delivered marks or releases them (finish.lua,
+// one call per batch; per key in Redis Cluster, whose scripts cannot span
+// slots), then writes every outcome to Postgres in one fenced statement.
 func (p *Poller) finish(ctx context.Context, items []item, claim string, fence store.Fence, start time.Time) error {
+	run(p.hooks.beforeFinish)
 	var delivered []int64
 	var failures []store.Failure
-	pipe := p.rdb.Pipeline()
-	deliveredTTL := strconv.FormatInt(DeliveredTTL.Milliseconds(), 10)
+	var keys []string
+	var ops []byte // finish.lua's letter per key
 	now := time.Now()
 	for _, it := range items {
-		key := []string{p.keys.Idempotency(it.row.ID)}
 		switch it.outcome {
 		case sent:
 			delivered = append(delivered, it.row.ID)
-			deliveredScript.Run(ctx, pipe, key, claim, deliveredTTL)
+			keys, ops = append(keys, p.keys.Idempotency(it.row.ID)), append(ops, 'd')
 		case duplicate:
 			delivered = append(delivered, it.row.ID)
 		case pending:
-			unclaimScript.Run(ctx, pipe, key, claim)
+			keys, ops = append(keys, p.keys.Idempotency(it.row.ID)), append(ops, 'u')
 		case failed:
-			unclaimScript.Run(ctx, pipe, key, claim)
+			keys, ops = append(keys, p.keys.Idempotency(it.row.ID)), append(ops, 'u')
 			failures = append(failures, p.failure(it, now))
 		case refused, poisoned:
 			failures = append(failures, p.failure(it, now))
 		}
 	}
-	if err := execScripts(ctx, p.rdb, pipe); err != nil {
+	if err := p.settleKeys(ctx, keys, ops, claim); err != nil {
 		// Not fatal: an unreleased claim is taken over by the next batch, and a
 		// missing delivered mark costs at most a duplicate. Postgres is the record.
 		p.log.Warn("idempotency keys not updated", "error", err, "batch_size", len(items))
@@ -705,29 +769,31 @@ func RetryHorizon(cfg Config) (lo, hi time.Duration) {
 	return lo, hi
 }
 
-// execScripts runs a pipeline of scripts sent as EVALSHA; if Redis lost its
-// script cache (restart), it loads them and runs the pipeline once more (the
-// scripts are idempotent).
-func execScripts(ctx context.Context, rdb redis.UniversalClient, pipe redis.Pipeliner) error {
-	cmds := pipe.Cmds()
-	if len(cmds) == 0 {
+// settleKeys runs finish.lua over keys with their ops letters: one call, or
+// one per key (pipelined) in Redis Cluster. The script is idempotent, so if
+// Redis lost its script cache (a restart) it is loaded and run again.
+func (p *Poller) settleKeys(ctx context.Context, keys []string, ops []byte, claim string) error {
+	if len(keys) == 0 {
 		return nil
 	}
-	_, err := pipe.Exec(ctx)
+	ttl := strconv.FormatInt(DeliveredTTL.Milliseconds(), 10)
+	step := len(keys)
+	if _, cluster := p.rdb.(*redis.ClusterClient); cluster {
+		step = 1
+	}
+	exec := func(run func(pipe redis.Pipeliner, keys []string, args ...any)) error {
+		pipe := p.rdb.Pipeline()
+		for i := 0; i < len(keys); i += step {
+			run(pipe, keys[i:i+step], claim, ttl, string(ops[i:i+step]))
+		}
+		_, err := pipe.Exec(ctx)
+		return err
+	}
+	err := exec(func(pipe redis.Pipeliner, k []string, args ...any) { finishScript.EvalSha(ctx, pipe, k, args...) })
 	if err == nil || !redis.HasErrorPrefix(err, "NOSCRIPT") {
 		return err
 	}
-	for _, s := range []*redis.Script{deliveredScript, unclaimScript} {
-		if err := s.Load(ctx, rdb).Err(); err != nil {
-			return err
-		}
-	}
-	retry := rdb.Pipeline()
-	for _, c := range cmds {
-		_ = retry.Process(ctx, c)
-	}
-	_, err = retry.Exec(ctx)
-	return err
+	return exec(func(pipe redis.Pipeliner, k []string, args ...any) { finishScript.Eval(ctx, pipe, k, args...) })
 }
 
 // clip cuts s to at most n bytes for a message (callers quote it).

@@ -155,6 +155,9 @@ type FetchLimits struct {
 	Rows     int   // at most this many rows
 	RowBytes int64 // a larger row comes back without payload and headers, Poison set; 0 = no limit
 	Bytes    int64 // rows are returned while their total Size stays within this (the first always); 0 = no limit
+	// Skip are rows not to return although they look due: the previous
+	// batch's, while its results are still being written. Nil skips none.
+	Skip []int64
 }
 
 // rowSizeSQL measures a row without sending it: pg_column_size reads the
@@ -174,6 +177,8 @@ const rowSizeSQL = `(CASE WHEN pg_column_compression(o.payload) IS NULL THEN pg_
 // never broken. Dead rows do not block their aggregate (see README). A
 // delayed row is one whose available_at is past its created_at; producers
 // must not set created_at into the future.
+//
+// Rows in $4 are left out (see FetchLimits.Skip).
 //
 // Of those candidates ($1 at most) it returns the prefix whose loaded bytes
 // stay within $3 (always the first row): a prefix, so no aggregate gets a
@@ -195,6 +200,7 @@ FROM (
       ` + rowSizeSQL + ` AS size
     FROM outbox o
     WHERE o.dispatched_at IS NULL AND o.dead_at IS NULL AND o.available_at <= now()
+      AND o.id NOT IN (SELECT unnest($4::bigint[])) -- a hashed subplan
       AND NOT EXISTS (
         SELECT 1 FROM outbox e
         WHERE e.aggregate_type = o.aggregate_type AND e.aggregate_id = o.aggregate_id
@@ -221,7 +227,7 @@ func (s *Store) FetchDue(ctx context.Context, lim FetchLimits) ([]Row, error) {
 	if budget <= 0 {
 		budget = math.MaxInt64
 	}
-	res, err := s.pool.Query(ctx, fetchDueSQL, lim.Rows, rowBytes, budget)
+	res, err := s.pool.Query(ctx, fetchDueSQL, lim.Rows, rowBytes, budget, lim.Skip)
 	if err != nil {
 		return nil, wrap("fetch due", err)
 	}

@@ -245,3 +245,22 @@ func TestMissingSchemaSaysRunMigrate(t *testing.T) {
 		}
 	}
 }
+
+// Skip leaves the given rows out, and only them; the limit counts the rows returned.
+func TestFetchDueLeavesSkippedRowsOut(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	enqueue(t, st, ev("deal", "A", 1), ev("deal", "A", 2), ev("deal", "B", 3), ev("deal", "C", 4))
+	all, err := st.FetchDue(ctx, store.FetchLimits{Rows: 10})
+	if err != nil || len(all) != 4 {
+		t.Fatalf("%d rows, %v", len(all), err)
+	}
+	rows, err := st.FetchDue(ctx, store.FetchLimits{Rows: 2, Skip: []int64{all[0].ID, all[2].ID}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 2 || rows[0].ID != all[1].ID || rows[1].ID != all[3].ID {
+		t.Fatalf("rows %+v, want ids %d and %d", rows, all[1].ID, all[3].ID)
+	}
+}
