@@ -60,6 +60,9 @@ import (
 const DeliveredTTL = 24 * time.Hour
 
 var (
+	//go:embed scripts/claim.lua
+	claimSrc    string
+	claimScript = redis.NewScript(claimSrc)
 	//go:embed scripts/finish.lua
 	finishSrc    string
 	finishScript = redis.NewScript(finishSrc)
@@ -452,33 +455,41 @@ func (c claim) supersedes(other claim) bool {
 	return other.token < c.token || (other.token == c.token && other.owner == c.owner && other.batch != c.batch)
 }
 
-// claim sets every sendable row's idempotency key to our claim if absent, in
-// one pipelined round trip, and classifies the rows by what was there. Claims
-// of an earlier holder are taken over at once (one more round trip, only
-// when there are any): a crash costs about one lock TTL, never claim_ttl.
-// A key Redis cannot use as a string (WRONGTYPE) or holding a value outboxd
-// did not write fails that row alone; an outage fails the batch.
+// claim sets every sendable row's idempotency key to our claim if absent
+// (claim.lua, one call per batch; per key in Redis Cluster), and classifies
+// the rows by what was there. Claims of an earlier holder are taken over at
+// once (one more round trip, only when there are any): a crash costs about
+// one lock TTL, never claim_ttl. A key Redis cannot use as a string
+// (WRONGTYPE) or holding a value outboxd did not write fails that row alone;
+// an outage fails the batch.
 func (p *Poller) claim(ctx context.Context, items []item, c claim) error {
 	value := c.String()
 	ttl := strconv.FormatInt(p.cfg.ClaimTTL.Milliseconds(), 10)
-	pipe := p.rdb.Pipeline()
-	cmds := make([]*redis.Cmd, len(items))
+	var idx []int // items claimed, in keys order
+	var keys []string
 	for i := range items {
-		if items[i].outcome == poisoned {
-			continue
+		if items[i].outcome != poisoned {
+			idx, keys = append(idx, i), append(keys, p.keys.Idempotency(items[i].row.ID))
 		}
-		cmds[i] = pipe.Do(ctx, "set", p.keys.Idempotency(items[i].row.ID), value, "px", ttl, "nx", "get")
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) && !rowError(err) {
+	found, err := p.evalPerSlot(ctx, claimScript, keys, func(lo, hi int) []any { return []any{value, ttl} })
+	if err != nil {
 		return fmt.Errorf("poller: claim idempotency keys: %w", err)
 	}
 	var takeover []int
 	var previous []string
-	for i, cmd := range cmds {
-		if cmd == nil {
-			continue
+	for j, i := range idx {
+		var v string
+		switch x := found[j].(type) {
+		case nil:
+			err = redis.Nil
+		case string:
+			v, err = x, nil
+		case error:
+			err = x
+		default:
+			err = fmt.Errorf("unexpected reply %T", x)
 		}
-		v, err := cmd.Text()
 		switch {
 		case errors.Is(err, redis.Nil):
 			items[i].outcome = pending // ours to send
@@ -769,31 +780,58 @@ func RetryHorizon(cfg Config) (lo, hi time.Duration) {
 	return lo, hi
 }
 
-// settleKeys runs finish.lua over keys with their ops letters: one call, or
-// one per key (pipelined) in Redis Cluster. The script is idempotent, so if
-// Redis lost its script cache (a restart) it is loaded and run again.
+// settleKeys runs finish.lua over keys with their ops letters.
 func (p *Poller) settleKeys(ctx context.Context, keys []string, ops []byte, claim string) error {
-	if len(keys) == 0 {
-		return nil
-	}
 	ttl := strconv.FormatInt(DeliveredTTL.Milliseconds(), 10)
+	_, err := p.evalPerSlot(ctx, finishScript, keys, func(lo, hi int) []any { return []any{claim, ttl, string(ops[lo:hi])} })
+	return err
+}
+
+// evalPerSlot runs a per-key batch script over keys, args(lo, hi) giving
+// the arguments for keys[lo:hi]: one call for all of them, or in Redis
+// Cluster, whose scripts cannot span hash slots, one call per key
+// (pipelined). It returns the scripts' array replies joined, one element per
+// key. The scripts are idempotent, so if Redis lost its script cache (a
+// restart) they are sent whole and run again.
+func (p *Poller) evalPerSlot(ctx context.Context, s *redis.Script, keys []string, args func(lo, hi int) []any) ([]any, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
 	step := len(keys)
 	if _, cluster := p.rdb.(*redis.ClusterClient); cluster {
 		step = 1
 	}
-	exec := func(run func(pipe redis.Pipeliner, keys []string, args ...any)) error {
+	exec := func(sha bool) ([]*redis.Cmd, error) {
 		pipe := p.rdb.Pipeline()
-		for i := 0; i < len(keys); i += step {
-			run(pipe, keys[i:i+step], claim, ttl, string(ops[i:i+step]))
+		var cmds []*redis.Cmd
+		for lo := 0; lo < len(keys); lo += step {
+			hi := lo + step
+			if sha {
+				cmds = append(cmds, s.EvalSha(ctx, pipe, keys[lo:hi], args(lo, hi)...))
+			} else {
+				cmds = append(cmds, s.Eval(ctx, pipe, keys[lo:hi], args(lo, hi)...))
+			}
 		}
 		_, err := pipe.Exec(ctx)
-		return err
+		return cmds, err
 	}
-	err := exec(func(pipe redis.Pipeliner, k []string, args ...any) { finishScript.EvalSha(ctx, pipe, k, args...) })
-	if err == nil || !redis.HasErrorPrefix(err, "NOSCRIPT") {
-		return err
+	cmds, err := exec(true)
+	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+		cmds, err = exec(false)
 	}
-	return exec(func(pipe redis.Pipeliner, k []string, args ...any) { finishScript.Eval(ctx, pipe, k, args...) })
+	if err != nil {
+		return nil, err
+	}
+	var out []any
+	for _, c := range cmds {
+		switch v := c.Val().(type) {
+		case []any:
+			out = append(out, v...)
+		default: // a count
+			out = append(out, v)
+		}
+	}
+	return out, nil
 }
 
 // clip cuts s to at most n bytes for a message (callers quote it).
