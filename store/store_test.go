@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/store"
@@ -262,5 +263,32 @@ func TestFetchDueLeavesSkippedRowsOut(t *testing.T) {
 	}
 	if len(rows) != 2 || rows[0].ID != all[1].ID || rows[1].ID != all[3].ID {
 		t.Fatalf("rows %+v, want ids %d and %d", rows, all[1].ID, all[3].ID)
+	}
+}
+
+// Complete's asynchronous commit is its own: the connection it ran on
+// commits synchronously again afterwards.
+func TestCompleteLeavesSynchronousCommitOn(t *testing.T) {
+	t.Parallel()
+	_, dsn := testenv.Store(t)
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1 // Complete and the check share the connection
+	st, err := store.OpenConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	enqueue(t, st, ev("deal", "A", 1))
+	rows, _ := st.FetchDue(ctx, store.FetchLimits{Rows: 1})
+	if n, _, err := st.Complete(ctx, store.Fence{Lock: "lock:outbox:poller", Token: 1}, []int64{rows[0].ID}, nil); err != nil || n != 1 {
+		t.Fatalf("complete: %d, %v", n, err)
+	}
+	var v string
+	if err := st.Pool().QueryRow(ctx, `SHOW synchronous_commit`).Scan(&v); err != nil || v != "on" {
+		t.Fatalf("synchronous_commit after Complete: %q, %v", v, err)
 	}
 }

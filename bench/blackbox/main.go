@@ -58,6 +58,7 @@ var (
 	perTx     = flag.Int("per-tx", 1, "latency: events per producer transaction")
 	steadyFor = flag.Duration("for", 10*time.Second, "latency: measured duration (after a 1 s warm-up)")
 	latBatch  = flag.Int("batch", 500, "latency: poller.batch_size")
+	latDump   = flag.String("dump", "", "latency: write each event's commit time (s from start) and latency (ms) to this file prefix")
 	binPath   = flag.String("bin", "", "outboxd binary to run (default: build ../cmd/outboxd)")
 	sets      = flag.String("set", "", "extra --set key=value pairs for outboxd run, comma-separated")
 )
@@ -237,9 +238,18 @@ func latencyOnce(ctx context.Context, bin string) latency {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	check(err)
 	defer pool.Close()
-	d := startDaemon(ctx, bin, dsn, prefix, *latBatch, false)
+	rdsn := dsn
+	if o := os.Getenv("BB_RELAY_DSN_OPTS"); o != "" {
+		rdsn += "&" + o
+	}
+	d := startDaemon(ctx, bin, rdsn, prefix, *latBatch, false)
 	defer d.stop()
 	d.waitLeader()
+	defer func() {
+		var av, an int64
+		_ = pool.QueryRow(ctx, `SELECT autovacuum_count, autoanalyze_count FROM pg_stat_user_tables WHERE relname = 'outbox'`).Scan(&av, &an)
+		fmt.Println("autovacuums", av, "autoanalyzes", an)
+	}()
 
 	// Open loop: transaction i starts at start + i·interval whatever the
 	// others do; the first second warms up and is not measured.
@@ -290,10 +300,15 @@ func latencyOnce(ctx context.Context, bin string) latency {
 	_, err = pgx.ForEachRow(res, []any{&id, &at}, func() error { marked[id] = at; return nil })
 	check(err)
 	var lat []float64
+	var dump strings.Builder
 	for _, c := range commits[warm:] {
 		for _, id := range c.ids {
 			lat = append(lat, float64(marked[id].Sub(c.at).Microseconds())/1000)
+			fmt.Fprintf(&dump, "%.4f %.3f\n", c.at.Sub(start).Seconds(), lat[len(lat)-1])
 		}
+	}
+	if *latDump != "" {
+		check(os.WriteFile(fmt.Sprintf("%s.%d.txt", *latDump, time.Now().UnixNano()), []byte(dump.String()), 0o644))
 	}
 	slices.Sort(lat)
 	q := func(p float64) float64 { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
@@ -328,6 +343,10 @@ func startDaemon(ctx context.Context, bin, dsn, prefix string, batch int, pprof 
 	cmd := exec.CommandContext(ctx, bin, args...)
 	logs := &tail{}
 	cmd.Stdout, cmd.Stderr = logs, logs
+	if f := os.Getenv("BB_LOG"); f != "" {
+		lf, _ := os.Create(f)
+		cmd.Stdout = lf
+	}
 	d := &daemon{cmd: cmd, addr: addr, exited: make(chan struct{}), logs: logs}
 	d.started = time.Now()
 	check(cmd.Start())
