@@ -258,9 +258,11 @@ func (p *Poller) lead(ctx, work context.Context, t *term.Term) (err error) {
 		case more:
 			idle = 0 // more waiting: go again at once
 		case n > 0:
-			idle = 2 * time.Millisecond
+			idle = time.Millisecond // a stream: the next rows are due within about a poll
 		default:
-			idle = min(max(2*idle, 5*time.Millisecond), p.cfg.PollInterval)
+			// Quiet: back off 1, 2, 4 ... ms up to poll_interval, so a short
+			// gap in a stream costs a millisecond or two, not a poll interval.
+			idle = min(max(2*idle, time.Millisecond), p.cfg.PollInterval)
 		}
 		if idle == 0 {
 			continue
