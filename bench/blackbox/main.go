@@ -61,6 +61,7 @@ var (
 	latDump   = flag.String("dump", "", "latency: write each event's commit time (s from start) and latency (ms) to this file prefix")
 	binPath   = flag.String("bin", "", "outboxd binary to run (default: build ../cmd/outboxd)")
 	sets      = flag.String("set", "", "extra --set key=value pairs for outboxd run, comma-separated")
+	dsnParams = flag.String("dsn-params", "", "appended to the relay's postgres.dsn query, e.g. options=-c%20plan_cache_mode%3Dforce_generic_plan")
 )
 
 // payloadPad makes a row's payload about 220 bytes, like the figures.
@@ -318,7 +319,7 @@ type daemon struct {
 func startDaemon(ctx context.Context, bin, dsn, prefix string, batch int, pprof bool) *daemon {
 	addr := freePort()
 	args := []string{"run",
-		"--set", "postgres.dsn=" + dsn, "--set", "redis.addrs=" + *redisAddr, "--set", "redis.key_prefix=" + prefix,
+		"--set", "postgres.dsn=" + dsn + dsnSuffix(), "--set", "redis.addrs=" + *redisAddr, "--set", "redis.key_prefix=" + prefix,
 		"--set", "dispatch.sink=noop", "--set", "poller.batch_size=" + strconv.Itoa(batch),
 		"--set", "http.addr=" + addr, "--set", "http.pprof=" + strconv.FormatBool(pprof),
 		"--set", "log.level=warn", "--set", "reconcile.schedule=@every 1h",
@@ -597,4 +598,11 @@ func check(err error) {
 		fmt.Fprintln(os.Stderr, "blackbox:", err)
 		os.Exit(1)
 	}
+}
+
+func dsnSuffix() string {
+	if *dsnParams == "" {
+		return ""
+	}
+	return "&" + *dsnParams
 }
