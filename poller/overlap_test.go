@@ -9,6 +9,7 @@ import (
 	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testkit"
+	"github.com/outboxd/outboxd/store"
 )
 
 // slowWrites holds every batch's result write for d, so the next batch is
@@ -77,6 +78,35 @@ func TestScriptCacheLossIsRecovered(t *testing.T) {
 	for _, id := range all[len(first):] {
 		if v, err := e.rdb.Get(context.Background(), keys.New(e.prefix).Idempotency(id)).Result(); v != "1" {
 			t.Fatalf("event %d's idempotency key is %q (%v) after the script cache was lost, want the delivered mark", id, v, err)
+		}
+	}
+}
+
+// claim.lua sent twice for one batch (a Cluster node answered NOSCRIPT and
+// the pipeline was sent again) finds the batch's own claim on the keys the
+// first run set: those rows are still the batch's to send, not another's.
+func TestOwnClaimSeenAgainIsOurs(t *testing.T) {
+	e := newEnv(t)
+	e.insert(3, 3)
+	r := e.poller(testConfig(), "")
+	ctx := context.Background()
+	rows, err := e.st.FetchDue(ctx, store.FetchLimits{Rows: 10})
+	if err != nil || len(rows) != 3 {
+		t.Fatalf("%d rows, %v", len(rows), err)
+	}
+	c := claim{token: 1, owner: "o", batch: "b"}
+	for round := range 2 {
+		items := make([]item, len(rows))
+		for i, row := range rows {
+			items[i].row = row
+		}
+		if err := r.claim(ctx, items, c); err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range items {
+			if it.outcome != pending {
+				t.Fatalf("claim run %d: row %d outcome %d, want pending (ours to send)", round+1, it.row.ID, it.outcome)
+			}
 		}
 	}
 }

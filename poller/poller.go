@@ -237,8 +237,12 @@ func (p *Poller) lead(ctx, work context.Context, t *term.Term) (err error) {
 	var inflight *finishing // the last batch's results, being written
 	defer func() {
 		// Every result is written (or has failed) before the term ends.
-		if ferr := inflight.wait(); err == nil && errors.Is(ferr, store.ErrStaleFence) {
-			err = ferr
+		switch ferr := inflight.wait(); {
+		case ferr == nil:
+		case errors.Is(ferr, store.ErrStaleFence):
+			err = cmp.Or(err, ferr)
+		default:
+			t.Log().Error("batch failed", "error", ferr)
 		}
 	}()
 	for {
@@ -360,7 +364,7 @@ func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() ti
 	start := time.Now()
 	if prev != nil && prev.stops {
 		if err := prev.wait(); err != nil {
-			return 0, false, nil, err
+			return 0, false, nil, fmt.Errorf("previous batch's results: %w", err)
 		}
 		prev = nil
 	}
@@ -370,7 +374,10 @@ func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() ti
 	})
 	cancel()
 	if err != nil || len(rows) == 0 {
-		return 0, false, nil, errors.Join(err, prev.wait())
+		if perr := prev.wait(); perr != nil {
+			err = errors.Join(err, fmt.Errorf("previous batch's results: %w", perr))
+		}
+		return 0, false, nil, err
 	}
 	// A batch the byte budget cut is not "full": the next one follows after
 	// the short busy pause, which is nothing beside sending 16 MiB.
@@ -385,7 +392,10 @@ func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() ti
 	}
 	c := claim{token: fence.Token, owner: fence.Owner, batch: strconv.FormatInt(start.UnixNano(), 36)}
 	if err := p.claim(ctx, items, c); err != nil {
-		return len(rows), more, nil, errors.Join(err, prev.wait())
+		if perr := prev.wait(); perr != nil {
+			err = errors.Join(err, fmt.Errorf("previous batch's results: %w", perr))
+		}
+		return len(rows), more, nil, err
 	}
 	run(p.hooks.afterClaim)
 	p.deliver(ctx, items, fence.Token, trusted)
@@ -404,6 +414,9 @@ func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() ti
 	// They go after the previous batch's, and that one's error (a stale
 	// fence) is this batch's.
 	perr := prev.wait()
+	if perr != nil {
+		perr = fmt.Errorf("previous batch's results: %w", perr)
+	}
 	go func() {
 		defer close(f.done)
 		wctx, cancelW := context.WithTimeout(context.WithoutCancel(ctx), queryTimeout(p.cfg))
@@ -475,6 +488,9 @@ func (p *Poller) claim(ctx context.Context, items []item, c claim) error {
 		}
 	}
 	found, err := p.evalPerSlot(ctx, claimScript, keys, func(lo, hi int) []any { return []any{value, ttl} })
+	if err == nil && len(found) != len(keys) {
+		err = fmt.Errorf("claim.lua answered %d values for %d keys", len(found), len(keys))
+	}
 	if err != nil {
 		return fmt.Errorf("poller: claim idempotency keys: %w", err)
 	}
@@ -493,8 +509,10 @@ func (p *Poller) claim(ctx context.Context, items []item, c claim) error {
 			err = fmt.Errorf("unexpected reply %T", x)
 		}
 		switch {
-		case errors.Is(err, redis.Nil):
-			items[i].outcome = pending // ours to send
+		case errors.Is(err, redis.Nil), err == nil && v == value:
+			// Ours to send. Our own value: the script ran twice on that key
+			// (a node answered NOSCRIPT and the pipeline was sent again).
+			items[i].outcome = pending
 		case err != nil && rowError(err):
 			items[i].outcome, items[i].err = refused, fmt.Errorf("idempotency key %s: %w", p.keys.Idempotency(items[i].row.ID), err)
 		case err != nil:
@@ -790,11 +808,13 @@ func (p *Poller) settleKeys(ctx context.Context, keys []string, ops []byte, clai
 }
 
 // evalPerSlot runs a per-key batch script over keys, args(lo, hi) giving
-// the arguments for keys[lo:hi]: one call for all of them, or in Redis
-// Cluster, whose scripts cannot span hash slots, one call per key
-// (pipelined). It returns the scripts' array replies joined, one element per
-// key. The scripts are idempotent, so if Redis lost its script cache (a
-// restart) they are sent whole and run again.
+// the arguments for keys[lo:hi]: one call for all of them, or one call per
+// key (pipelined) in Redis Cluster, whose scripts cannot span hash slots,
+// and behind a proxy that refuses a script over several slots (CROSSSLOT:
+// the script did not run). It returns the scripts' array replies joined,
+// one element per key. If Redis lost its script cache (a restart) the
+// scripts are sent whole and run again: finish.lua is idempotent, and a
+// second claim.lua on a key finds our own claim, which claim reads as ours.
 func (p *Poller) evalPerSlot(ctx context.Context, s *redis.Script, keys []string, args func(lo, hi int) []any) ([]any, error) {
 	if len(keys) == 0 {
 		return nil, nil
@@ -818,6 +838,10 @@ func (p *Poller) evalPerSlot(ctx context.Context, s *redis.Script, keys []string
 		return cmds, err
 	}
 	cmds, err := exec(true)
+	if redis.HasErrorPrefix(err, "CROSSSLOT") && step > 1 {
+		step = 1
+		cmds, err = exec(true)
+	}
 	if redis.HasErrorPrefix(err, "NOSCRIPT") {
 		cmds, err = exec(false)
 	}

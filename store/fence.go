@@ -84,9 +84,13 @@ func (s *Store) FenceTokens(ctx context.Context) (map[string]int64, error) {
 
 // ClaimFence raises the fence to f.Token before the holder acts, so a
 // paused predecessor is refused from now on, and so that every token used
-// anywhere is recorded as the floor for the next acquisition.
+// anywhere is recorded as the floor for the next acquisition. It commits
+// synchronously whatever the server's or connection's default (a raised
+// fence must survive a crash; Complete relies on it).
 func (s *Store) ClaimFence(ctx context.Context, f Fence) error {
-	return s.fenced(ctx, f, fenceCTE+` SELECT EXISTS (SELECT 1 FROM fence)`, nil)
+	return s.fenced(ctx, f, fenceCTE+`,
+sync AS (SELECT set_config('synchronous_commit', 'on', true))
+SELECT EXISTS (SELECT 1 FROM fence) FROM sync`, nil)
 }
 
 // Failure is one failed delivery's outcome.
@@ -123,15 +127,18 @@ SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM delivered), (SELECT c
 // new available_at or dead_at. The id sets must be disjoint. It returns how
 // many rows each part changed (rows already delivered by someone are skipped).
 //
-// Durability: the write commits without waiting for the WAL flush (about
-// 0.3 ms of fsync here, during which the fence row stays locked and the
-// next batch's write waits). A Postgres crash can therefore forget the last
-// few hundred milliseconds of results, never part of one (a transaction is
-// all or nothing). That costs duplicates at most: a forgotten delivered row
-// is fetched again, its idempotency key in Redis says delivered, and it is
-// marked without being sent; a forgotten failure is retried. The fence is
-// unaffected: ClaimFence, which raises it before a holder acts, commits
-// synchronously, and Complete only repeats that token.
+// Durability: the write commits without waiting for the WAL flush or a
+// synchronous standby (about 0.3 ms of fsync here, during which the fence
+// row stays locked and the next batch's write waits). A Postgres crash, or
+// a failover to a standby, can therefore forget the last results (up to
+// 3 × wal_writer_delay, 600 ms by default), never part of one: a
+// transaction is all or nothing, and WAL order means only the newest are
+// lost. That costs duplicates at most: a forgotten delivered row is fetched
+// again, its idempotency key in Redis says delivered, and it is marked
+// without being sent (sent again only if Redis lost the key too); a
+// forgotten failure is retried. The fence is unaffected: ClaimFence, which
+// raises it before a holder acts, always commits synchronously, and
+// Complete only repeats that token.
 //
 // Isolation: one value Postgres refuses (a data exception) cannot hold back
 // the rest of the batch. The statement is then split: the deliveries alone,

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/store"
 )
 
@@ -290,5 +291,46 @@ func TestCompleteLeavesSynchronousCommitOn(t *testing.T) {
 	var v string
 	if err := st.Pool().QueryRow(ctx, `SHOW synchronous_commit`).Scan(&v); err != nil || v != "on" {
 		t.Fatalf("synchronous_commit after Complete: %q, %v", v, err)
+	}
+}
+
+// A raised fence survives a crash even where the server or the connection
+// commits asynchronously by default: ClaimFence commits synchronously.
+func TestClaimFenceIsDurableWhateverTheDefault(t *testing.T) {
+	t.Parallel()
+	pg := testenv.StartPostgresServer(t)
+	ctx := context.Background()
+	if _, err := migrations.Up(ctx, pg.DSN, nil); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := pgx.Connect(ctx, pg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Asynchronous commits are written out every wal_writer_delay: longer
+	// than the test, so the crash finds one unwritten.
+	_, err = admin.Exec(ctx, `ALTER SYSTEM SET wal_writer_delay = '10s'`)
+	_ = admin.Close(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pg.CrashRestart()
+	cfg, err := pgxpool.ParseConfig(pg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	st, err := store.OpenConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.ClaimFence(ctx, store.Fence{Lock: "lock:outbox:poller", Token: 7, Owner: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	pg.CrashRestart()
+	st.Pool().Reset()
+	if tok, err := st.FenceToken(ctx, "lock:outbox:poller"); err != nil || tok != 7 {
+		t.Fatalf("fence after a crash: %d, %v; want 7", tok, err)
 	}
 }

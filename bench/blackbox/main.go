@@ -61,6 +61,7 @@ var (
 	latDump   = flag.String("dump", "", "latency: write each event's commit time (s from start) and latency (ms) to this file prefix")
 	binPath   = flag.String("bin", "", "outboxd binary to run (default: build ../cmd/outboxd)")
 	sets      = flag.String("set", "", "extra --set key=value pairs for outboxd run, comma-separated")
+	prodAsync = flag.Bool("producers-async", false, "latency: producers commit with synchronous_commit off (to tell the disk's share of the tail)")
 	dsnParams = flag.String("dsn-params", "", "appended to the relay's postgres.dsn query, e.g. options=-c%20plan_cache_mode%3Dforce_generic_plan")
 )
 
@@ -215,14 +216,17 @@ func drainOutboxd(ctx context.Context, bin string, batch int, tag string) drainR
 func latencyRuns(ctx context.Context, bin string) {
 	for r := range *runs {
 		q := latencyOnce(ctx, bin)
-		fmt.Printf("run %d: %d ev/s x%d per tx (achieved %.0f ev/s), commit → marked p50 %.2f ms  p95 %.2f ms  p99 %.2f ms  max %.2f ms (%d events)\n",
-			r+1, *rate, *perTx, q.achieved, q.p50, q.p95, q.p99, q.max, q.n)
+		fmt.Printf("run %d: %d ev/s x%d per tx (achieved %.0f ev/s), commit → marked p50 %.2f ms  p95 %.2f ms  p99 %.2f ms  max %.2f ms (%d events); producer insert+commit p50 %.2f p99 %.2f max %.2f ms\n",
+			r+1, *rate, *perTx, q.achieved, q.p50, q.p95, q.p99, q.max, q.n, q.prodP50, q.prodP99, q.prodMax)
 	}
 }
 
 type latency struct {
 	achieved, p50, p95, p99, max float64
 	n                            int
+	// The producers' own insert+commit round trip: a stall of the machine
+	// shows here as well as in the relay's latency.
+	prodP50, prodP99, prodMax float64
 }
 
 func latencyOnce(ctx context.Context, bin string) latency {
@@ -236,6 +240,9 @@ func latencyOnce(ctx context.Context, bin string) latency {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	check(err)
 	cfg.MaxConns = 16
+	if *prodAsync {
+		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	check(err)
 	defer pool.Close()
@@ -250,8 +257,9 @@ func latencyOnce(ctx context.Context, bin string) latency {
 	warm := *rate / k
 	n := warm + int(steadyFor.Seconds()*float64(*rate))/k
 	type commit struct {
-		ids []int64
-		at  time.Time
+		ids  []int64
+		at   time.Time
+		took time.Duration // the producer's insert and commit, one round trip
 	}
 	commits := make([]commit, n)
 	var wg sync.WaitGroup
@@ -265,6 +273,7 @@ func latencyOnce(ctx context.Context, bin string) latency {
 			// One statement, its own transaction: one round trip, as a
 			// pgbench producer would do, so the load generator takes as
 			// little of the two cores as it can.
+			began := time.Now()
 			rows, err := pool.Query(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
 				SELECT 'deal', (($1::int * 7 + g) % 1000)::text, 'deal.funded',
 				  jsonb_build_object('seq', $1::int, 'pad', repeat('x', $3))
@@ -272,7 +281,8 @@ func latencyOnce(ctx context.Context, bin string) latency {
 			check(err)
 			ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 			check(err)
-			commits[i] = commit{ids, time.Now()}
+			now := time.Now()
+			commits[i] = commit{ids, now, now.Sub(began)}
 		})
 	}
 	wg.Wait()
@@ -288,9 +298,10 @@ func latencyOnce(ctx context.Context, bin string) latency {
 	var at time.Time
 	_, err = pgx.ForEachRow(res, []any{&id, &at}, func() error { marked[id] = at; return nil })
 	check(err)
-	var lat []float64
+	var lat, prod []float64
 	var dump strings.Builder
 	for _, c := range commits[warm:] {
+		prod = append(prod, float64(c.took.Microseconds())/1000)
 		for _, id := range c.ids {
 			lat = append(lat, float64(marked[id].Sub(c.at).Microseconds())/1000)
 			fmt.Fprintf(&dump, "%.4f %.3f\n", c.at.Sub(start).Seconds(), lat[len(lat)-1])
@@ -300,8 +311,10 @@ func latencyOnce(ctx context.Context, bin string) latency {
 		check(os.WriteFile(fmt.Sprintf("%s.%d.txt", *latDump, time.Now().UnixNano()), []byte(dump.String()), 0o644))
 	}
 	slices.Sort(lat)
-	q := func(p float64) float64 { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
-	return latency{achieved: achieved, p50: q(0.50), p95: q(0.95), p99: q(0.99), max: lat[len(lat)-1], n: len(lat)}
+	slices.Sort(prod)
+	q := func(xs []float64, p float64) float64 { return xs[min(len(xs)-1, int(p*float64(len(xs))))] }
+	return latency{achieved: achieved, p50: q(lat, 0.50), p95: q(lat, 0.95), p99: q(lat, 0.99), max: lat[len(lat)-1], n: len(lat),
+		prodP50: q(prod, 0.5), prodP99: q(prod, 0.99), prodMax: prod[len(prod)-1]}
 }
 
 // ---- the daemon ----
