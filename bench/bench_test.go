@@ -20,9 +20,9 @@ import (
 	"github.com/bsm/redislock"
 	"github.com/go-redsync/redsync/v4"
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
-	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/outboxd/outboxd/bench/benchenv"
 	"github.com/outboxd/outboxd/bench/peer"
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/internal/metrics"
@@ -48,21 +48,12 @@ var (
 
 // freshDB creates a database and returns its DSN; dropped at cleanup.
 func freshDB(b *testing.B) string {
-	ctx := context.Background()
-	name := fmt.Sprintf("outboxd_cmp_%d", time.Now().UnixNano())
-	admin, err := pgx.Connect(ctx, baseDSN)
+	dsn, drop, err := benchenv.FreshDB(context.Background(), baseDSN)
 	if err != nil {
 		b.Fatal(err)
 	}
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		_, _ = admin.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)")
-		_ = admin.Close(ctx)
-	})
-	cfg, _ := pgx.ParseConfig(baseDSN)
-	return fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", cfg.User, cfg.Host, cfg.Port, name)
+	b.Cleanup(drop)
+	return dsn
 }
 
 // ---- backlog drain: outboxd vs the watermill-sql forwarder ----
@@ -122,23 +113,8 @@ func drainOutboxd(b *testing.B, batch int) float64 {
 	b.StopTimer()
 	cancel()
 	wg.Wait()
-	cleanKeys(rdb, prefix)
+	benchenv.CleanKeys(rdb, prefix)
 	return backlog / elapsed.Seconds()
-}
-
-func cleanKeys(rdb *redis.Client, prefix string) {
-	ctx := context.Background()
-	iter := rdb.Scan(ctx, 0, prefix+"*", 5000).Iterator()
-	var keys []string
-	for iter.Next(ctx) {
-		if keys = append(keys, iter.Val()); len(keys) == 5000 {
-			rdb.Unlink(ctx, keys...)
-			keys = keys[:0]
-		}
-	}
-	if len(keys) > 0 {
-		rdb.Unlink(ctx, keys...)
-	}
 }
 
 func drainWatermill(b *testing.B, batch int) float64 {

@@ -41,6 +41,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/outboxd/outboxd/bench/benchenv"
 	"github.com/outboxd/outboxd/bench/peer"
 )
 
@@ -123,7 +124,8 @@ func drainRounds(ctx context.Context, bin string) {
 			fmt.Printf("round %d batch %4d outboxd   %8.0f ev/s  RSS %5.1f MiB  CPU s/1k events: relay %.4f  postgres %.4f  redis %.4f\n",
 				r+1, b, res.perSec, res.rssMiB, res.relayCPU, res.pgCPU, res.rCPU)
 			if *withPeer {
-				dsn, drop := freshDB(ctx)
+				dsn, drop, err := benchenv.FreshDB(ctx, *pgDSN)
+				check(err)
 				d, err := peer.WatermillDrain(ctx, dsn, b, *rows, payloadPad+50)
 				drop()
 				check(err)
@@ -147,14 +149,30 @@ func drainRounds(ctx context.Context, bin string) {
 	}
 }
 
-func drainOutboxd(ctx context.Context, bin string, batch int, tag string) drainResult {
-	dsn, drop := freshDB(ctx)
-	defer drop()
-	prefix := fmt.Sprintf("bb:%d:", time.Now().UnixNano())
-	rdb := redis.NewClient(&redis.Options{Addr: *redisAddr})
-	defer rdb.Close()
-	defer cleanKeys(rdb, prefix)
+// run is one run's database (migrated by the binary) and key prefix.
+type run struct {
+	dsn, prefix string
+	rdb         *redis.Client
+	done        func()
+}
+
+func newRun(ctx context.Context, bin string) run {
+	dsn, drop, err := benchenv.FreshDB(ctx, *pgDSN)
+	check(err)
+	r := run{dsn: dsn, prefix: benchenv.Prefix("bb"), rdb: redis.NewClient(&redis.Options{Addr: *redisAddr})}
+	r.done = func() {
+		benchenv.CleanKeys(r.rdb, r.prefix)
+		_ = r.rdb.Close()
+		drop()
+	}
 	runCmd(bin, "migrate", "--set", "postgres.dsn="+dsn)
+	return r
+}
+
+func drainOutboxd(ctx context.Context, bin string, batch int, tag string) drainResult {
+	r := newRun(ctx, bin)
+	defer r.done()
+	dsn, prefix, rdb := r.dsn, r.prefix, r.rdb
 	pool, err := pgxpool.New(ctx, dsn)
 	check(err)
 	defer pool.Close()
@@ -230,13 +248,9 @@ type latency struct {
 }
 
 func latencyOnce(ctx context.Context, bin string) latency {
-	dsn, drop := freshDB(ctx)
-	defer drop()
-	prefix := fmt.Sprintf("bb:%d:", time.Now().UnixNano())
-	rdb := redis.NewClient(&redis.Options{Addr: *redisAddr})
-	defer rdb.Close()
-	defer cleanKeys(rdb, prefix)
-	runCmd(bin, "migrate", "--set", "postgres.dsn="+dsn)
+	r := newRun(ctx, bin)
+	defer r.done()
+	dsn, prefix := r.dsn, r.prefix
 	cfg, err := pgxpool.ParseConfig(dsn)
 	check(err)
 	cfg.MaxConns = 16
@@ -549,37 +563,6 @@ ORDER BY total_exec_time DESC LIMIT 15`)
 }
 
 // ---- environment ----
-
-// freshDB creates a database beside -dsn and returns its DSN and a drop func.
-func freshDB(ctx context.Context) (string, func()) {
-	name := fmt.Sprintf("outboxd_bb_%d", time.Now().UnixNano())
-	admin, err := pgx.Connect(ctx, *pgDSN)
-	check(err)
-	_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
-	check(err)
-	cfg, err := pgx.ParseConfig(*pgDSN)
-	check(err)
-	dsn := fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", cfg.User, cfg.Host, cfg.Port, name)
-	return dsn, func() {
-		_, _ = admin.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)")
-		_ = admin.Close(ctx)
-	}
-}
-
-func cleanKeys(rdb *redis.Client, prefix string) {
-	ctx := context.Background()
-	iter := rdb.Scan(ctx, 0, prefix+"*", 5000).Iterator()
-	var keys []string
-	for iter.Next(ctx) {
-		if keys = append(keys, iter.Val()); len(keys) == 5000 {
-			rdb.Unlink(ctx, keys...)
-			keys = keys[:0]
-		}
-	}
-	if len(keys) > 0 {
-		rdb.Unlink(ctx, keys...)
-	}
-}
 
 func runCmd(bin string, args ...string) {
 	out, err := exec.Command(bin, args...).CombinedOutput()

@@ -1,0 +1,51 @@
+// Package benchenv gives each benchmark run its own database and Redis key
+// prefix on the shared servers, and removes them afterwards.
+package benchenv
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+)
+
+// FreshDB creates an empty database beside the one baseDSN names and
+// returns its DSN and a func that drops it.
+func FreshDB(ctx context.Context, baseDSN string) (string, func(), error) {
+	name := fmt.Sprintf("outboxd_bench_%d", time.Now().UnixNano())
+	admin, err := pgx.Connect(ctx, baseDSN)
+	if err != nil {
+		return "", nil, err
+	}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		_ = admin.Close(ctx)
+		return "", nil, err
+	}
+	cfg := admin.Config()
+	dsn := fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", cfg.User, cfg.Host, cfg.Port, name)
+	return dsn, func() {
+		_, _ = admin.Exec(context.WithoutCancel(ctx), "DROP DATABASE "+name+" WITH (FORCE)")
+		_ = admin.Close(context.WithoutCancel(ctx))
+	}, nil
+}
+
+// Prefix returns a key prefix no other run uses.
+func Prefix(name string) string { return fmt.Sprintf("%s:%d:", name, time.Now().UnixNano()) }
+
+// CleanKeys deletes every key under prefix.
+func CleanKeys(rdb *redis.Client, prefix string) {
+	ctx := context.Background()
+	iter := rdb.Scan(ctx, 0, prefix+"*", 5000).Iterator()
+	var keys []string
+	for iter.Next(ctx) {
+		if keys = append(keys, iter.Val()); len(keys) == 5000 {
+			rdb.Unlink(ctx, keys...)
+			keys = keys[:0]
+		}
+	}
+	if len(keys) > 0 {
+		rdb.Unlink(ctx, keys...)
+	}
+}
