@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"strconv"
 	"sync"
 	"testing"
@@ -34,16 +33,9 @@ import (
 
 const backlog = 100000
 
-func envOr(k, d string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
-	}
-	return d
-}
-
 var (
-	baseDSN   = envOr("OUTBOXD_TEST_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
-	redisAddr = envOr("OUTBOXD_TEST_REDIS_ADDR", "127.0.0.1:6379")
+	baseDSN   = benchenv.PostgresDSN()
+	redisAddr = benchenv.RedisAddr()
 )
 
 // freshDB creates a database and returns its DSN; dropped at cleanup.

@@ -3,8 +3,10 @@
 package benchenv
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -49,3 +51,12 @@ func CleanKeys(rdb *redis.Client, prefix string) {
 		rdb.Unlink(ctx, keys...)
 	}
 }
+
+// PostgresDSN is the maintenance DSN databases are created beside
+// (OUTBOXD_TEST_POSTGRES_DSN, as for the tests).
+func PostgresDSN() string {
+	return cmp.Or(os.Getenv("OUTBOXD_TEST_POSTGRES_DSN"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
+}
+
+// RedisAddr is the Redis server (OUTBOXD_TEST_REDIS_ADDR, as for the tests).
+func RedisAddr() string { return cmp.Or(os.Getenv("OUTBOXD_TEST_REDIS_ADDR"), "127.0.0.1:6379") }

@@ -46,8 +46,8 @@ import (
 )
 
 var (
-	pgDSN     = flag.String("dsn", envOr("OUTBOXD_TEST_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "maintenance DSN (databases are created beside it)")
-	redisAddr = flag.String("redis", envOr("OUTBOXD_TEST_REDIS_ADDR", "127.0.0.1:6379"), "Redis address")
+	pgDSN     = flag.String("dsn", benchenv.PostgresDSN(), "maintenance DSN (databases are created beside it)")
+	redisAddr = flag.String("redis", benchenv.RedisAddr(), "Redis address")
 	scenario  = flag.String("scenario", "drain", "drain or latency")
 	rounds    = flag.Int("rounds", 3, "drain: rounds (each runs every batch size for outboxd and the peer)")
 	batches   = flag.String("batches", "1000,100", "drain: poller.batch_size values")
@@ -68,13 +68,6 @@ var (
 
 // payloadPad makes a row's payload about 220 bytes, like the figures.
 const payloadPad = 170
-
-func envOr(k, d string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
-	}
-	return d
-}
 
 func main() {
 	flag.Parse()
