@@ -403,6 +403,9 @@ func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() ti
 
 	f := &finishing{ids: make([]int64, len(items)), done: make(chan struct{})}
 	for i, it := range items {
+		// The write needs no payloads: let them go before the next batch
+		// loads its own, so at most one batch's bytes are held.
+		items[i].row.Payload, items[i].row.Headers = nil, nil
 		f.ids[i] = it.row.ID
 		switch it.outcome {
 		case pending, foreign, failed, refused:
