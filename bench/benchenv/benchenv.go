@@ -60,3 +60,13 @@ func PostgresDSN() string {
 
 // RedisAddr is the Redis server (OUTBOXD_TEST_REDIS_ADDR, as for the tests).
 func RedisAddr() string { return cmp.Or(os.Getenv("OUTBOXD_TEST_REDIS_ADDR"), "127.0.0.1:6379") }
+
+// NATSURL is the NATS server, JetStream on (OUTBOXD_TEST_NATS_URL, as for
+// the tests).
+func NATSURL() string { return cmp.Or(os.Getenv("OUTBOXD_TEST_NATS_URL"), "nats://127.0.0.1:4222") }
+
+// RabbitMQURL is the RabbitMQ broker (OUTBOXD_TEST_RABBITMQ_URL, as for the
+// tests).
+func RabbitMQURL() string {
+	return cmp.Or(os.Getenv("OUTBOXD_TEST_RABBITMQ_URL"), "amqp://guest:guest@127.0.0.1:5672/")
+}

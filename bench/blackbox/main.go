@@ -1,7 +1,8 @@
 // Command blackbox measures what users get: it builds outboxd, starts the
 // binary as an operator would (`outboxd migrate`, then `outboxd run` with a
-// no-op sink), and times it from the outside. Each run has a fresh database
-// and Redis key prefix.
+// no-op sink, or with -sink a broker set up beforehand, see sinks.go), and
+// times it from the outside. Each run has a fresh database and Redis key
+// prefix.
 //
 //	drain    a backlog of -rows events (~220-byte payloads over 1,000
 //	         aggregates) at each -batches size, alternated in every round with
@@ -17,6 +18,7 @@
 // loaded) and Redis' INFO commandstats into DIR.
 //
 //	cd bench && go run ./blackbox -rounds 3
+//	cd bench && go run ./blackbox -rounds 1 -peer=false -sink noop,webhook,kafka,nats,rabbitmq,redis_stream
 //	cd bench && go run ./blackbox -scenario latency -runs 5 -rate 1000
 package main
 
@@ -53,6 +55,7 @@ var (
 	batches   = flag.String("batches", "1000,100", "drain: poller.batch_size values")
 	rows      = flag.Int("rows", 100000, "drain: backlog size")
 	withPeer  = flag.Bool("peer", true, "drain: alternate with watermill-sql's forwarder")
+	sinks     = flag.String("sink", "noop", "drain: dispatch.sink, or a comma list run in turn: noop, webhook, kafka, nats, rabbitmq, redis_stream")
 	profile   = flag.String("profile", "", "drain: write relay CPU profiles, pg_stat_statements and Redis commandstats here")
 	runs      = flag.Int("runs", 5, "latency: runs")
 	rate      = flag.Int("rate", 1000, "latency: events/s")
@@ -108,14 +111,21 @@ func drainRounds(ctx context.Context, bin string) {
 		check(err)
 		sizes = append(sizes, n)
 	}
-	ours := map[int][]drainResult{}
+	names := sinkList()
+	type key struct {
+		sink  string
+		batch int
+	}
+	ours := map[key][]drainResult{}
 	theirs := map[int][]float64{}
 	for r := range *rounds {
 		for _, b := range sizes {
-			res := drainOutboxd(ctx, bin, b, fmt.Sprintf("r%d-b%d", r+1, b))
-			ours[b] = append(ours[b], res)
-			fmt.Printf("round %d batch %4d outboxd   %8.0f ev/s  RSS %5.1f MiB  CPU s/1k events: relay %.4f  postgres %.4f  redis %.4f\n",
-				r+1, b, res.perSec, res.rssMiB, res.relayCPU, res.pgCPU, res.rCPU)
+			for _, s := range names {
+				res := drainOutboxd(ctx, bin, s, b, fmt.Sprintf("r%d-b%d-%s", r+1, b, s))
+				ours[key{s, b}] = append(ours[key{s, b}], res)
+				fmt.Printf("round %d batch %4d outboxd %-12s %8.0f ev/s  RSS %5.1f MiB  CPU s/1k events: relay %.4f  postgres %.4f  redis %.4f\n",
+					r+1, b, s, res.perSec, res.rssMiB, res.relayCPU, res.pgCPU, res.rCPU)
+			}
 			if *withPeer {
 				dsn, drop, err := benchenv.FreshDB(ctx, *pgDSN)
 				check(err)
@@ -127,18 +137,20 @@ func drainRounds(ctx context.Context, bin string) {
 			}
 		}
 	}
-	fmt.Printf("\n| batch | outboxd (binary) ev/s min / median / max | watermill forwarder msg/s min / median / max | ratio of medians | peak RSS MiB (max) | CPU s per 1k events relay / Postgres / Redis (medians) |\n|---|---|---|---|---|---|\n")
-	for _, b := range sizes {
-		var evs, rss, rc, pc, dc []float64
-		for _, x := range ours[b] {
-			evs, rss, rc, pc, dc = append(evs, x.perSec), append(rss, x.rssMiB), append(rc, x.relayCPU), append(pc, x.pgCPU), append(dc, x.rCPU)
+	fmt.Printf("\n| sink | batch | outboxd (binary) ev/s min / median / max | watermill forwarder msg/s min / median / max | ratio of medians | peak RSS MiB (max) | CPU s per 1k events relay / Postgres / Redis (medians) |\n|---|---|---|---|---|---|---|\n")
+	for _, s := range names {
+		for _, b := range sizes {
+			var evs, rss, rc, pc, dc []float64
+			for _, x := range ours[key{s, b}] {
+				evs, rss, rc, pc, dc = append(evs, x.perSec), append(rss, x.rssMiB), append(rc, x.relayCPU), append(pc, x.pgCPU), append(dc, x.rCPU)
+			}
+			peerCol, ratio := "not run", "—"
+			if t := theirs[b]; len(t) > 0 {
+				peerCol = mmm(t)
+				ratio = fmt.Sprintf("%.2f×", median(evs)/median(t))
+			}
+			fmt.Printf("| %s | %d | %s | %s | %s | %.1f | %.4f / %.4f / %.4f |\n", s, b, mmm(evs), peerCol, ratio, slices.Max(rss), median(rc), median(pc), median(dc))
 		}
-		peerCol, ratio := "not run", "—"
-		if t := theirs[b]; len(t) > 0 {
-			peerCol = mmm(t)
-			ratio = fmt.Sprintf("%.2f×", median(evs)/median(t))
-		}
-		fmt.Printf("| %d | %s | %s | %s | %.1f | %.4f / %.4f / %.4f |\n", b, mmm(evs), peerCol, ratio, slices.Max(rss), median(rc), median(pc), median(dc))
 	}
 }
 
@@ -162,10 +174,12 @@ func newRun(ctx context.Context, bin string) run {
 	return r
 }
 
-func drainOutboxd(ctx context.Context, bin string, batch int, tag string) drainResult {
+func drainOutboxd(ctx context.Context, bin, sink string, batch int, tag string) drainResult {
 	r := newRun(ctx, bin)
 	defer r.done()
 	dsn, prefix, rdb := r.dsn, r.prefix, r.rdb
+	dest := openDestination(ctx, sink, prefix, rdb)
+	defer dest.close()
 	pool, err := pgxpool.New(ctx, dsn)
 	check(err)
 	defer pool.Close()
@@ -188,7 +202,7 @@ func drainOutboxd(ctx context.Context, bin string, batch int, tag string) drainR
 
 	pgBefore := processCPU("postgres")
 	redisBefore := redisCPU(ctx, rdb)
-	d := startDaemon(ctx, bin, dsn, prefix, batch, *profile != "")
+	d := startDaemon(ctx, bin, dsn, prefix, batch, *profile != "", dest.sets)
 	defer d.stop()
 	var prof *profileFetch
 	if *profile != "" {
@@ -205,6 +219,11 @@ func drainOutboxd(ctx context.Context, bin string, batch int, tag string) drainR
 	var last time.Time
 	check(pool.QueryRow(ctx, `SELECT max(dispatched_at) FROM outbox`).Scan(&last))
 	res := drainResult{perSec: float64(*rows) / last.Sub(d.started).Seconds()}
+	dest.expect(sink, *rows)
+	// log.level is warn: anything the relay said is worth reading.
+	if logs := d.logs.String(); logs != "" {
+		fmt.Fprintf(os.Stderr, "outboxd %s said:\n%s", tag, logs)
+	}
 	res.rssMiB = d.peakRSSMiB()
 	per1k := float64(*rows) / 1000
 	res.relayCPU = d.cpuSeconds() / per1k
@@ -253,7 +272,7 @@ func latencyOnce(ctx context.Context, bin string) latency {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	check(err)
 	defer pool.Close()
-	d := startDaemon(ctx, bin, dsn, prefix, *latBatch, false)
+	d := startDaemon(ctx, bin, dsn, prefix, *latBatch, false, []string{noopSink})
 	defer d.stop()
 	d.waitLeader()
 
@@ -334,15 +353,18 @@ type daemon struct {
 	logs    *tail
 }
 
-// startDaemon runs `outboxd run` as a user would, with a no-op sink, and
-// returns once its HTTP port answers.
-func startDaemon(ctx context.Context, bin, dsn, prefix string, batch int, pprof bool) *daemon {
+// startDaemon runs `outboxd run` as a user would, with the sink that the
+// --set pairs in sink select, and returns once its HTTP port answers.
+func startDaemon(ctx context.Context, bin, dsn, prefix string, batch int, pprof bool, sink []string) *daemon {
 	addr := freePort()
 	args := []string{"run",
 		"--set", "postgres.dsn=" + dsn + dsnSuffix(), "--set", "redis.addrs=" + *redisAddr, "--set", "redis.key_prefix=" + prefix,
-		"--set", "dispatch.sink=noop", "--set", "poller.batch_size=" + strconv.Itoa(batch),
+		"--set", "poller.batch_size=" + strconv.Itoa(batch),
 		"--set", "http.addr=" + addr, "--set", "http.pprof=" + strconv.FormatBool(pprof),
 		"--set", "log.level=warn", "--set", "reconcile.schedule=@every 1h",
+	}
+	for _, s := range sink {
+		args = append(args, "--set", s)
 	}
 	for _, s := range strings.Split(*sets, ",") {
 		if s = strings.TrimSpace(s); s != "" {

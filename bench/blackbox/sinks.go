@@ -1,0 +1,220 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outboxd/outboxd/bench/benchenv"
+)
+
+// drainTopic is where the default templates (topic, subject, routing key,
+// stream: outbox.event.{aggregate_type}) put the drain's rows, all of
+// aggregate_type 'deal'.
+const drainTopic = "outbox.event.deal"
+
+// noopSink selects the sink that delivers nothing (the drain's default and
+// the latency scenario's).
+const noopSink = "dispatch.sink=noop"
+
+// destination is where one drain's relay delivers: what a user would have
+// set up before starting outboxd, the --set pairs that point the relay at
+// it, and what removes it afterwards.
+type destination struct {
+	sets []string
+	// received is how many messages the destination holds (nil: it cannot
+	// tell), so a drain that counted rows the broker never took shows.
+	received func() int64
+	close    func()
+}
+
+// expect says whether the destination holds the n events the relay counted
+// as dispatched: fewer is a broken run; more are redeliveries, which
+// at-least-once allows but are worth seeing in a throughput figure.
+func (d destination) expect(sink string, n int) {
+	if d.received == nil {
+		return
+	}
+	switch got := d.received(); {
+	case got < int64(n):
+		check(fmt.Errorf("sink %s: the destination holds %d messages for %d events marked dispatched", sink, got, n))
+	case got > int64(n):
+		fmt.Fprintf(os.Stderr, "sink %s: %d messages for %d events (redeliveries)\n", sink, got, n)
+	}
+}
+
+// sinkList is -sink split, each name checked before any run starts.
+func sinkList() []string {
+	var out []string
+	for _, s := range strings.Split(*sinks, ",") {
+		s = strings.TrimSpace(s)
+		switch s {
+		case "noop", "webhook", "kafka", "nats", "rabbitmq", "redis_stream":
+			out = append(out, s)
+		default:
+			check(fmt.Errorf("unknown -sink %q (noop, webhook, kafka, nats, rabbitmq, redis_stream)", s))
+		}
+	}
+	return out
+}
+
+// openDestination sets up the sink's destination for the run with this key
+// prefix; rdb is the run's Redis.
+func openDestination(ctx context.Context, sink, prefix string, rdb *redis.Client) destination {
+	// NATS stream and RabbitMQ exchange names come from the run's prefix, so
+	// a run killed half-way leaves names that say where they came from.
+	name := "outboxd_bench_" + strings.ReplaceAll(strings.TrimSuffix(prefix, ":"), ":", "_")
+	switch sink {
+	case "webhook":
+		return webhookReceiver()
+	case "kafka":
+		return kafkaCluster(ctx)
+	case "nats":
+		return natsStream(ctx, name)
+	case "rabbitmq":
+		return rabbitQueue(name)
+	case "redis_stream":
+		// The sink puts redis.key_prefix before the stream, so the run's
+		// CleanKeys removes it with the lock's keys.
+		key := prefix + drainTopic
+		return destination{
+			sets:     []string{"dispatch.sink=redis_stream"},
+			received: func() int64 { n, err := rdb.XLen(ctx, key).Result(); check(err); return n },
+			close:    func() {},
+		}
+	}
+	return destination{sets: []string{noopSink}, close: func() {}}
+}
+
+// webhookReceiver answers every POST with a 200 at once, so the figure is
+// the relay's and its HTTP client's, not a receiver's.
+func webhookReceiver() destination {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	check(err)
+	var n atomic.Int64
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Read the body so the connection is kept alive for the next event.
+		_, _ = io.Copy(io.Discard, r.Body)
+		n.Add(1)
+		w.WriteHeader(http.StatusOK)
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	return destination{
+		sets:     []string{"dispatch.sink=webhook", "dispatch.webhook.url=http://" + ln.Addr().String() + "/events"},
+		received: n.Load,
+		close:    func() { _ = srv.Close() },
+	}
+}
+
+// kafkaPartitions is how many partitions the drain's topic has, as in the
+// black-box tests and the sink's own benchmark.
+const kafkaPartitions = 3
+
+// kafkaCluster starts kfake, franz-go's fake cluster, in this process on a
+// loopback port with the drain's topic seeded: outboxd never creates
+// topics, and kfake does not create them on request either. Its CPU is the
+// bench's, not the relay's.
+func kafkaCluster(ctx context.Context) destination {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(kafkaPartitions, drainTopic))
+	check(err)
+	return destination{
+		sets:     []string{"dispatch.sink=kafka", "dispatch.kafka.brokers=" + strings.Join(c.ListenAddrs(), ",")},
+		received: func() int64 { return kafkaEndOffsets(ctx, c) },
+		close:    c.Close,
+	}
+}
+
+// kafkaEndOffsets sums the topic's partitions' end offsets: the records
+// the cluster took, without reading them back.
+func kafkaEndOffsets(ctx context.Context, c *kfake.Cluster) int64 {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	check(err)
+	defer cl.Close()
+	topic := kmsg.NewListOffsetsRequestTopic()
+	topic.Topic = drainTopic
+	for p := range int32(kafkaPartitions) {
+		part := kmsg.NewListOffsetsRequestTopicPartition()
+		part.Partition, part.Timestamp = p, -1 // -1: the latest offset
+		topic.Partitions = append(topic.Partitions, part)
+	}
+	req := kmsg.NewPtrListOffsetsRequest()
+	req.Topics = append(req.Topics, topic)
+	resp, err := req.RequestWith(ctx, cl)
+	check(err)
+	var n int64
+	for _, t := range resp.Topics {
+		for _, p := range t.Partitions {
+			check(kerr.ErrorForCode(p.ErrorCode))
+			n += p.Offset
+		}
+	}
+	return n
+}
+
+// natsStream creates a JetStream stream for the subjects "<name>.>" and
+// points the sink's subject template at them. Memory storage, like the
+// sink's own benchmark in BENCHMARKS.md, so the two figures compare.
+func natsStream(ctx context.Context, name string) destination {
+	nc, err := nats.Connect(benchenv.NATSURL())
+	check(err)
+	js, err := jetstream.New(nc)
+	check(err)
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}, Storage: jetstream.MemoryStorage})
+	check(err)
+	return destination{
+		sets: []string{"dispatch.sink=nats", "dispatch.nats.url=" + benchenv.NATSURL(), "dispatch.nats.subject=" + name + ".{aggregate_type}"},
+		received: func() int64 {
+			info, err := st.Info(ctx)
+			check(err)
+			return int64(info.State.Msgs)
+		},
+		close: func() {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			_ = js.DeleteStream(ctx, name)
+			nc.Close()
+		},
+	}
+}
+
+// rabbitQueue declares the exchange the sink publishes to and one durable
+// queue bound to every key: without a queue every message is unroutable,
+// which the sink counts as a failure.
+func rabbitQueue(name string) destination {
+	conn, err := amqp.Dial(benchenv.RabbitMQURL())
+	check(err)
+	ch, err := conn.Channel()
+	check(err)
+	check(ch.ExchangeDeclare(name, amqp.ExchangeTopic, true, false, false, false, nil))
+	_, err = ch.QueueDeclare(name, true, false, false, false, nil)
+	check(err)
+	check(ch.QueueBind(name, "#", name, false, nil))
+	return destination{
+		sets: []string{"dispatch.sink=rabbitmq", "dispatch.rabbitmq.url=" + benchenv.RabbitMQURL(), "dispatch.rabbitmq.exchange=" + name},
+		received: func() int64 {
+			q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
+			check(err)
+			return int64(q.Messages)
+		},
+		close: func() {
+			_, _ = ch.QueueDelete(name, false, false, false)
+			_ = ch.ExchangeDelete(name, false, false)
+			_ = conn.Close()
+		},
+	}
+}
