@@ -48,25 +48,26 @@ import (
 )
 
 var (
-	pgDSN     = flag.String("dsn", benchenv.PostgresDSN(), "maintenance DSN (databases are created beside it)")
-	redisAddr = flag.String("redis", benchenv.RedisAddr(), "Redis address")
-	scenario  = flag.String("scenario", "drain", "drain or latency")
-	rounds    = flag.Int("rounds", 3, "drain: rounds (each runs every batch size for outboxd and the peer)")
-	batches   = flag.String("batches", "1000,100", "drain: poller.batch_size values")
-	rows      = flag.Int("rows", 100000, "drain: backlog size")
-	withPeer  = flag.Bool("peer", true, "drain: alternate with watermill-sql's forwarder")
-	sinks     = flag.String("sink", "noop", "drain: dispatch.sink, or a comma list run in turn: noop, webhook, kafka, nats, rabbitmq, redis_stream")
-	profile   = flag.String("profile", "", "drain: write relay CPU profiles, pg_stat_statements and Redis commandstats here")
-	runs      = flag.Int("runs", 5, "latency: runs")
-	rate      = flag.Int("rate", 1000, "latency: events/s")
-	perTx     = flag.Int("per-tx", 1, "latency: events per producer transaction")
-	steadyFor = flag.Duration("for", 10*time.Second, "latency: measured duration (after a 1 s warm-up)")
-	latBatch  = flag.Int("batch", 500, "latency: poller.batch_size")
-	latDump   = flag.String("dump", "", "latency: write each event's commit time (s from start) and latency (ms) to this file prefix")
-	binPath   = flag.String("bin", "", "outboxd binary to run (default: build ../cmd/outboxd)")
-	sets      = flag.String("set", "", "extra --set key=value pairs for outboxd run, comma-separated")
-	prodAsync = flag.Bool("producers-async", false, "latency: producers commit with synchronous_commit off (to tell the disk's share of the tail)")
-	dsnParams = flag.String("dsn-params", "", "appended to the relay's postgres.dsn query, e.g. options=-c%20plan_cache_mode%3Dforce_generic_plan")
+	pgDSN      = flag.String("dsn", benchenv.PostgresDSN(), "maintenance DSN (databases are created beside it)")
+	redisAddr  = flag.String("redis", benchenv.RedisAddr(), "Redis address")
+	scenario   = flag.String("scenario", "drain", "drain or latency")
+	rounds     = flag.Int("rounds", 3, "drain: rounds (each runs every batch size for outboxd and the peer)")
+	batches    = flag.String("batches", "1000,100", "drain: poller.batch_size values")
+	rows       = flag.Int("rows", 100000, "drain: backlog size")
+	withPeer   = flag.Bool("peer", true, "drain: alternate with watermill-sql's forwarder")
+	sinks      = flag.String("sink", "noop", "drain: dispatch.sink, or a comma list run in turn: noop, webhook, kafka, nats, rabbitmq, redis_stream")
+	profile    = flag.String("profile", "", "drain: write relay CPU profiles, pg_stat_statements and Redis commandstats here")
+	runs       = flag.Int("runs", 5, "latency: runs")
+	rate       = flag.Int("rate", 1000, "latency: events/s")
+	perTx      = flag.Int("per-tx", 1, "latency: events per producer transaction")
+	steadyFor  = flag.Duration("for", 10*time.Second, "latency: measured duration (after a 1 s warm-up)")
+	latBatch   = flag.Int("batch", 500, "latency: poller.batch_size")
+	latDump    = flag.String("dump", "", "latency: write each event's commit time (s from start) and latency (ms) to this file prefix")
+	binPath    = flag.String("bin", "", "outboxd binary to run (default: build ../cmd/outboxd)")
+	sets       = flag.String("set", "", "extra --set key=value pairs for outboxd run, comma-separated")
+	latWebhook = flag.Bool("webhook", false, "latency: deliver through the webhook sink to a receiver in the bench, and also report commit → received")
+	prodAsync  = flag.Bool("producers-async", false, "latency: producers commit with synchronous_commit off (to tell the disk's share of the tail)")
+	dsnParams  = flag.String("dsn-params", "", "appended to the relay's postgres.dsn query, e.g. options=-c%20plan_cache_mode%3Dforce_generic_plan")
 )
 
 // payloadPad makes a row's payload about 220 bytes, like the figures.
@@ -246,8 +247,12 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch int, tag string) 
 func latencyRuns(ctx context.Context, bin string) {
 	for r := range *runs {
 		q := latencyOnce(ctx, bin)
-		fmt.Printf("run %d: %d ev/s x%d per tx (achieved %.0f ev/s), commit → marked p50 %.2f ms  p95 %.2f ms  p99 %.2f ms  max %.2f ms (%d events); producer insert+commit p50 %.2f p99 %.2f max %.2f ms\n",
-			r+1, *rate, *perTx, q.achieved, q.p50, q.p95, q.p99, q.max, q.n, q.prodP50, q.prodP99, q.prodMax)
+		recv := ""
+		if *latWebhook {
+			recv = fmt.Sprintf("; commit → received p50 %.2f p99 %.2f max %.2f ms", q.recvP50, q.recvP99, q.recvMax)
+		}
+		fmt.Printf("run %d: %d ev/s x%d per tx (achieved %.0f ev/s), commit → marked p50 %.2f ms  p95 %.2f ms  p99 %.2f ms  max %.2f ms (%d events); producer insert+commit p50 %.2f p99 %.2f max %.2f ms%s\n",
+			r+1, *rate, *perTx, q.achieved, q.p50, q.p95, q.p99, q.max, q.n, q.prodP50, q.prodP99, q.prodMax, recv)
 	}
 }
 
@@ -257,6 +262,8 @@ type latency struct {
 	// The producers' own insert+commit round trip: a stall of the machine
 	// shows here as well as in the relay's latency.
 	prodP50, prodP99, prodMax float64
+	// With -webhook: commit → the receiver's first request for the event.
+	recvP50, recvP99, recvMax float64
 }
 
 func latencyOnce(ctx context.Context, bin string) latency {
@@ -272,7 +279,14 @@ func latencyOnce(ctx context.Context, bin string) latency {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	check(err)
 	defer pool.Close()
-	d := startDaemon(ctx, bin, dsn, prefix, *latBatch, false, []string{noopSink})
+	sink := []string{noopSink}
+	var got *arrivals
+	if *latWebhook {
+		var stop func()
+		got, sink, stop = arrivalReceiver()
+		defer stop()
+	}
+	d := startDaemon(ctx, bin, dsn, prefix, *latBatch, false, sink)
 	defer d.stop()
 	d.waitLeader()
 
@@ -324,11 +338,14 @@ func latencyOnce(ctx context.Context, bin string) latency {
 	var at time.Time
 	_, err = pgx.ForEachRow(res, []any{&id, &at}, func() error { marked[id] = at; return nil })
 	check(err)
-	var lat, prod []float64
+	var lat, prod, recv []float64
 	var dump strings.Builder
 	for _, c := range commits[warm:] {
 		prod = append(prod, float64(c.took.Microseconds())/1000)
 		for _, id := range c.ids {
+			if got != nil {
+				recv = append(recv, float64(got.first(id).Sub(c.at).Microseconds())/1000)
+			}
 			lat = append(lat, float64(marked[id].Sub(c.at).Microseconds())/1000)
 			fmt.Fprintf(&dump, "%.4f %.3f\n", c.at.Sub(start).Seconds(), lat[len(lat)-1])
 		}
@@ -338,9 +355,14 @@ func latencyOnce(ctx context.Context, bin string) latency {
 	}
 	slices.Sort(lat)
 	slices.Sort(prod)
+	slices.Sort(recv)
 	q := func(xs []float64, p float64) float64 { return xs[min(len(xs)-1, int(p*float64(len(xs))))] }
-	return latency{achieved: achieved, p50: q(lat, 0.50), p95: q(lat, 0.95), p99: q(lat, 0.99), max: lat[len(lat)-1], n: len(lat),
+	out := latency{achieved: achieved, p50: q(lat, 0.50), p95: q(lat, 0.95), p99: q(lat, 0.99), max: lat[len(lat)-1], n: len(lat),
 		prodP50: q(prod, 0.5), prodP99: q(prod, 0.99), prodMax: prod[len(prod)-1]}
+	if len(recv) > 0 {
+		out.recvP50, out.recvP99, out.recvMax = q(recv, 0.5), q(recv, 0.99), recv[len(recv)-1]
+	}
+	return out
 }
 
 // ---- the daemon ----

@@ -7,7 +7,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -217,4 +219,39 @@ func rabbitQueue(name string) destination {
 			_ = conn.Close()
 		},
 	}
+}
+
+// arrivals records when the receiver first got each event (by its
+// Idempotency-Key, the outbox id).
+type arrivals struct {
+	mu sync.Mutex
+	at map[int64]time.Time
+}
+
+func (a *arrivals) first(id int64) time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.at[id]
+}
+
+// arrivalReceiver is a webhook receiver for the latency scenario: it
+// answers 200 at once and notes each event's first arrival.
+func arrivalReceiver() (*arrivals, []string, func()) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	check(err)
+	a := &arrivals{at: map[int64]time.Time{}}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		now := time.Now()
+		_, _ = io.Copy(io.Discard, r.Body)
+		if id, err := strconv.ParseInt(r.Header.Get("Idempotency-Key"), 10, 64); err == nil {
+			a.mu.Lock()
+			if _, seen := a.at[id]; !seen {
+				a.at[id] = now
+			}
+			a.mu.Unlock()
+		}
+		w.WriteHeader(http.StatusOK)
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	return a, []string{"dispatch.sink=webhook", "dispatch.webhook.url=http://" + ln.Addr().String() + "/events"}, func() { _ = srv.Close() }
 }
