@@ -364,7 +364,7 @@ func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() ti
 	start := time.Now()
 	if prev != nil && prev.stops {
 		if err := prev.wait(); err != nil {
-			return 0, false, nil, fmt.Errorf("previous batch's results: %w", err)
+			return 0, false, nil, err
 		}
 		prev = nil
 	}
@@ -374,10 +374,7 @@ func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() ti
 	})
 	cancel()
 	if err != nil || len(rows) == 0 {
-		if perr := prev.wait(); perr != nil {
-			err = errors.Join(err, fmt.Errorf("previous batch's results: %w", perr))
-		}
-		return 0, false, nil, err
+		return 0, false, nil, errors.Join(err, prev.wait())
 	}
 	// A batch the byte budget cut is not "full": the next one follows after
 	// the short busy pause, which is nothing beside sending 16 MiB.
@@ -392,10 +389,7 @@ func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() ti
 	}
 	c := claim{token: fence.Token, owner: fence.Owner, batch: strconv.FormatInt(start.UnixNano(), 36)}
 	if err := p.claim(ctx, items, c); err != nil {
-		if perr := prev.wait(); perr != nil {
-			err = errors.Join(err, fmt.Errorf("previous batch's results: %w", perr))
-		}
-		return len(rows), more, nil, err
+		return len(rows), more, nil, errors.Join(err, prev.wait())
 	}
 	run(p.hooks.afterClaim)
 	p.deliver(ctx, items, fence.Token, trusted)
@@ -417,14 +411,14 @@ func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() ti
 	// They go after the previous batch's, and that one's error (a stale
 	// fence) is this batch's.
 	perr := prev.wait()
-	if perr != nil {
-		perr = fmt.Errorf("previous batch's results: %w", perr)
-	}
 	go func() {
 		defer close(f.done)
 		wctx, cancelW := context.WithTimeout(context.WithoutCancel(ctx), queryTimeout(p.cfg))
 		defer cancelW()
-		f.err = p.finish(wctx, items, c.String(), fence, start)
+		if err := p.finish(wctx, items, c.String(), fence, start); err != nil {
+			// Read by the next batch: say whose results these were.
+			f.err = fmt.Errorf("writing an earlier batch's results: %w", err)
+		}
 	}()
 	return len(rows), more, f, perr
 }
