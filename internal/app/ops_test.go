@@ -125,8 +125,13 @@ func TestOperationsEndpointsWithTwoReplicas(t *testing.T) {
 		t.Fatalf("status %+v, want owner, TTL <= 2s and token %d in Postgres and Redis", cli, token)
 	}
 
-	// /metrics: contract names, with the run's values.
-	_, body := httpGet(t, "http://"+leader.addr+"/metrics")
+	// /metrics: contract names, with the run's values. A batch is counted
+	// just after its mark, which this test saw first.
+	var body string
+	testkit.WaitFor(t, 10*time.Second, "outboxd_dispatched_total to reach 50", func() bool {
+		_, body = httpGet(t, "http://"+leader.addr+"/metrics")
+		return metricValue(t, body, "outboxd_dispatched_total") >= 50
+	}, nil)
 	if v := metricValue(t, body, "outboxd_dispatched_total"); v != 50 {
 		t.Fatalf("outboxd_dispatched_total %v, want 50", v)
 	}
