@@ -19,7 +19,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/rs/zerolog"
-	"go.uber.org/goleak"
 
 	"github.com/outboxd/outboxd/internal/testkit"
 
@@ -41,7 +40,7 @@ func TestMain(m *testing.M) {
 	_ = conn.Close()
 	// toxiproxy can leave a toxic's pipe blocked on a channel after its
 	// proxy stopped (as in internal/testenv).
-	testkit.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/Shopify/toxiproxy/v2/toxics.(*ToxicStub).Run"))
+	testkit.VerifyTestMain(m)
 }
 
 func envOr(k, def string) string {

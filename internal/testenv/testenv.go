@@ -27,7 +27,6 @@ import (
 	"github.com/testcontainers/testcontainers-go"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 	tcredis "github.com/testcontainers/testcontainers-go/modules/redis"
-	"go.uber.org/goleak"
 
 	"github.com/outboxd/outboxd/internal/testkit"
 	"github.com/outboxd/outboxd/migrations"
@@ -70,25 +69,12 @@ func Run(m *testing.M) int {
 	}
 	code := m.Run()
 	if code == 0 {
-		if err := testkit.CheckLeaks(LeakOptions()...); err != nil {
+		if err := testkit.CheckLeaks(); err != nil {
 			fmt.Fprintln(os.Stderr, "testenv: goroutine leak:", err)
 			return 1
 		}
 	}
 	return code
-}
-
-// LeakOptions ignore goroutines owned by libraries' process-wide pools.
-func LeakOptions() []goleak.Option {
-	return []goleak.Option{
-		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-		goleak.IgnoreAnyFunction("github.com/testcontainers/testcontainers-go.(*Reaper).connect.func1"),
-		// toxiproxy (test/fault's in-process proxy) can leave a toxic's pipe
-		// blocked on a channel after its proxy stopped; seen once in CI.
-		goleak.IgnoreAnyFunction("github.com/Shopify/toxiproxy/v2/toxics.(*ToxicStub).Run"),
-	}
 }
 
 // services finds Postgres and Redis, or starts them in containers.
