@@ -1,0 +1,171 @@
+package poller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// claim is the value a runner puts on an idempotency key while it delivers
+// the row: "claim:<token>:<owner>:<batch>". The token says whose term the
+// delivery belongs to, so a later holder can tell an abandoned claim from a
+// live one without waiting for its TTL.
+type claim struct {
+	token int64
+	owner string // the lock acquisition's owner value
+	batch string // unique per batch within the term
+}
+
+func (c claim) String() string {
+	return "claim:" + strconv.FormatInt(c.token, 10) + ":" + c.owner + ":" + c.batch
+}
+
+// parseClaim reads a claim value; ok is false for anything else. Claims of
+// earlier versions ("claim:<token>:<nonce>") parse with an empty owner.
+func parseClaim(v string) (c claim, ok bool) {
+	rest, ok := strings.CutPrefix(v, "claim:")
+	if !ok {
+		return c, false
+	}
+	tok, rest, _ := strings.Cut(rest, ":")
+	t, err := strconv.ParseInt(tok, 10, 64)
+	if err != nil || t <= 0 {
+		return c, false
+	}
+	c.token = t
+	if owner, batch, found := strings.Cut(rest, ":"); found {
+		c.owner, c.batch = owner, batch
+	} else {
+		c.batch = rest
+	}
+	return c, true
+}
+
+// supersedes reports whether our claim may take over other at once: other
+// was made under an earlier term, whose lease (and so its trust deadline,
+// after which its holder starts no send and writes none) ended before ours
+// began; or by an earlier batch of our own term, which has finished. A claim
+// of a newer term, or of the same token from another owner, is left alone.
+func (c claim) supersedes(other claim) bool {
+	return other.token < c.token || (other.token == c.token && other.owner == c.owner && other.batch != c.batch)
+}
+
+// claim sets every sendable row's idempotency key to our claim if absent
+// (claim.lua, one call per batch; per key in Redis Cluster), and classifies
+// the rows by what was there. Claims of an earlier holder are taken over at
+// once (one more round trip, only when there are any): a crash costs about
+// one lock TTL, never claim_ttl. A key Redis cannot use as a string
+// (WRONGTYPE) or holding a value outboxd did not write fails that row alone;
+// an outage fails the batch.
+func (p *Poller) claim(ctx context.Context, items []item, c claim) error {
+	value := c.String()
+	ttl := strconv.FormatInt(p.cfg.ClaimTTL.Milliseconds(), 10)
+	var idx []int // items claimed, in keys order
+	var keys []string
+	for i := range items {
+		if items[i].outcome != poisoned {
+			idx, keys = append(idx, i), append(keys, p.keys.Idempotency(items[i].row.ID))
+		}
+	}
+	found, err := p.evalPerSlot(ctx, claimScript, keys, func(lo, hi int) []any { return []any{value, ttl} })
+	if err == nil && len(found) != len(keys) {
+		err = fmt.Errorf("claim.lua answered %d values for %d keys", len(found), len(keys))
+	}
+	if err != nil {
+		return fmt.Errorf("poller: claim idempotency keys: %w", err)
+	}
+	var takeover []int
+	var previous []string
+	for j, i := range idx {
+		var v string
+		switch x := found[j].(type) {
+		case nil:
+			err = redis.Nil
+		case string:
+			v, err = x, nil
+		case error:
+			err = x
+		default:
+			err = fmt.Errorf("unexpected reply %T", x)
+		}
+		switch {
+		case errors.Is(err, redis.Nil), err == nil && v == value:
+			// Ours to send. Our own value: the script ran twice on that key
+			// (a node answered NOSCRIPT and the pipeline was sent again).
+			items[i].outcome = pending
+		case err != nil && rowError(err):
+			items[i].outcome, items[i].err = refused, fmt.Errorf("idempotency key %s: %w", p.keys.Idempotency(items[i].row.ID), err)
+		case err != nil:
+			return fmt.Errorf("poller: claim %s: %w", p.keys.Idempotency(items[i].row.ID), err)
+		case v == "1":
+			items[i].outcome = duplicate
+		default:
+			other, ok := parseClaim(v)
+			switch {
+			case !ok:
+				items[i].outcome = refused
+				items[i].err = fmt.Errorf("idempotency key %s holds %q, which outboxd did not write: delete it to let the event go", p.keys.Idempotency(items[i].row.ID), clip(v, 64))
+			case c.supersedes(other):
+				takeover, previous = append(takeover, i), append(previous, v)
+			default:
+				items[i].outcome = foreign
+			}
+		}
+	}
+	if len(takeover) == 0 {
+		return nil
+	}
+	return p.takeOver(ctx, items, takeover, previous, value, ttl)
+}
+
+// takeOver swaps earlier holders' claims for ours, each only if unchanged
+// (compare-and-set), in one pipelined round trip.
+func (p *Poller) takeOver(ctx context.Context, items []item, idx []int, previous []string, value, ttl string) error {
+	pipe := p.rdb.Pipeline()
+	cmds := make([]*redis.Cmd, len(idx))
+	for j, i := range idx {
+		// EVAL, not EVALSHA: this path is rare, and a pipeline cannot fall back on NOSCRIPT.
+		cmds[j] = takeoverScript.Eval(ctx, pipe, []string{p.keys.Idempotency(items[i].row.ID)}, previous[j], value, ttl)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !rowError(err) {
+		return fmt.Errorf("poller: take over claims: %w", err)
+	}
+	taken := 0
+	for j, i := range idx {
+		n, err := cmds[j].Int()
+		switch {
+		case err != nil && rowError(err):
+			items[i].outcome, items[i].err = refused, fmt.Errorf("idempotency key %s: %w", p.keys.Idempotency(items[i].row.ID), err)
+		case err != nil:
+			return fmt.Errorf("poller: take over %s: %w", p.keys.Idempotency(items[i].row.ID), err)
+		case n == 1:
+			items[i].outcome = pending
+			taken++
+		case n == 2:
+			items[i].outcome = duplicate // its holder finished meanwhile
+		default:
+			items[i].outcome = foreign // changed under us: look again next batch
+		}
+	}
+	if taken > 0 {
+		p.m.ClaimsTakenOver.Add(float64(taken))
+		p.log.Info("took over claims of an earlier holder", "claims", taken)
+	}
+	return nil
+}
+
+// rowError: Redis refused one key's command for what the key holds; other
+// keys of the pipeline are unaffected. Anything else (I/O, LOADING, OOM) is
+// about Redis itself and fails the batch.
+func rowError(err error) bool {
+	return redis.HasErrorPrefix(err, "WRONGTYPE")
+}
+
+// deliver hands what is ours to send to the sink, in id order and in
+// chunks of its MaxBatch, and records each row's outcome. An aggregate stops
+// at a row it must not pass (a newer holder's claim, a key that failed, a
+// failed send): its later rows stay pending, so its order holds. Rows found
