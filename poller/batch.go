@@ -63,17 +63,23 @@ func (f *finishing) skip() []int64 {
 	return f.ids
 }
 
+// batchResult is what one batch tells the run loop.
+type batchResult struct {
+	fetched   int        // rows fetched
+	more      bool       // a full batch: more are due at once
+	finishing *finishing // its results being written, or nil
+}
+
 // batch runs one fetch-claim-send cycle and starts writing its results,
 // which go on beside the next batch (see finishing); prev is the previous
-// batch's, or nil. It returns how many rows it fetched, whether more are due
-// at once (a full batch), and its finishing. trusted is the lease's local
+// batch's, or nil. trusted is the lease's local
 // trust deadline: no send starts past it, and none outlives it; the fetch is
 // bounded by it too.
-func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() time.Time, prev *finishing) (int, bool, *finishing, error) {
+func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() time.Time, prev *finishing) (batchResult, error) {
 	start := time.Now()
 	if prev != nil && prev.stops {
 		if err := prev.wait(); err != nil {
-			return 0, false, nil, err
+			return batchResult{}, err
 		}
 		prev = nil
 	}
@@ -83,7 +89,7 @@ func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() ti
 	})
 	cancel()
 	if err != nil || len(rows) == 0 {
-		return 0, false, nil, errors.Join(err, prev.wait())
+		return batchResult{}, errors.Join(err, prev.wait())
 	}
 	// A batch the byte budget cut is not "full": the next one follows after
 	// the short busy pause, which is nothing beside sending 16 MiB.
@@ -96,13 +102,13 @@ func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() ti
 			items[i].outcome, items[i].err = poisoned, &dispatch.Error{Err: errors.New(r.Poison), Permanent: true}
 		}
 	}
-	c := claim{token: fence.Token, owner: fence.Owner, batch: strconv.FormatInt(start.UnixNano(), 36)}
-	if err := p.claim(ctx, items, c); err != nil {
-		return len(rows), more, nil, errors.Join(err, prev.wait())
+	c := claimValue{token: fence.Token, owner: fence.Owner, batch: strconv.FormatInt(start.UnixNano(), 36)}
+	if err := p.claimKeys(ctx, items, c); err != nil {
+		return batchResult{fetched: len(rows), more: more}, errors.Join(err, prev.wait())
 	}
-	run(p.hooks.afterClaim)
+	fire(p.hooks.afterClaim)
 	p.deliver(ctx, items, fence.Token, trusted)
-	run(p.hooks.afterSend)
+	fire(p.hooks.afterSend)
 
 	f := &finishing{ids: make([]int64, len(items)), done: make(chan struct{})}
 	for i, it := range items {
@@ -129,5 +135,5 @@ func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() ti
 			f.err = fmt.Errorf("writing an earlier batch's results: %w", err)
 		}
 	}()
-	return len(rows), more, f, perr
+	return batchResult{fetched: len(rows), more: more, finishing: f}, perr
 }

@@ -10,23 +10,23 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// claim is the value a runner puts on an idempotency key while it delivers
+// claimValue is the value a runner puts on an idempotency key while it delivers
 // the row: "claim:<token>:<owner>:<batch>". The token says whose term the
 // delivery belongs to, so a later holder can tell an abandoned claim from a
 // live one without waiting for its TTL.
-type claim struct {
+type claimValue struct {
 	token int64
 	owner string // the lock acquisition's owner value
 	batch string // unique per batch within the term
 }
 
-func (c claim) String() string {
+func (c claimValue) String() string {
 	return "claim:" + strconv.FormatInt(c.token, 10) + ":" + c.owner + ":" + c.batch
 }
 
-// parseClaim reads a claim value; ok is false for anything else. Claims of
+// parseClaimValue reads a claim value; ok is false for anything else. Claims of
 // earlier versions ("claim:<token>:<nonce>") parse with an empty owner.
-func parseClaim(v string) (c claim, ok bool) {
+func parseClaimValue(v string) (c claimValue, ok bool) {
 	rest, ok := strings.CutPrefix(v, "claim:")
 	if !ok {
 		return c, false
@@ -50,30 +50,30 @@ func parseClaim(v string) (c claim, ok bool) {
 // after which its holder starts no send and writes none) ended before ours
 // began; or by an earlier batch of our own term, which has finished. A claim
 // of a newer term, or of the same token from another owner, is left alone.
-func (c claim) supersedes(other claim) bool {
+func (c claimValue) supersedes(other claimValue) bool {
 	return other.token < c.token || (other.token == c.token && other.owner == c.owner && other.batch != c.batch)
 }
 
-// claim sets every sendable row's idempotency key to our claim if absent
+// claimKeys sets every sendable row's idempotency key to our claim if absent
 // (claim.lua, one call per batch; per key in Redis Cluster), and classifies
 // the rows by what was there. Claims of an earlier holder are taken over at
 // once (one more round trip, only when there are any): a crash costs about
 // one lock TTL, never claim_ttl. A key Redis cannot use as a string
 // (WRONGTYPE) or holding a value outboxd did not write fails that row alone;
 // an outage fails the batch.
-func (p *Poller) claim(ctx context.Context, items []item, c claim) error {
+func (p *Poller) claimKeys(ctx context.Context, items []item, c claimValue) error {
 	value := c.String()
 	ttl := strconv.FormatInt(p.cfg.ClaimTTL.Milliseconds(), 10)
-	var idx []int // items claimed, in keys order
-	var keys []string
+	var idx []int // items claimed, in names order
+	var names []string
 	for i := range items {
 		if items[i].outcome != poisoned {
-			idx, keys = append(idx, i), append(keys, p.keys.Idempotency(items[i].row.ID))
+			idx, names = append(idx, i), append(names, p.keys.Idempotency(items[i].row.ID))
 		}
 	}
-	found, err := p.evalPerSlot(ctx, claimScript, keys, func(lo, hi int) []any { return []any{value, ttl} })
-	if err == nil && len(found) != len(keys) {
-		err = fmt.Errorf("claim.lua answered %d values for %d keys", len(found), len(keys))
+	found, err := p.evalPerSlot(ctx, claimScript, names, func(lo, hi int) []any { return []any{value, ttl} })
+	if err == nil && len(found) != len(names) {
+		err = fmt.Errorf("claim.lua answered %d values for %d keys", len(found), len(names))
 	}
 	if err != nil {
 		return fmt.Errorf("poller: claim idempotency keys: %w", err)
@@ -104,7 +104,7 @@ func (p *Poller) claim(ctx context.Context, items []item, c claim) error {
 		case v == "1":
 			items[i].outcome = duplicate
 		default:
-			other, ok := parseClaim(v)
+			other, ok := parseClaimValue(v)
 			switch {
 			case !ok:
 				items[i].outcome = refused

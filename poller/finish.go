@@ -11,35 +11,35 @@ import (
 // finish turns claims into delivered marks or releases them (finish.lua,
 // one call per batch; per key in Redis Cluster, whose scripts cannot span
 // slots), then writes every outcome to Postgres in one fenced statement.
-func (p *Poller) finish(ctx context.Context, items []item, claim string, fence store.Fence, start time.Time) error {
-	run(p.hooks.beforeFinish)
+func (p *Poller) finish(ctx context.Context, items []item, ours string, fence store.Fence, start time.Time) error {
+	fire(p.hooks.beforeFinish)
 	var delivered []int64
 	var failures []store.Failure
-	var keys []string
+	var names []string
 	var ops []byte // finish.lua's letter per key
 	now := time.Now()
 	for _, it := range items {
 		switch it.outcome {
 		case sent:
 			delivered = append(delivered, it.row.ID)
-			keys, ops = append(keys, p.keys.Idempotency(it.row.ID)), append(ops, 'd')
+			names, ops = append(names, p.keys.Idempotency(it.row.ID)), append(ops, 'd')
 		case duplicate:
 			delivered = append(delivered, it.row.ID)
 		case pending:
-			keys, ops = append(keys, p.keys.Idempotency(it.row.ID)), append(ops, 'u')
+			names, ops = append(names, p.keys.Idempotency(it.row.ID)), append(ops, 'u')
 		case failed:
-			keys, ops = append(keys, p.keys.Idempotency(it.row.ID)), append(ops, 'u')
+			names, ops = append(names, p.keys.Idempotency(it.row.ID)), append(ops, 'u')
 			failures = append(failures, p.failure(it, now))
 		case refused, poisoned:
 			failures = append(failures, p.failure(it, now))
 		}
 	}
-	if err := p.settleKeys(ctx, keys, ops, claim); err != nil {
+	if err := p.settleKeys(ctx, names, ops, ours); err != nil {
 		// Not fatal: an unreleased claim is taken over by the next batch, and a
 		// missing delivered mark costs at most a duplicate. Postgres is the record.
 		p.log.Warn("idempotency keys not updated", "error", err, "batch_size", len(items))
 	}
-	run(p.hooks.afterFinalize)
+	fire(p.hooks.afterFinalize)
 
 	nd, _, err := p.store.Complete(ctx, fence, delivered, failures)
 	if err != nil {
@@ -72,9 +72,9 @@ func (p *Poller) finish(ctx context.Context, items []item, claim string, fence s
 	return nil
 }
 
-// settleKeys runs finish.lua over keys with their ops letters.
-func (p *Poller) settleKeys(ctx context.Context, keys []string, ops []byte, claim string) error {
+// settleKeys runs finish.lua over names with their ops letters.
+func (p *Poller) settleKeys(ctx context.Context, names []string, ops []byte, ours string) error {
 	ttl := strconv.FormatInt(DeliveredTTL.Milliseconds(), 10)
-	_, err := p.evalPerSlot(ctx, finishScript, keys, func(lo, hi int) []any { return []any{claim, ttl, string(ops[lo:hi])} })
+	_, err := p.evalPerSlot(ctx, finishScript, names, func(lo, hi int) []any { return []any{ours, ttl, string(ops[lo:hi])} })
 	return err
 }

@@ -94,13 +94,13 @@ func TestOwnClaimSeenAgainIsOurs(t *testing.T) {
 	if err != nil || len(rows) != 3 {
 		t.Fatalf("%d rows, %v", len(rows), err)
 	}
-	c := claim{token: 1, owner: "o", batch: "b"}
+	c := claimValue{token: 1, owner: "o", batch: "b"}
 	for round := range 2 {
 		items := make([]item, len(rows))
 		for i, row := range rows {
 			items[i].row = row
 		}
-		if err := r.claim(ctx, items, c); err != nil {
+		if err := r.claimKeys(ctx, items, c); err != nil {
 			t.Fatal(err)
 		}
 		for _, it := range items {

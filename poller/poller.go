@@ -136,7 +136,8 @@ type hooks struct {
 	afterFinalize func() // keys say delivered, Postgres not marked
 }
 
-func run(f func()) {
+// fire calls a crash-window hook if a test set one.
+func fire(f func()) {
 	if f != nil {
 		f()
 	}

@@ -78,8 +78,8 @@ func (p *Poller) lead(ctx, work context.Context, t *term.Term) (err error) {
 		if ctx.Err() != nil || work.Err() != nil {
 			return nil // "lock lost" is logged on release
 		}
-		n, more, next, err := p.batch(work, t.Fence(), t.TrustedUntil, inflight)
-		inflight = next
+		res, err := p.batch(work, t.Fence(), t.TrustedUntil, inflight)
+		inflight = res.finishing
 		switch {
 		case errors.Is(err, store.ErrStaleFence):
 			return err
@@ -88,9 +88,9 @@ func (p *Poller) lead(ctx, work context.Context, t *term.Term) (err error) {
 		case err != nil:
 			t.Log().Error("batch failed", "error", err)
 			idle = p.cfg.PollInterval
-		case more:
+		case res.more:
 			idle = 0 // more waiting: go again at once
-		case n > 0:
+		case res.fetched > 0:
 			idle = time.Millisecond // a stream: the next rows are due within about a poll
 		default:
 			// Quiet: back off 1, 2, 4 ... ms up to poll_interval, so a short

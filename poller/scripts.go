@@ -19,31 +19,31 @@ var (
 	takeoverScript = redis.NewScript(takeoverSrc)
 )
 
-// evalPerSlot runs a per-key batch script over keys, args(lo, hi) giving
-// the arguments for keys[lo:hi]: one call for all of them, or one call per
+// evalPerSlot runs a per-key batch script over names (Redis keys), args(lo, hi) giving
+// the arguments for names[lo:hi]: one call for all of them, or one call per
 // key (pipelined) in Redis Cluster, whose scripts cannot span hash slots,
 // and behind a proxy that refuses a script over several slots (CROSSSLOT:
 // the script did not run). It returns the scripts' array replies joined,
 // one element per key. If Redis lost its script cache (a restart) the
 // scripts are sent whole and run again: finish.lua is idempotent, and a
 // second claim.lua on a key finds our own claim, which claim reads as ours.
-func (p *Poller) evalPerSlot(ctx context.Context, s *redis.Script, keys []string, args func(lo, hi int) []any) ([]any, error) {
-	if len(keys) == 0 {
+func (p *Poller) evalPerSlot(ctx context.Context, s *redis.Script, names []string, args func(lo, hi int) []any) ([]any, error) {
+	if len(names) == 0 {
 		return nil, nil
 	}
-	step := len(keys)
+	step := len(names)
 	if _, cluster := p.rdb.(*redis.ClusterClient); cluster {
 		step = 1
 	}
 	exec := func(sha bool) ([]*redis.Cmd, error) {
 		pipe := p.rdb.Pipeline()
 		var cmds []*redis.Cmd
-		for lo := 0; lo < len(keys); lo += step {
+		for lo := 0; lo < len(names); lo += step {
 			hi := lo + step
 			if sha {
-				cmds = append(cmds, s.EvalSha(ctx, pipe, keys[lo:hi], args(lo, hi)...))
+				cmds = append(cmds, s.EvalSha(ctx, pipe, names[lo:hi], args(lo, hi)...))
 			} else {
-				cmds = append(cmds, s.Eval(ctx, pipe, keys[lo:hi], args(lo, hi)...))
+				cmds = append(cmds, s.Eval(ctx, pipe, names[lo:hi], args(lo, hi)...))
 			}
 		}
 		_, err := pipe.Exec(ctx)
