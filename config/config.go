@@ -184,7 +184,7 @@ func (e *KeyError) Unwrap() error { return e.Err }
 
 // Load reads file (optional: "" skips it), then the environment, then sets
 // ("key=value"), and validates the result. defaults must give every key's
-// default value: the components own them (see app.Defaults), and viper sees
+// default value: the components own them (see cmd/outboxd/internal/app.Defaults), and viper sees
 // an environment-only value only for a key that has a default.
 func Load(file string, sets []string, defaults map[string]any) (*Config, error) {
 	v := viper.New()

@@ -7,21 +7,77 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/outboxd/outboxd/config"
-	"github.com/outboxd/outboxd/internal/app"
 	"github.com/outboxd/outboxd/internal/metrics"
 )
+
+// loaded is what the deploy tests read of an effective configuration.
+type loaded struct {
+	HTTP struct {
+		Addr string `yaml:"addr"`
+	} `yaml:"http"`
+	ShutdownTimeout time.Duration `yaml:"-"`
+}
+
+// outboxd builds the binary once: the composition root (and so the loading
+// with every default and check) is internal to cmd/outboxd, and the binary
+// is what a replica runs.
+var outboxd = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "outboxd-deploy-test")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "outboxd")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/outboxd/outboxd/cmd/outboxd").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go build: %w\n%s", err, out)
+	}
+	return bin, nil
+})
+
+// loadConfig loads file with sets (key=value) as a replica does, with this
+// process's environment, through `outboxd config`; the error is the
+// binary's message when the configuration does not load.
+func loadConfig(file string, sets []string) (*loaded, error) {
+	bin, err := outboxd()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"config", "--config", file}
+	for _, s := range sets {
+		args = append(args, "--set", s)
+	}
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	var c struct {
+		loaded          `yaml:",inline"`
+		ShutdownTimeout string `yaml:"shutdown_timeout"`
+	}
+	if err := yaml.Unmarshal(stdout.Bytes(), &c); err != nil {
+		return nil, fmt.Errorf("outboxd config printed %q: %w", stdout.String(), err)
+	}
+	if c.loaded.ShutdownTimeout, err = time.ParseDuration(c.ShutdownTimeout); err != nil {
+		return nil, fmt.Errorf("shutdown_timeout: %w", err)
+	}
+	return &c.loaded, nil
+}
 
 func docs(t *testing.T, path string) []map[string]any {
 	t.Helper()
@@ -160,7 +216,7 @@ func TestComposeConfigLoads(t *testing.T) {
 	for k, v := range env {
 		t.Setenv(k, v.(string))
 	}
-	cfg, err := app.LoadConfig("../config.yaml", nil)
+	cfg, err := loadConfig("../config.yaml", nil)
 	if err != nil {
 		t.Fatalf("compose replica config: %v", err)
 	}
@@ -187,7 +243,7 @@ func TestSystemdConfigLoads(t *testing.T) {
 	for _, m := range regexp.MustCompile(`Environment=(OUTBOXD_[A-Z_]+)=(\S+)`).FindAllStringSubmatch(string(b), -1) {
 		t.Setenv(m[1], strings.ReplaceAll(m[2], "%d", creds))
 	}
-	if _, err := app.LoadConfig("../config.yaml", nil); err != nil {
+	if _, err := loadConfig("../config.yaml", nil); err != nil {
 		t.Fatalf("systemd replica config: %v", err)
 	}
 }
@@ -231,7 +287,7 @@ func TestKubernetesManifests(t *testing.T) {
 	if err := os.WriteFile(cfgFile, []byte(get(kinds["ConfigMap"], "data", "config.yaml").(string)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := app.LoadConfig(cfgFile, []string{"postgres.dsn_file=", "dispatch.webhook.secret_file="})
+	cfg, err := loadConfig(cfgFile, []string{"postgres.dsn_file=", "dispatch.webhook.secret_file="})
 	if err != nil {
 		t.Fatalf("ConfigMap config.yaml: %v", err)
 	}

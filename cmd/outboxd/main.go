@@ -20,8 +20,8 @@ import (
 	"github.com/spf13/cobra"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/outboxd/outboxd/cmd/outboxd/internal/app"
 	"github.com/outboxd/outboxd/config"
-	"github.com/outboxd/outboxd/internal/app"
 	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/lock"
 	"github.com/outboxd/outboxd/migrations"

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxd/outboxd/internal/app"
+	"github.com/outboxd/outboxd/cmd/outboxd/internal/app"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testkit"
 )

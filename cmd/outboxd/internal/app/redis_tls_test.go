@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxd/outboxd/cmd/outboxd/internal/app"
 	"github.com/outboxd/outboxd/config"
-	"github.com/outboxd/outboxd/internal/app"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/lock"
 )

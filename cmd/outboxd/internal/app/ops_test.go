@@ -13,7 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxd/outboxd/internal/app"
+	"github.com/outboxd/outboxd/cmd/outboxd/internal/app"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testkit"
 	"github.com/outboxd/outboxd/store"

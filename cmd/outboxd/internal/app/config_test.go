@@ -1,4 +1,4 @@
-package config_test
+package app_test
 
 import (
 	"errors"
@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxd/outboxd/cmd/outboxd/internal/app"
 	"github.com/outboxd/outboxd/config"
-	"github.com/outboxd/outboxd/internal/app"
 	"github.com/outboxd/outboxd/poller"
 )
 
@@ -34,7 +34,7 @@ func TestDefaultsAreValid(t *testing.T) {
 
 func TestRepositoryConfigYAMLLoads(t *testing.T) {
 	t.Parallel()
-	c, err := app.LoadConfig("../config.yaml", nil)
+	c, err := app.LoadConfig("../../../../config.yaml", nil)
 	if err != nil {
 		t.Fatalf("config.yaml at the repository root must run as-is: %v", err)
 	}

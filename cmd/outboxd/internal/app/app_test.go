@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/outboxd/outboxd/cmd/outboxd/internal/app"
 	"github.com/outboxd/outboxd/dispatch"
-	"github.com/outboxd/outboxd/internal/app"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testkit"
 	"github.com/outboxd/outboxd/store"

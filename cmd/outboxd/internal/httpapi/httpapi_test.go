@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxd/outboxd/internal/httpapi"
+	"github.com/outboxd/outboxd/cmd/outboxd/internal/httpapi"
 )
 
 // serve runs Server(Handler) on a loopback port with short timeouts.
