@@ -183,10 +183,12 @@ func (e *KeyError) Error() string { return fmt.Sprintf("config: %s: %v", e.Key, 
 func (e *KeyError) Unwrap() error { return e.Err }
 
 // Load reads file (optional: "" skips it), then the environment, then sets
-// ("key=value"), and validates the result. defaults must give every key's
+// ("key=value"), and validates the sections given (all when none is: see
+// Section); unknown keys and values of the wrong type are refused in every
+// section. defaults must give every key's
 // default value: the components own them (see cmd/outboxd/internal/app.Defaults), and viper sees
 // an environment-only value only for a key that has a default.
-func Load(file string, sets []string, defaults map[string]any) (*Config, error) {
+func Load(file string, sets []string, defaults map[string]any, sections ...Section) (*Config, error) {
 	v := viper.New()
 	for _, k := range Keys() {
 		d, ok := defaults[k]
@@ -236,10 +238,10 @@ func Load(file string, sets []string, defaults map[string]any) (*Config, error) 
 	for i, a := range c.Redis.Addrs {
 		c.Redis.Addrs[i] = strings.TrimSpace(a)
 	}
-	if err := c.readSecretFiles(); err != nil {
+	if err := c.readSecretFiles(sections); err != nil {
 		return nil, err
 	}
-	if err := c.Validate(); err != nil {
+	if err := c.Validate(sections...); err != nil {
 		return nil, err
 	}
 	return &c, nil
@@ -297,20 +299,44 @@ var durationKeys = func() map[string]bool {
 	return out
 }()
 
-// readSecretFiles fills secrets from their *_file keys. A file wins over the
-// DSN's default; a password or secret set both ways is an error.
-func (c *Config) readSecretFiles() error {
+// Section is a top-level part of the configuration. A command checks only
+// the sections it uses (`migrate` needs postgres, not the sink), so a setting
+// it never reads cannot stop it. log and shutdown_timeout are always checked.
+type Section string
+
+const (
+	PostgresSection  Section = "postgres"
+	RedisSection     Section = "redis"
+	PollerSection    Section = "poller"
+	ReconcileSection Section = "reconcile"
+	DispatchSection  Section = "dispatch"
+	HTTPSection      Section = "http"
+)
+
+// AllSections is what `run` and `config` use.
+var AllSections = []Section{PostgresSection, RedisSection, PollerSection, ReconcileSection, DispatchSection, HTTPSection}
+
+// uses reports whether sections (all when empty) include s.
+func uses(sections []Section, s Section) bool {
+	return len(sections) == 0 || slices.Contains(sections, s)
+}
+
+// readSecretFiles fills secrets from their *_file keys, for the sections
+// used. A file wins over the DSN's default; a password or secret set both
+// ways is an error.
+func (c *Config) readSecretFiles(sections []Section) error {
 	for _, f := range []struct {
+		section   Section
 		key, file string
 		dst       *string
 		exclusive bool
 	}{
-		{"postgres.dsn_file", c.Postgres.DSNFile, &c.Postgres.DSN, false},
-		{"redis.password_file", c.Redis.PasswordFile, &c.Redis.Password, true},
-		{"dispatch.webhook.secret_file", c.Dispatch.Webhook.SecretFile, &c.Dispatch.Webhook.Secret, true},
-		{"dispatch.kafka.sasl.password_file", c.Dispatch.Kafka.SASL.PasswordFile, &c.Dispatch.Kafka.SASL.Password, true},
+		{PostgresSection, "postgres.dsn_file", c.Postgres.DSNFile, &c.Postgres.DSN, false},
+		{RedisSection, "redis.password_file", c.Redis.PasswordFile, &c.Redis.Password, true},
+		{DispatchSection, "dispatch.webhook.secret_file", c.Dispatch.Webhook.SecretFile, &c.Dispatch.Webhook.Secret, true},
+		{DispatchSection, "dispatch.kafka.sasl.password_file", c.Dispatch.Kafka.SASL.PasswordFile, &c.Dispatch.Kafka.SASL.Password, true},
 	} {
-		if f.file == "" {
+		if f.file == "" || !uses(sections, f.section) {
 			continue
 		}
 		if f.exclusive && *f.dst != "" {
@@ -330,17 +356,47 @@ func (c *Config) readSecretFiles() error {
 	return nil
 }
 
-// Validate checks ranges and formats; the error names the key.
-func (c *Config) Validate() error {
-	bad := func(key, format string, a ...any) error {
-		return &KeyError{Key: key, Err: fmt.Errorf(format, a...)}
+func bad(key, format string, a ...any) error {
+	return &KeyError{Key: key, Err: fmt.Errorf(format, a...)}
+}
+
+// Validate checks ranges and formats of the sections given (all when none
+// is), and always log and shutdown_timeout; the error names the key.
+func (c *Config) Validate(sections ...Section) error {
+	for _, v := range []struct {
+		section Section
+		check   func() error
+	}{
+		{PostgresSection, c.validatePostgres},
+		{RedisSection, c.validateRedis},
+		{PollerSection, c.validatePoller},
+		{ReconcileSection, c.validateReconcile},
+		{DispatchSection, c.validateDispatch},
+	} {
+		if !uses(sections, v.section) {
+			continue
+		}
+		if err := v.check(); err != nil {
+			return err
+		}
 	}
+	if c.ShutdownTimeout <= 0 {
+		return bad("shutdown_timeout", "must be a positive duration, got %s", c.ShutdownTimeout)
+	}
+	return c.validateLog()
+}
+
+func (c *Config) validatePostgres() error {
 	if c.Postgres.DSN == "" {
 		return bad("postgres.dsn", "must be set")
 	}
 	if err := validateDSN(c.Postgres.DSN); err != nil {
 		return &KeyError{Key: c.sourceKey("postgres.dsn", c.Postgres.DSNFile), Err: err}
 	}
+	return nil
+}
+
+func (c *Config) validateRedis() error {
 	if len(c.Redis.Addrs) == 0 || slices.Contains(c.Redis.Addrs, "") {
 		return bad("redis.addrs", "must list at least one host:port, without empty entries")
 	}
@@ -365,51 +421,76 @@ func (c *Config) Validate() error {
 	if c.Redis.DB < 0 || c.Redis.DB > 15 {
 		return bad("redis.db", "want 0..15, got %d", c.Redis.DB)
 	}
-	positive := []struct {
-		key string
-		d   time.Duration
-	}{
-		{"poller.lock_ttl", c.Poller.LockTTL}, {"poller.lock_wait", c.Poller.LockWait},
-		{"poller.poll_interval", c.Poller.PollInterval}, {"poller.claim_ttl", c.Poller.ClaimTTL},
-		{"poller.backoff_base", c.Poller.BackoffBase}, {"poller.backoff_max", c.Poller.BackoffMax},
-		{"reconcile.lock_ttl", c.Reconcile.LockTTL}, {"reconcile.retention", c.Reconcile.Retention},
-		{"dispatch.webhook.timeout", c.Dispatch.Webhook.Timeout}, {"shutdown_timeout", c.ShutdownTimeout},
-	}
-	for _, p := range positive {
+	return nil
+}
+
+// keyDuration is a duration setting and its key.
+type keyDuration struct {
+	key string
+	d   time.Duration
+}
+
+// positive refuses the first duration that is not above zero.
+func positive(durations ...keyDuration) error {
+	for _, p := range durations {
 		if p.d <= 0 {
 			return bad(p.key, "must be a positive duration, got %s", p.d)
 		}
 	}
-	if c.Poller.LockTTL < 300*time.Millisecond {
-		return bad("poller.lock_ttl", "must be at least 300ms, got %s", c.Poller.LockTTL)
+	return nil
+}
+
+func (c *Config) validatePoller() error {
+	p := c.Poller
+	if err := positive(
+		keyDuration{"poller.lock_ttl", p.LockTTL}, keyDuration{"poller.lock_wait", p.LockWait},
+		keyDuration{"poller.poll_interval", p.PollInterval}, keyDuration{"poller.claim_ttl", p.ClaimTTL},
+		keyDuration{"poller.backoff_base", p.BackoffBase}, keyDuration{"poller.backoff_max", p.BackoffMax},
+	); err != nil {
+		return err
 	}
-	if c.Poller.BackoffMax < c.Poller.BackoffBase {
-		return bad("poller.backoff_max", "must not be below poller.backoff_base (%s), got %s", c.Poller.BackoffBase, c.Poller.BackoffMax)
+	if p.LockTTL < 300*time.Millisecond {
+		return bad("poller.lock_ttl", "must be at least 300ms, got %s", p.LockTTL)
 	}
-	if c.Poller.BatchSize < 1 || c.Poller.BatchSize > 10000 {
-		return bad("poller.batch_size", "want 1..10000, got %d", c.Poller.BatchSize)
+	if p.BackoffMax < p.BackoffBase {
+		return bad("poller.backoff_max", "must not be below poller.backoff_base (%s), got %s", p.BackoffBase, p.BackoffMax)
 	}
-	if c.Poller.MaxAttempts < 1 {
-		return bad("poller.max_attempts", "must be at least 1, got %d", c.Poller.MaxAttempts)
+	if p.BatchSize < 1 || p.BatchSize > 10000 {
+		return bad("poller.batch_size", "want 1..10000, got %d", p.BatchSize)
 	}
-	if c.Poller.Concurrency < 1 || c.Poller.Concurrency > 1024 {
-		return bad("poller.concurrency", "want 1..1024, got %d", c.Poller.Concurrency)
+	if p.MaxAttempts < 1 {
+		return bad("poller.max_attempts", "must be at least 1, got %d", p.MaxAttempts)
 	}
-	if c.Poller.MaxPayloadBytes < minMaxPayloadBytes || c.Poller.MaxPayloadBytes > maxMaxPayloadBytes {
-		return bad("poller.max_payload_bytes", "want %d..%d (1 KiB..256 MiB), got %d", minMaxPayloadBytes, maxMaxPayloadBytes, c.Poller.MaxPayloadBytes)
+	if p.Concurrency < 1 || p.Concurrency > 1024 {
+		return bad("poller.concurrency", "want 1..1024, got %d", p.Concurrency)
 	}
-	if c.Poller.BatchMaxBytes < c.Poller.MaxPayloadBytes {
-		return bad("poller.batch_max_bytes", "must be at least poller.max_payload_bytes (%d), got %d", c.Poller.MaxPayloadBytes, c.Poller.BatchMaxBytes)
+	if p.MaxPayloadBytes < minMaxPayloadBytes || p.MaxPayloadBytes > maxMaxPayloadBytes {
+		return bad("poller.max_payload_bytes", "want %d..%d (1 KiB..256 MiB), got %d", minMaxPayloadBytes, maxMaxPayloadBytes, p.MaxPayloadBytes)
 	}
-	if c.Reconcile.DeadRetention < 0 {
-		return bad("reconcile.dead_retention", "must be 0 (keep dead rows) or a positive duration, got %s", c.Reconcile.DeadRetention)
+	if p.BatchMaxBytes < p.MaxPayloadBytes {
+		return bad("poller.batch_max_bytes", "must be at least poller.max_payload_bytes (%d), got %d", p.MaxPayloadBytes, p.BatchMaxBytes)
 	}
-	if c.Reconcile.DeadRetention > 0 && c.Reconcile.DeadRetention < c.Reconcile.Retention {
-		return bad("reconcile.dead_retention", "must not be shorter than reconcile.retention (%s), got %s", c.Reconcile.Retention, c.Reconcile.DeadRetention)
+	return nil
+}
+
+func (c *Config) validateReconcile() error {
+	r := c.Reconcile
+	if err := positive(keyDuration{"reconcile.lock_ttl", r.LockTTL}, keyDuration{"reconcile.retention", r.Retention}); err != nil {
+		return err
 	}
-	if c.Reconcile.BatchSize < 1 || c.Reconcile.BatchSize > 100000 {
-		return bad("reconcile.batch_size", "want 1..100000, got %d", c.Reconcile.BatchSize)
+	if r.DeadRetention < 0 {
+		return bad("reconcile.dead_retention", "must be 0 (keep dead rows) or a positive duration, got %s", r.DeadRetention)
 	}
+	if r.DeadRetention > 0 && r.DeadRetention < r.Retention {
+		return bad("reconcile.dead_retention", "must not be shorter than reconcile.retention (%s), got %s", r.Retention, r.DeadRetention)
+	}
+	if r.BatchSize < 1 || r.BatchSize > 100000 {
+		return bad("reconcile.batch_size", "want 1..100000, got %d", r.BatchSize)
+	}
+	return nil
+}
+
+func (c *Config) validateDispatch() error {
 	switch c.Dispatch.Sink {
 	case "webhook":
 		if err := c.validateWebhook(); err != nil {
@@ -432,6 +513,10 @@ func (c *Config) Validate() error {
 	if c.Dispatch.RedisStream.MaxLen < 0 {
 		return bad("dispatch.redis_stream.maxlen", "must be 0 (no trimming) or positive, got %d", c.Dispatch.RedisStream.MaxLen)
 	}
+	return nil
+}
+
+func (c *Config) validateLog() error {
 	switch strings.ToLower(c.Log.Level) {
 	case "debug", "info", "warn", "error":
 	default:
@@ -500,6 +585,10 @@ func validateTLSFiles(prefix string, t TLS) error {
 // (dispatch.ParseURL, dispatch.ParseSecret) when app checks the config.
 func (c *Config) validateWebhook() error {
 	w := c.Dispatch.Webhook
+	// 0 (the default) follows the lease: see WebhookTimeout.
+	if w.Timeout < 0 {
+		return bad("dispatch.webhook.timeout", "must be positive, or 0 to follow poller.lock_ttl, got %s", w.Timeout)
+	}
 	// The poller trusts its lease for about 0.9 x lock_ttl after the last
 	// renewal, and renews every lock_ttl/3: a request longer than half the
 	// TTL can be cut by the lease every time, and its row never delivered.
@@ -509,6 +598,16 @@ func (c *Config) validateWebhook() error {
 			limit, w.Timeout)}
 	}
 	return nil
+}
+
+// WebhookTimeout is the effective dispatch.webhook.timeout: the value set,
+// or, when it is 0 (unset), the lesser of max and half of poller.lock_ttl,
+// so a default never contradicts the lease it depends on.
+func (c *Config) WebhookTimeout(max time.Duration) time.Duration {
+	if t := c.Dispatch.Webhook.Timeout; t > 0 {
+		return t
+	}
+	return min(max, c.Poller.LockTTL/2)
 }
 
 // SourceKey names the key a secret came from: its *_file key when it was

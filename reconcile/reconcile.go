@@ -25,6 +25,7 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/robfig/cron/v3"
@@ -125,12 +126,26 @@ func New(cfg Config, d Deps) (*Reconciler, error) {
 // "@every d" fires at multiples of d from a fixed origin, not d after
 // whenever the process started, for the same reason.
 func ParseSchedule(spec string) (cron.Schedule, error) {
-	if !strings.HasPrefix(spec, "CRON_TZ=") && !strings.HasPrefix(spec, "TZ=") && !strings.HasPrefix(spec, "@every") {
+	if strings.HasPrefix(spec, "CRON_TZ=") || strings.HasPrefix(spec, "TZ=") {
+		// robfig/cron v3.0.1 slices up to the first space after the zone
+		// and panics when there is none ("CRON_TZ=UTC", "TZ=0", a tab):
+		// split here, and hand it one space.
+		i := strings.IndexFunc(spec, unicode.IsSpace)
+		if i < 0 || strings.TrimSpace(spec[i:]) == "" {
+			return nil, fmt.Errorf("%q names a time zone but no schedule after it (e.g. \"CRON_TZ=Europe/Berlin 0 3 * * *\")", spec)
+		}
+		spec = spec[:i] + " " + strings.TrimSpace(spec[i:])
+	} else if !strings.HasPrefix(spec, "@every") {
 		spec = "CRON_TZ=UTC " + spec
 	}
 	s, err := cron.ParseStandard(spec)
 	if err != nil {
 		return nil, err
+	}
+	// A spec such as "0 0 30 2 *" parses but never fires: say so now
+	// rather than never reconcile.
+	if s.Next(time.Now()).IsZero() {
+		return nil, fmt.Errorf("%q never fires", spec)
 	}
 	if every, ok := s.(cron.ConstantDelaySchedule); ok {
 		if every.Delay < time.Second {

@@ -31,7 +31,7 @@ func healthCmd(g *globals, stdout io.Writer) *cobra.Command {
 				return usageError{fmt.Errorf("--timeout must be positive, got %s", timeout)}
 			}
 			if target == "" {
-				cfg, err := g.load()
+				cfg, err := g.load(config.HTTPSection)
 				if err != nil {
 					return err
 				}

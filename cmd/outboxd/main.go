@@ -91,8 +91,10 @@ func newRoot(stdout io.Writer) *cobra.Command {
 	return root
 }
 
-func (g *globals) load() (*config.Config, error) {
-	return app.LoadConfig(g.configFile, g.sets)
+// load loads the configuration and checks the sections the command uses
+// (all when none is given), so a setting it never reads cannot stop it.
+func (g *globals) load(uses ...config.Section) (*config.Config, error) {
+	return app.LoadConfig(g.configFile, g.sets, uses...)
 }
 
 // session is what a command that works on Postgres or Redis starts with:
@@ -105,10 +107,10 @@ type session struct {
 	stop context.CancelFunc
 }
 
-// start loads the config and opens a session logging to w at the
-// configured level.
-func (g *globals) start(w io.Writer) (*session, error) {
-	cfg, err := g.load()
+// start loads the config (checking the sections the command uses) and
+// opens a session logging to w at the configured level.
+func (g *globals) start(w io.Writer, uses ...config.Section) (*session, error) {
+	cfg, err := g.load(uses...)
 	if err != nil {
 		return nil, err
 	}
@@ -159,7 +161,7 @@ func migrateCmd(g *globals, stdout io.Writer) *cobra.Command {
 		Short: "Apply the embedded schema migrations (safe from several replicas at once)",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := g.start(stdout)
+			s, err := g.start(stdout, config.PostgresSection)
 			if err != nil {
 				return err
 			}
@@ -208,7 +210,7 @@ func statusCmd(g *globals, stdout io.Writer) *cobra.Command {
 		Short: "Show who holds each lock (owner, TTL left, token), the fence tokens Postgres accepted, and the backlog",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := g.start(io.Discard) // the table is the output
+			s, err := g.start(io.Discard, config.PostgresSection, config.RedisSection) // the table is the output
 			if err != nil {
 				return err
 			}
@@ -292,7 +294,7 @@ func replayCmd(g *globals, stdout io.Writer) *cobra.Command {
 				}
 				f.AggregateType, f.AggregateID = t, id
 			}
-			s, err := g.start(stdout)
+			s, err := g.start(stdout, config.PostgresSection)
 			if err != nil {
 				return err
 			}
@@ -328,7 +330,9 @@ func reconcileCmd(g *globals, stdout io.Writer) *cobra.Command {
 			if !once {
 				return usageError{errors.New("reconcile needs --once (scheduled runs happen inside `outboxd run`)")}
 			}
-			s, err := g.start(cmd.ErrOrStderr()) // stdout is the summary
+			// The reconciler waits poller.lock_wait for its lock.
+			s, err := g.start(cmd.ErrOrStderr(), config.PostgresSection, config.RedisSection,
+				config.ReconcileSection, config.PollerSection) // stdout is the summary
 			if err != nil {
 				return err
 			}

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"slices"
 	"time"
 
 	"github.com/outboxd/outboxd/config"
@@ -64,7 +65,7 @@ func Defaults() map[string]any {
 		"dispatch.webhook.url":                    DefaultWebhookURL,
 		"dispatch.webhook.secret":                 "",
 		"dispatch.webhook.secret_file":            "",
-		"dispatch.webhook.timeout":                dispatch.DefaultWebhookTimeout,
+		"dispatch.webhook.timeout":                time.Duration(0), // follows poller.lock_ttl (config.WebhookTimeout)
 		"dispatch.kafka.brokers":                  []string{},
 		"dispatch.kafka.topic":                    kafka.DefaultTopic,
 		"dispatch.kafka.client_id":                kafka.DefaultClientID,
@@ -100,25 +101,34 @@ func Defaults() map[string]any {
 }
 
 // LoadConfig loads the configuration (file, environment, sets; see
-// config.Load) with Defaults and checks it with Check. Every error that is
+// config.Load) with Defaults and checks the sections given (all when none
+// is) with Check: a command passes the sections it uses. Every error that is
 // the operator's to fix is a *config.KeyError naming the key (exit 2).
-func LoadConfig(file string, sets []string) (*config.Config, error) {
-	cfg, err := config.Load(file, sets, Defaults())
+func LoadConfig(file string, sets []string, sections ...config.Section) (*config.Config, error) {
+	cfg, err := config.Load(file, sets, Defaults(), sections...)
 	if err != nil {
 		return nil, err
 	}
-	if err := Check(cfg); err != nil {
+	if err := Check(cfg, sections...); err != nil {
 		return nil, err
 	}
+	// Shown as what it is in effect (outboxd config), not as "0".
+	cfg.Dispatch.Webhook.Timeout = cfg.WebhookTimeout(dispatch.DefaultWebhookTimeout)
 	return cfg, nil
 }
 
 // Check asks each part to validate what only it understands (the
-// reconciliation schedule, the webhook's URL and secret), so each rule has
-// one home, and names the key of any error.
-func Check(cfg *config.Config) error {
-	if _, err := reconcile.ParseSchedule(cfg.Reconcile.Schedule); err != nil {
-		return &config.KeyError{Key: "reconcile.schedule", Err: err}
+// reconciliation schedule, the webhook's URL and secret), for the sections
+// given (all when none is), so each rule has one home, and names the key of
+// any error.
+func Check(cfg *config.Config, sections ...config.Section) error {
+	if len(sections) == 0 || slices.Contains(sections, config.ReconcileSection) {
+		if _, err := reconcile.ParseSchedule(cfg.Reconcile.Schedule); err != nil {
+			return &config.KeyError{Key: "reconcile.schedule", Err: err}
+		}
+	}
+	if len(sections) > 0 && !slices.Contains(sections, config.DispatchSection) {
+		return nil
 	}
 	d := cfg.Dispatch
 	template := map[string]string{"kafka": "dispatch.kafka.topic", "nats": "dispatch.nats.subject",

@@ -301,27 +301,72 @@ func TestDSNErrorText(t *testing.T) {
 	}
 }
 
-// Finding 5: a webhook request must fit well inside the lease.
+// Finding 5: a webhook request must fit well inside the lease. Unset, the
+// timeout follows the lease (the lesser of 10s and poller.lock_ttl/2); only
+// a value the operator set that cannot work is an error (issue 18).
 func TestWebhookTimeoutFitsTheLease(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		sets []string
+		want time.Duration // effective timeout
 		err  string
 	}{
-		{nil, ""}, // defaults: 10s within 30s
-		{[]string{"dispatch.webhook.timeout=15s"}, ""},
-		{[]string{"poller.lock_ttl=2s", "dispatch.webhook.timeout=1s"}, ""},
-		{[]string{"dispatch.webhook.timeout=20s"}, "config: dispatch.webhook.timeout: must be at most half of poller.lock_ttl (15s), got 20s"},
-		{[]string{"poller.lock_ttl=10s"}, "config: dispatch.webhook.timeout: must be at most half of poller.lock_ttl (5s), got 10s"},
-		{[]string{"poller.lock_ttl=1s", "dispatch.sink=noop"}, ""}, // no webhook, no request
+		{nil, 10 * time.Second, ""}, // defaults: 10s within 30s
+		{[]string{"dispatch.webhook.timeout=15s"}, 15 * time.Second, ""},
+		{[]string{"poller.lock_ttl=2s", "dispatch.webhook.timeout=1s"}, time.Second, ""},
+		{[]string{"poller.lock_ttl=10s"}, 5 * time.Second, ""},
+		{[]string{"poller.lock_ttl=3s"}, 1500 * time.Millisecond, ""},
+		{[]string{"poller.lock_ttl=3s", "dispatch.webhook.timeout=0s"}, 1500 * time.Millisecond, ""},
+		{[]string{"dispatch.webhook.timeout=20s"}, 0, "config: dispatch.webhook.timeout: must be at most half of poller.lock_ttl (15s), got 20s"},
+		{[]string{"poller.lock_ttl=10s", "dispatch.webhook.timeout=10s"}, 0, "config: dispatch.webhook.timeout: must be at most half of poller.lock_ttl (5s), got 10s"},
+		{[]string{"dispatch.webhook.timeout=-1s"}, 0, "config: dispatch.webhook.timeout: must be positive, or 0"},
+		{[]string{"poller.lock_ttl=1s", "dispatch.sink=noop", "dispatch.webhook.timeout=1h"}, time.Hour, ""}, // no webhook, no request
 	} {
-		_, err := app.LoadConfig("", tc.sets)
+		c, err := app.LoadConfig("", tc.sets)
 		switch {
 		case tc.err == "" && err != nil:
 			t.Errorf("%v: %v", tc.sets, err)
 		case tc.err != "" && (err == nil || !strings.HasPrefix(err.Error(), tc.err)):
 			t.Errorf("%v: got %v, want %q...", tc.sets, err, tc.err)
+		case err == nil && c.Dispatch.Webhook.Timeout != tc.want:
+			t.Errorf("%v: effective dispatch.webhook.timeout %s, want %s", tc.sets, c.Dispatch.Webhook.Timeout, tc.want)
 		}
+	}
+}
+
+// A command checks only the sections it uses: a sink setting that cannot
+// work does not stop the loading for migrate (postgres) or status
+// (postgres, redis), and does stop it for run (all sections).
+func TestCommandsCheckTheSectionsTheyUse(t *testing.T) {
+	t.Parallel()
+	badSink := [][]string{
+		{"poller.lock_ttl=3s", "dispatch.webhook.timeout=10s"},
+		{"dispatch.sink=carrier-pigeon"},
+		{"dispatch.webhook.url=ftp://example.com/"},
+		{"dispatch.webhook.secret_file=/nonexistent/secret"},
+		{"dispatch.sink=kafka"}, // no brokers
+	}
+	for _, sets := range badSink {
+		for _, uses := range [][]config.Section{
+			{config.PostgresSection},
+			{config.PostgresSection, config.RedisSection},
+			{config.PostgresSection, config.RedisSection, config.ReconcileSection, config.PollerSection},
+		} {
+			if _, err := app.LoadConfig("", sets, uses...); err != nil {
+				t.Errorf("%v with sections %v: %v", sets, uses, err)
+			}
+		}
+		var ke *config.KeyError
+		if _, err := app.LoadConfig("", sets); !errors.As(err, &ke) || !strings.HasPrefix(ke.Key, "dispatch.") {
+			t.Errorf("%v with every section: got %v, want a dispatch.* key error", sets, err)
+		}
+	}
+	// What a command uses is still checked.
+	if _, err := app.LoadConfig("", []string{"postgres.dsn=postgres://a b c:%zz@"}, config.PostgresSection); err == nil {
+		t.Error("a bad postgres.dsn passed the postgres section")
+	}
+	if _, err := app.LoadConfig("", []string{"reconcile.schedule=CRON_TZ=UTC"}, config.ReconcileSection); err == nil {
+		t.Error("a bad reconcile.schedule passed the reconcile section")
 	}
 }
 
