@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -68,9 +69,21 @@ func envKey(env string) string {
 
 func TestEveryYAMLParses(t *testing.T) {
 	t.Parallel()
-	files, _ := filepath.Glob("*.yml")
-	more, _ := filepath.Glob("*/*.yaml")
-	for _, f := range append(files, more...) {
+	var files []string
+	for _, pattern := range []string{"*.yml", "*/*.yaml"} {
+		m, err := filepath.Glob(pattern)
+		if err != nil || len(m) == 0 {
+			t.Fatalf("%s matches no file (%v): nothing would be checked", pattern, err)
+		}
+		files = append(files, m...)
+	}
+	// The artefacts README points operators at must be among them.
+	for _, want := range []string{"docker-compose.yml", "kubernetes/deployment.yaml", "prometheus/alerts.yaml"} {
+		if !slices.Contains(files, filepath.FromSlash(want)) {
+			t.Errorf("%s is not among the files checked %v", want, files)
+		}
+	}
+	for _, f := range files {
 		if len(docs(t, f)) == 0 {
 			t.Errorf("%s: no documents", f)
 		}
@@ -184,11 +197,29 @@ func TestSystemdConfigLoads(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	set := map[string]string{}
 	for _, m := range regexp.MustCompile(`Environment=(OUTBOXD_[A-Z_]+)=(\S+)`).FindAllStringSubmatch(string(b), -1) {
-		t.Setenv(m[1], strings.ReplaceAll(m[2], "%d", creds))
+		set[m[1]] = strings.ReplaceAll(m[2], "%d", creds)
+		t.Setenv(m[1], set[m[1]])
 	}
-	if _, err := app.LoadConfig("../config.yaml", nil); err != nil {
+	for _, k := range []string{"OUTBOXD_POSTGRES_DSN_FILE", "OUTBOXD_DISPATCH_WEBHOOK_SECRET_FILE"} {
+		if set[k] == "" {
+			t.Fatalf("the unit sets no %s (it set %v)", k, set)
+		}
+	}
+	cfg, err := app.LoadConfig("../config.yaml", nil)
+	if err != nil {
 		t.Fatalf("systemd replica config: %v", err)
+	}
+	// The credentials were read from the files the unit names, trimmed.
+	if want := filepath.Join(creds, "postgres-dsn"); cfg.Postgres.DSNFile != want {
+		t.Errorf("postgres.dsn_file %q, want %q", cfg.Postgres.DSNFile, want)
+	}
+	if want := "postgres://outboxd:pw@db.internal:5432/app?sslmode=disable"; cfg.Postgres.DSN != want {
+		t.Errorf("postgres.dsn %q, want the credential's %q", cfg.Postgres.DSN, want)
+	}
+	if want := "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"; cfg.Dispatch.Webhook.Secret != want {
+		t.Errorf("dispatch.webhook.secret %q, want the credential's %q", cfg.Dispatch.Webhook.Secret, want)
 	}
 }
 
