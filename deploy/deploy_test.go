@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -26,6 +27,15 @@ import (
 
 // loaded is what the deploy tests read of an effective configuration.
 type loaded struct {
+	Postgres struct {
+		DSN     string `yaml:"dsn"`
+		DSNFile string `yaml:"dsn_file"`
+	} `yaml:"postgres"`
+	Dispatch struct {
+		Webhook struct {
+			Secret string `yaml:"secret"`
+		} `yaml:"webhook"`
+	} `yaml:"dispatch"`
 	HTTP struct {
 		Addr string `yaml:"addr"`
 	} `yaml:"http"`
@@ -124,9 +134,21 @@ func envKey(env string) string {
 
 func TestEveryYAMLParses(t *testing.T) {
 	t.Parallel()
-	files, _ := filepath.Glob("*.yml")
-	more, _ := filepath.Glob("*/*.yaml")
-	for _, f := range append(files, more...) {
+	var files []string
+	for _, pattern := range []string{"*.yml", "*/*.yaml"} {
+		m, err := filepath.Glob(pattern)
+		if err != nil || len(m) == 0 {
+			t.Fatalf("%s matches no file (%v): nothing would be checked", pattern, err)
+		}
+		files = append(files, m...)
+	}
+	// The artefacts README points operators at must be among them.
+	for _, want := range []string{"docker-compose.yml", "kubernetes/deployment.yaml", "prometheus/alerts.yaml"} {
+		if !slices.Contains(files, filepath.FromSlash(want)) {
+			t.Errorf("%s is not among the files checked %v", want, files)
+		}
+	}
+	for _, f := range files {
 		if len(docs(t, f)) == 0 {
 			t.Errorf("%s: no documents", f)
 		}
@@ -240,11 +262,30 @@ func TestSystemdConfigLoads(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	set := map[string]string{}
 	for _, m := range regexp.MustCompile(`Environment=(OUTBOXD_[A-Z_]+)=(\S+)`).FindAllStringSubmatch(string(b), -1) {
-		t.Setenv(m[1], strings.ReplaceAll(m[2], "%d", creds))
+		set[m[1]] = strings.ReplaceAll(m[2], "%d", creds)
+		t.Setenv(m[1], set[m[1]])
 	}
-	if _, err := loadConfig("../config.yaml", nil); err != nil {
+	for _, k := range []string{"OUTBOXD_POSTGRES_DSN_FILE", "OUTBOXD_DISPATCH_WEBHOOK_SECRET_FILE"} {
+		if set[k] == "" {
+			t.Fatalf("the unit sets no %s (it set %v)", k, set)
+		}
+	}
+	cfg, err := loadConfig("../config.yaml", nil)
+	if err != nil {
 		t.Fatalf("systemd replica config: %v", err)
+	}
+	// The credentials were read from the files the unit names (outboxd
+	// config shows them redacted).
+	if want := filepath.Join(creds, "postgres-dsn"); cfg.Postgres.DSNFile != want {
+		t.Errorf("postgres.dsn_file %q, want %q", cfg.Postgres.DSNFile, want)
+	}
+	if want := "db.internal:5432/app"; !strings.Contains(cfg.Postgres.DSN, want) || strings.Contains(cfg.Postgres.DSN, ":pw@") {
+		t.Errorf("postgres.dsn %q, want the credential's DSN (%s), redacted", cfg.Postgres.DSN, want)
+	}
+	if cfg.Dispatch.Webhook.Secret == "" || strings.Contains(cfg.Dispatch.Webhook.Secret, "MfKQ9r8G") {
+		t.Errorf("dispatch.webhook.secret %q, want the credential's secret, redacted", cfg.Dispatch.Webhook.Secret)
 	}
 }
 

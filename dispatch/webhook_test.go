@@ -146,11 +146,31 @@ func TestTimeoutsAndConnectionErrorsAreRetryable(t *testing.T) {
 }
 
 func TestBadConfigIsRefused(t *testing.T) {
-	if _, err := dispatch.NewWebhook(dispatch.WebhookConfig{}); err == nil {
-		t.Fatal("empty url accepted")
-	}
-	if _, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: "http://x", Secret: "whsec_!!!"}); err == nil {
-		t.Fatal("undecodable whsec_ secret accepted")
+	for _, tc := range []struct {
+		name string
+		cfg  dispatch.WebhookConfig
+		want []string // the error names what is wrong
+	}{
+		{"empty url", dispatch.WebhookConfig{}, []string{"webhook url", "empty"}},
+		{"relative url", dispatch.WebhookConfig{URL: "/hook"}, []string{"webhook url", "absolute http(s) URL"}},
+		{"other scheme", dispatch.WebhookConfig{URL: "ftp://x/hook"}, []string{"webhook url", `scheme "ftp"`}},
+		{"unparsable url", dispatch.WebhookConfig{URL: "http://user:pa%zzword@x/"}, []string{"webhook url", "cannot be parsed"}},
+		{"undecodable whsec_ secret", dispatch.WebhookConfig{URL: "http://x", Secret: "whsec_!!!"}, []string{"webhook secret", "whsec_", "base64"}},
+		{"empty whsec_ secret", dispatch.WebhookConfig{URL: "http://x", Secret: "whsec_"}, []string{"webhook secret", "no key bytes"}},
+	} {
+		_, err := dispatch.NewWebhook(tc.cfg)
+		if err == nil {
+			t.Errorf("%s: accepted", tc.name)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: error %q does not say %q", tc.name, err, w)
+			}
+		}
+		if strings.Contains(err.Error(), "pa%zzword") {
+			t.Errorf("%s: error %q quotes the URL's password", tc.name, err)
+		}
 	}
 }
 
@@ -161,9 +181,10 @@ func must[T any](v T, err error) T {
 	return v
 }
 
-// A request whose deadline passes between the decision to send and the
-// socket write is not written: simulated by a deadline already past when the
-// connection is handed over (the sender "froze" in between).
+// A request whose context has already expired is not sent. This does not
+// exercise the write-time check at the socket (the context's own timer has
+// fired, so the HTTP client refuses first); TestFrozenSenderWritesNothingPastTheDeadline
+// does.
 func TestExpiredDeadlineIsNeverWritten(t *testing.T) {
 	hits := 0
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits++ }))

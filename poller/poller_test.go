@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
@@ -268,7 +269,9 @@ func TestPausedLeaderIsFencedOut(t *testing.T) {
 		t.Fatal("rows left undelivered")
 	}
 	var fence int64
-	_ = e.st.Pool().QueryRow(context.Background(), `SELECT token FROM outbox_fence WHERE lock_name = $1`, keys.PollerLock).Scan(&fence)
+	if err := e.st.Pool().QueryRow(context.Background(), `SELECT token FROM outbox_fence WHERE lock_name = $1`, keys.PollerLock).Scan(&fence); err != nil {
+		t.Fatalf("read the fence: %v", err)
+	}
 	if fence < 2 {
 		t.Fatalf("fence %d, want the new leader's token", fence)
 	}
@@ -323,14 +326,28 @@ func TestSplitBrainRunnersNeverOverwriteEachOther(t *testing.T) {
 		t.Fatal("two leaders ran and the fence refused nothing")
 	}
 	var rewritten int
-	_ = e.st.Pool().QueryRow(ctx, `SELECT count(*) FROM audit WHERE was_dispatched`).Scan(&rewritten)
+	if err := e.st.Pool().QueryRow(ctx, `SELECT count(*) FROM audit WHERE was_dispatched`).Scan(&rewritten); err != nil {
+		t.Fatalf("rewrite audit: %v", err)
+	}
 	if rewritten != 0 {
 		t.Fatalf("%d writes to rows already marked delivered", rewritten)
 	}
-	rows, _ := e.st.Pool().Query(ctx, `SELECT token FROM fence_audit ORDER BY seq`)
-	var prev, tok int64
-	for rows.Next() {
-		_ = rows.Scan(&tok)
+	// Collected first (the rows closed), checked after: failing inside the
+	// iteration would leave the connection busy and cleanup's pool close
+	// waiting for it until the test binary's timeout.
+	rows, err := e.st.Pool().Query(ctx, `SELECT token FROM fence_audit ORDER BY seq`)
+	if err != nil {
+		t.Fatalf("fence audit: %v", err)
+	}
+	tokens, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatalf("fence audit: %v", err)
+	}
+	if len(tokens) == 0 {
+		t.Fatal("fence audit is empty: the trigger recorded no fence write")
+	}
+	var prev int64
+	for _, tok := range tokens {
 		if tok < prev {
 			t.Fatalf("fence went back from %d to %d", prev, tok)
 		}

@@ -463,15 +463,23 @@ func (c *cluster) check(faultAt time.Time, deadAggs map[string]bool) report {
 
 	// Dead rows: only where the case made them.
 	dead := map[int64]bool{}
-	rows, _ := c.st.Pool().Query(ctx, `SELECT id, aggregate_type || '/' || aggregate_id FROM outbox WHERE dead_at IS NOT NULL`)
-	for rows.Next() {
-		var id int64
-		var agg string
-		_ = rows.Scan(&id, &agg)
-		if !deadAggs[agg] {
-			c.t.Errorf("event %d of %s dead-lettered, unexpected in this case", id, agg)
+	type deadRow struct {
+		ID  int64
+		Agg string
+	}
+	rows, err := c.st.Pool().Query(ctx, `SELECT id, aggregate_type || '/' || aggregate_id FROM outbox WHERE dead_at IS NOT NULL`)
+	if err != nil {
+		c.t.Fatalf("list dead rows: %v", err)
+	}
+	deadRows, err := pgx.CollectRows(rows, pgx.RowToStructByPos[deadRow]) // closes rows, then we may fail
+	if err != nil {
+		c.t.Fatalf("list dead rows: %v", err)
+	}
+	for _, r := range deadRows {
+		if !deadAggs[r.Agg] {
+			c.t.Errorf("event %d of %s dead-lettered, unexpected in this case", r.ID, r.Agg)
 		}
-		dead[id] = true
+		dead[r.ID] = true
 	}
 	rep.dead = len(dead)
 
@@ -509,16 +517,27 @@ func (c *cluster) check(faultAt time.Time, deadAggs map[string]bool) report {
 	}
 
 	// outbox_fence only rises.
-	frows, _ := c.st.Pool().Query(ctx, `SELECT lock_name, token FROM fence_audit ORDER BY seq`)
+	type fenceWrite struct {
+		Lock  string
+		Token int64
+	}
+	frows, err := c.st.Pool().Query(ctx, `SELECT lock_name, token FROM fence_audit ORDER BY seq`)
+	if err != nil {
+		c.t.Fatalf("fence audit: %v", err)
+	}
+	fences, err := pgx.CollectRows(frows, pgx.RowToStructByPos[fenceWrite])
+	if err != nil {
+		c.t.Fatalf("fence audit: %v", err)
+	}
+	if len(fences) == 0 {
+		c.t.Errorf("fence audit is empty: no leader's fence write was recorded")
+	}
 	prev := map[string]int64{}
-	for frows.Next() {
-		var name string
-		var tok int64
-		_ = frows.Scan(&name, &tok)
-		if tok < prev[name] {
-			c.t.Errorf("outbox_fence %s went back from %d to %d", name, prev[name], tok)
+	for _, f := range fences {
+		if f.Token < prev[f.Lock] {
+			c.t.Errorf("outbox_fence %s went back from %d to %d", f.Lock, prev[f.Lock], f.Token)
 		}
-		prev[name] = tok
+		prev[f.Lock] = f.Token
 	}
 
 	// No replica exited except those the case killed; SIGTERM exits 0.

@@ -95,7 +95,9 @@ func TestKillLeaderTimeToFlow(t *testing.T) {
 	c.waitHeld()
 	l := c.leader()
 	var dead int64
-	_ = c.st.Pool().QueryRow(context.Background(), `SELECT token FROM outbox_fence WHERE lock_name = 'lock:outbox:poller'`).Scan(&dead)
+	if err := c.st.Pool().QueryRow(context.Background(), `SELECT token FROM outbox_fence WHERE lock_name = 'lock:outbox:poller'`).Scan(&dead); err != nil {
+		t.Fatalf("read the leader's fence: %v", err)
+	}
 	killAt := time.Now()
 	c.signal(l, syscall.SIGKILL)
 	<-c.reps[l].done

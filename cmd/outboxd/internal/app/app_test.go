@@ -246,7 +246,9 @@ func TestPollerAndReconcilerNeverUndoEachOther(t *testing.T) {
 	// Let at least two more reconciliations purge what was delivered.
 	left := func() int {
 		var n int
-		_ = st.Pool().QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n)
+		if err := st.Pool().QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n); err != nil {
+			t.Fatalf("count rows: %v", err) // WaitFor polls in the test's goroutine
+		}
 		return n
 	}
 	testkit.WaitFor(t, 15*time.Second, "every row purged", func() bool { return left() == 0 },
@@ -254,12 +256,16 @@ func TestPollerAndReconcilerNeverUndoEachOther(t *testing.T) {
 	stop()
 	checkContract(t, b.rc.Requests(), []byte(b.secret))
 	var violations int
-	_ = st.Pool().QueryRow(ctx, `SELECT count(*) FROM audit`).Scan(&violations)
+	if err := st.Pool().QueryRow(ctx, `SELECT count(*) FROM audit`).Scan(&violations); err != nil {
+		t.Fatalf("audit: %v", err)
+	}
 	if violations != 0 {
 		t.Fatalf("%d writes undid another's (deleted pending or rewrote delivered rows)", violations)
 	}
 	var runs int
-	_ = st.Pool().QueryRow(ctx, `SELECT count(*) FROM reconcile_runs WHERE finished_at IS NOT NULL`).Scan(&runs)
+	if err := st.Pool().QueryRow(ctx, `SELECT count(*) FROM reconcile_runs WHERE finished_at IS NOT NULL`).Scan(&runs); err != nil {
+		t.Fatalf("count reconciliations: %v", err)
+	}
 	if runs < 2 {
 		t.Fatalf("%d reconciliations ran", runs)
 	}
