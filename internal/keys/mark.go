@@ -59,9 +59,9 @@ func Delivered(fp string) string { return LegacyDelivered + ":" + fp }
 type Verdict uint8
 
 const (
-	NotAMark  Verdict = iota // no delivered mark: absent, a claim, or anything else
-	ThisRow                  // this row's mark: the row was delivered
-	OtherRow                 // a mark left by another row with the same id: never trusted
+	NotAMark Verdict = iota // no delivered mark: absent, a claim, or anything else
+	ThisRow                 // this row's mark: the row was delivered
+	OtherRow                // a mark left by another row with the same id: never trusted
 )
 
 func (v Verdict) String() string {
