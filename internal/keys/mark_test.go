@@ -67,3 +67,25 @@ func TestJudge(t *testing.T) {
 		}
 	}
 }
+
+// Judge and MarkCreatedAt are total over whatever a key may hold, and a
+// row's own mark is always this row's, whatever its values.
+func FuzzJudge(f *testing.F) {
+	f.Add("1", int64(time.Hour), int64(1_700_000_000_000_000), "deal", "42", "deal.funded")
+	f.Add("1:", int64(-1), int64(-1), "", "", "")
+	f.Add("1:zz.zz", int64(-2), int64(0), "a\x00b", "c", "d")
+	f.Add("claim:1:o:b", int64(0), int64(-62135596800000000), "x", "y", "z")
+	f.Fuzz(func(t *testing.T, found string, pttl, createdUS int64, typ, agg, ev string) {
+		created := time.UnixMicro(createdUS)
+		fp := Fingerprint(created, typ, agg, ev)
+		now := time.Now()
+		_ = Judge(found, time.Duration(pttl), fp, created, now)
+		_, _ = MarkCreatedAt(found)
+		if v := Judge(Delivered(fp), time.Duration(pttl), fp, created, now); v != ThisRow {
+			t.Fatalf("own mark %q judged %s", Delivered(fp), v)
+		}
+		if at, ok := MarkCreatedAt(Delivered(fp)); !ok || at.UnixMicro() != createdUS {
+			t.Fatalf("MarkCreatedAt(%q) = %v, %v; want %d µs", Delivered(fp), at, ok, createdUS)
+		}
+	})
+}
