@@ -87,8 +87,10 @@ func (p *Poller) claimKeys(ctx context.Context, items []item, c claimValue) erro
 		return fmt.Errorf("poller: claim idempotency keys: %w", err)
 	}
 	now := time.Now()
-	var takeover, stale []int // stale: the takeovers of other rows' marks
+	var takeover []int
 	var previous []string
+	var stale []int      // of takeover: the marks of other rows
+	var staleSeen string // the first of those marks
 	for j, i := range idx {
 		v, pttl, err := claimReply(found[j])
 		switch {
@@ -109,6 +111,9 @@ func (p *Poller) claimKeys(ctx context.Context, items []item, c claimValue) erro
 			items[i].outcome = duplicate
 			continue
 		case keys.OtherRow:
+			if len(stale) == 0 {
+				staleSeen = v
+			}
 			takeover, previous, stale = append(takeover, i), append(previous, v), append(stale, i)
 			continue
 		}
@@ -124,7 +129,7 @@ func (p *Poller) claimKeys(ctx context.Context, items []item, c claimValue) erro
 		}
 	}
 	if len(stale) > 0 {
-		p.rewound(items, stale, previous, takeover, c.token)
+		p.rewound(items, stale, staleSeen, c.token)
 	}
 	if len(takeover) == 0 {
 		return nil
@@ -158,21 +163,15 @@ func claimReply(x any) (v string, pttl time.Duration, err error) {
 }
 
 // rewound reports delivered marks found that belong to earlier rows with
-// the same ids (stale, indexes into items; previous holds the values found
-// for takeover's rows, in order): the ids came round again. Each is counted;
+// the same ids (stale, indexes into items; seen, the first one's value):
+// the ids came round again. Each is counted;
 // the first of a term is logged at ERROR, since it means the sequence was
 // rewound (TRUNCATE ... RESTART IDENTITY, a restarted sequence, a database
 // re-created under the same key prefix, a restore or failover that lost
 // rows) and earlier versions would have lost these events.
-func (p *Poller) rewound(items []item, stale []int, previous []string, takeover []int, token int64) {
+func (p *Poller) rewound(items []item, stale []int, seen string, token int64) {
 	p.m.IdempotencyForeign.Add(float64(len(stale)))
 	first := stale[0]
-	var seen string
-	for j, i := range takeover {
-		if i == first {
-			seen = previous[j]
-		}
-	}
 	if old := p.rewindLogged.Load(); old == token || !p.rewindLogged.CompareAndSwap(old, token) {
 		p.log.Debug("delivered marks of earlier rows with the same ids, taken over", "foreign_keys", len(stale), "outbox_id", items[first].row.ID)
 		return
