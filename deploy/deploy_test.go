@@ -402,7 +402,7 @@ func TestAlertsAndDashboardQueryExportedMetrics(t *testing.T) {
 	t.Parallel()
 	have := exported(t)
 	rules := get(docs(t, "prometheus/alerts.yaml")[0], "groups").([]any)[0].(map[string]any)["rules"].([]any)
-	want := map[string]bool{"OutboxdNoLeader": false, "OutboxdMoreThanOneLeader": false, "OutboxdOldestPendingTooOld": false,
+	want := map[string]bool{"OutboxdNoLeader": false, "OutboxdMoreThanOneLeader": false, "OutboxdOldestPendingTooOld": false, "OutboxdSequenceRewind": false,
 		"OutboxdFenceRejections": false, "OutboxdDeadLetters": false}
 	for _, r := range rules {
 		name, _ := get(r, "alert").(string)

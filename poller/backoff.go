@@ -13,26 +13,38 @@ import (
 // jitter spreads retries, and the floor makes max_attempts a minimum time
 // before dead-lettering (see RetryHorizon). A receiver's Retry-After is
 // honoured up to backoff_max.
+//
+// Total over every row: attempts is read from the row as it is, and an
+// operator may have written anything there. A negative count counts from 0
+// (as Postgres stores it: store.Complete), and a count at or above
+// max_attempts dead-letters, however large; nothing overflows or panics.
 func (p *Poller) failure(it item, now time.Time) store.Failure {
-	attempts := it.row.Attempts + 1
+	prior := max(it.row.Attempts, 0)
 	f := store.Failure{ID: it.row.ID, Error: it.err.Error()}
-	if dispatch.IsPermanent(it.err) || attempts >= p.cfg.MaxAttempts {
+	if dispatch.IsPermanent(it.err) || prior >= p.cfg.MaxAttempts-1 {
 		f.Dead = true
 		return f
 	}
-	step := p.step(attempts)
+	step := p.step(prior + 1)
 	delay := step/2 + time.Duration(rand.Int64N(int64(step-step/2)+1))
 	delay = max(delay, min(dispatch.RetryAfter(it.err), p.cfg.BackoffMax))
 	f.RetryAt = now.Add(delay)
 	return f
 }
 
-// step is the backoff ceiling after the given failed attempt.
+// step is the backoff ceiling after the given failed attempt: backoff_base
+// doubled attempts-1 times, capped at backoff_max; never negative, never
+// overflowing, for any attempts and any durations.
 func (p *Poller) step(attempts int) time.Duration {
-	if shift := attempts - 1; shift < 40 {
-		return min(p.cfg.BackoffMax, p.cfg.BackoffBase<<shift)
+	base, ceiling := max(p.cfg.BackoffBase, 0), max(p.cfg.BackoffMax, 0)
+	shift := 0
+	if attempts > 1 {
+		shift = min(attempts-1, 62)
 	}
-	return p.cfg.BackoffMax
+	if base > ceiling>>shift { // base<<shift would pass the cap (or overflow)
+		return ceiling
+	}
+	return base << shift
 }
 
 // RetryHorizon is how long a row that keeps failing (retryable errors, no

@@ -17,7 +17,7 @@ type outcome uint8
 const (
 	pending   outcome = iota // claimed, not reached (aggregate stopped earlier): unclaim
 	sent                     // delivered by us
-	duplicate                // Redis said delivered: mark without sending
+	duplicate                // Redis holds this row's delivered mark: mark without sending
 	foreign                  // a newer holder's claim: leave alone
 	failed                   // send failed: unclaim, count the attempt
 	refused                  // the idempotency key could not be claimed (wrong type, odd value): count the attempt
@@ -28,6 +28,7 @@ type item struct {
 	row     store.Row
 	outcome outcome
 	err     error
+	fp      string // the row's fingerprint (keys.Fingerprint), set when claimed
 }
 
 // finishing is a batch whose results are being written (Redis keys, then

@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxd/outboxd/internal/keys"
 )
 
 // claimValue is the value a runner puts on an idempotency key while it delivers
@@ -56,11 +59,14 @@ func (c claimValue) supersedes(other claimValue) bool {
 
 // claimKeys sets every sendable row's idempotency key to our claim if absent
 // (claim.lua, one call per batch; per key in Redis Cluster), and classifies
-// the rows by what was there. Claims of an earlier holder are taken over at
-// once (one more round trip, only when there are any): a crash costs about
-// one lock TTL, never claim_ttl. A key Redis cannot use as a string
-// (WRONGTYPE) or holding a value outboxd did not write fails that row alone;
-// an outage fails the batch.
+// the rows by what was there. This row's delivered mark is a duplicate;
+// a mark left by an earlier row with the same id (keys.Judge: the ids came
+// round again) is never trusted: it is taken over like the claims of an
+// earlier holder, at once and by compare-and-set (one more round trip, only
+// when there are any), and the row is sent. A crash costs about one lock
+// TTL, never claim_ttl. A key Redis cannot use as a string (WRONGTYPE) or
+// holding a value outboxd did not write fails that row alone; an outage
+// fails the batch.
 func (p *Poller) claimKeys(ctx context.Context, items []item, c claimValue) error {
 	value := c.String()
 	ttl := strconv.FormatInt(p.cfg.ClaimTTL.Milliseconds(), 10)
@@ -68,7 +74,9 @@ func (p *Poller) claimKeys(ctx context.Context, items []item, c claimValue) erro
 	var names []string
 	for i := range items {
 		if items[i].outcome != poisoned {
-			idx, names = append(idx, i), append(names, p.keys.Idempotency(items[i].row.ID))
+			r := items[i].row
+			items[i].fp = keys.Fingerprint(r.CreatedAt, r.AggregateType, r.AggregateID, r.EventType)
+			idx, names = append(idx, i), append(names, p.keys.Idempotency(r.ID))
 		}
 	}
 	found, err := p.evalPerSlot(ctx, claimScript, names, func(lo, hi int) []any { return []any{value, ttl} })
@@ -78,43 +86,50 @@ func (p *Poller) claimKeys(ctx context.Context, items []item, c claimValue) erro
 	if err != nil {
 		return fmt.Errorf("poller: claim idempotency keys: %w", err)
 	}
+	now := time.Now()
 	var takeover []int
 	var previous []string
+	var stale []int      // of takeover: the marks of other rows
+	var staleSeen string // the first of those marks
 	for j, i := range idx {
-		var v string
-		switch x := found[j].(type) {
-		case nil:
-			err = redis.Nil
-		case string:
-			v, err = x, nil
-		case error:
-			err = x
-		default:
-			err = fmt.Errorf("unexpected reply %T", x)
-		}
+		v, pttl, err := claimReply(found[j])
 		switch {
 		case errors.Is(err, redis.Nil), err == nil && v == value:
 			// Ours to send. Our own value: the script ran twice on that key
 			// (a node answered NOSCRIPT and the pipeline was sent again).
 			items[i].outcome = pending
+			continue
 		case err != nil && rowError(err):
 			items[i].outcome, items[i].err = refused, fmt.Errorf("idempotency key %s: %w", p.keys.Idempotency(items[i].row.ID), err)
+			continue
 		case err != nil:
 			return fmt.Errorf("poller: claim %s: %w", p.keys.Idempotency(items[i].row.ID), err)
-		case v == "1":
-			items[i].outcome = duplicate
-		default:
-			other, ok := parseClaimValue(v)
-			switch {
-			case !ok:
-				items[i].outcome = refused
-				items[i].err = fmt.Errorf("idempotency key %s holds %q, which outboxd did not write: delete it to let the event go", p.keys.Idempotency(items[i].row.ID), clip(v, 64))
-			case c.supersedes(other):
-				takeover, previous = append(takeover, i), append(previous, v)
-			default:
-				items[i].outcome = foreign
-			}
 		}
+		r := items[i].row
+		switch keys.Judge(v, pttl, items[i].fp, r.CreatedAt, now) {
+		case keys.ThisRow:
+			items[i].outcome = duplicate
+			continue
+		case keys.OtherRow:
+			if len(stale) == 0 {
+				staleSeen = v
+			}
+			takeover, previous, stale = append(takeover, i), append(previous, v), append(stale, i)
+			continue
+		}
+		other, ok := parseClaimValue(v)
+		switch {
+		case !ok:
+			items[i].outcome = refused
+			items[i].err = fmt.Errorf("idempotency key %s holds %q, which outboxd did not write: delete it to let the event go", p.keys.Idempotency(r.ID), clip(v, 64))
+		case c.supersedes(other):
+			takeover, previous = append(takeover, i), append(previous, v)
+		default:
+			items[i].outcome = foreign
+		}
+	}
+	if len(stale) > 0 {
+		p.rewound(items, stale, staleSeen, c.token)
 	}
 	if len(takeover) == 0 {
 		return nil
@@ -122,14 +137,62 @@ func (p *Poller) claimKeys(ctx context.Context, items []item, c claimValue) erro
 	return p.takeOver(ctx, items, takeover, previous, value, ttl)
 }
 
-// takeOver swaps earlier holders' claims for ours, each only if unchanged
-// (compare-and-set), in one pipelined round trip.
+// claimReply reads claim.lua's answer for one key: the value found and,
+// for a bare "1", its PTTL (-1 otherwise); redis.Nil when the key was ours.
+func claimReply(x any) (v string, pttl time.Duration, err error) {
+	switch x := x.(type) {
+	case nil:
+		return "", -1, redis.Nil
+	case string:
+		return x, -1, nil
+	case error:
+		return "", -1, x
+	case []any:
+		if len(x) == 2 {
+			s, ok1 := x[0].(string)
+			ms, ok2 := x[1].(int64)
+			if ok1 && ok2 {
+				if ms >= 0 {
+					return s, time.Duration(ms) * time.Millisecond, nil
+				}
+				return s, time.Duration(ms), nil // -1 no TTL, -2 no key
+			}
+		}
+	}
+	return "", -1, fmt.Errorf("unexpected reply %T", x)
+}
+
+// rewound reports delivered marks found that belong to earlier rows with
+// the same ids (stale, indexes into items; seen, the first one's value):
+// the ids came round again. Each is counted;
+// the first of a term is logged at ERROR, since it means the sequence was
+// rewound (TRUNCATE ... RESTART IDENTITY, a restarted sequence, a database
+// re-created under the same key prefix, a restore or failover that lost
+// rows) and earlier versions would have lost these events.
+func (p *Poller) rewound(items []item, stale []int, seen string, token int64) {
+	p.m.IdempotencyForeign.Add(float64(len(stale)))
+	first := stale[0]
+	if old := p.rewindLogged.Load(); old == token || !p.rewindLogged.CompareAndSwap(old, token) {
+		p.log.Debug("delivered marks of earlier rows with the same ids, taken over", "foreign_keys", len(stale), "outbox_id", items[first].row.ID)
+		return
+	}
+	attrs := []any{"outbox_id", items[first].row.ID, "fencing_token", token, "foreign_keys", len(stale),
+		"row_created_at", items[first].row.CreatedAt, "found", clip(seen, 64)}
+	if at, ok := keys.MarkCreatedAt(seen); ok {
+		attrs = append(attrs, "found_created_at", at)
+	}
+	p.log.Error("sequence rewind detected", append(attrs, "detail",
+		"idempotency keys of earlier rows with these ids were found; they are not trusted: the rows are sent (logged once per term, counted in outboxd_idempotency_foreign_total)")...)
+}
+
+// takeOver swaps what earlier holders or earlier rows left for our claim,
+// each only if unchanged (compare-and-set), in one pipelined round trip.
 func (p *Poller) takeOver(ctx context.Context, items []item, idx []int, previous []string, value, ttl string) error {
 	pipe := p.rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(idx))
 	for j, i := range idx {
 		// EVAL, not EVALSHA: this path is rare, and a pipeline cannot fall back on NOSCRIPT.
-		cmds[j] = takeoverScript.Eval(ctx, pipe, []string{p.keys.Idempotency(items[i].row.ID)}, previous[j], value, ttl)
+		cmds[j] = takeoverScript.Eval(ctx, pipe, []string{p.keys.Idempotency(items[i].row.ID)}, previous[j], value, ttl, keys.Delivered(items[i].fp))
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !rowError(err) {
 		return fmt.Errorf("poller: take over claims: %w", err)
@@ -144,7 +207,9 @@ func (p *Poller) takeOver(ctx context.Context, items []item, idx []int, previous
 			return fmt.Errorf("poller: take over %s: %w", p.keys.Idempotency(items[i].row.ID), err)
 		case n == 1:
 			items[i].outcome = pending
-			taken++
+			if _, ok := parseClaimValue(previous[j]); ok {
+				taken++
+			}
 		case n == 2:
 			items[i].outcome = duplicate // its holder finished meanwhile
 		default:

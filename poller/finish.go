@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/store"
 )
 
@@ -16,25 +17,26 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 	var delivered []int64
 	var failures []store.Failure
 	var names []string
-	var ops []byte // finish.lua's letter per key
+	var ops []byte     // finish.lua's letter per key
+	var marks []string // and the row's delivered mark per key
 	now := time.Now()
 	for _, it := range items {
 		switch it.outcome {
 		case sent:
 			delivered = append(delivered, it.row.ID)
-			names, ops = append(names, p.keys.Idempotency(it.row.ID)), append(ops, 'd')
+			names, ops, marks = append(names, p.keys.Idempotency(it.row.ID)), append(ops, 'd'), append(marks, keys.Delivered(it.fp))
 		case duplicate:
 			delivered = append(delivered, it.row.ID)
 		case pending:
-			names, ops = append(names, p.keys.Idempotency(it.row.ID)), append(ops, 'u')
+			names, ops, marks = append(names, p.keys.Idempotency(it.row.ID)), append(ops, 'u'), append(marks, "")
 		case failed:
-			names, ops = append(names, p.keys.Idempotency(it.row.ID)), append(ops, 'u')
+			names, ops, marks = append(names, p.keys.Idempotency(it.row.ID)), append(ops, 'u'), append(marks, "")
 			failures = append(failures, p.failure(it, now))
 		case refused, poisoned:
 			failures = append(failures, p.failure(it, now))
 		}
 	}
-	if err := p.settleKeys(ctx, names, ops, ours); err != nil {
+	if err := p.settleKeys(ctx, names, ops, marks, ours); err != nil {
 		// Not fatal: an unreleased claim is taken over by the next batch, and a
 		// missing delivered mark costs at most a duplicate. Postgres is the record.
 		p.log.Warn("idempotency keys not updated", "error", err, "batch_size", len(items))
@@ -72,9 +74,17 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 	return nil
 }
 
-// settleKeys runs finish.lua over names with their ops letters.
-func (p *Poller) settleKeys(ctx context.Context, names []string, ops []byte, ours string) error {
+// settleKeys runs finish.lua over names with their ops letters and
+// delivered marks.
+func (p *Poller) settleKeys(ctx context.Context, names []string, ops []byte, marks []string, ours string) error {
 	ttl := strconv.FormatInt(DeliveredTTL.Milliseconds(), 10)
-	_, err := p.evalPerSlot(ctx, finishScript, names, func(lo, hi int) []any { return []any{ours, ttl, string(ops[lo:hi])} })
+	_, err := p.evalPerSlot(ctx, finishScript, names, func(lo, hi int) []any {
+		args := make([]any, 0, 3+hi-lo)
+		args = append(args, ours, ttl, string(ops[lo:hi]))
+		for _, m := range marks[lo:hi] {
+			args = append(args, m)
+		}
+		return args
+	})
 	return err
 }

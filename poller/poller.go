@@ -21,6 +21,11 @@
 //     it over at once (compare-and-set), since the older term's trust
 //     deadline has passed by construction. After Redis lost the lock state,
 //     the successor first waits one TTL (see lead).
+//   - A delivered mark names its row, not its id (keys.Judge): a mark left
+//     by an earlier row with the same id (the ids came round again) is never
+//     taken for "delivered"; it is taken over by compare-and-set and the row
+//     is sent, counted in outboxd_idempotency_foreign_total and logged
+//     ("sequence rewind detected") once per term.
 //   - Isolation: nothing about one row stalls the others. A row too large
 //     or unsendable as it is (store.Row.Poison) is dead-lettered unloaded; an
 //     idempotency key Redis cannot use (WRONGTYPE) or holding a value outboxd
@@ -37,6 +42,7 @@ import (
 	"cmp"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -50,7 +56,7 @@ import (
 )
 
 // DeliveredTTL is how long an idempotency key says "delivered".
-const DeliveredTTL = 24 * time.Hour
+const DeliveredTTL = keys.DeliveredTTL
 
 // Defaults fill the zero fields of Config; config's defaults for the
 // poller.* keys are these same values.
@@ -122,6 +128,8 @@ type Poller struct {
 	seat  *term.Seat
 	wake  chan struct{}
 	hooks hooks // crash points, for tests only
+
+	rewindLogged atomic.Int64 // the term (token) that logged "sequence rewind detected"
 
 	cutMu sync.Mutex
 	cuts  map[int64]int // sends of a row cut short by the lease while it was held

@@ -302,8 +302,12 @@ func writeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 }
 
 // markFromRedis repairs the crash window between "key says delivered" and
-// "Postgres marked": pending rows whose idempotency key is 1 are marked
-// delivered without being sent again.
+// "Postgres marked": pending rows whose idempotency key holds their own
+// delivered mark are marked delivered without being sent again. The rule is
+// the poller's (keys.Judge): a mark left by an earlier row with the same id
+// marks nothing (the poller takes it over and sends the row), and a bare
+// "1" of an earlier version marks its row only if it was written after the
+// row was created.
 func (r *Reconciler) markFromRedis(ctx context.Context, fence store.Fence) (int64, error) {
 	var cursor, marked int64
 	for {
@@ -311,25 +315,42 @@ func (r *Reconciler) markFromRedis(ctx context.Context, fence store.Fence) (int6
 			return marked, context.Cause(ctx)
 		}
 		rctx, cancel := context.WithTimeout(ctx, queryTimeout)
-		ids, err := r.store.PendingIDs(rctx, cursor, r.cfg.BatchSize)
+		rows, err := r.store.PendingRows(rctx, cursor, r.cfg.BatchSize)
 		cancel()
-		if err != nil || len(ids) == 0 {
+		if err != nil || len(rows) == 0 {
 			return marked, err
 		}
-		cursor = ids[len(ids)-1]
-		names := make([]string, len(ids))
-		for i, id := range ids {
-			names[i] = r.keys.Idempotency(id)
+		cursor = rows[len(rows)-1].ID
+		names := make([]string, len(rows))
+		for i, row := range rows {
+			names[i] = r.keys.Idempotency(row.ID)
 		}
 		vals, err := mget(ctx, r.rdb, names)
 		if err != nil {
 			return marked, err
 		}
+		pttls, err := legacyAges(ctx, r.rdb, names, vals)
+		if err != nil {
+			return marked, err
+		}
+		now := time.Now()
 		var delivered []int64
-		for i, v := range vals {
-			if v == "1" {
-				delivered = append(delivered, ids[i])
+		foreign := 0
+		for i, row := range rows {
+			if vals[i] == "" || !row.Finite {
+				continue
 			}
+			fp := keys.Fingerprint(row.CreatedAt, row.AggregateType, row.AggregateID, row.EventType)
+			switch keys.Judge(vals[i], pttls[i], fp, row.CreatedAt, now) {
+			case keys.ThisRow:
+				delivered = append(delivered, row.ID)
+			case keys.OtherRow:
+				foreign++
+			}
+		}
+		if foreign > 0 {
+			// The poller counts and reports these when it claims the rows.
+			r.log.Debug("pending rows whose keys hold an earlier row's mark: left to the poller", "foreign_keys", foreign)
 		}
 		if len(delivered) > 0 {
 			if r.hooks.beforeMark != nil {
@@ -344,7 +365,7 @@ func (r *Reconciler) markFromRedis(ctx context.Context, fence store.Fence) (int6
 			marked += n
 			r.m.ReconcileSwept.WithLabelValues("marked").Add(float64(n))
 		}
-		if len(ids) < r.cfg.BatchSize {
+		if len(rows) < r.cfg.BatchSize {
 			return marked, nil
 		}
 	}
@@ -370,6 +391,37 @@ func mget(ctx context.Context, rdb redis.UniversalClient, keys []string) ([]stri
 		default:
 			return nil, err
 		}
+	}
+	return out, nil
+}
+
+// legacyAges reads the PTTL of the keys that hold a bare "1" (vals as mget
+// read them), pipelined; -1 for every other key. Only the upgrade window
+// has any.
+func legacyAges(ctx context.Context, rdb redis.UniversalClient, names, vals []string) ([]time.Duration, error) {
+	out := make([]time.Duration, len(names))
+	pipe := rdb.Pipeline()
+	cmds := make([]*redis.DurationCmd, len(names))
+	n := 0
+	for i, v := range vals {
+		out[i] = -1
+		if v == keys.LegacyDelivered {
+			cmds[i] = pipe.PTTL(ctx, names[i])
+			n++
+		}
+	}
+	if n == 0 {
+		return out, nil
+	}
+	_, _ = pipe.Exec(ctx) // errors are read per command below
+	for i, c := range cmds {
+		if c == nil {
+			continue
+		}
+		if err := c.Err(); err != nil {
+			return nil, err
+		}
+		out[i] = c.Val() // go-redis keeps -1 (no TTL) and -2 (no key) as they are
 	}
 	return out, nil
 }

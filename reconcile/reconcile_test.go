@@ -95,8 +95,30 @@ func (e *testBundle) insertPending(n int) []int64 {
 	return ids
 }
 
+// markKeyDelivered sets a pending row's key to its own delivered mark, as
+// the poller leaves it when it crashed before marking Postgres.
 func (e *testBundle) markKeyDelivered(id int64) {
-	e.rdb.Set(context.Background(), e.prefix+"idempotency:notify:"+strconv.FormatInt(id, 10), "1", time.Hour)
+	e.t.Helper()
+	e.setKey(id, keys.Delivered(e.fingerprint(id)), keys.DeliveredTTL)
+}
+
+func (e *testBundle) setKey(id int64, v string, ttl time.Duration) {
+	e.t.Helper()
+	if err := e.rdb.Set(context.Background(), e.prefix+"idempotency:notify:"+strconv.FormatInt(id, 10), v, ttl).Err(); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// fingerprint is row id's keys.Fingerprint.
+func (e *testBundle) fingerprint(id int64) string {
+	e.t.Helper()
+	var at time.Time
+	var typ, agg, ev string
+	if err := e.st.Pool().QueryRow(context.Background(), `SELECT created_at, aggregate_type, aggregate_id, event_type
+		FROM outbox WHERE id = $1`, id).Scan(&at, &typ, &agg, &ev); err != nil {
+		e.t.Fatal(err)
+	}
+	return keys.Fingerprint(at, typ, agg, ev)
 }
 
 // Three replicas with skewed starts: every fire time in the window runs
@@ -308,5 +330,38 @@ func TestWrongTypedKeyDoesNotStopTheSweep(t *testing.T) {
 	}
 	if n := e.count(`SELECT count(*) FROM outbox WHERE dispatched_at IS NULL`); n != 1 {
 		t.Fatalf("%d rows pending, want only the one with the wrong-typed key", n)
+	}
+}
+
+// The repair sweep marks a row only from its own delivered mark: a mark
+// left by an earlier row with the same id (ids reused), or a bare "1" of
+// an earlier version written before the row was created, marks nothing;
+// a bare "1" written after it (the upgrade window) does.
+func TestMarkSweepTrustsOnlyTheRowsOwnMark(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ids := e.insertPending(6)
+	var created time.Time
+	if err := e.st.Pool().QueryRow(context.Background(), `SELECT created_at FROM outbox WHERE id = $1`, ids[0]).Scan(&created); err != nil {
+		t.Fatal(err)
+	}
+	age := time.Since(created)
+	e.markKeyDelivered(ids[0])                                                                                                 // own mark: marked
+	e.setKey(ids[1], keys.Delivered(keys.Fingerprint(created.Add(-time.Hour), "deal", "1", "deal.funded")), keys.DeliveredTTL) // earlier row's
+	e.setKey(ids[2], "1", keys.DeliveredTTL)                                                                                   // legacy, just written: marked
+	e.setKey(ids[3], "1", keys.DeliveredTTL-age-keys.LegacySkew-time.Minute)                                                   // legacy, before the row
+	e.setKey(ids[4], "1", 0)                                                                                                   // legacy without a TTL
+	sum, err := e.reconciler(Config{}).RunOnce(context.Background(), time.Now(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.MarkedFromRedis != 2 {
+		t.Errorf("marked %d, want 2 (own mark, fresh legacy mark)", sum.MarkedFromRedis)
+	}
+	for i, want := range []bool{true, false, true, false, false, false} {
+		got := e.count(`SELECT count(*) FROM outbox WHERE id = $1 AND dispatched_at IS NOT NULL`, ids[i]) == 1
+		if got != want {
+			t.Errorf("row %d (key case %d): marked %v, want %v", ids[i], i, got, want)
+		}
 	}
 }

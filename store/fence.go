@@ -114,7 +114,7 @@ delivered AS (
   WHERE id = ANY($4::bigint[]) AND dispatched_at IS NULL AND EXISTS (SELECT 1 FROM fence)
   RETURNING 1),
 failed AS (
-  UPDATE outbox o SET attempts = LEAST(o.attempts, 2147483646) + 1, last_error = x.err,
+  UPDATE outbox o SET attempts = LEAST(GREATEST(o.attempts, 0), 2147483646) + 1, last_error = x.err,
     available_at = CASE WHEN x.dead THEN o.available_at ELSE x.retry_at END,
     dead_at = CASE WHEN x.dead THEN now() END
   FROM unnest($5::bigint[], $6::text[], $7::timestamptz[], $8::bool[]) AS x(id, err, retry_at, dead)
@@ -124,7 +124,9 @@ SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM delivered), (SELECT c
 
 // Complete writes a batch's outcome in one fenced statement: delivered ids
 // get dispatched_at, failures bump attempts and get last_error plus either a
-// new available_at or dead_at. The id sets must be disjoint. It returns how
+// new available_at or dead_at. A negative attempts (an operator's edit)
+// counts from 0, and the count stops at the largest int, so no stored value
+// makes the write fail. The id sets must be disjoint. It returns how
 // many rows each part changed (rows already delivered by someone are skipped).
 //
 // Durability: the write commits without waiting for the WAL flush or a

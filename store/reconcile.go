@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // BeginRun records that fireTime is being reconciled, fenced. It reports
@@ -48,18 +49,35 @@ func (s *Store) RunDone(ctx context.Context, fireTime time.Time) (bool, error) {
 	return ok, nil
 }
 
-// PendingIDs returns up to limit undelivered, not dead ids above cursor, in order.
-func (s *Store) PendingIDs(ctx context.Context, cursor int64, limit int) ([]int64, error) {
-	rows, err := s.pool.Query(ctx, `SELECT id FROM outbox
+// Pending is an undelivered row as the repair sweep needs it: what its
+// idempotency key's delivered mark is computed from (keys.Fingerprint).
+type Pending struct {
+	ID            int64
+	CreatedAt     time.Time
+	Finite        bool // created_at is a finite time (an infinite one has no mark)
+	AggregateType string
+	AggregateID   string
+	EventType     string
+}
+
+// PendingRows returns up to limit undelivered, not dead rows above cursor, in id order.
+func (s *Store) PendingRows(ctx context.Context, cursor int64, limit int) ([]Pending, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id, created_at, aggregate_type, aggregate_id, event_type FROM outbox
 		WHERE dispatched_at IS NULL AND dead_at IS NULL AND id > $1 ORDER BY id LIMIT $2`, cursor, limit)
 	if err != nil {
-		return nil, fmt.Errorf("store: pending ids: %w", err)
+		return nil, fmt.Errorf("store: pending rows: %w", err)
 	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Pending, error) {
+		var p Pending
+		var at pgtype.Timestamptz
+		err := r.Scan(&p.ID, &at, &p.AggregateType, &p.AggregateID, &p.EventType)
+		p.CreatedAt, p.Finite = at.Time, at.Valid && at.InfinityModifier == pgtype.Finite
+		return p, err
+	})
 	if err != nil {
-		return nil, fmt.Errorf("store: pending ids: %w", err)
+		return nil, fmt.Errorf("store: pending rows: %w", err)
 	}
-	return ids, nil
+	return out, nil
 }
 
 // PurgeKind selects what Purge deletes.

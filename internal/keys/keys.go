@@ -27,8 +27,9 @@ func New(prefix string) Space { return Space{prefix: prefix} }
 // Prefix is the prefix put before every key.
 func (s Space) Prefix() string { return s.prefix }
 
-// Idempotency is idempotency:notify:<outbox id>: "1" once delivered, a claim
-// while a delivery is in flight.
+// Idempotency is idempotency:notify:<outbox id>: the row's delivered mark
+// "1:<fingerprint>" once delivered (see Delivered, Judge), a claim while a
+// delivery is in flight.
 func (s Space) Idempotency(id int64) string {
 	return s.prefix + "idempotency:notify:" + strconv.FormatInt(id, 10)
 }

@@ -19,11 +19,14 @@ type Metrics struct {
 	DeadLettered     prometheus.Counter
 	Duplicates       prometheus.Counter // found already delivered in Redis, not resent
 	ClaimsTakenOver  prometheus.Counter // in-flight claims of an earlier holder taken over
-	SendsCut         prometheus.Counter // sends cut short by the lease's trust deadline
-	FenceRejections  *prometheus.CounterVec
-	DispatchLatency  prometheus.Histogram
-	BatchSize        prometheus.Histogram
-	BatchDuration    prometheus.Histogram
+	// IdempotencyForeign counts delivered marks found that belong to an
+	// earlier row with the same id (a sequence rewind), overwritten, row sent.
+	IdempotencyForeign prometheus.Counter
+	SendsCut           prometheus.Counter // sends cut short by the lease's trust deadline
+	FenceRejections    *prometheus.CounterVec
+	DispatchLatency    prometheus.Histogram
+	BatchSize          prometheus.Histogram
+	BatchDuration      prometheus.Histogram
 
 	LockHeld         *prometheus.GaugeVec
 	LockAcquisitions *prometheus.CounterVec
@@ -50,6 +53,7 @@ func New() *Metrics {
 	m.DeadLettered = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_dead_lettered_total", Help: "Events dead-lettered (max attempts or permanent error)."})
 	m.Duplicates = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_already_delivered_total", Help: "Events found delivered in Redis and marked without resending."})
 	m.ClaimsTakenOver = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_claims_taken_over_total", Help: "Idempotency claims of an earlier holder (crashed or replaced) taken over at once instead of waiting for their TTL."})
+	m.IdempotencyForeign = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_idempotency_foreign_total", Help: "Idempotency keys found saying delivered for an earlier row with the same id (the ids came round again: a sequence rewind); never trusted: taken over and the row sent."})
 	m.SendsCut = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_sends_cut_total", Help: "Sends cut short by the lease's trust deadline (a receiver slower than the lease, or a lost lease)."})
 	m.FenceRejections = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_fence_rejections_total", Help: "Writes refused by the Postgres fence (stale token)."}, []string{"lock"})
 	m.DispatchLatency = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outboxd_dispatch_latency_seconds", Help: "From created_at to delivered.",
@@ -74,7 +78,7 @@ func New() *Metrics {
 	m.ReconcileSwept = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_reconcile_rows_total", Help: "Rows changed by reconciliation sweeps."}, []string{"sweep"})
 
 	for _, c := range []prometheus.Collector{
-		m.Dispatched, m.DispatchFailures, m.DeadLettered, m.Duplicates, m.ClaimsTakenOver, m.SendsCut, m.FenceRejections, m.DispatchLatency,
+		m.Dispatched, m.DispatchFailures, m.DeadLettered, m.Duplicates, m.ClaimsTakenOver, m.IdempotencyForeign, m.SendsCut, m.FenceRejections, m.DispatchLatency,
 		m.BatchSize, m.BatchDuration, m.LockHeld, m.LockAcquisitions, m.LockLosses, m.LockRenewFails, m.LockWait,
 		m.PendingEvents, m.OldestPendingAge, m.DeadEvents, m.ReconcileRuns, m.ReconcileSwept,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

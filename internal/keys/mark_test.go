@@ -1,0 +1,91 @@
+package keys
+
+import (
+	"testing"
+	"time"
+)
+
+func TestFingerprintNamesTheRow(t *testing.T) {
+	at := time.Date(2026, 11, 24, 1, 2, 3, 456789000, time.UTC)
+	fp := Fingerprint(at, "deal", "42", "deal.funded")
+	if got := Fingerprint(at.In(time.FixedZone("x", 3600)), "deal", "42", "deal.funded"); got != fp {
+		t.Errorf("same row, other zone: %q, want %q", got, fp)
+	}
+	for name, other := range map[string]string{
+		"a microsecond later": Fingerprint(at.Add(time.Microsecond), "deal", "42", "deal.funded"),
+		"other aggregate_id":  Fingerprint(at, "deal", "43", "deal.funded"),
+		"other event_type":    Fingerprint(at, "deal", "42", "deal.closed"),
+		"names shifted":       Fingerprint(at, "deal4", "2", "deal.funded"),
+	} {
+		if other == fp {
+			t.Errorf("%s: same fingerprint %q", name, fp)
+		}
+	}
+	if got, ok := MarkCreatedAt(Delivered(fp)); !ok || !got.Equal(at) {
+		t.Errorf("MarkCreatedAt(%q) = %v, %v; want %v", Delivered(fp), got, ok, at)
+	}
+	before := time.Date(1960, 1, 1, 0, 0, 0, 1000, time.UTC) // negative micros
+	if got, ok := MarkCreatedAt(Delivered(Fingerprint(before, "a", "b", "c"))); !ok || !got.Equal(before) {
+		t.Errorf("before 1970: MarkCreatedAt = %v, %v; want %v", got, ok, before)
+	}
+	for _, v := range []string{"1", "claim:3:x:y", "", "1:", "1:zz!"} {
+		if _, ok := MarkCreatedAt(v); ok {
+			t.Errorf("MarkCreatedAt(%q) ok", v)
+		}
+	}
+}
+
+func TestJudge(t *testing.T) {
+	now := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
+	created := now.Add(-time.Hour)
+	fp := Fingerprint(created, "deal", "42", "deal.funded")
+	// age: how long before now a bare "1" was written with the 24 h TTL.
+	bare := func(age time.Duration) time.Duration { return DeliveredTTL - age }
+	cases := []struct {
+		name  string
+		found string
+		pttl  time.Duration
+		want  Verdict
+	}{
+		{"our mark", Delivered(fp), -1, ThisRow},
+		{"a mark of an earlier row with the id", Delivered(Fingerprint(created.Add(-time.Minute), "deal", "42", "deal.funded")), bare(0), OtherRow},
+		{"a mark of another aggregate with the id", Delivered(Fingerprint(created, "deal", "7", "deal.funded")), bare(0), OtherRow},
+		{"empty fingerprint", "1:", bare(0), OtherRow},
+		{"legacy 1 written after the row", "1", bare(30 * time.Minute), ThisRow},
+		{"legacy 1 written within the skew before the row", "1", bare(time.Hour + LegacySkew - time.Millisecond), ThisRow},
+		{"legacy 1 written before the row", "1", bare(time.Hour + LegacySkew + time.Second), OtherRow},
+		{"legacy 1 without a TTL", "1", -1, OtherRow},
+		{"legacy 1, key gone", "1", -2, OtherRow},
+		{"a claim", "claim:3:owner:batch", bare(0), NotAMark},
+		{"something else", "garbage", bare(0), NotAMark},
+		{"absent", "", -2, NotAMark},
+		{"11 is not a mark", "11", bare(0), NotAMark},
+	}
+	for _, c := range cases {
+		if got := Judge(c.found, c.pttl, fp, created, now); got != c.want {
+			t.Errorf("%s: Judge(%q, %s) = %s, want %s", c.name, c.found, c.pttl, got, c.want)
+		}
+	}
+}
+
+// Judge and MarkCreatedAt are total over whatever a key may hold, and a
+// row's own mark is always this row's, whatever its values.
+func FuzzJudge(f *testing.F) {
+	f.Add("1", int64(time.Hour), int64(1_700_000_000_000_000), "deal", "42", "deal.funded")
+	f.Add("1:", int64(-1), int64(-1), "", "", "")
+	f.Add("1:zz.zz", int64(-2), int64(0), "a\x00b", "c", "d")
+	f.Add("claim:1:o:b", int64(0), int64(-62135596800000000), "x", "y", "z")
+	f.Fuzz(func(t *testing.T, found string, pttl, createdUS int64, typ, agg, ev string) {
+		created := time.UnixMicro(createdUS)
+		fp := Fingerprint(created, typ, agg, ev)
+		now := time.Now()
+		_ = Judge(found, time.Duration(pttl), fp, created, now)
+		_, _ = MarkCreatedAt(found)
+		if v := Judge(Delivered(fp), time.Duration(pttl), fp, created, now); v != ThisRow {
+			t.Fatalf("own mark %q judged %s", Delivered(fp), v)
+		}
+		if at, ok := MarkCreatedAt(Delivered(fp)); !ok || at.UnixMicro() != createdUS {
+			t.Fatalf("MarkCreatedAt(%q) = %v, %v; want %d µs", Delivered(fp), at, ok, createdUS)
+		}
+	})
+}
