@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/outboxd/outboxd/dispatch"
@@ -57,37 +58,52 @@ func TestPerEventStopsAnAggregateAtItsFirstFailure(t *testing.T) {
 	}
 }
 
-// Aggregates go in parallel, never more than the concurrency at once.
+// Aggregates go in parallel, never more than the concurrency at once, and
+// the limit holds while more aggregates are queued: each finished send lets
+// exactly one more start. synctest.Wait returns once every goroutine of the
+// bubble is blocked (senders on release, the sink on its limit), so the
+// counts below are what the sink does, not what a scheduler got to so far.
 func TestPerEventBoundsConcurrency(t *testing.T) {
-	var now, peak atomic.Int32
-	release := make(chan struct{})
-	sink := dispatch.PerEvent(func(context.Context, dispatch.Event, int64) error {
-		n := now.Add(1)
-		for {
-			p := peak.Load()
-			if n <= p || peak.CompareAndSwap(p, n) {
-				break
+	synctest.Test(t, func(t *testing.T) {
+		const limit, aggregates = 3, 7
+		var mu sync.Mutex
+		inside, started, peak := 0, 0, 0
+		release := make(chan struct{})
+		sink := dispatch.PerEvent(func(context.Context, dispatch.Event, int64) error {
+			mu.Lock()
+			inside++
+			started++
+			peak = max(peak, inside)
+			mu.Unlock()
+			<-release
+			mu.Lock()
+			inside--
+			mu.Unlock()
+			return nil
+		}, limit, dispatch.Capabilities{})
+		done := make(chan []dispatch.Result, 1)
+		go func() { done <- sink.Send(context.Background(), batchOf("a", "b", "c", "d", "e", "f", "g")) }()
+		for finished := 0; finished < aggregates; finished++ {
+			synctest.Wait()
+			mu.Lock()
+			wantStarted := min(limit+finished, aggregates)
+			if started != wantStarted || inside != wantStarted-finished {
+				t.Errorf("after %d finished: %d started, %d at once; want %d started, %d at once",
+					finished, started, inside, wantStarted, wantStarted-finished)
+			}
+			mu.Unlock()
+			release <- struct{}{}
+		}
+		res := <-done
+		if peak != limit {
+			t.Errorf("peak %d aggregates at once, want %d", peak, limit)
+		}
+		for i, r := range res {
+			if r.Outcome != dispatch.Delivered {
+				t.Errorf("event %d: %s", i+1, r.Outcome)
 			}
 		}
-		<-release
-		now.Add(-1)
-		return nil
-	}, 3, dispatch.Capabilities{})
-	done := make(chan []dispatch.Result)
-	go func() { done <- sink.Send(context.Background(), batchOf("a", "b", "c", "d", "e", "f")) }()
-	for peak.Load() < 3 {
-		time.Sleep(time.Millisecond)
-	}
-	close(release)
-	res := <-done
-	if peak.Load() != 3 {
-		t.Fatalf("peak %d aggregates at once, want 3", peak.Load())
-	}
-	for i, r := range res {
-		if r.Outcome != dispatch.Delivered {
-			t.Fatalf("event %d: %s", i+1, r.Outcome)
-		}
-	}
+	})
 }
 
 // Past the trust deadline nothing more is sent; a send that outlives it is

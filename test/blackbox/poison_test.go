@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testkit"
 )
 
@@ -190,6 +191,12 @@ func TestPoisonIdempotencyKeys(t *testing.T) {
 func TestCorruptFenceCounter(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
+	// A Redis of the test's own, which reports every write to a key
+	// (keyspace notifications), so "nothing written" is observed, not
+	// sampled.
+	srv := testenv.StartRedisServerArgs(t, "--notify-keyspace-events", "KA")
+	e.rdb = srv.Client()
+	e.set("OUTBOXD_REDIS_ADDRS", srv.Addr, "OUTBOXD_REDIS_DB", "0")
 	rc := newRecorder(t, nil)
 	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL())
 	ctx := context.Background()
@@ -197,6 +204,14 @@ func TestCorruptFenceCounter(t *testing.T) {
 	fenceKey := e.prefix + "fence:{" + lockKey + "}"
 	if err := e.rdb.Set(ctx, fenceKey, "abc", 0).Err(); err != nil {
 		t.Fatal(err)
+	}
+	barrier := e.prefix + "barrier"
+	writes := e.rdb.Subscribe(ctx, "__keyspace@0__:"+lockKey, barrier)
+	defer writes.Close()
+	for range 2 { // both subscriptions confirmed before the relay starts
+		if _, err := writes.Receive(ctx); err != nil {
+			t.Fatalf("subscribe to the lock key's keyspace events: %v", err)
+		}
 	}
 	e.insertMany("before", 3, 2)
 	rep := e.start()
@@ -209,13 +224,28 @@ func TestCorruptFenceCounter(t *testing.T) {
 		t.Errorf(`no ERROR log line naming "fence:{" within 5s; logs:%s`, "\n"+rep.tail(5))
 	}
 
-	// Nothing left behind: the lock key never stays set by a failed acquire.
-	for range 10 {
-		if n, err := e.rdb.Exists(ctx, lockKey).Result(); err != nil || n != 0 {
-			ttl, _ := e.rdb.PTTL(ctx, lockKey).Result()
-			t.Fatalf("%s exists (ttl %s, err %v) while the fence counter is corrupt", lockKey, ttl, err)
+	// Nothing written by a failed acquire: over several attempts (each
+	// logs "lock state corrupted" once it has failed), no write touched the
+	// lock key. The barrier, published after the attempts, comes after any
+	// keyspace event they caused on the same connection.
+	rep.out.WaitLines(t, 30*time.Second, "three failed acquire attempts", 3, func(line string) bool {
+		return strings.Contains(line, `"msg":"lock state corrupted"`)
+	})
+	if err := e.rdb.Publish(ctx, barrier, "end").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		m, err := writes.ReceiveMessage(ctx)
+		if err != nil {
+			t.Fatalf("keyspace events: %v", err)
 		}
-		time.Sleep(200 * time.Millisecond)
+		if m.Channel == barrier {
+			break
+		}
+		t.Errorf("a failed acquire wrote the lock key: %s on %s", m.Payload, lockKey)
+	}
+	if n, err := e.rdb.Exists(ctx, lockKey).Result(); err != nil || n != 0 {
+		t.Fatalf("%s exists (%d, err %v) while the fence counter is corrupt", lockKey, n, err)
 	}
 	resp, err := http.Get("http://" + rep.addr + "/status")
 	if err != nil {
