@@ -19,8 +19,8 @@ import (
 	"github.com/spf13/viper"
 )
 
-// Config is the whole configuration. Its mapstructure tags are the contract's
-// key names.
+// Config is the whole configuration. Its mapstructure tags are the key names
+// of the contract (docs/reference.md, "Configuration").
 type Config struct {
 	Postgres        Postgres      `mapstructure:"postgres"`
 	Redis           Redis         `mapstructure:"redis"`

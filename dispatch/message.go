@@ -110,7 +110,7 @@ func (ce CloudEvents) Attributes(ev Event, prefix string) []Header {
 // table entry, Redis stream field).
 type Header struct{ Key, Value string }
 
-// Header names every broker message carries (the contract's mapping).
+// Header names every broker message carries (docs/reference.md, "Headers per sink").
 const (
 	HeaderID            = "id"
 	HeaderAggregateType = "aggregate_type"

@@ -41,7 +41,7 @@ import (
 	"github.com/outboxd/outboxd/dispatch"
 )
 
-// Defaults (the contract's, and this sink's) for Config's zero fields.
+// Defaults (docs/reference.md, and this sink's own) for Config's zero fields.
 const (
 	DefaultTopic    = "outbox.event.{aggregate_type}"
 	DefaultClientID = "outboxd"

@@ -45,7 +45,7 @@ import (
 	"github.com/outboxd/outboxd/dispatch"
 )
 
-// Defaults (the contract's) for Config's zero fields.
+// Defaults (docs/reference.md) for Config's zero fields.
 const (
 	DefaultURL     = "nats://127.0.0.1:4222"
 	DefaultSubject = "outbox.event.{aggregate_type}"

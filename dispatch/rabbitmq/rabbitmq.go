@@ -42,7 +42,7 @@ import (
 	"github.com/outboxd/outboxd/dispatch"
 )
 
-// Defaults (the contract's) for Config's zero fields.
+// Defaults (docs/reference.md) for Config's zero fields.
 const (
 	DefaultURL        = "amqp://guest:guest@127.0.0.1:5672/"
 	DefaultExchange   = "outbox" // a durable topic exchange, declared if missing

@@ -35,7 +35,7 @@ import (
 	"github.com/outboxd/outboxd/dispatch"
 )
 
-// Defaults (the contract's). DefaultStream fills an empty Config.Stream;
+// Defaults (docs/reference.md). DefaultStream fills an empty Config.Stream;
 // DefaultMaxLen is the config key's default: in Config, 0 means no trimming.
 const (
 	DefaultStream = "outbox.event.{aggregate_type}"

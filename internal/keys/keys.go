@@ -1,4 +1,4 @@
-// Package keys names the Redis keys and locks outboxd uses (the contract's
+// Package keys names the Redis keys and locks outboxd uses (docs/reference.md,
 // "Redis keys" table), so each is spelled in one place.
 //
 // The lock package shapes the keys of a lock itself (the lock key, its
