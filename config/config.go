@@ -168,10 +168,51 @@ func Keys() []string {
 	return slices.Sorted(maps.Keys(fields))
 }
 
-// Secret keys are replaced whole wherever the config is shown; postgres.dsn
-// and dispatch.webhook.url are shown with their secrets parsed out
-// (RedactDSN, RedactURL). *_file keys are paths and are shown.
-var secretKeys = []string{"redis.password", "dispatch.webhook.secret", "dispatch.kafka.sasl.password"}
+// secret is a setting that holds a secret, or (a DSN, a URL) may carry one.
+// The table secrets is the one list of them: loading (readSecretFiles),
+// showing (Redacted) and naming where a value came from (SourceKey) read it.
+type secret struct {
+	key     string
+	file    string // the *_file key the value may be read from; "" for none
+	section Section
+	// exclusive: key and file cannot both be set. Otherwise the file wins
+	// (postgres.dsn has a default, which a file replaces).
+	exclusive bool
+	// redact shows the value: replaced whole, or with its secrets parsed out.
+	redact func(string) string
+}
+
+func redactWhole(v string) string {
+	if v == "" {
+		return ""
+	}
+	return "[redacted]"
+}
+
+var secrets = []secret{
+	{key: "postgres.dsn", file: "postgres.dsn_file", section: PostgresSection, redact: RedactDSN},
+	{key: "redis.password", file: "redis.password_file", section: RedisSection, exclusive: true, redact: redactWhole},
+	{key: "dispatch.webhook.secret", file: "dispatch.webhook.secret_file", section: DispatchSection, exclusive: true, redact: redactWhole},
+	{key: "dispatch.kafka.sasl.password", file: "dispatch.kafka.sasl.password_file", section: DispatchSection, exclusive: true, redact: redactWhole},
+	{key: "dispatch.webhook.url", section: DispatchSection, redact: RedactURL},
+	{key: "dispatch.nats.url", section: DispatchSection, redact: RedactURL},
+	{key: "dispatch.rabbitmq.url", section: DispatchSection, redact: RedactURL},
+}
+
+// stringField returns the string field of c that key names.
+func (c *Config) stringField(key string) *string {
+	v := reflect.ValueOf(c).Elem()
+	for _, part := range strings.Split(key, ".") {
+		t := v.Type()
+		for i := range t.NumField() {
+			if t.Field(i).Tag.Get("mapstructure") == part {
+				v = v.Field(i)
+				break
+			}
+		}
+	}
+	return v.Addr().Interface().(*string)
+}
 
 // KeyError is a configuration error about one key.
 type KeyError struct {
@@ -321,36 +362,29 @@ func uses(sections []Section, s Section) bool {
 	return len(sections) == 0 || slices.Contains(sections, s)
 }
 
-// readSecretFiles fills secrets from their *_file keys, for the sections
-// used. A file wins over the DSN's default; a password or secret set both
-// ways is an error.
+// readSecretFiles fills secrets from their *_file keys (the table
+// secrets), for the sections used.
 func (c *Config) readSecretFiles(sections []Section) error {
-	for _, f := range []struct {
-		section   Section
-		key, file string
-		dst       *string
-		exclusive bool
-	}{
-		{PostgresSection, "postgres.dsn_file", c.Postgres.DSNFile, &c.Postgres.DSN, false},
-		{RedisSection, "redis.password_file", c.Redis.PasswordFile, &c.Redis.Password, true},
-		{DispatchSection, "dispatch.webhook.secret_file", c.Dispatch.Webhook.SecretFile, &c.Dispatch.Webhook.Secret, true},
-		{DispatchSection, "dispatch.kafka.sasl.password_file", c.Dispatch.Kafka.SASL.PasswordFile, &c.Dispatch.Kafka.SASL.Password, true},
-	} {
-		if f.file == "" || !uses(sections, f.section) {
+	for _, sec := range secrets {
+		if sec.file == "" || !uses(sections, sec.section) {
 			continue
 		}
-		if f.exclusive && *f.dst != "" {
-			return &KeyError{Key: f.key, Err: fmt.Errorf("set either %s or %s, not both", strings.TrimSuffix(f.key, "_file"), f.key)}
+		file, dst := *c.stringField(sec.file), c.stringField(sec.key)
+		if file == "" {
+			continue
 		}
-		b, err := os.ReadFile(f.file)
+		if sec.exclusive && *dst != "" {
+			return &KeyError{Key: sec.file, Err: fmt.Errorf("set either %s or %s, not both", sec.key, sec.file)}
+		}
+		b, err := os.ReadFile(file)
 		if err != nil {
-			return &KeyError{Key: f.key, Err: err}
+			return &KeyError{Key: sec.file, Err: err}
 		}
-		*f.dst = strings.TrimSpace(string(b))
-		if *f.dst == "" {
+		*dst = strings.TrimSpace(string(b))
+		if *dst == "" {
 			// An empty secret file would otherwise mean "no secret":
 			// unsigned webhooks or no password, without a word.
-			return &KeyError{Key: f.key, Err: fmt.Errorf("file %s is empty (or only whitespace); it must hold the %s", f.file, strings.TrimSuffix(f.key, "_file"))}
+			return &KeyError{Key: sec.file, Err: fmt.Errorf("file %s is empty (or only whitespace); it must hold the %s", file, sec.key)}
 		}
 	}
 	return nil
@@ -391,7 +425,7 @@ func (c *Config) validatePostgres() error {
 		return bad("postgres.dsn", "must be set")
 	}
 	if err := validateDSN(c.Postgres.DSN); err != nil {
-		return &KeyError{Key: c.sourceKey("postgres.dsn", c.Postgres.DSNFile), Err: err}
+		return &KeyError{Key: c.SourceKey("postgres.dsn"), Err: err}
 	}
 	return nil
 }
@@ -530,15 +564,6 @@ func (c *Config) validateLog() error {
 	return nil
 }
 
-// sourceKey names the key a value came from: its *_file key when it was
-// read from a file, so the operator looks in the right place.
-func (c *Config) sourceKey(key, file string) string {
-	if file != "" {
-		return key + "_file"
-	}
-	return key
-}
-
 // validateKafka checks the Kafka settings that are plain values; the topic
 // template is checked by the sink.
 func (c *Config) validateKafka() error {
@@ -611,33 +636,24 @@ func (c *Config) WebhookTimeout(max time.Duration) time.Duration {
 }
 
 // SourceKey names the key a secret came from: its *_file key when it was
-// read from a file, so the operator looks in the right place.
+// read from a file (the table secrets), so the operator looks in the right
+// place; otherwise key itself.
 func (c *Config) SourceKey(key string) string {
-	switch key {
-	case "postgres.dsn":
-		return c.sourceKey(key, c.Postgres.DSNFile)
-	case "redis.password":
-		return c.sourceKey(key, c.Redis.PasswordFile)
-	case "dispatch.webhook.secret":
-		return c.sourceKey(key, c.Dispatch.Webhook.SecretFile)
+	for _, sec := range secrets {
+		if sec.key == key && sec.file != "" && *c.stringField(sec.file) != "" {
+			return sec.file
+		}
 	}
 	return key
 }
 
-// Redacted returns the effective configuration as nested maps with secrets
-// replaced: redis.password and dispatch.webhook.secret whole, postgres.dsn
-// and dispatch.webhook.url parsed (RedactDSN, RedactURL).
+// Redacted returns the effective configuration as nested maps with every
+// setting of the table secrets shown by its redact function.
 func (c *Config) Redacted() map[string]any {
 	flat := map[string]any{}
 	walk(reflect.ValueOf(*c), "", flat)
-	for _, k := range secretKeys {
-		if s, _ := flat[k].(string); s != "" {
-			flat[k] = "[redacted]"
-		}
-	}
-	flat["postgres.dsn"] = RedactDSN(c.Postgres.DSN)
-	for _, k := range []string{"dispatch.webhook.url", "dispatch.nats.url", "dispatch.rabbitmq.url"} {
-		flat[k] = RedactURL(flat[k].(string))
+	for _, sec := range secrets {
+		flat[sec.key] = sec.redact(flat[sec.key].(string))
 	}
 	out := map[string]any{}
 	for k, v := range flat {
