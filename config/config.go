@@ -88,7 +88,7 @@ type Reconcile struct {
 }
 
 type Dispatch struct {
-	Sink              string      `mapstructure:"sink"` // webhook | kafka | nats | rabbitmq | redis_stream | noop
+	Sink              string      `mapstructure:"sink"` // a name of the sink registry (cmd/outboxd/internal/app/sinks.go)
 	Webhook           Webhook     `mapstructure:"webhook"`
 	Kafka             Kafka       `mapstructure:"kafka"`
 	NATS              NATS        `mapstructure:"nats"`
@@ -395,7 +395,9 @@ func bad(key, format string, a ...any) error {
 }
 
 // Validate checks ranges and formats of the sections given (all when none
-// is), and always log and shutdown_timeout; the error names the key.
+// is), and always log and shutdown_timeout; the error names the key. The
+// dispatch section's settings belong to its sink and are checked by the sink
+// registry (cmd/outboxd/internal/app/sinks.go) through app.Check.
 func (c *Config) Validate(sections ...Section) error {
 	for _, v := range []struct {
 		section Section
@@ -405,7 +407,6 @@ func (c *Config) Validate(sections ...Section) error {
 		{RedisSection, c.validateRedis},
 		{PollerSection, c.validatePoller},
 		{ReconcileSection, c.validateReconcile},
-		{DispatchSection, c.validateDispatch},
 	} {
 		if !uses(sections, v.section) {
 			continue
@@ -449,7 +450,7 @@ func (c *Config) validateRedis() error {
 	if c.Redis.Mode == "sentinel" && c.Redis.MasterName == "" {
 		return bad("redis.master_name", "must be set in sentinel mode")
 	}
-	if err := validateTLSFiles("redis.tls", c.Redis.TLS); err != nil {
+	if err := CheckTLSFiles("redis.tls", c.Redis.TLS); err != nil {
 		return err
 	}
 	if c.Redis.DB < 0 || c.Redis.DB > 15 {
@@ -524,32 +525,6 @@ func (c *Config) validateReconcile() error {
 	return nil
 }
 
-func (c *Config) validateDispatch() error {
-	switch c.Dispatch.Sink {
-	case "webhook":
-		if err := c.validateWebhook(); err != nil {
-			return err
-		}
-	case "kafka":
-		if err := c.validateKafka(); err != nil {
-			return err
-		}
-	case "nats":
-		if f := c.Dispatch.NATS.CredsFile; f != "" {
-			if _, err := os.Stat(f); err != nil {
-				return bad("dispatch.nats.creds_file", "%v", err)
-			}
-		}
-	case "rabbitmq", "redis_stream", "noop":
-	default:
-		return bad("dispatch.sink", "want webhook, kafka, nats, rabbitmq, redis_stream or noop, got %q", c.Dispatch.Sink)
-	}
-	if c.Dispatch.RedisStream.MaxLen < 0 {
-		return bad("dispatch.redis_stream.maxlen", "must be 0 (no trimming) or positive, got %d", c.Dispatch.RedisStream.MaxLen)
-	}
-	return nil
-}
-
 func (c *Config) validateLog() error {
 	switch strings.ToLower(c.Log.Level) {
 	case "debug", "info", "warn", "error":
@@ -564,28 +539,9 @@ func (c *Config) validateLog() error {
 	return nil
 }
 
-// validateKafka checks the Kafka settings that are plain values; the topic
-// template is checked by the sink.
-func (c *Config) validateKafka() error {
-	k := c.Dispatch.Kafka
-	if len(k.Brokers) == 0 || slices.Contains(k.Brokers, "") {
-		return &KeyError{Key: "dispatch.kafka.brokers", Err: errors.New("must list at least one host:port, without empty entries")}
-	}
-	switch k.SASL.Mechanism {
-	case "":
-	case "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512":
-		if k.SASL.Username == "" {
-			return &KeyError{Key: "dispatch.kafka.sasl.username", Err: fmt.Errorf("must be set with mechanism %s", k.SASL.Mechanism)}
-		}
-	default:
-		return &KeyError{Key: "dispatch.kafka.sasl.mechanism", Err: fmt.Errorf("want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (or empty), got %q", k.SASL.Mechanism)}
-	}
-	return validateTLSFiles("dispatch.kafka.tls", k.TLS)
-}
-
-// validateTLSFiles checks that the files of a TLS setting exist and come
-// with tls.enabled.
-func validateTLSFiles(prefix string, t TLS) error {
+// CheckTLSFiles checks that the files of the TLS setting under prefix
+// (redis.tls, dispatch.kafka.tls) exist and come with tls.enabled.
+func CheckTLSFiles(prefix string, t TLS) error {
 	for _, f := range []struct{ key, path string }{
 		{prefix + ".ca_file", t.CAFile}, {prefix + ".cert_file", t.CertFile}, {prefix + ".key_file", t.KeyFile},
 	} {
@@ -605,29 +561,11 @@ func validateTLSFiles(prefix string, t TLS) error {
 	return nil
 }
 
-// validateWebhook checks what concerns the webhook and another part
-// together; the URL and the secret themselves are checked by the sink
-// (dispatch.ParseURL, dispatch.ParseSecret) when app checks the config.
-func (c *Config) validateWebhook() error {
-	w := c.Dispatch.Webhook
-	// 0 (the default) follows the lease: see WebhookTimeout.
-	if w.Timeout < 0 {
-		return bad("dispatch.webhook.timeout", "must be positive, or 0 to follow poller.lock_ttl, got %s", w.Timeout)
-	}
-	// The poller trusts its lease for about 0.9 x lock_ttl after the last
-	// renewal, and renews every lock_ttl/3: a request longer than half the
-	// TTL can be cut by the lease every time, and its row never delivered.
-	if limit := c.Poller.LockTTL / 2; w.Timeout > limit {
-		return &KeyError{Key: "dispatch.webhook.timeout", Err: fmt.Errorf(
-			"must be at most half of poller.lock_ttl (%s), got %s: the lease is trusted for about 0.9 x poller.lock_ttl after its last renewal (renewed every poller.lock_ttl/3), so a longer request can be cut every time; lower the timeout or raise poller.lock_ttl",
-			limit, w.Timeout)}
-	}
-	return nil
-}
-
 // WebhookTimeout is the effective dispatch.webhook.timeout: the value set,
 // or, when it is 0 (unset), the lesser of max and half of poller.lock_ttl,
-// so a default never contradicts the lease it depends on.
+// so a default never contradicts the lease it depends on. (A value set
+// above half of poller.lock_ttl is refused by the webhook's check in the
+// sink registry, cmd/outboxd/internal/app/sinks.go.)
 func (c *Config) WebhookTimeout(max time.Duration) time.Duration {
 	if t := c.Dispatch.Webhook.Timeout; t > 0 {
 		return t
