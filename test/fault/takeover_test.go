@@ -98,7 +98,7 @@ func TestKillLeaderTimeToFlow(t *testing.T) {
 	_ = c.st.Pool().QueryRow(context.Background(), `SELECT token FROM outbox_fence WHERE lock_name = 'lock:outbox:poller'`).Scan(&dead)
 	killAt := time.Now()
 	c.signal(l, syscall.SIGKILL)
-	<-c.reps[l].done
+	<-c.reps[l].Done()
 	release() // its held send now "succeeds" at the receiver: the successor must resend
 
 	flowing, drained := c.flowAfter(killAt, dead, aggs, 90*time.Second)
