@@ -47,15 +47,6 @@ func ParseTemplate(s string) (Template, error) {
 	}
 }
 
-// MustTemplate is ParseTemplate for constants known to be valid.
-func MustTemplate(s string) Template {
-	t, err := ParseTemplate(s)
-	if err != nil {
-		panic(err)
-	}
-	return t
-}
-
 // Expand fills the placeholders from ev.
 func (t Template) Expand(ev Event) string {
 	if len(t.parts) == 1 {

@@ -282,9 +282,6 @@ func malformed(msg string) bool {
 	return false
 }
 
-// prefixPerAggregate enforces the contract's prefix rule: after an
-// aggregate's first event that is not Delivered, its later events are
-// NotAttempted, even those Redis appended (they are sent again later;
 // serverVersion is the Redis server's version, read once.
 type serverVersion struct {
 	known        bool

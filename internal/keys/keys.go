@@ -24,9 +24,6 @@ type Space struct{ prefix string }
 // New returns the key space for prefix ("" for none).
 func New(prefix string) Space { return Space{prefix: prefix} }
 
-// Prefix is the prefix put before every key.
-func (s Space) Prefix() string { return s.prefix }
-
 // Idempotency is idempotency:notify:<outbox id>: "1" once delivered, a claim
 // while a delivery is in flight.
 func (s Space) Idempotency(id int64) string {
