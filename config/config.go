@@ -19,8 +19,8 @@ import (
 	"github.com/spf13/viper"
 )
 
-// Config is the whole configuration. Its mapstructure tags are the contract's
-// key names.
+// Config is the whole configuration. Its mapstructure tags are the key names
+// of the contract (docs/reference.md, "Configuration").
 type Config struct {
 	Postgres        Postgres      `mapstructure:"postgres"`
 	Redis           Redis         `mapstructure:"redis"`
@@ -88,7 +88,7 @@ type Reconcile struct {
 }
 
 type Dispatch struct {
-	Sink              string      `mapstructure:"sink"` // webhook | kafka | nats | rabbitmq | redis_stream | noop
+	Sink              string      `mapstructure:"sink"` // a name of the sink registry (cmd/outboxd/internal/app/sinks.go)
 	Webhook           Webhook     `mapstructure:"webhook"`
 	Kafka             Kafka       `mapstructure:"kafka"`
 	NATS              NATS        `mapstructure:"nats"`
@@ -168,10 +168,51 @@ func Keys() []string {
 	return slices.Sorted(maps.Keys(fields))
 }
 
-// Secret keys are replaced whole wherever the config is shown; postgres.dsn
-// and dispatch.webhook.url are shown with their secrets parsed out
-// (RedactDSN, RedactURL). *_file keys are paths and are shown.
-var secretKeys = []string{"redis.password", "dispatch.webhook.secret", "dispatch.kafka.sasl.password"}
+// secret is a setting that holds a secret, or (a DSN, a URL) may carry one.
+// The table secrets is the one list of them: loading (readSecretFiles),
+// showing (Redacted) and naming where a value came from (SourceKey) read it.
+type secret struct {
+	key     string
+	file    string // the *_file key the value may be read from; "" for none
+	section Section
+	// exclusive: key and file cannot both be set. Otherwise the file wins
+	// (postgres.dsn has a default, which a file replaces).
+	exclusive bool
+	// redact shows the value: replaced whole, or with its secrets parsed out.
+	redact func(string) string
+}
+
+func redactWhole(v string) string {
+	if v == "" {
+		return ""
+	}
+	return "[redacted]"
+}
+
+var secrets = []secret{
+	{key: "postgres.dsn", file: "postgres.dsn_file", section: PostgresSection, redact: RedactDSN},
+	{key: "redis.password", file: "redis.password_file", section: RedisSection, exclusive: true, redact: redactWhole},
+	{key: "dispatch.webhook.secret", file: "dispatch.webhook.secret_file", section: DispatchSection, exclusive: true, redact: redactWhole},
+	{key: "dispatch.kafka.sasl.password", file: "dispatch.kafka.sasl.password_file", section: DispatchSection, exclusive: true, redact: redactWhole},
+	{key: "dispatch.webhook.url", section: DispatchSection, redact: RedactURL},
+	{key: "dispatch.nats.url", section: DispatchSection, redact: RedactURL},
+	{key: "dispatch.rabbitmq.url", section: DispatchSection, redact: RedactURL},
+}
+
+// stringField returns the string field of c that key names.
+func (c *Config) stringField(key string) *string {
+	v := reflect.ValueOf(c).Elem()
+	for _, part := range strings.Split(key, ".") {
+		t := v.Type()
+		for i := range t.NumField() {
+			if t.Field(i).Tag.Get("mapstructure") == part {
+				v = v.Field(i)
+				break
+			}
+		}
+	}
+	return v.Addr().Interface().(*string)
+}
 
 // KeyError is a configuration error about one key.
 type KeyError struct {
@@ -321,36 +362,29 @@ func uses(sections []Section, s Section) bool {
 	return len(sections) == 0 || slices.Contains(sections, s)
 }
 
-// readSecretFiles fills secrets from their *_file keys, for the sections
-// used. A file wins over the DSN's default; a password or secret set both
-// ways is an error.
+// readSecretFiles fills secrets from their *_file keys (the table
+// secrets), for the sections used.
 func (c *Config) readSecretFiles(sections []Section) error {
-	for _, f := range []struct {
-		section   Section
-		key, file string
-		dst       *string
-		exclusive bool
-	}{
-		{PostgresSection, "postgres.dsn_file", c.Postgres.DSNFile, &c.Postgres.DSN, false},
-		{RedisSection, "redis.password_file", c.Redis.PasswordFile, &c.Redis.Password, true},
-		{DispatchSection, "dispatch.webhook.secret_file", c.Dispatch.Webhook.SecretFile, &c.Dispatch.Webhook.Secret, true},
-		{DispatchSection, "dispatch.kafka.sasl.password_file", c.Dispatch.Kafka.SASL.PasswordFile, &c.Dispatch.Kafka.SASL.Password, true},
-	} {
-		if f.file == "" || !uses(sections, f.section) {
+	for _, sec := range secrets {
+		if sec.file == "" || !uses(sections, sec.section) {
 			continue
 		}
-		if f.exclusive && *f.dst != "" {
-			return &KeyError{Key: f.key, Err: fmt.Errorf("set either %s or %s, not both", strings.TrimSuffix(f.key, "_file"), f.key)}
+		file, dst := *c.stringField(sec.file), c.stringField(sec.key)
+		if file == "" {
+			continue
 		}
-		b, err := os.ReadFile(f.file)
+		if sec.exclusive && *dst != "" {
+			return &KeyError{Key: sec.file, Err: fmt.Errorf("set either %s or %s, not both", sec.key, sec.file)}
+		}
+		b, err := os.ReadFile(file)
 		if err != nil {
-			return &KeyError{Key: f.key, Err: err}
+			return &KeyError{Key: sec.file, Err: err}
 		}
-		*f.dst = strings.TrimSpace(string(b))
-		if *f.dst == "" {
+		*dst = strings.TrimSpace(string(b))
+		if *dst == "" {
 			// An empty secret file would otherwise mean "no secret":
 			// unsigned webhooks or no password, without a word.
-			return &KeyError{Key: f.key, Err: fmt.Errorf("file %s is empty (or only whitespace); it must hold the %s", f.file, strings.TrimSuffix(f.key, "_file"))}
+			return &KeyError{Key: sec.file, Err: fmt.Errorf("file %s is empty (or only whitespace); it must hold the %s", file, sec.key)}
 		}
 	}
 	return nil
@@ -361,7 +395,9 @@ func bad(key, format string, a ...any) error {
 }
 
 // Validate checks ranges and formats of the sections given (all when none
-// is), and always log and shutdown_timeout; the error names the key.
+// is), and always log and shutdown_timeout; the error names the key. The
+// dispatch section's settings belong to its sink and are checked by the sink
+// registry (cmd/outboxd/internal/app/sinks.go) through app.Check.
 func (c *Config) Validate(sections ...Section) error {
 	for _, v := range []struct {
 		section Section
@@ -371,7 +407,6 @@ func (c *Config) Validate(sections ...Section) error {
 		{RedisSection, c.validateRedis},
 		{PollerSection, c.validatePoller},
 		{ReconcileSection, c.validateReconcile},
-		{DispatchSection, c.validateDispatch},
 	} {
 		if !uses(sections, v.section) {
 			continue
@@ -391,7 +426,7 @@ func (c *Config) validatePostgres() error {
 		return bad("postgres.dsn", "must be set")
 	}
 	if err := validateDSN(c.Postgres.DSN); err != nil {
-		return &KeyError{Key: c.sourceKey("postgres.dsn", c.Postgres.DSNFile), Err: err}
+		return &KeyError{Key: c.SourceKey("postgres.dsn"), Err: err}
 	}
 	return nil
 }
@@ -415,7 +450,7 @@ func (c *Config) validateRedis() error {
 	if c.Redis.Mode == "sentinel" && c.Redis.MasterName == "" {
 		return bad("redis.master_name", "must be set in sentinel mode")
 	}
-	if err := validateTLSFiles("redis.tls", c.Redis.TLS); err != nil {
+	if err := CheckTLSFiles("redis.tls", c.Redis.TLS); err != nil {
 		return err
 	}
 	if c.Redis.DB < 0 || c.Redis.DB > 15 {
@@ -490,32 +525,6 @@ func (c *Config) validateReconcile() error {
 	return nil
 }
 
-func (c *Config) validateDispatch() error {
-	switch c.Dispatch.Sink {
-	case "webhook":
-		if err := c.validateWebhook(); err != nil {
-			return err
-		}
-	case "kafka":
-		if err := c.validateKafka(); err != nil {
-			return err
-		}
-	case "nats":
-		if f := c.Dispatch.NATS.CredsFile; f != "" {
-			if _, err := os.Stat(f); err != nil {
-				return bad("dispatch.nats.creds_file", "%v", err)
-			}
-		}
-	case "rabbitmq", "redis_stream", "noop":
-	default:
-		return bad("dispatch.sink", "want webhook, kafka, nats, rabbitmq, redis_stream or noop, got %q", c.Dispatch.Sink)
-	}
-	if c.Dispatch.RedisStream.MaxLen < 0 {
-		return bad("dispatch.redis_stream.maxlen", "must be 0 (no trimming) or positive, got %d", c.Dispatch.RedisStream.MaxLen)
-	}
-	return nil
-}
-
 func (c *Config) validateLog() error {
 	switch strings.ToLower(c.Log.Level) {
 	case "debug", "info", "warn", "error":
@@ -530,37 +539,9 @@ func (c *Config) validateLog() error {
 	return nil
 }
 
-// sourceKey names the key a value came from: its *_file key when it was
-// read from a file, so the operator looks in the right place.
-func (c *Config) sourceKey(key, file string) string {
-	if file != "" {
-		return key + "_file"
-	}
-	return key
-}
-
-// validateKafka checks the Kafka settings that are plain values; the topic
-// template is checked by the sink.
-func (c *Config) validateKafka() error {
-	k := c.Dispatch.Kafka
-	if len(k.Brokers) == 0 || slices.Contains(k.Brokers, "") {
-		return &KeyError{Key: "dispatch.kafka.brokers", Err: errors.New("must list at least one host:port, without empty entries")}
-	}
-	switch k.SASL.Mechanism {
-	case "":
-	case "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512":
-		if k.SASL.Username == "" {
-			return &KeyError{Key: "dispatch.kafka.sasl.username", Err: fmt.Errorf("must be set with mechanism %s", k.SASL.Mechanism)}
-		}
-	default:
-		return &KeyError{Key: "dispatch.kafka.sasl.mechanism", Err: fmt.Errorf("want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (or empty), got %q", k.SASL.Mechanism)}
-	}
-	return validateTLSFiles("dispatch.kafka.tls", k.TLS)
-}
-
-// validateTLSFiles checks that the files of a TLS setting exist and come
-// with tls.enabled.
-func validateTLSFiles(prefix string, t TLS) error {
+// CheckTLSFiles checks that the files of the TLS setting under prefix
+// (redis.tls, dispatch.kafka.tls) exist and come with tls.enabled.
+func CheckTLSFiles(prefix string, t TLS) error {
 	for _, f := range []struct{ key, path string }{
 		{prefix + ".ca_file", t.CAFile}, {prefix + ".cert_file", t.CertFile}, {prefix + ".key_file", t.KeyFile},
 	} {
@@ -580,29 +561,11 @@ func validateTLSFiles(prefix string, t TLS) error {
 	return nil
 }
 
-// validateWebhook checks what concerns the webhook and another part
-// together; the URL and the secret themselves are checked by the sink
-// (dispatch.ParseURL, dispatch.ParseSecret) when app checks the config.
-func (c *Config) validateWebhook() error {
-	w := c.Dispatch.Webhook
-	// 0 (the default) follows the lease: see WebhookTimeout.
-	if w.Timeout < 0 {
-		return bad("dispatch.webhook.timeout", "must be positive, or 0 to follow poller.lock_ttl, got %s", w.Timeout)
-	}
-	// The poller trusts its lease for about 0.9 x lock_ttl after the last
-	// renewal, and renews every lock_ttl/3: a request longer than half the
-	// TTL can be cut by the lease every time, and its row never delivered.
-	if limit := c.Poller.LockTTL / 2; w.Timeout > limit {
-		return &KeyError{Key: "dispatch.webhook.timeout", Err: fmt.Errorf(
-			"must be at most half of poller.lock_ttl (%s), got %s: the lease is trusted for about 0.9 x poller.lock_ttl after its last renewal (renewed every poller.lock_ttl/3), so a longer request can be cut every time; lower the timeout or raise poller.lock_ttl",
-			limit, w.Timeout)}
-	}
-	return nil
-}
-
 // WebhookTimeout is the effective dispatch.webhook.timeout: the value set,
 // or, when it is 0 (unset), the lesser of max and half of poller.lock_ttl,
-// so a default never contradicts the lease it depends on.
+// so a default never contradicts the lease it depends on. (A value set
+// above half of poller.lock_ttl is refused by the webhook's check in the
+// sink registry, cmd/outboxd/internal/app/sinks.go.)
 func (c *Config) WebhookTimeout(max time.Duration) time.Duration {
 	if t := c.Dispatch.Webhook.Timeout; t > 0 {
 		return t
@@ -611,33 +574,24 @@ func (c *Config) WebhookTimeout(max time.Duration) time.Duration {
 }
 
 // SourceKey names the key a secret came from: its *_file key when it was
-// read from a file, so the operator looks in the right place.
+// read from a file (the table secrets), so the operator looks in the right
+// place; otherwise key itself.
 func (c *Config) SourceKey(key string) string {
-	switch key {
-	case "postgres.dsn":
-		return c.sourceKey(key, c.Postgres.DSNFile)
-	case "redis.password":
-		return c.sourceKey(key, c.Redis.PasswordFile)
-	case "dispatch.webhook.secret":
-		return c.sourceKey(key, c.Dispatch.Webhook.SecretFile)
+	for _, sec := range secrets {
+		if sec.key == key && sec.file != "" && *c.stringField(sec.file) != "" {
+			return sec.file
+		}
 	}
 	return key
 }
 
-// Redacted returns the effective configuration as nested maps with secrets
-// replaced: redis.password and dispatch.webhook.secret whole, postgres.dsn
-// and dispatch.webhook.url parsed (RedactDSN, RedactURL).
+// Redacted returns the effective configuration as nested maps with every
+// setting of the table secrets shown by its redact function.
 func (c *Config) Redacted() map[string]any {
 	flat := map[string]any{}
 	walk(reflect.ValueOf(*c), "", flat)
-	for _, k := range secretKeys {
-		if s, _ := flat[k].(string); s != "" {
-			flat[k] = "[redacted]"
-		}
-	}
-	flat["postgres.dsn"] = RedactDSN(c.Postgres.DSN)
-	for _, k := range []string{"dispatch.webhook.url", "dispatch.nats.url", "dispatch.rabbitmq.url"} {
-		flat[k] = RedactURL(flat[k].(string))
+	for _, sec := range secrets {
+		flat[sec.key] = sec.redact(flat[sec.key].(string))
 	}
 	out := map[string]any{}
 	for k, v := range flat {

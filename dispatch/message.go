@@ -47,15 +47,6 @@ func ParseTemplate(s string) (Template, error) {
 	}
 }
 
-// MustTemplate is ParseTemplate for constants known to be valid.
-func MustTemplate(s string) Template {
-	t, err := ParseTemplate(s)
-	if err != nil {
-		panic(err)
-	}
-	return t
-}
-
 // Expand fills the placeholders from ev.
 func (t Template) Expand(ev Event) string {
 	if len(t.parts) == 1 {
@@ -110,7 +101,7 @@ func (ce CloudEvents) Attributes(ev Event, prefix string) []Header {
 // table entry, Redis stream field).
 type Header struct{ Key, Value string }
 
-// Header names every broker message carries (the contract's mapping).
+// Header names every broker message carries (docs/reference.md, "Headers per sink").
 const (
 	HeaderID            = "id"
 	HeaderAggregateType = "aggregate_type"

@@ -178,7 +178,7 @@ func (w *Webhook) SendEvent(ctx context.Context, ev Event, token int64) error {
 			h.Set("traceparent", tp)
 		} else {
 			// A producer's bad header must not block the event: send it without.
-			w.log.Warn("invalid traceparent dropped", "outbox_id", ev.ID, "traceparent", clip(tp, 128))
+			w.log.Warn("invalid traceparent dropped", "outbox_id", ev.ID, "traceparent", Clip(tp, 128))
 		}
 	}
 	resp, err := w.client.Do(req)
@@ -207,7 +207,7 @@ func classify(id int64, resp *http.Response, body []byte, now time.Time) error {
 	}
 	// Receiver text is quoted (%q): whatever bytes it sent, the message is
 	// printable, valid UTF-8 and bounded.
-	msg := fmt.Sprintf("webhook: event %d: receiver answered %d %q", id, code, clip(reason(resp), 128))
+	msg := fmt.Sprintf("webhook: event %d: receiver answered %d %q", id, code, Clip(reason(resp), 128))
 	if code >= 300 && code < 400 {
 		msg += " (redirects are not followed)"
 		if loc, err := resp.Location(); err == nil {
@@ -215,7 +215,7 @@ func classify(id int64, resp *http.Response, body []byte, now time.Time) error {
 		}
 	}
 	if len(bytes.TrimSpace(body)) > 0 {
-		msg += fmt.Sprintf(": %q", clip(string(bytes.TrimSpace(body)), 200))
+		msg += fmt.Sprintf(": %q", Clip(string(bytes.TrimSpace(body)), 200))
 	}
 	err := &Error{Err: errors.New(msg)}
 	switch {
@@ -238,14 +238,6 @@ func reason(resp *http.Response) string {
 		return s[4:]
 	}
 	return ""
-}
-
-// clip cuts s to at most n bytes (the caller quotes the result).
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }
 
 // parseRetryAfter reads delay-seconds or an HTTP date, capped at

@@ -41,7 +41,7 @@ import (
 	"github.com/outboxd/outboxd/dispatch"
 )
 
-// Defaults (the contract's, and this sink's) for Config's zero fields.
+// Defaults (docs/reference.md, and this sink's own) for Config's zero fields.
 const (
 	DefaultTopic    = "outbox.event.{aggregate_type}"
 	DefaultClientID = "outboxd"
@@ -197,23 +197,37 @@ func CheckBrokers(brokers []string) error {
 	return nil
 }
 
+// ErrSASLUsername: a SASL mechanism is set without a username.
+var ErrSASLUsername = errors.New("a SASL mechanism needs a username")
+
+// CheckSASL checks the SASL settings as New uses them: a mechanism named in
+// any case, and a username with it. The error wraps ErrSASLUsername when the
+// username is what is missing.
+func CheckSASL(cfg SASL) error {
+	_, err := mechanism(cfg)
+	return err
+}
+
 // mechanism builds the SASL mechanism cfg asks for, nil for none.
 func mechanism(cfg SASL) (sasl.Mechanism, error) {
 	if cfg.Mechanism == "" {
 		return nil, nil
 	}
-	if cfg.Username == "" {
-		return nil, fmt.Errorf("kafka: SASL %s needs a username (dispatch.kafka.sasl.username)", cfg.Mechanism)
+	m := strings.ToUpper(cfg.Mechanism)
+	if m != "PLAIN" && m != "SCRAM-SHA-256" && m != "SCRAM-SHA-512" {
+		return nil, fmt.Errorf("kafka: SASL mechanism %q: want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", cfg.Mechanism)
 	}
-	switch strings.ToUpper(cfg.Mechanism) {
+	if cfg.Username == "" {
+		return nil, fmt.Errorf("kafka: SASL %s: %w (dispatch.kafka.sasl.username)", cfg.Mechanism, ErrSASLUsername)
+	}
+	switch m {
 	case "PLAIN":
 		return plain.Auth{User: cfg.Username, Pass: cfg.Password}.AsMechanism(), nil
 	case "SCRAM-SHA-256":
 		return scram.Auth{User: cfg.Username, Pass: cfg.Password}.AsSha256Mechanism(), nil
-	case "SCRAM-SHA-512":
+	default:
 		return scram.Auth{User: cfg.Username, Pass: cfg.Password}.AsSha512Mechanism(), nil
 	}
-	return nil, fmt.Errorf("kafka: SASL mechanism %q: want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", cfg.Mechanism)
 }
 
 // validTopic applies Kafka's rule for topic names: 1 to 249 of ASCII

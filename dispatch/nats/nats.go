@@ -45,7 +45,7 @@ import (
 	"github.com/outboxd/outboxd/dispatch"
 )
 
-// Defaults (the contract's) for Config's zero fields.
+// Defaults (docs/reference.md) for Config's zero fields.
 const (
 	DefaultURL     = "nats://127.0.0.1:4222"
 	DefaultSubject = "outbox.event.{aggregate_type}"
@@ -454,7 +454,7 @@ func checkSubject(subj string) error {
 		return errors.New("the subject is empty")
 	}
 	if len(subj) > maxSubject {
-		return fmt.Errorf("subject %q is %d bytes long, above the %d a publish can carry (the server's max_control_line is 4 KiB by default)", clip(subj), len(subj), maxSubject)
+		return fmt.Errorf("subject %q is %d bytes long, above the %d a publish can carry (the server's max_control_line is 4 KiB by default)", clipSubject(subj), len(subj), maxSubject)
 	}
 	for i := 0; i < len(subj); i++ {
 		if c := subj[i]; c <= ' ' || c == 0x7f {

@@ -117,10 +117,10 @@ func (s *Sink) await(ctx context.Context, sent []published, events []dispatch.Ev
 			streams[ack.Stream] = true
 			out[p.i] = acked(ack)
 		case err != nil:
-			out[p.i] = dispatch.Failed(s.ackError(ev, clip(p.subject), err))
+			out[p.i] = dispatch.Failed(s.ackError(ev, clipSubject(p.subject), err))
 		default:
 			out[p.i] = dispatch.Result{Outcome: dispatch.Retryable, Cut: true,
-				Err: fmt.Errorf("nats: event %d: no PubAck for subject %q before the send's deadline: %w", ev.ID, clip(p.subject), context.Cause(ctx))}
+				Err: fmt.Errorf("nats: event %d: no PubAck for subject %q before the send's deadline: %w", ev.ID, clipSubject(p.subject), context.Cause(ctx))}
 		}
 	}
 	return streams
@@ -234,15 +234,15 @@ func (s *Sink) publishError(nc *nats.Conn, ev dispatch.Event, msg *nats.Msg, err
 		size := msg.Size() - len(msg.Subject)
 		return &dispatch.Error{Permanent: true, Err: fmt.Errorf(
 			"nats: event %d to subject %q: message of %d bytes (payload %d plus headers) is above the server's max_payload of %d bytes: retrying cannot help; raise max_payload on the server or make the event smaller: %w",
-			ev.ID, clip(msg.Subject), size, len(msg.Data), nc.MaxPayload(), err)}
+			ev.ID, clipSubject(msg.Subject), size, len(msg.Data), nc.MaxPayload(), err)}
 	case errors.Is(err, nats.ErrBadSubject), errors.Is(err, nats.ErrBadHeaderMsg):
-		return &dispatch.Error{Permanent: true, Err: fmt.Errorf("nats: event %d to subject %q: the client refused the message (retrying cannot help): %w", ev.ID, clip(msg.Subject), err)}
+		return &dispatch.Error{Permanent: true, Err: fmt.Errorf("nats: event %d to subject %q: the client refused the message (retrying cannot help): %w", ev.ID, clipSubject(msg.Subject), err)}
 	case errors.Is(err, nats.ErrReconnectBufExceeded):
-		return fmt.Errorf("nats: event %d to subject %q: not sent, the connection to %s is down (reconnecting): %w", ev.ID, clip(msg.Subject), s.target, err)
+		return fmt.Errorf("nats: event %d to subject %q: not sent, the connection to %s is down (reconnecting): %w", ev.ID, clipSubject(msg.Subject), s.target, err)
 	case errors.Is(err, nats.ErrHeadersNotSupported):
 		return fmt.Errorf("nats: event %d: the server at %s does not support headers (NATS 2.2 or later is needed): %w", ev.ID, s.target, err)
 	default:
-		return fmt.Errorf("nats: event %d to subject %q: not sent: %w", ev.ID, clip(msg.Subject), err)
+		return fmt.Errorf("nats: event %d to subject %q: not sent: %w", ev.ID, clipSubject(msg.Subject), err)
 	}
 }
 
@@ -289,15 +289,6 @@ func failFirst(events []dispatch.Event, out []dispatch.Result, err error) {
 	}
 }
 
-// prefixPerAggregate enforces the contract's prefix rule: after an
-// aggregate's first event that is neither Delivered nor Duplicate, its
-// later events are NotAttempted, even those the stream stored (they are
-// clip shortens a subject for an error text (a subject may be up to
+// clipSubject shortens a subject for an error text (a subject may be up to
 // maxSubject bytes; last_error need not carry all of it).
-func clip(subj string) string {
-	const n = 200
-	if len(subj) <= n {
-		return subj
-	}
-	return subj[:n] + "…"
-}
+func clipSubject(subj string) string { return dispatch.Clip(subj, 200) }

@@ -42,7 +42,7 @@ import (
 	"github.com/outboxd/outboxd/dispatch"
 )
 
-// Defaults (the contract's) for Config's zero fields.
+// Defaults (docs/reference.md) for Config's zero fields.
 const (
 	DefaultURL        = "amqp://guest:guest@127.0.0.1:5672/"
 	DefaultExchange   = "outbox" // a durable topic exchange, declared if missing
@@ -165,7 +165,7 @@ func checkName(what, s string) error {
 // library would fail the write and drop the connection).
 func checkShort(what, s string) error {
 	if len(s) > maxShortString {
-		return fmt.Errorf("rabbitmq: %s %q is %d bytes, above AMQP's limit of %d", what, clip(s, 64), len(s), maxShortString)
+		return fmt.Errorf("rabbitmq: %s %q is %d bytes, above AMQP's limit of %d", what, dispatch.Clip(s, 64), len(s), maxShortString)
 	}
 	return nil
 }
@@ -439,7 +439,7 @@ func (t *sending) noteDropped(id int64, dropped []string) {
 	}
 	t.dropN++
 	for _, d := range dropped {
-		if d = clip(d, 64); !slices.Contains(t.dropped, d) {
+		if d = dispatch.Clip(d, 64); !slices.Contains(t.dropped, d) {
 			t.dropped = append(t.dropped, d)
 		}
 	}
@@ -468,11 +468,4 @@ func (s *Sink) check(ev dispatch.Event, rk string) error {
 		return tooLarge(ev, s.maxSize)
 	}
 	return nil
-}
-
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }

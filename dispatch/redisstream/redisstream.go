@@ -35,7 +35,7 @@ import (
 	"github.com/outboxd/outboxd/dispatch"
 )
 
-// Defaults (the contract's). DefaultStream fills an empty Config.Stream;
+// Defaults (docs/reference.md). DefaultStream fills an empty Config.Stream;
 // DefaultMaxLen is the config key's default: in Config, 0 means no trimming.
 const (
 	DefaultStream = "outbox.event.{aggregate_type}"
@@ -282,9 +282,6 @@ func malformed(msg string) bool {
 	return false
 }
 
-// prefixPerAggregate enforces the contract's prefix rule: after an
-// aggregate's first event that is not Delivered, its later events are
-// NotAttempted, even those Redis appended (they are sent again later;
 // serverVersion is the Redis server's version, read once.
 type serverVersion struct {
 	known        bool

@@ -1,4 +1,4 @@
-// Package keys names the Redis keys and locks outboxd uses (the contract's
+// Package keys names the Redis keys and locks outboxd uses (docs/reference.md,
 // "Redis keys" table), so each is spelled in one place.
 //
 // The lock package shapes the keys of a lock itself (the lock key, its
@@ -23,9 +23,6 @@ type Space struct{ prefix string }
 
 // New returns the key space for prefix ("" for none).
 func New(prefix string) Space { return Space{prefix: prefix} }
-
-// Prefix is the prefix put before every key.
-func (s Space) Prefix() string { return s.prefix }
 
 // Idempotency is idempotency:notify:<outbox id>: the row's delivered mark
 // "1:<fingerprint>" once delivered (see Delivered, Judge), a claim while a

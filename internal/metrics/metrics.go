@@ -39,7 +39,7 @@ type Metrics struct {
 	DeadEvents       prometheus.Gauge
 
 	ReconcileRuns  *prometheus.CounterVec // result: ok, skipped, failed
-	ReconcileSwept *prometheus.CounterVec // sweep: marked, purged
+	ReconcileSwept *prometheus.CounterVec // sweep: marked, purged, purged_dead
 }
 
 // New registers every collector, plus Go runtime and process collectors.

@@ -11,17 +11,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -30,6 +29,7 @@ import (
 
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testkit"
+	"github.com/outboxd/outboxd/internal/testproc"
 )
 
 var binary string
@@ -39,12 +39,11 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	binary = filepath.Join(dir, "outboxd")
 	// No -race: the memory test reads the relay's real peak RSS.
-	out, err := exec.Command("go", "build", "-o", binary, "../../cmd/outboxd").CombinedOutput()
+	binary, err = testproc.Build(dir, "outboxd", false)
 	if err != nil {
 		_ = os.RemoveAll(dir)
-		fmt.Fprintf(os.Stderr, "blackbox: build outboxd: %v\n%s", err, out)
+		fmt.Fprintf(os.Stderr, "blackbox: %v\n", err)
 		os.Exit(1)
 	}
 	code := testenv.Run(m)
@@ -101,32 +100,17 @@ func (e *env) set(kv ...string) *env {
 
 // environ is the process environment without the caller's OUTBOXD_* settings
 // (they would change what is tested), plus vars.
-func environ(vars map[string]string) []string {
-	var out []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "OUTBOXD_") {
-			out = append(out, kv)
-		}
-	}
-	for k, v := range vars {
-		out = append(out, k+"="+v)
-	}
-	return out
-}
+func environ(vars map[string]string) []string { return testproc.Environ(vars) }
 
-func freeAddr(t *testing.T) string {
-	return "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))
-}
+func freeAddr(t *testing.T) string { return testproc.FreeAddr(t) }
 
 // replica is one `outboxd run` process.
 type replica struct {
-	t       *testing.T
-	addr    string
-	cmd     *exec.Cmd
-	out     testkit.Logs // stdout, one JSON log line each
-	stderr  testkit.Logs
-	done    chan struct{}
-	waitErr error
+	t      *testing.T
+	addr   string
+	proc   *testproc.Process
+	out    testkit.Logs // stdout, one JSON log line each
+	stderr testkit.Logs
 }
 
 // start launches `outboxd run` with e's environment, waits until /readyz
@@ -134,30 +118,17 @@ type replica struct {
 func (e *env) start() *replica {
 	t := e.t
 	t.Helper()
-	r := &replica{t: t, addr: e.vars["OUTBOXD_HTTP_ADDR"], done: make(chan struct{})}
-	r.cmd = exec.Command(binary, "run")
-	r.cmd.Env = environ(e.vars)
-	r.cmd.Stdout, r.cmd.Stderr = &r.out, &r.stderr // exec copies until the process' end
-	if err := r.cmd.Start(); err != nil {
+	r := &replica{t: t, addr: e.vars["OUTBOXD_HTTP_ADDR"]}
+	var err error
+	if r.proc, err = testproc.Start(binary, environ(e.vars), &r.out, &r.stderr, "run"); err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		r.waitErr = r.cmd.Wait()
-		close(r.done)
-	}()
 	t.Cleanup(r.stop)
 	r.waitReady()
 	return r
 }
 
-func (r *replica) exited() bool {
-	select {
-	case <-r.done:
-		return true
-	default:
-		return false
-	}
-}
+func (r *replica) exited() bool { return r.proc.Exited() }
 
 func (r *replica) waitReady() {
 	r.t.Helper()
@@ -165,14 +136,10 @@ func (r *replica) waitReady() {
 	deadline := time.Now().Add(waitTimeout)
 	for time.Now().Before(deadline) {
 		if r.exited() {
-			r.t.Fatalf("outboxd run exited before it was ready: %v\nstderr: %s\nlogs:\n%s", r.waitErr, r.stderrText(), r.tail(20))
+			r.t.Fatalf("outboxd run exited before it was ready: %v\nstderr: %s\nlogs:\n%s", r.proc.Err(), r.stderrText(), r.tail(20))
 		}
-		resp, err := client.Get("http://" + r.addr + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
+		if testproc.Ready(client, r.addr) {
+			return
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -181,19 +148,12 @@ func (r *replica) waitReady() {
 
 // stop sends SIGTERM and requires a clean exit.
 func (r *replica) stop() {
-	if !r.exited() {
-		_ = r.cmd.Process.Signal(syscall.SIGTERM)
-	}
-	select {
-	case <-r.done:
-	case <-time.After(15 * time.Second):
-		_ = r.cmd.Process.Kill()
-		<-r.done
+	switch err := r.proc.Stop(15 * time.Second); {
+	case errors.Is(err, testproc.ErrStopTimeout):
 		r.t.Errorf("outboxd run did not exit within 15s of SIGTERM; logs:\n%s", r.tail(20))
 		return
-	}
-	if r.waitErr != nil {
-		r.t.Errorf("outboxd run exited with %v after SIGTERM (want 0); stderr: %s\nlogs:\n%s", r.waitErr, r.stderrText(), r.tail(20))
+	case err != nil:
+		r.t.Errorf("outboxd run exited with %v after SIGTERM (want 0); stderr: %s\nlogs:\n%s", err, r.stderrText(), r.tail(20))
 	}
 	// The contract: stdout is one JSON object per line, whatever happened.
 	if bad := r.logsMatching(func(_ string, rec map[string]any) bool { return rec == nil }); len(bad) > 0 {
@@ -235,7 +195,7 @@ func matchRecord(line string, match func(line string, rec map[string]any) bool) 
 // peakRSS is the process' VmHWM in bytes.
 func (r *replica) peakRSS() int64 {
 	r.t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", r.cmd.Process.Pid))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", r.proc.Pid()))
 	if err != nil {
 		r.t.Fatalf("read peak RSS: %v", err)
 	}
@@ -248,7 +208,7 @@ func (r *replica) peakRSS() int64 {
 			return kb << 10
 		}
 	}
-	r.t.Fatalf("no VmHWM in /proc/%d/status", r.cmd.Process.Pid)
+	r.t.Fatalf("no VmHWM in /proc/%d/status", r.proc.Pid())
 	return 0
 }
 

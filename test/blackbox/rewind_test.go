@@ -81,7 +81,7 @@ func testRewind(t *testing.T, rewind func(*env, *replica) (*env, *replica)) {
 	}
 	waitFor(t, "generation 2 settled", func() bool {
 		if rep.exited() {
-			t.Fatalf("the relay exited: %v; logs:\n%s", rep.waitErr, rep.tail(20))
+			t.Fatalf("the relay exited: %v; logs:\n%s", rep.proc.Err(), rep.tail(20))
 		}
 		return e.count(`dispatched_at IS NULL AND dead_at IS NULL`) == 0
 	}, e.describeRows("true"))
@@ -135,7 +135,7 @@ func TestNegativeAttemptsDoNotCrash(t *testing.T) {
 
 	waitFor(t, "every row settled", func() bool {
 		if rep.exited() {
-			t.Fatalf("the relay exited: %v\nstderr: %s\nlogs:\n%s", rep.waitErr, trunc(rep.stderrText(), 2000), rep.tail(10))
+			t.Fatalf("the relay exited: %v\nstderr: %s\nlogs:\n%s", rep.proc.Err(), trunc(rep.stderrText(), 2000), rep.tail(10))
 		}
 		return e.count(`dispatched_at IS NULL AND dead_at IS NULL`) == 0
 	}, e.describeRows("true"))

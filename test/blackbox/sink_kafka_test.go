@@ -3,7 +3,6 @@ package blackbox
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -81,76 +80,42 @@ func kafkaHeaders(t *testing.T, r *kgo.Record) map[string]string {
 	return out
 }
 
-// kafkaFirstSeen checks the records against the contract and returns, per
-// aggregate_id, the ids in the order of their first appearance, and how
-// many times each id appeared.
-func kafkaFirstSeen(t *testing.T, recs []*kgo.Record, aggType string, payloads map[int64]string, ce bool) (map[string][]int64, map[int64]int) {
+// kafkaDelivered turns records into what checkContract reads: the headers,
+// the record key as the ordering key, the value as the body.
+func kafkaDelivered(t *testing.T, recs []*kgo.Record) []delivered {
 	t.Helper()
-	order := map[string][]int64{}
-	seen := map[int64]int{}
-	for _, r := range recs {
-		h := kafkaHeaders(t, r)
-		where := fmt.Sprintf("record %s/%d@%d", r.Topic, r.Partition, r.Offset)
-		id, err := strconv.ParseInt(h["id"], 10, 64)
-		if err != nil {
-			t.Fatalf("%s: id header %q", where, h["id"])
-		}
-		if seen[id]++; seen[id] > 1 {
-			continue // a redelivery: consumers dedupe on id
-		}
-		order[string(r.Key)] = append(order[string(r.Key)], id)
-		if h["aggregate_type"] != aggType || h["event_type"] != "test.event" || h["aggregate_id"] != string(r.Key) {
-			t.Errorf("%s: key %q, headers %v", where, r.Key, h)
-		}
-		if _, err := time.Parse(time.RFC3339, h["created_at"]); err != nil {
-			t.Errorf("%s: created_at %q: %v", where, h["created_at"], err)
-		}
-		if tok, err := strconv.ParseInt(h["fencing_token"], 10, 64); err != nil || tok < 1 {
-			t.Errorf("%s: fencing_token %q", where, h["fencing_token"])
-		}
-		if string(r.Value) != payloads[id] {
-			t.Errorf("event %d: value %q, want the payload %q as is", id, r.Value, payloads[id])
-		}
-		if ce && (h["ce_specversion"] != "1.0" || h["ce_id"] != h["id"] || h["ce_type"] != "test.event" || h["ce_source"] != "outboxd") {
-			t.Errorf("%s: CloudEvents headers missing or wrong: %v", where, h)
-		}
+	out := make([]delivered, len(recs))
+	for i, r := range recs {
+		out[i] = delivered{where: fmt.Sprintf("record %s/%d@%d", r.Topic, r.Partition, r.Offset),
+			headers: kafkaHeaders(t, r), key: string(r.Key), body: string(r.Value)}
 	}
-	return order, seen
+	return out
 }
 
-// TestKafkaSink: 200 events over 20 aggregates are all marked dispatched;
-// each is in the topic at least once, with the contract's headers (and the
-// ce_ CloudEvents attributes), key = aggregate_id, the payload as is, and
-// each aggregate's records in one partition in id order.
-func TestKafkaSink(t *testing.T) {
-	t.Parallel()
+// kafkaCase: the default topic template, CloudEvents on (ce_), and each
+// aggregate's records in one partition.
+func kafkaCase() sinkCase {
 	const topic = "outbox.event.order"
-	c := kafkaCluster(t, topic)
-	e := kafkaEnv(t, c).set("OUTBOXD_DISPATCH_CLOUDEVENTS", "true")
-	ids := e.insertMany("order", 20, 10)
-	e.start()
-	waitFor(t, "all 200 rows dispatched", func() bool { return e.count("dispatched_at IS NOT NULL") == len(ids) },
-		e.describeRows("dispatched_at IS NULL"))
-
-	recs := kafkaRecords(t, c, topic, len(ids))
-	order, seen := kafkaFirstSeen(t, recs, "order", e.payloads("true"), true)
-	partition := map[string]int32{}
-	for _, r := range recs {
-		if p, ok := partition[string(r.Key)]; ok && p != r.Partition {
-			t.Errorf("aggregate %s in partitions %d and %d", r.Key, p, r.Partition)
-		}
-		partition[string(r.Key)] = r.Partition
+	var recs []*kgo.Record
+	return sinkCase{
+		name: "kafka", cePrefix: "ce_",
+		setup: func(t *testing.T) (*env, func(int) []delivered) {
+			c := kafkaCluster(t, topic)
+			return kafkaEnv(t, c), func(n int) []delivered {
+				recs = kafkaRecords(t, c, topic, n)
+				return kafkaDelivered(t, recs)
+			}
+		},
+		check: func(t *testing.T, _ *replica, _ []delivered) {
+			partition := map[string]int32{}
+			for _, r := range recs {
+				if p, ok := partition[string(r.Key)]; ok && p != r.Partition {
+					t.Errorf("aggregate %s in partitions %d and %d", r.Key, p, r.Partition)
+				}
+				partition[string(r.Key)] = r.Partition
+			}
+		},
 	}
-	for agg, got := range order {
-		if !slices.IsSorted(got) {
-			t.Errorf("aggregate %s: first appearances %v, want id order", agg, got)
-		}
-	}
-	dups := consumedOnce(t, ids, seen, topic)
-	if len(order) != 20 {
-		t.Errorf("%d aggregates in the topic, want 20", len(order))
-	}
-	t.Logf("%d records for %d events (%d delivered more than once)", len(recs), len(ids), dups)
 }
 
 // TestKafkaSinkUnknownTopic: rows whose topic does not exist are retried
@@ -189,7 +154,7 @@ func TestKafkaSinkUnknownTopic(t *testing.T) {
 	waitFor(t, "the rows dispatched once the topic exists", func() bool {
 		return e.count("aggregate_type = 'missing' AND dispatched_at IS NOT NULL") == len(missing)
 	}, e.describeRows("aggregate_type = 'missing'"))
-	order, _ := kafkaFirstSeen(t, kafkaRecords(t, c, "outbox.event.missing", len(missing)), "missing", e.payloads("true"), false)
+	order, _ := checkContract(t, kafkaDelivered(t, kafkaRecords(t, c, "outbox.event.missing", len(missing))), "missing", e.payloads("true"), "")
 	want := map[string][]int64{"0": {missing[0], missing[2], missing[4]}, "1": {missing[1], missing[3], missing[5]}}
 	if fmt.Sprint(order) != fmt.Sprint(want) {
 		t.Errorf("topic holds per aggregate %v, want %v", order, want)

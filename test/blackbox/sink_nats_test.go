@@ -127,65 +127,40 @@ func natsEnv(t *testing.T, ns *natsStream) *env {
 	return e
 }
 
-// TestNATSSink: 200 events over 20 aggregates are all marked dispatched;
-// each is consumed from the stream at least once, with the contract's
-// headers, Nats-Msg-Id and its payload as is; each aggregate's first
-// appearances are in id order.
-func TestNATSSink(t *testing.T) {
-	t.Parallel()
-	ns := newNATSStream(t, ">")
-	e := natsEnv(t, ns)
-	ids := e.insertMany("order", 20, 10)
-	r := e.start()
-	waitFor(t, "all 200 rows dispatched", func() bool { return e.count("dispatched_at IS NOT NULL") == len(ids) },
-		e.describeRows("dispatched_at IS NULL"))
-
-	msgs := ns.consume()
-	payloads := e.payloads("true")
-	seen := map[int64]int{}
-	last := map[string]int64{} // aggregate_id -> last first-seen id
-	for _, m := range msgs {
-		h := m.Headers()
-		id, err := strconv.ParseInt(h.Get("id"), 10, 64)
-		if err != nil {
-			t.Fatalf("message on %s: id header %q", m.Subject(), h.Get("id"))
-		}
-		seen[id]++
-		if seen[id] > 1 {
-			continue // a redelivery: consumers dedupe on id
-		}
-		agg := h.Get("aggregate_id")
-		if id < last[agg] {
-			t.Errorf("aggregate %s: event %d first appears after %d", agg, id, last[agg])
-		}
-		last[agg] = id
-		if m.Subject() != ns.prefix+".order" || h.Get("aggregate_type") != "order" || h.Get("event_type") != "test.event" || agg == "" {
-			t.Errorf("event %d: subject %s, headers %v", id, m.Subject(), h)
-		}
-		if h.Get("Nats-Msg-Id") != h.Get("id") {
-			t.Errorf("event %d: Nats-Msg-Id %q, want the outbox id", id, h.Get("Nats-Msg-Id"))
-		}
-		if _, err := time.Parse(time.RFC3339Nano, h.Get("created_at")); err != nil {
-			t.Errorf("event %d: created_at %q: %v", id, h.Get("created_at"), err)
-		}
-		if tok, err := strconv.ParseInt(h.Get("fencing_token"), 10, 64); err != nil || tok < 1 {
-			t.Errorf("event %d: fencing_token %q", id, h.Get("fencing_token"))
-		}
-		if string(m.Data()) != payloads[id] {
-			t.Errorf("event %d: body %q, want the payload %q as is", id, m.Data(), payloads[id])
-		}
-	}
-	dups := consumedOnce(t, ids, seen, "stream "+ns.name)
-	if len(last) != 20 {
-		t.Errorf("%d aggregates in the stream, want 20", len(last))
-	}
-	t.Logf("%d messages for %d events (%d stored more than once)", len(msgs), len(ids), dups)
-	// The start-up check found the stream's window (2 min, JetStream's
-	// default) and compared it with the retry horizon.
-	if found := r.logsMatching(func(_ string, rec map[string]any) bool {
-		return rec["msg"] == "nats: stream found" && rec["stream"] == ns.name
-	}); len(found) != 1 {
-		t.Errorf("want one 'nats: stream found' line for %s, got %d; logs:\n%s", ns.name, len(found), r.tail(20))
+// natsCase: subject <prefix>.order, Nats-Msg-Id = the outbox id, and the
+// start-up check that found the stream's duplicate window.
+func natsCase() sinkCase {
+	var ns *natsStream
+	return sinkCase{
+		name: "nats",
+		setup: func(t *testing.T) (*env, func(int) []delivered) {
+			ns = newNATSStream(t, ">")
+			return natsEnv(t, ns), func(int) []delivered {
+				var out []delivered
+				for _, m := range ns.consume() {
+					h := map[string]string{"subject": m.Subject()}
+					for k := range m.Headers() {
+						h[k] = m.Headers().Get(k)
+					}
+					out = append(out, delivered{where: "message on " + m.Subject(), headers: h, key: h["aggregate_id"], body: string(m.Data())})
+				}
+				return out
+			}
+		},
+		check: func(t *testing.T, r *replica, msgs []delivered) {
+			for _, m := range msgs {
+				if m.headers["subject"] != ns.prefix+".order" || m.headers["Nats-Msg-Id"] != m.headers["id"] {
+					t.Errorf("%s: subject %s, Nats-Msg-Id %q, want %s.order and the outbox id", m.where, m.headers["subject"], m.headers["Nats-Msg-Id"], ns.prefix)
+				}
+			}
+			// The start-up check found the stream's window (2 min,
+			// JetStream's default) and compared it with the retry horizon.
+			if found := r.logsMatching(func(_ string, rec map[string]any) bool {
+				return rec["msg"] == "nats: stream found" && rec["stream"] == ns.name
+			}); len(found) != 1 {
+				t.Errorf("want one 'nats: stream found' line for %s, got %d; logs:\n%s", ns.name, len(found), r.tail(20))
+			}
+		},
 	}
 }
 

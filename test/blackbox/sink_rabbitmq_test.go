@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -107,64 +106,44 @@ func header(d amqp.Delivery, k string) string {
 	return s
 }
 
-// TestRabbitMQSink: 200 events over 20 aggregates are all marked
-// dispatched; each is consumed from the queue at least once with the
-// contract's headers and properties and its payload as is; each
-// aggregate's first appearances are in id order.
-func TestRabbitMQSink(t *testing.T) {
-	t.Parallel()
-	rx := newRabbitExchange(t)
-	q := rx.queue("#")
-	e := rabbitEnv(t, rx)
-	ids := e.insertMany("order", 20, 10)
-	r := e.start()
-	waitFor(t, "all 200 rows dispatched", func() bool { return e.count("dispatched_at IS NOT NULL") == len(ids) },
-		e.describeRows("dispatched_at IS NULL"))
-
-	msgs := rx.drain(q)
-	payloads := e.payloads("true")
-	seen := map[int64]int{}
-	last := map[string]int64{} // aggregate_id -> last first-seen id
-	for _, d := range msgs {
-		id, err := strconv.ParseInt(header(d, "id"), 10, 64)
-		if err != nil {
-			t.Fatalf("message with key %s: id header %q", d.RoutingKey, header(d, "id"))
-		}
-		seen[id]++
-		if seen[id] > 1 {
-			continue // a redelivery: consumers dedupe on id
-		}
-		agg := header(d, "aggregate_id")
-		if id < last[agg] {
-			t.Errorf("aggregate %s: event %d first appears after %d", agg, id, last[agg])
-		}
-		last[agg] = id
-		if d.RoutingKey != "outbox.event.order" || header(d, "aggregate_type") != "order" || header(d, "event_type") != "test.event" || agg == "" {
-			t.Errorf("event %d: routing key %s, headers %v", id, d.RoutingKey, d.Headers)
-		}
-		if d.MessageId != header(d, "id") || d.Type != "test.event" || d.ContentType != "application/json" || d.DeliveryMode != amqp.Persistent || d.Timestamp.IsZero() {
-			t.Errorf("event %d: message_id %q type %q content_type %q delivery_mode %d timestamp %v",
-				id, d.MessageId, d.Type, d.ContentType, d.DeliveryMode, d.Timestamp)
-		}
-		if _, err := time.Parse(time.RFC3339Nano, header(d, "created_at")); err != nil {
-			t.Errorf("event %d: created_at %q: %v", id, header(d, "created_at"), err)
-		}
-		if tok, err := strconv.ParseInt(header(d, "fencing_token"), 10, 64); err != nil || tok < 1 {
-			t.Errorf("event %d: fencing_token %q", id, header(d, "fencing_token"))
-		}
-		if string(d.Body) != payloads[id] {
-			t.Errorf("event %d: body %q, want the payload %q as is", id, d.Body, payloads[id])
-		}
-	}
-	dups := consumedOnce(t, ids, seen, "queue "+q)
-	if len(last) != 20 {
-		t.Errorf("%d aggregates in the queue, want 20", len(last))
-	}
-	t.Logf("%d messages for %d events (%d delivered more than once)", len(msgs), len(ids), dups)
-	if found := r.logsMatching(func(_ string, rec map[string]any) bool {
-		return rec["msg"] == "rabbitmq connected" && rec["exchange"] == rx.name
-	}); len(found) != 1 {
-		t.Errorf("want one 'rabbitmq connected' line for %s, got %d; logs:\n%s", rx.name, len(found), r.tail(20))
+// rabbitMQCase: routing key outbox.event.order, the AMQP properties
+// (message_id, type, content_type, persistent, timestamp), and the
+// connection's log line.
+func rabbitMQCase() sinkCase {
+	var rx *rabbitExchange
+	byID := map[string]amqp.Delivery{}
+	return sinkCase{
+		name: "rabbitmq",
+		setup: func(t *testing.T) (*env, func(int) []delivered) {
+			rx = newRabbitExchange(t)
+			q := rx.queue("#")
+			return rabbitEnv(t, rx), func(int) []delivered {
+				var out []delivered
+				for _, d := range rx.drain(q) {
+					h := map[string]string{}
+					for k := range d.Headers {
+						h[k] = header(d, k)
+					}
+					byID[h["id"]] = d
+					out = append(out, delivered{where: "message with key " + d.RoutingKey, headers: h, key: h["aggregate_id"], body: string(d.Body)})
+				}
+				return out
+			}
+		},
+		check: func(t *testing.T, r *replica, _ []delivered) {
+			for id, d := range byID {
+				if d.RoutingKey != "outbox.event.order" || d.MessageId != id || d.Type != "test.event" || d.ContentType != "application/json" ||
+					d.DeliveryMode != amqp.Persistent || d.Timestamp.IsZero() {
+					t.Errorf("event %s: routing key %s message_id %q type %q content_type %q delivery_mode %d timestamp %v",
+						id, d.RoutingKey, d.MessageId, d.Type, d.ContentType, d.DeliveryMode, d.Timestamp)
+				}
+			}
+			if found := r.logsMatching(func(_ string, rec map[string]any) bool {
+				return rec["msg"] == "rabbitmq connected" && rec["exchange"] == rx.name
+			}); len(found) != 1 {
+				t.Errorf("want one 'rabbitmq connected' line for %s, got %d; logs:\n%s", rx.name, len(found), r.tail(20))
+			}
+		},
 	}
 }
 

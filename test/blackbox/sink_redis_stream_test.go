@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 )
 
 // Black-box tests of dispatch.sink=redis_stream: the built binary appends
@@ -50,55 +49,24 @@ func redisStreamEnv(t *testing.T) *env {
 	return e
 }
 
-// TestRedisStreamSink: 200 events over 20 aggregates are all marked
-// dispatched, each is in the stream at least once with the contract's
-// fields and its payload as is, and each aggregate's first appearances are
-// in id order.
-func TestRedisStreamSink(t *testing.T) {
-	t.Parallel()
-	e := redisStreamEnv(t)
-	ids := e.insertMany("order", 20, 10)
-	e.start()
-	waitFor(t, "all 200 rows dispatched", func() bool { return e.count("dispatched_at IS NOT NULL") == len(ids) },
-		e.describeRows("dispatched_at IS NULL"))
-
-	key := e.prefix + "outbox.event.order"
-	entries := e.streamEntries(key)
-	payloads := e.payloads("true")
-	seen := map[int64]int{}
-	last := map[string]int64{} // aggregate_id -> last first-seen id
-	for _, en := range entries {
-		f := en.fields
-		id, err := strconv.ParseInt(f["id"], 10, 64)
-		if err != nil {
-			t.Fatalf("entry %s: id field %q", en.id, f["id"])
-		}
-		seen[id]++
-		if seen[id] > 1 {
-			continue // a redelivery: consumers dedupe on id
-		}
-		if id < last[f["aggregate_id"]] {
-			t.Errorf("aggregate %s: event %d first appears after %d", f["aggregate_id"], id, last[f["aggregate_id"]])
-		}
-		last[f["aggregate_id"]] = id
-		if f["aggregate_type"] != "order" || f["event_type"] != "test.event" || f["aggregate_id"] == "" {
-			t.Errorf("entry %s: fields %v", en.id, f)
-		}
-		if _, err := time.Parse(time.RFC3339Nano, f["created_at"]); err != nil {
-			t.Errorf("entry %s: created_at %q: %v", en.id, f["created_at"], err)
-		}
-		if tok, err := strconv.ParseInt(f["fencing_token"], 10, 64); err != nil || tok < 1 {
-			t.Errorf("entry %s: fencing_token %q", en.id, f["fencing_token"])
-		}
-		if f["payload"] != payloads[id] {
-			t.Errorf("event %d: payload %q, want %q as is", id, f["payload"], payloads[id])
-		}
+// redisStreamCase: the stream <prefix>outbox.event.order, the payload as a
+// field beside the headers.
+func redisStreamCase() sinkCase {
+	return sinkCase{
+		name: "redis_stream",
+		setup: func(t *testing.T) (*env, func(int) []delivered) {
+			e := redisStreamEnv(t)
+			key := e.prefix + "outbox.event.order"
+			return e, func(int) []delivered {
+				var out []delivered
+				for _, en := range e.streamEntries(key) {
+					out = append(out, delivered{where: "entry " + en.id + " of " + key, headers: en.fields,
+						key: en.fields["aggregate_id"], body: en.fields["payload"]})
+				}
+				return out
+			}
+		},
 	}
-	dups := consumedOnce(t, ids, seen, "stream "+key)
-	if len(last) != 20 {
-		t.Errorf("%d aggregates in the stream, want 20", len(last))
-	}
-	t.Logf("%d entries for %d events (%d delivered more than once)", len(entries), len(ids), dups)
 }
 
 // TestRedisStreamSinkWrongType: a stream key holding a string fails only

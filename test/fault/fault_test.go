@@ -45,7 +45,7 @@ func TestKillLeaderMidBatch(t *testing.T) {
 		release := c.hold("deal/3") // a batch is in flight when the leader dies
 		c.waitHeld()
 		c.signal(l, syscall.SIGKILL)
-		<-c.reps[l].done
+		<-c.reps[l].Done()
 		release() // its held send now "succeeds" at the receiver: the successor must resend
 	}, nil)
 	if rep.tokens < 2 {
@@ -119,11 +119,11 @@ func TestRollingRestart(t *testing.T) {
 		for i := range c.reps {
 			c.signal(i, syscall.SIGTERM)
 			select {
-			case <-c.reps[i].done:
+			case <-c.reps[i].Done():
 			case <-time.After(15 * time.Second):
 				t.Fatalf("replica %d did not stop on SIGTERM", i)
 			}
-			if err := c.reps[i].waitErr; err != nil {
+			if err := c.reps[i].Err(); err != nil {
 				t.Fatalf("replica %d exited with %v on SIGTERM", i, err)
 			}
 			c.start(i)
@@ -139,7 +139,7 @@ func TestAllKilledAndRestarted(t *testing.T) {
 			c.signal(i, syscall.SIGKILL)
 		}
 		for _, r := range c.reps {
-			<-r.done
+			<-r.Done()
 		}
 		// Restarted once the dead leader's lease has expired.
 		rdb := c.redis.Client()

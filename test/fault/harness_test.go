@@ -13,8 +13,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,6 +27,7 @@ import (
 
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testkit"
+	"github.com/outboxd/outboxd/internal/testproc"
 	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/store"
 )
@@ -42,14 +41,14 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	binary, plainBinary = filepath.Join(dir, "outboxd-race"), filepath.Join(dir, "outboxd")
-	for _, args := range [][]string{{"build", "-race", "-o", binary}, {"build", "-o", plainBinary}} {
-		out, err := exec.Command("go", append(args, "../../cmd/outboxd")...).CombinedOutput()
-		if err != nil {
-			_ = os.RemoveAll(dir)
-			fmt.Fprintf(os.Stderr, "fault: build outboxd: %v\n%s", err, out)
-			os.Exit(1)
-		}
+	binary, err = testproc.Build(dir, "outboxd-race", true)
+	if err == nil {
+		plainBinary, err = testproc.Build(dir, "outboxd", false)
+	}
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		fmt.Fprintf(os.Stderr, "fault: %v\n", err)
+		os.Exit(1)
 	}
 	code := testenv.Run(m)
 	_ = os.RemoveAll(dir) // not deferred: os.Exit skips defers
@@ -61,26 +60,16 @@ const (
 	batchSize = 50
 )
 
+// replica is one `outboxd run` process of a cluster.
 type replica struct {
-	i       int
-	addr    string
-	cmd     *exec.Cmd
-	out     testkit.Logs // stdout and stderr
-	done    chan struct{}
-	waitErr error
-	killed  bool // by the test: any exit is expected
+	*testproc.Process
+	i      int
+	addr   string
+	out    testkit.Logs // stdout and stderr
+	killed bool         // by the test: any exit is expected
 }
 
 func (r *replica) logs() string { return r.out.String() }
-
-func (r *replica) exited() bool {
-	select {
-	case <-r.done:
-		return true
-	default:
-		return false
-	}
-}
 
 type cluster struct {
 	t       *testing.T
@@ -163,17 +152,15 @@ func newCluster(t *testing.T, opt options) *cluster {
 	}
 	t.Cleanup(func() {
 		for _, r := range append(c.reps, c.ended...) {
-			if !r.exited() {
-				_ = r.cmd.Process.Signal(syscall.SIGCONT)
-				_ = r.cmd.Process.Kill()
-				<-r.done
-			}
+			r.Signal(syscall.SIGCONT)
+			r.Signal(syscall.SIGKILL)
+			<-r.Done()
 		}
 	})
 	return c
 }
 
-func freeAddr(t *testing.T) string { return "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t)) }
+func freeAddr(t *testing.T) string { return testproc.FreeAddr(t) }
 
 func (c *cluster) proxy(name, upstream string) *toxiproxy.Proxy {
 	c.t.Helper()
@@ -212,9 +199,8 @@ func (c *cluster) redisAddrFor(i int) string {
 // start launches replica i (replacing an ended one).
 func (c *cluster) start(i int) {
 	c.t.Helper()
-	r := &replica{i: i, addr: freeAddr(c.t), done: make(chan struct{})}
-	cmd := exec.Command(c.binary, "run")
-	cmd.Env = append(os.Environ(),
+	r := &replica{i: i, addr: freeAddr(c.t)}
+	env := append(os.Environ(),
 		"OUTBOXD_POSTGRES_DSN="+c.pgDSN,
 		"OUTBOXD_REDIS_ADDRS="+c.redisAddrFor(i),
 		"OUTBOXD_DISPATCH_WEBHOOK_URL="+c.rc.URL(),
@@ -233,16 +219,11 @@ func (c *cluster) start(i int) {
 		"OUTBOXD_RECONCILE_LOCK_TTL=3s",
 		"OUTBOXD_SHUTDOWN_TIMEOUT=5s",
 	)
-	cmd.Env = append(cmd.Env, c.env...)     // the last value of a key wins
-	cmd.Stdout, cmd.Stderr = &r.out, &r.out // exec copies until the process' end
-	if err := cmd.Start(); err != nil {
+	env = append(env, c.env...) // the last value of a key wins
+	var err error
+	if r.Process, err = testproc.Start(c.binary, env, &r.out, &r.out, "run"); err != nil {
 		c.t.Fatal(err)
 	}
-	r.cmd = cmd
-	go func() {
-		r.waitErr = cmd.Wait()
-		close(r.done)
-	}()
 	if i < len(c.reps) {
 		c.ended = append(c.ended, c.reps[i])
 		c.reps[i] = r
@@ -314,8 +295,8 @@ func (c *cluster) describe() string {
 	var b strings.Builder
 	for i, r := range c.reps {
 		state := "running"
-		if r.exited() {
-			state = fmt.Sprintf("exited (%v)", r.waitErr)
+		if r.Exited() {
+			state = fmt.Sprintf("exited (%v)", r.Err())
 		}
 		fmt.Fprintf(&b, "replica %d on %s, %s:\n%s\n", i, r.addr, state, tail(r.logs(), 5))
 	}
@@ -326,7 +307,7 @@ func (c *cluster) describe() string {
 // false when it does not answer (exited, paused, or its Redis is slow).
 func (c *cluster) leads(i int) (held, ok bool) {
 	r := c.reps[i]
-	if r.exited() {
+	if r.Exited() {
 		return false, false
 	}
 	resp, err := statusClient.Get("http://" + r.addr + "/status")
@@ -374,9 +355,7 @@ func (c *cluster) signal(i int, s syscall.Signal) {
 	if s == syscall.SIGKILL {
 		c.reps[i].killed = true
 	}
-	if err := c.reps[i].cmd.Process.Signal(s); err != nil {
-		c.t.Fatalf("signal %v to replica %d: %v", s, i, err)
-	}
+	c.reps[i].Signal(s)
 }
 
 // produce writes 1-3 events per transaction across 40 aggregates until stopped.
@@ -435,14 +414,12 @@ func (c *cluster) pending() int {
 func (c *cluster) stopAll() {
 	c.t.Helper()
 	for _, r := range c.reps {
-		if !r.exited() {
-			_ = r.cmd.Process.Signal(syscall.SIGCONT)
-			_ = r.cmd.Process.Signal(syscall.SIGTERM)
-		}
+		r.Signal(syscall.SIGCONT)
+		r.Signal(syscall.SIGTERM)
 	}
 	for _, r := range c.reps {
 		select {
-		case <-r.done:
+		case <-r.Done():
 		case <-time.After(20 * time.Second):
 			c.t.Fatalf("replica %d did not stop within 20s of SIGTERM", r.i)
 		}
@@ -545,8 +522,8 @@ func (c *cluster) check(faultAt time.Time, deadAggs map[string]bool) report {
 		if r.killed {
 			continue
 		}
-		if r.waitErr != nil {
-			c.t.Errorf("replica %d exited with %v; logs:\n%s", r.i, r.waitErr, tail(r.logs(), 20))
+		if r.Exited() && r.Err() != nil { // a replica still running has not failed
+			c.t.Errorf("replica %d exited with %v; logs:\n%s", r.i, r.Err(), tail(r.logs(), 20))
 		}
 		rep.fenceRejected += strings.Count(r.logs(), `"msg":"fence rejected"`)
 	}

@@ -34,7 +34,7 @@ func TestSoak(t *testing.T) {
 		"kill -9 leader": func() {
 			l := c.leader()
 			c.signal(l, syscall.SIGKILL)
-			<-c.reps[l].done
+			<-c.reps[l].Done()
 			c.start(l)
 		},
 		"SIGSTOP leader 2xTTL": func() {
@@ -53,7 +53,7 @@ func TestSoak(t *testing.T) {
 		"SIGTERM + restart one": func() {
 			i := rand.IntN(len(c.reps))
 			c.signal(i, syscall.SIGTERM)
-			<-c.reps[i].done
+			<-c.reps[i].Done()
 			c.start(i)
 		},
 	}

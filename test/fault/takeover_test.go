@@ -100,7 +100,7 @@ func TestKillLeaderTimeToFlow(t *testing.T) {
 	}
 	killAt := time.Now()
 	c.signal(l, syscall.SIGKILL)
-	<-c.reps[l].done
+	<-c.reps[l].Done()
 	release() // its held send now "succeeds" at the receiver: the successor must resend
 
 	flowing, drained := c.flowAfter(killAt, dead, aggs, 90*time.Second)

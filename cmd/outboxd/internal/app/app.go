@@ -21,10 +21,6 @@ import (
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/httpapi"
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/dispatch"
-	"github.com/outboxd/outboxd/dispatch/kafka"
-	"github.com/outboxd/outboxd/dispatch/nats"
-	"github.com/outboxd/outboxd/dispatch/rabbitmq"
-	"github.com/outboxd/outboxd/dispatch/redisstream"
 	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/internal/metrics"
 	"github.com/outboxd/outboxd/internal/term"
@@ -130,61 +126,23 @@ func (a *App) Close() {
 	a.Store.Close()
 }
 
-// Sink builds the configured sink. A broker that is down does not fail the
-// start (its sends fail and are retried); the NATS sink waits up to a second
-// for its first connection, to learn the stream's duplicate window. Close
-// the sink with CloseSink.
+// Sink builds the configured sink (the registry sinks). A broker that is
+// down does not fail the start (its sends fail and are retried); the NATS
+// sink waits up to a second for its first connection, to learn the stream's
+// duplicate window. Close the sink with CloseSink.
 func (a *App) Sink() (dispatch.Sink, error) {
-	s, err := a.sink()
+	d := defaultDestination(a.Cfg)
+	k, err := sinkOf(d)
+	if err != nil {
+		return nil, err
+	}
+	s, err := k.build(a, d)
 	var ke *config.KeyError
 	if err != nil && !errors.As(err, &ke) {
 		// A sink's constructor fails only for settings that cannot work.
-		err = &config.KeyError{Key: "dispatch." + a.Cfg.Dispatch.Sink, Err: err}
+		err = &config.KeyError{Key: d.key(k.section), Err: err}
 	}
 	return s, err
-}
-
-func (a *App) sink() (dispatch.Sink, error) {
-	d := a.Cfg.Dispatch
-	ce := dispatch.CloudEvents{Enabled: d.CloudEvents, Source: d.CloudEventsSource}
-	switch d.Sink {
-	case "noop":
-		return dispatch.Noop{}, nil
-	case "kafka":
-		t, err := tlsConfig("dispatch.kafka.tls", d.Kafka.TLS)
-		if err != nil {
-			return nil, err
-		}
-		return kafka.New(kafka.Config{Brokers: d.Kafka.Brokers, Topic: d.Kafka.Topic, ClientID: d.Kafka.ClientID,
-			Timeout: d.Kafka.Timeout, MaxMessageBytes: d.Kafka.MaxMessageBytes,
-			SASL: kafka.SASL{Mechanism: d.Kafka.SASL.Mechanism, Username: d.Kafka.SASL.Username, Password: d.Kafka.SASL.Password},
-			TLS:  t, CloudEvents: ce, Log: a.Log})
-	case "nats":
-		_, horizon := poller.RetryHorizon(a.pollerConfig())
-		return nats.New(nats.Config{URL: d.NATS.URL, Subject: d.NATS.Subject, CredsFile: d.NATS.CredsFile, CloudEvents: ce, Log: a.Log,
-			RetryHorizon: horizon})
-	case "rabbitmq":
-		return rabbitmq.New(rabbitmq.Config{URL: d.RabbitMQ.URL, Exchange: d.RabbitMQ.Exchange, RoutingKey: d.RabbitMQ.RoutingKey,
-			CloudEvents: ce, Log: a.Log})
-	case "redis_stream":
-		client := a.KV
-		if addr := d.RedisStream.Addr; addr != "" {
-			tlsCfg, err := redisTLS(a.Cfg.Redis.TLS)
-			if err != nil {
-				return nil, err
-			}
-			c := a.Cfg.Redis
-			c.Mode, c.Addrs = "single", []string{addr}
-			client = RedisNodes(c, tlsCfg)[0]
-			a.extra = append(a.extra, client)
-		}
-		return redisstream.New(redisstream.Config{Client: client, Stream: d.RedisStream.Stream, MaxLen: d.RedisStream.MaxLen,
-			KeyPrefix: a.Cfg.Redis.KeyPrefix, CloudEvents: ce, Log: a.Log})
-	default:
-		w := d.Webhook
-		return dispatch.NewWebhook(dispatch.WebhookConfig{URL: w.URL, Secret: w.Secret, Timeout: w.Timeout, Log: a.Log,
-			Concurrency: a.Cfg.Poller.Concurrency, CloudEvents: ce})
-	}
 }
 
 // CloseSink releases what a sink holds (broker connections), if anything.
@@ -283,19 +241,20 @@ func (a *App) Run(ctx context.Context) error {
 
 // warnUnsafe says at start where the sink and the configuration do not fit
 // together: a destination that drops repeated ids for less time than a row
-// can be retried delivers a late retry twice.
+// can be retried delivers a late retry twice; and whatever the sink's
+// registry entry warns about.
 func (a *App) warnUnsafe(caps dispatch.Capabilities, retryHorizon time.Duration) {
+	d := defaultDestination(a.Cfg)
 	if caps.DedupeWindow > 0 && caps.DedupeWindow < retryHorizon {
 		a.Log.Warn("the sink's duplicate window is shorter than the retry horizon: a retry after it is delivered again (consumers must dedupe on the id)",
-			"sink", a.Cfg.Dispatch.Sink, "dedupe_window", caps.DedupeWindow.String(), "retry_horizon_max", retryHorizon.Round(time.Second).String())
+			"sink", d.d.Sink, "dedupe_window", caps.DedupeWindow.String(), "retry_horizon_max", retryHorizon.Round(time.Second).String())
 	}
-	if k := a.Cfg.Dispatch.Kafka.Timeout; a.Cfg.Dispatch.Sink == "kafka" && k > a.Cfg.Poller.LockTTL/2 {
-		a.Log.Warn("dispatch.kafka.timeout is above half of poller.lock_ttl: a slow cluster cuts sends at the lease instead of failing them",
-			"timeout", k.String(), "lock_ttl", a.Cfg.Poller.LockTTL.String())
+	if k, err := sinkOf(d); err == nil && k.warn != nil {
+		k.warn(a, d)
 	}
 	if caps.MaxBatch > 0 && caps.MaxBatch < a.Cfg.Poller.BatchSize {
 		a.Log.Info("the sink takes fewer events per call than poller.batch_size: batches are split",
-			"sink", a.Cfg.Dispatch.Sink, "max_batch", caps.MaxBatch, "batch_size", a.Cfg.Poller.BatchSize)
+			"sink", d.d.Sink, "max_batch", caps.MaxBatch, "batch_size", a.Cfg.Poller.BatchSize)
 	}
 }
 

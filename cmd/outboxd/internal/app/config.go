@@ -117,10 +117,10 @@ func LoadConfig(file string, sets []string, sections ...config.Section) (*config
 	return cfg, nil
 }
 
-// Check asks each part to validate what only it understands (the
-// reconciliation schedule, the webhook's URL and secret), for the sections
-// given (all when none is), so each rule has one home, and names the key of
-// any error.
+// Check asks each part to validate what only it understands, for the
+// sections given (all when none is), so each rule has one home, and names
+// the key of any error: the reconciliation schedule (reconcile), and the
+// destination's sink settings (the registry sinks, sinks.go).
 func Check(cfg *config.Config, sections ...config.Section) error {
 	if len(sections) == 0 || slices.Contains(sections, config.ReconcileSection) {
 		if _, err := reconcile.ParseSchedule(cfg.Reconcile.Schedule); err != nil {
@@ -130,36 +130,5 @@ func Check(cfg *config.Config, sections ...config.Section) error {
 	if len(sections) > 0 && !slices.Contains(sections, config.DispatchSection) {
 		return nil
 	}
-	d := cfg.Dispatch
-	template := map[string]string{"kafka": "dispatch.kafka.topic", "nats": "dispatch.nats.subject",
-		"rabbitmq": "dispatch.rabbitmq.routing_key", "redis_stream": "dispatch.redis_stream.stream"}[d.Sink]
-	values := map[string]string{"dispatch.kafka.topic": d.Kafka.Topic, "dispatch.nats.subject": d.NATS.Subject,
-		"dispatch.rabbitmq.routing_key": d.RabbitMQ.RoutingKey, "dispatch.redis_stream.stream": d.RedisStream.Stream}
-	if template != "" {
-		if _, err := dispatch.ParseTemplate(values[template]); err != nil {
-			return &config.KeyError{Key: template, Err: err}
-		}
-	}
-	if d.Sink == "kafka" {
-		if _, err := kafka.ParseTopic(d.Kafka.Topic); err != nil {
-			return &config.KeyError{Key: "dispatch.kafka.topic", Err: err}
-		}
-		if err := kafka.CheckBrokers(d.Kafka.Brokers); err != nil {
-			return &config.KeyError{Key: "dispatch.kafka.brokers", Err: err}
-		}
-	}
-	if d.Sink == "rabbitmq" {
-		if _, err := rabbitmq.ParseURL(d.RabbitMQ.URL); err != nil {
-			return &config.KeyError{Key: "dispatch.rabbitmq.url", Err: err}
-		}
-	}
-	if d.Sink == "webhook" {
-		if _, err := dispatch.ParseURL(d.Webhook.URL); err != nil {
-			return &config.KeyError{Key: "dispatch.webhook.url", Err: err}
-		}
-		if _, err := dispatch.ParseSecret(d.Webhook.Secret); err != nil {
-			return &config.KeyError{Key: cfg.SourceKey("dispatch.webhook.secret"), Err: err}
-		}
-	}
-	return nil
+	return checkDestination(cfg, defaultDestination(cfg))
 }

@@ -94,7 +94,7 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{name: "bad kafka sasl", sets: []string{"dispatch.sink=kafka", "dispatch.kafka.brokers=b:9092", "dispatch.kafka.sasl.mechanism=GSSAPI"}, key: "dispatch.kafka.sasl.mechanism"},
 		{name: "bad topic template", sets: []string{"dispatch.sink=kafka", "dispatch.kafka.brokers=b:9092", "dispatch.kafka.topic=outbox.{aggregate}"}, key: "dispatch.kafka.topic"},
 		{name: "bad subject template", sets: []string{"dispatch.sink=nats", "dispatch.nats.subject=x.{nope}"}, key: "dispatch.nats.subject"},
-		{name: "negative maxlen", sets: []string{"dispatch.redis_stream.maxlen=-1"}, key: "dispatch.redis_stream.maxlen"},
+		{name: "negative maxlen", sets: []string{"dispatch.sink=redis_stream", "dispatch.redis_stream.maxlen=-1"}, key: "dispatch.redis_stream.maxlen"},
 		{name: "bad level", sets: []string{"log.level=loud"}, key: "log.level"},
 		{name: "zero shutdown", sets: []string{"shutdown_timeout=0s"}, key: "shutdown_timeout"},
 		{name: "bad bool", sets: []string{"poller.notify=maybe"}, key: "poller.notify"},

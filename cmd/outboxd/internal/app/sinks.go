@@ -1,0 +1,232 @@
+package app
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/dispatch/kafka"
+	"github.com/outboxd/outboxd/dispatch/nats"
+	"github.com/outboxd/outboxd/dispatch/rabbitmq"
+	"github.com/outboxd/outboxd/dispatch/redisstream"
+	"github.com/outboxd/outboxd/poller"
+)
+
+// destination is one sink with its settings: a name of the registry sinks
+// and the section that configures it. Today there is one, "default",
+// configured by dispatch.sink and dispatch.<section>; named destinations
+// (issue 19) are more of them, each under its own key prefix.
+type destination struct {
+	name   string          // "default"
+	prefix string          // key prefix of its settings: "dispatch"
+	d      config.Dispatch // its sink name and the sinks' sections
+}
+
+// key names one of the destination's settings, e.g. key("kafka.topic").
+func (d destination) key(k string) string { return d.prefix + "." + k }
+
+// defaultDestination is the destination dispatch.sink configures.
+func defaultDestination(cfg *config.Config) destination {
+	return destination{name: "default", prefix: "dispatch", d: cfg.Dispatch}
+}
+
+// sinkKind is everything the composition root knows of one kind of sink.
+// Adding a sink touches the table sinks and the sink's own package, nothing
+// else: config validation (Check), construction (App.Sink) and the start-up
+// warnings (App.warnUnsafe) read it.
+type sinkKind struct {
+	// section is the key of its settings under the destination ("kafka").
+	section string
+	// templateKey is the setting (under section) holding the destination
+	// template ("topic"), template reads it; "" when the sink has none.
+	templateKey string
+	template    func(config.Dispatch) string
+	// check validates the settings without connecting; an error is a
+	// *config.KeyError naming the key. May be nil.
+	check func(cfg *config.Config, d destination) error
+	// build constructs the sink (a broker that is down does not fail it).
+	build func(a *App, d destination) (dispatch.Sink, error)
+	// warn logs the start-up warnings of this kind of sink beside the shared
+	// ones (the duplicate window, batch splitting). May be nil.
+	warn func(a *App, d destination)
+}
+
+// sinks is the registry: dispatch.sink names one of its entries. What a
+// sink can do at run time (ordering, duplicate window, batch limit) it
+// reports itself (dispatch.Sink.Capabilities): the NATS sink learns its
+// window from the server.
+var sinks = map[string]sinkKind{
+	"noop": {
+		build: func(*App, destination) (dispatch.Sink, error) { return dispatch.Noop{}, nil },
+	},
+	"webhook": {
+		section: "webhook",
+		check:   checkWebhook,
+		build: func(a *App, d destination) (dispatch.Sink, error) {
+			w := d.d.Webhook
+			return dispatch.NewWebhook(dispatch.WebhookConfig{URL: w.URL, Secret: w.Secret, Timeout: w.Timeout, Log: a.Log,
+				Concurrency: a.Cfg.Poller.Concurrency, CloudEvents: cloudEvents(d)})
+		},
+	},
+	"kafka": {
+		section: "kafka", templateKey: "topic", template: func(d config.Dispatch) string { return d.Kafka.Topic },
+		check: checkKafka,
+		build: func(a *App, d destination) (dispatch.Sink, error) {
+			k := d.d.Kafka
+			t, err := tlsConfig(d.key("kafka.tls"), k.TLS)
+			if err != nil {
+				return nil, err
+			}
+			return kafka.New(kafka.Config{Brokers: k.Brokers, Topic: k.Topic, ClientID: k.ClientID,
+				Timeout: k.Timeout, MaxMessageBytes: k.MaxMessageBytes,
+				SASL: kafka.SASL{Mechanism: k.SASL.Mechanism, Username: k.SASL.Username, Password: k.SASL.Password},
+				TLS:  t, CloudEvents: cloudEvents(d), Log: a.Log})
+		},
+		warn: func(a *App, d destination) {
+			if k := d.d.Kafka.Timeout; k > a.Cfg.Poller.LockTTL/2 {
+				a.Log.Warn(d.key("kafka.timeout")+" is above half of poller.lock_ttl: a slow cluster cuts sends at the lease instead of failing them",
+					"timeout", k.String(), "lock_ttl", a.Cfg.Poller.LockTTL.String())
+			}
+		},
+	},
+	"nats": {
+		section: "nats", templateKey: "subject", template: func(d config.Dispatch) string { return d.NATS.Subject },
+		check: func(_ *config.Config, d destination) error {
+			if f := d.d.NATS.CredsFile; f != "" {
+				if _, err := os.Stat(f); err != nil {
+					return &config.KeyError{Key: d.key("nats.creds_file"), Err: err}
+				}
+			}
+			return nil
+		},
+		build: func(a *App, d destination) (dispatch.Sink, error) {
+			n := d.d.NATS
+			_, horizon := poller.RetryHorizon(a.pollerConfig())
+			return nats.New(nats.Config{URL: n.URL, Subject: n.Subject, CredsFile: n.CredsFile, CloudEvents: cloudEvents(d), Log: a.Log,
+				RetryHorizon: horizon})
+		},
+	},
+	"rabbitmq": {
+		section: "rabbitmq", templateKey: "routing_key", template: func(d config.Dispatch) string { return d.RabbitMQ.RoutingKey },
+		check: func(_ *config.Config, d destination) error {
+			if _, err := rabbitmq.ParseURL(d.d.RabbitMQ.URL); err != nil {
+				return &config.KeyError{Key: d.key("rabbitmq.url"), Err: err}
+			}
+			return nil
+		},
+		build: func(a *App, d destination) (dispatch.Sink, error) {
+			r := d.d.RabbitMQ
+			return rabbitmq.New(rabbitmq.Config{URL: r.URL, Exchange: r.Exchange, RoutingKey: r.RoutingKey,
+				CloudEvents: cloudEvents(d), Log: a.Log})
+		},
+	},
+	"redis_stream": {
+		section: "redis_stream", templateKey: "stream", template: func(d config.Dispatch) string { return d.RedisStream.Stream },
+		check: func(_ *config.Config, d destination) error {
+			if n := d.d.RedisStream.MaxLen; n < 0 {
+				return &config.KeyError{Key: d.key("redis_stream.maxlen"), Err: fmt.Errorf("must be 0 (no trimming) or positive, got %d", n)}
+			}
+			return nil
+		},
+		build: func(a *App, d destination) (dispatch.Sink, error) {
+			r := d.d.RedisStream
+			client := a.KV
+			if r.Addr != "" {
+				tlsCfg, err := redisTLS(a.Cfg.Redis.TLS)
+				if err != nil {
+					return nil, err
+				}
+				c := a.Cfg.Redis
+				c.Mode, c.Addrs = "single", []string{r.Addr}
+				client = RedisNodes(c, tlsCfg)[0]
+				a.extra = append(a.extra, client)
+			}
+			return redisstream.New(redisstream.Config{Client: client, Stream: r.Stream, MaxLen: r.MaxLen,
+				KeyPrefix: a.Cfg.Redis.KeyPrefix, CloudEvents: cloudEvents(d), Log: a.Log})
+		},
+	},
+}
+
+// sinkOf returns the registry entry of d, or a *config.KeyError naming
+// <prefix>.sink.
+func sinkOf(d destination) (sinkKind, error) {
+	k, ok := sinks[d.d.Sink]
+	if !ok {
+		return sinkKind{}, &config.KeyError{Key: d.key("sink"), Err: fmt.Errorf("want one of %s, got %q",
+			strings.Join(slices.Sorted(maps.Keys(sinks)), ", "), d.d.Sink)}
+	}
+	return k, nil
+}
+
+// checkDestination checks d's settings as its sink reads them: the
+// destination template, then the sink's own check.
+func checkDestination(cfg *config.Config, d destination) error {
+	k, err := sinkOf(d)
+	if err != nil {
+		return err
+	}
+	if k.templateKey != "" {
+		if _, err := dispatch.ParseTemplate(k.template(d.d)); err != nil {
+			return &config.KeyError{Key: d.key(k.section + "." + k.templateKey), Err: err}
+		}
+	}
+	if k.check != nil {
+		return k.check(cfg, d)
+	}
+	return nil
+}
+
+func cloudEvents(d destination) dispatch.CloudEvents {
+	return dispatch.CloudEvents{Enabled: d.d.CloudEvents, Source: d.d.CloudEventsSource}
+}
+
+// checkWebhook: the URL and the secret as the sink parses them, and a
+// timeout that fits the lease.
+func checkWebhook(cfg *config.Config, d destination) error {
+	w := d.d.Webhook
+	if _, err := dispatch.ParseURL(w.URL); err != nil {
+		return &config.KeyError{Key: d.key("webhook.url"), Err: err}
+	}
+	if _, err := dispatch.ParseSecret(w.Secret); err != nil {
+		return &config.KeyError{Key: cfg.SourceKey(d.key("webhook.secret")), Err: err}
+	}
+	// 0 (the default) follows the lease: config.WebhookTimeout.
+	if w.Timeout < 0 {
+		return &config.KeyError{Key: d.key("webhook.timeout"), Err: fmt.Errorf("must be positive, or 0 to follow poller.lock_ttl, got %s", w.Timeout)}
+	}
+	// The poller trusts its lease for about 0.9 x lock_ttl after the last
+	// renewal, and renews every lock_ttl/3: a request longer than half the
+	// TTL can be cut by the lease every time, and its row never delivered.
+	if limit := cfg.Poller.LockTTL / 2; w.Timeout > limit {
+		return &config.KeyError{Key: d.key("webhook.timeout"), Err: fmt.Errorf(
+			"must be at most half of poller.lock_ttl (%s), got %s: the lease is trusted for about 0.9 x poller.lock_ttl after its last renewal (renewed every poller.lock_ttl/3), so a longer request can be cut every time; lower the timeout or raise poller.lock_ttl",
+			limit, w.Timeout)}
+	}
+	return nil
+}
+
+// checkKafka: the topic's literal parts, the brokers, SASL and TLS files,
+// each by the rule the sink itself applies (kafka.ParseTopic, CheckBrokers,
+// CheckSASL).
+func checkKafka(_ *config.Config, d destination) error {
+	k := d.d.Kafka
+	if _, err := kafka.ParseTopic(k.Topic); err != nil {
+		return &config.KeyError{Key: d.key("kafka.topic"), Err: err}
+	}
+	if err := kafka.CheckBrokers(k.Brokers); err != nil {
+		return &config.KeyError{Key: d.key("kafka.brokers"), Err: err}
+	}
+	if err := kafka.CheckSASL(kafka.SASL{Mechanism: k.SASL.Mechanism, Username: k.SASL.Username}); err != nil {
+		key := d.key("kafka.sasl.mechanism")
+		if errors.Is(err, kafka.ErrSASLUsername) {
+			key = d.key("kafka.sasl.username")
+		}
+		return &config.KeyError{Key: key, Err: err}
+	}
+	return config.CheckTLSFiles(d.key("kafka.tls"), k.TLS)
+}
