@@ -123,6 +123,8 @@ type Poller struct {
 	wake  chan struct{}
 	hooks hooks // crash points, for tests only
 
+	fetch fetchHealth // for FetchFailure
+
 	cutMu sync.Mutex
 	cuts  map[int64]int // sends of a row cut short by the lease while it was held
 }
