@@ -60,7 +60,7 @@ func TestRabbitMQHeaderFrameAboveFrameMax(t *testing.T) {
 // rest flow.
 func TestNATSHeaderBlockAboveLimit(t *testing.T) {
 	t.Parallel()
-	ns := newNATSStream(t, "outbox.event.>")
+	ns := newNATSStream(t, "*")
 	e := natsEnv(t, ns)
 	e.set("OUTBOXD_POLLER_MAX_ATTEMPTS", "25", "OUTBOXD_POLLER_BACKOFF_BASE", "200ms", "OUTBOXD_POLLER_BACKOFF_MAX", "200ms")
 	ids := e.insertMany("order", 5, 2)
