@@ -180,7 +180,10 @@ func acked(ack *jetstream.PubAck) dispatch.Result {
 // message builds ev's NATS message: body = payload as is, the contract's
 // headers (Headers) that NATS can carry, Nats-Msg-Id = outbox id.
 func (s *Sink) message(ev dispatch.Event, token int64) (*nats.Msg, []string, error) {
-	subj := s.subject.Expand(ev)
+	subj, err := s.subject.Render(ev, dispatch.NameRules{Kind: dispatch.NATSSubject})
+	if err != nil {
+		return nil, nil, fmt.Errorf("nats: %w: fix the row's aggregate_type/event_type or dispatch.nats.subject, then replay", err)
+	}
 	if err := checkSubject(subj); err != nil {
 		return nil, nil, &dispatch.Error{Permanent: true,
 			Err: fmt.Errorf("nats: event %d: %w: retrying cannot help; fix the row's aggregate_type/event_type or dispatch.nats.subject", ev.ID, err)}

@@ -305,8 +305,12 @@ func (t *sending) publish(lo, hi int) (fl []inflight, more bool) {
 		if t.ctx.Err() != nil || !t.s.now().Before(t.until) {
 			return fl, false // the rest stay NotAttempted
 		}
-		rk := t.s.key.Expand(ev)
-		if err := t.s.check(ev, rk); err != nil {
+		rk, err := t.s.key.Render(ev, dispatch.NameRules{Kind: dispatch.AMQPRoutingKey})
+		if err != nil {
+			t.fail(i, fmt.Errorf("rabbitmq: %w (dispatch.rabbitmq.routing_key filled from the row)", err))
+			continue
+		}
+		if err := t.s.check(ev); err != nil {
 			t.fail(i, err)
 			continue
 		}
@@ -467,10 +471,7 @@ func (t *sending) warnDropped() {
 
 // check refuses, before publishing, what the broker would refuse for good
 // and what AMQP cannot carry.
-func (s *Sink) check(ev dispatch.Event, rk string) error {
-	if err := checkShort("routing key", rk); err != nil {
-		return &dispatch.Error{Err: fmt.Errorf("rabbitmq: event %d: %w (dispatch.rabbitmq.routing_key filled from the row)", ev.ID, err), Permanent: true}
-	}
+func (s *Sink) check(ev dispatch.Event) error {
 	if err := checkShort("event_type (the type property)", ev.EventType); err != nil {
 		return &dispatch.Error{Err: fmt.Errorf("rabbitmq: event %d: %w", ev.ID, err), Permanent: true}
 	}

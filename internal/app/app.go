@@ -179,7 +179,7 @@ func (a *App) sink() (dispatch.Sink, error) {
 			a.extra = append(a.extra, client)
 		}
 		return redisstream.New(redisstream.Config{Client: client, Stream: d.RedisStream.Stream, MaxLen: d.RedisStream.MaxLen,
-			KeyPrefix: a.Cfg.Redis.KeyPrefix, CloudEvents: ce, Log: a.Log})
+			KeyPrefix: a.Cfg.Redis.KeyPrefix, Reserved: keys.New(a.Cfg.Redis.KeyPrefix).Reserved(), CloudEvents: ce, Log: a.Log})
 	default:
 		w := d.Webhook
 		return dispatch.NewWebhook(dispatch.WebhookConfig{URL: w.URL, Secret: w.Secret, Timeout: w.Timeout, Log: a.Log,

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/outboxd/outboxd/config"
@@ -27,75 +28,76 @@ const (
 // (poller, reconcile, dispatch) for the rest.
 func Defaults() map[string]any {
 	return map[string]any{
-		"postgres.dsn":                            DefaultPostgresDSN,
-		"postgres.dsn_file":                       "",
-		"redis.addrs":                             []string{DefaultRedisAddr},
-		"redis.mode":                              "single",
-		"redis.username":                          "",
-		"redis.password":                          "",
-		"redis.db":                                0,
-		"redis.key_prefix":                        "",
-		"redis.master_name":                       "",
-		"redis.password_file":                     "",
-		"redis.tls.enabled":                       false,
-		"redis.tls.ca_file":                       "",
-		"redis.tls.cert_file":                     "",
-		"redis.tls.key_file":                      "",
-		"redis.tls.server_name":                   "",
-		"redis.tls.insecure_skip_verify":          false,
-		"poller.lock_ttl":                         poller.DefaultLockTTL,
-		"poller.lock_wait":                        poller.DefaultLockWait,
-		"poller.batch_size":                       poller.DefaultBatchSize,
-		"poller.poll_interval":                    poller.DefaultPollInterval,
-		"poller.max_attempts":                     poller.DefaultMaxAttempts,
-		"poller.concurrency":                      dispatch.DefaultConcurrency, // aggregates a per-event sink sends at once
-		"poller.claim_ttl":                        poller.DefaultClaimTTL,
-		"poller.backoff_base":                     poller.DefaultBackoffBase,
-		"poller.backoff_max":                      poller.DefaultBackoffMax,
-		"poller.notify":                           false,
-		"poller.max_payload_bytes":                poller.DefaultMaxPayloadBytes,
-		"poller.batch_max_bytes":                  poller.DefaultBatchMaxBytes,
-		"reconcile.schedule":                      reconcile.DefaultSchedule,
-		"reconcile.lock_ttl":                      reconcile.DefaultLockTTL,
-		"reconcile.retention":                     reconcile.DefaultRetention,
-		"reconcile.dead_retention":                time.Duration(0), // keep dead rows
-		"reconcile.batch_size":                    reconcile.DefaultBatchSize,
-		"dispatch.sink":                           "webhook",
-		"dispatch.webhook.url":                    DefaultWebhookURL,
-		"dispatch.webhook.secret":                 "",
-		"dispatch.webhook.secret_file":            "",
-		"dispatch.webhook.timeout":                dispatch.DefaultWebhookTimeout,
-		"dispatch.kafka.brokers":                  []string{},
-		"dispatch.kafka.topic":                    kafka.DefaultTopic,
-		"dispatch.kafka.client_id":                kafka.DefaultClientID,
-		"dispatch.kafka.timeout":                  kafka.DefaultTimeout,
-		"dispatch.kafka.max_message_bytes":        kafka.DefaultMaxMessageBytes,
-		"dispatch.kafka.sasl.mechanism":           "",
-		"dispatch.kafka.sasl.username":            "",
-		"dispatch.kafka.sasl.password":            "",
-		"dispatch.kafka.sasl.password_file":       "",
-		"dispatch.kafka.tls.enabled":              false,
-		"dispatch.kafka.tls.ca_file":              "",
-		"dispatch.kafka.tls.cert_file":            "",
-		"dispatch.kafka.tls.key_file":             "",
-		"dispatch.kafka.tls.server_name":          "",
-		"dispatch.kafka.tls.insecure_skip_verify": false,
-		"dispatch.nats.url":                       nats.DefaultURL,
-		"dispatch.nats.subject":                   nats.DefaultSubject,
-		"dispatch.nats.creds_file":                "",
-		"dispatch.rabbitmq.url":                   rabbitmq.DefaultURL,
-		"dispatch.rabbitmq.exchange":              rabbitmq.DefaultExchange,
-		"dispatch.rabbitmq.routing_key":           rabbitmq.DefaultRoutingKey,
-		"dispatch.redis_stream.addr":              "",
-		"dispatch.redis_stream.stream":            redisstream.DefaultStream,
-		"dispatch.redis_stream.maxlen":            redisstream.DefaultMaxLen,
-		"dispatch.cloudevents":                    false,
-		"dispatch.cloudevents_source":             dispatch.DefaultCloudEventsSource,
-		"http.addr":                               DefaultHTTPAddr,
-		"http.pprof":                              false,
-		"log.level":                               "info",
-		"log.format":                              "json",
-		"shutdown_timeout":                        poller.DefaultShutdownTimeout,
+		"postgres.dsn":                             DefaultPostgresDSN,
+		"postgres.dsn_file":                        "",
+		"redis.addrs":                              []string{DefaultRedisAddr},
+		"redis.mode":                               "single",
+		"redis.username":                           "",
+		"redis.password":                           "",
+		"redis.db":                                 0,
+		"redis.key_prefix":                         "",
+		"redis.master_name":                        "",
+		"redis.password_file":                      "",
+		"redis.tls.enabled":                        false,
+		"redis.tls.ca_file":                        "",
+		"redis.tls.cert_file":                      "",
+		"redis.tls.key_file":                       "",
+		"redis.tls.server_name":                    "",
+		"redis.tls.insecure_skip_verify":           false,
+		"poller.lock_ttl":                          poller.DefaultLockTTL,
+		"poller.lock_wait":                         poller.DefaultLockWait,
+		"poller.batch_size":                        poller.DefaultBatchSize,
+		"poller.poll_interval":                     poller.DefaultPollInterval,
+		"poller.max_attempts":                      poller.DefaultMaxAttempts,
+		"poller.concurrency":                       dispatch.DefaultConcurrency, // aggregates a per-event sink sends at once
+		"poller.claim_ttl":                         poller.DefaultClaimTTL,
+		"poller.backoff_base":                      poller.DefaultBackoffBase,
+		"poller.backoff_max":                       poller.DefaultBackoffMax,
+		"poller.notify":                            false,
+		"poller.max_payload_bytes":                 poller.DefaultMaxPayloadBytes,
+		"poller.batch_max_bytes":                   poller.DefaultBatchMaxBytes,
+		"reconcile.schedule":                       reconcile.DefaultSchedule,
+		"reconcile.lock_ttl":                       reconcile.DefaultLockTTL,
+		"reconcile.retention":                      reconcile.DefaultRetention,
+		"reconcile.dead_retention":                 time.Duration(0), // keep dead rows
+		"reconcile.batch_size":                     reconcile.DefaultBatchSize,
+		"dispatch.sink":                            "webhook",
+		"dispatch.webhook.url":                     DefaultWebhookURL,
+		"dispatch.webhook.secret":                  "",
+		"dispatch.webhook.secret_file":             "",
+		"dispatch.webhook.timeout":                 dispatch.DefaultWebhookTimeout,
+		"dispatch.kafka.brokers":                   []string{},
+		"dispatch.kafka.topic":                     kafka.DefaultTopic,
+		"dispatch.kafka.client_id":                 kafka.DefaultClientID,
+		"dispatch.kafka.timeout":                   kafka.DefaultTimeout,
+		"dispatch.kafka.max_message_bytes":         kafka.DefaultMaxMessageBytes,
+		"dispatch.kafka.sasl.mechanism":            "",
+		"dispatch.kafka.sasl.username":             "",
+		"dispatch.kafka.sasl.password":             "",
+		"dispatch.kafka.sasl.password_file":        "",
+		"dispatch.kafka.tls.enabled":               false,
+		"dispatch.kafka.tls.ca_file":               "",
+		"dispatch.kafka.tls.cert_file":             "",
+		"dispatch.kafka.tls.key_file":              "",
+		"dispatch.kafka.tls.server_name":           "",
+		"dispatch.kafka.tls.insecure_skip_verify":  false,
+		"dispatch.nats.url":                        nats.DefaultURL,
+		"dispatch.nats.subject":                    nats.DefaultSubject,
+		"dispatch.nats.creds_file":                 "",
+		"dispatch.rabbitmq.url":                    rabbitmq.DefaultURL,
+		"dispatch.rabbitmq.exchange":               rabbitmq.DefaultExchange,
+		"dispatch.rabbitmq.routing_key":            rabbitmq.DefaultRoutingKey,
+		"dispatch.redis_stream.addr":               "",
+		"dispatch.redis_stream.stream":             redisstream.DefaultStream,
+		"dispatch.redis_stream.maxlen":             redisstream.DefaultMaxLen,
+		"dispatch.cloudevents":                     false,
+		"dispatch.cloudevents_source":              dispatch.DefaultCloudEventsSource,
+		"dispatch.allow_row_prefixed_destinations": false,
+		"http.addr":                                DefaultHTTPAddr,
+		"http.pprof":                               false,
+		"log.level":                                "info",
+		"log.format":                               "json",
+		"shutdown_timeout":                         poller.DefaultShutdownTimeout,
 	}
 }
 
@@ -126,7 +128,7 @@ func Check(cfg *config.Config) error {
 	values := map[string]string{"dispatch.kafka.topic": d.Kafka.Topic, "dispatch.nats.subject": d.NATS.Subject,
 		"dispatch.rabbitmq.routing_key": d.RabbitMQ.RoutingKey, "dispatch.redis_stream.stream": d.RedisStream.Stream}
 	if template != "" {
-		if _, err := dispatch.ParseTemplate(values[template]); err != nil {
+		if err := checkTemplate(values[template], d.AllowRowPrefixedDestinations); err != nil {
 			return &config.KeyError{Key: template, Err: err}
 		}
 	}
@@ -150,6 +152,22 @@ func Check(cfg *config.Config) error {
 		if _, err := dispatch.ParseSecret(d.Webhook.Secret); err != nil {
 			return &config.KeyError{Key: cfg.SourceKey("dispatch.webhook.secret"), Err: err}
 		}
+	}
+	return nil
+}
+
+// checkTemplate parses a destination template and refuses one that starts
+// with a placeholder unless dispatch.allow_row_prefixed_destinations: such a
+// template lets a row choose the whole name (a NATS $JS.API subject, one of
+// the relay's own Redis keys); rows are also checked one by one when sent
+// (dispatch.Template.Render), whatever this says.
+func checkTemplate(s string, allowRowPrefixed bool) error {
+	t, err := dispatch.ParseTemplate(s)
+	if err != nil {
+		return err
+	}
+	if t.StartsWithPlaceholder() && !allowRowPrefixed {
+		return fmt.Errorf("template %q starts with a placeholder, so a row's value would choose the destination's whole name: start it with a literal prefix (e.g. \"outbox.event.{aggregate_type}\"), or set dispatch.allow_row_prefixed_destinations: true", s)
 	}
 	return nil
 }
