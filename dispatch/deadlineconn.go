@@ -89,7 +89,7 @@ func armSend(ctx context.Context) (context.Context, *sendGuard) {
 			dc.until.Store(until)
 			stop := context.AfterFunc(ctx, func() {
 				// A time in the past: blocked reads and writes return now.
-				_ = dc.Conn.SetDeadline(time.Unix(1, 0))
+				_ = dc.SetDeadline(time.Unix(1, 0))
 			})
 			if prev := g.stop.Swap(&stop); prev != nil {
 				(*prev)() // the transport retried on a new connection

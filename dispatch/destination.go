@@ -106,7 +106,7 @@ func (r NameRules) check(name string, values []string) error {
 		}
 	case KafkaTopic:
 		if name == "." || name == ".." {
-			return errors.New("Kafka does not allow it")
+			return errors.New("the name is not allowed by Kafka")
 		}
 		if len(name) > 249 {
 			return fmt.Errorf("it is %d bytes long; Kafka allows 249", len(name))

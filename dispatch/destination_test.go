@@ -30,7 +30,7 @@ func TestRenderedDestinations(t *testing.T) {
 		{"kafka legal", "outbox.{aggregate_type}", "deal_1-x", "x", dispatch.KafkaTopic, "", "outbox.deal_1-x"},
 		{"kafka illegal char", "outbox.{aggregate_type}", "deal/1", "x", dispatch.KafkaTopic, "", "!Kafka allows"},
 		{"kafka too long", "o.{aggregate_type}", strings.Repeat("a", 248), "x", dispatch.KafkaTopic, "", "!249"},
-		{"kafka dot", "{aggregate_type}", ".", "x", dispatch.KafkaTopic, "", "!does not allow"},
+		{"kafka dot", "{aggregate_type}", ".", "x", dispatch.KafkaTopic, "", "!not allowed by Kafka"},
 		{"amqp 255", "k.{aggregate_type}", strings.Repeat("a", 253), "x", dispatch.AMQPRoutingKey, "", "k." + strings.Repeat("a", 253)},
 		{"amqp 256", "k.{aggregate_type}", strings.Repeat("a", 254), "x", dispatch.AMQPRoutingKey, "", "!255"},
 		{"amqp wildcards are literal", "k.{aggregate_type}", "#.*", "x", dispatch.AMQPRoutingKey, "", "k.#.*"},
