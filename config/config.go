@@ -96,6 +96,10 @@ type Dispatch struct {
 	RedisStream       RedisStream `mapstructure:"redis_stream"`
 	CloudEvents       bool        `mapstructure:"cloudevents"`        // binary-mode CloudEvents attributes on every message
 	CloudEventsSource string      `mapstructure:"cloudevents_source"` // their "source"
+	// AllowRowPrefixedDestinations accepts a destination template that
+	// starts with a placeholder (refused by default: a row would choose the
+	// destination's whole name).
+	AllowRowPrefixedDestinations bool `mapstructure:"allow_row_prefixed_destinations"`
 }
 
 type Kafka struct {

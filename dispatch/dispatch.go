@@ -74,6 +74,11 @@ type Result struct {
 	// Cut: Retryable because the send was cut by the trust deadline or the
 	// context, not by the destination.
 	Cut bool
+	// Unanswered: the message reached the destination's connection and no
+	// final answer came back on it (a held socket, an interim or
+	// protocol-switching answer). With Cut, the destination held the send
+	// until the deadline: the caller counts that as an attempt at once.
+	Unanswered bool
 }
 
 // KeepPrefix applies the contract to results a sink collected: per
@@ -120,6 +125,7 @@ type Error struct {
 	Err        error
 	Permanent  bool          // retrying will not help: dead-letter now
 	RetryAfter time.Duration // the receiver asked to wait at least this long
+	Unanswered bool          // written, and no final answer came (Result.Unanswered)
 }
 
 func (e *Error) Error() string { return e.Err.Error() }
@@ -146,7 +152,10 @@ func Failed(err error) Result {
 	if IsPermanent(err) {
 		return Result{Outcome: Permanent, Err: err}
 	}
-	return Result{Outcome: Retryable, Err: err, RetryAfter: RetryAfter(err)}
+	r := Result{Outcome: Retryable, Err: err, RetryAfter: RetryAfter(err)}
+	var e *Error
+	r.Unanswered = errors.As(err, &e) && e.Unanswered
+	return r
 }
 
 // Noop accepts every event without sending it anywhere (benchmarks, dry runs).

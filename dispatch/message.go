@@ -114,7 +114,8 @@ const (
 // Headers returns a message's headers in the contract's order: id,
 // aggregate_type, aggregate_id, event_type, created_at, fencing_token; then
 // each entry of the row's headers object (string values as they are, other
-// JSON values as their JSON text) whose name collides with none of those
+// JSON values as their JSON text; an entry whose value is JSON null is left
+// out: it carries no value) whose name collides with none of those
 // (compared case-insensitively) and which a header can carry; then, when
 // enabled, the CloudEvents attributes with cePrefix ("ce-", or "ce_" on
 // Kafka): specversion, id, source, type, time. dropped names the row's
@@ -151,6 +152,9 @@ func Headers(ev Event, token int64, ce CloudEvents, cePrefix string) (hs []Heade
 		}
 		slices.Sort(names) // a stable order, whatever Go's map did
 		for _, k := range names {
+			if string(row[k]) == "null" {
+				continue // no value: no header (not "" or "null"), and nothing lost to warn about
+			}
 			v := headerValue(row[k])
 			if k == "" || taken(k) || !headerSafe(k) || !headerSafe(v) {
 				dropped = append(dropped, k)

@@ -42,6 +42,10 @@ const MaxRetryAfter = 7 * 24 * time.Hour
 // Webhook POSTs each event as JSON. 2xx is delivered; 408, 425, 429, 5xx,
 // timeouts and connection errors are retryable; other statuses are permanent.
 //
+// An interim answer other than 100 Continue and 103 Early Hints, or a
+// protocol switch (101), is a failed, retryable attempt: the connection is
+// closed at once, never read or held.
+//
 // Redirects are never followed: the signed body and the fencing token go to
 // the configured URL only. A 301 or 308 (moved for good) is permanent, any
 // other 3xx is retryable.
@@ -155,7 +159,9 @@ func (w *Webhook) SendEvent(ctx context.Context, ev Event, token int64) error {
 	if err != nil {
 		return &Error{Err: fmt.Errorf("webhook: encode event %d: %w", ev.ID, err), Permanent: true}
 	}
-	req, err := http.NewRequestWithContext(withWriteDeadline(ctx), http.MethodPost, w.url, bytes.NewReader(body))
+	actx, guard := armSend(ctx)
+	defer guard.release()
+	req, err := http.NewRequestWithContext(actx, http.MethodPost, w.url, bytes.NewReader(body))
 	if err != nil {
 		return &Error{Err: fmt.Errorf("webhook: build request for %s: %w", w.target, err), Permanent: true}
 	}
@@ -187,7 +193,17 @@ func (w *Webhook) SendEvent(ctx context.Context, ev Event, token int64) error {
 		if errors.As(err, &ue) {
 			err = ue.Err // its URL may carry credentials or tokens
 		}
-		return &Error{Err: fmt.Errorf("webhook: event %d: POST %s: %w", ev.ID, w.target, err)}
+		// Written and no final status (a held socket, an interim answer): the
+		// receiver's doing, whoever's deadline ended it.
+		return &Error{Err: fmt.Errorf("webhook: event %d: POST %s: %w", ev.ID, w.target, err), Unanswered: guard.unanswered()}
+	}
+	if resp.StatusCode < 200 {
+		// 101 Switching Protocols (net/http returns it; other 1xx end in
+		// ErrInterim above): the connection now speaks another protocol and
+		// belongs to us. Never read it: close it, and count a failed attempt.
+		resp.Body.Close()
+		return &Error{Err: fmt.Errorf("webhook: event %d: POST %s: receiver answered %d %q: %w (want a final 2xx; protocol switches are not followed)",
+			ev.ID, w.target, resp.StatusCode, Clip(reason(resp), 128), ErrInterim), Unanswered: true}
 	}
 	// Keep a little of a failure's answer for last_error; drain a little more
 	// so the connection is reused.

@@ -89,6 +89,9 @@ func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() ti
 		Rows: p.cfg.BatchSize, RowBytes: p.cfg.MaxPayloadBytes, Bytes: p.cfg.BatchMaxBytes, Skip: prev.skip(),
 	})
 	cancel()
+	if ctx.Err() == nil { // a lost lease or shutdown says nothing about Postgres
+		p.fetch.note(err, time.Now())
+	}
 	if err != nil || len(rows) == 0 {
 		return batchResult{}, errors.Join(err, prev.wait())
 	}

@@ -77,7 +77,7 @@ func (p *Poller) apply(ctx context.Context, it *item, r dispatch.Result) bool {
 			err = errors.New("the sink reported a failure without a reason")
 		}
 		if r.Cut {
-			it.outcome, it.err = p.cutShort(ctx, it.row.ID, err)
+			it.outcome, it.err = p.cutShort(ctx, it.row.ID, err, r.Unanswered)
 			return false
 		}
 		it.outcome, it.err = failed, &dispatch.Error{Err: err, Permanent: r.Outcome == dispatch.Permanent, RetryAfter: r.RetryAfter}
@@ -93,8 +93,10 @@ func (p *Poller) apply(ctx context.Context, it *item, r dispatch.Result) bool {
 // still held, the receiver answered slower than the lease allows; once is
 // forgiven (a renewal may have been late), a second time for the same row
 // counts as a failed attempt, so a hanging receiver cannot keep a row
-// retrying forever without ever dead-lettering.
-func (p *Poller) cutShort(ctx context.Context, id int64, err error) (outcome, error) {
+// retrying forever without ever dead-lettering. A send the destination held
+// without a final answer (r.Unanswered: a held socket) is not forgiven: it
+// counts the first time.
+func (p *Poller) cutShort(ctx context.Context, id int64, err error, unanswered bool) (outcome, error) {
 	if ctx.Err() != nil {
 		p.log.Debug("send abandoned", "outbox_id", id, "error", context.Cause(ctx))
 		return pending, nil
@@ -106,12 +108,15 @@ func (p *Poller) cutShort(ctx context.Context, id int64, err error) (outcome, er
 	}
 	p.cuts[id]++
 	n := p.cuts[id]
-	if n >= 2 {
+	if n >= 2 || unanswered {
 		delete(p.cuts, id)
 	}
 	p.cutMu.Unlock()
 	p.log.Warn("send cut short by the lease", "outbox_id", id, "times", n, "error", err)
-	if n < 2 {
+	switch {
+	case unanswered:
+		return failed, fmt.Errorf("send cut short by the lock's trust deadline: the destination held it without a final answer: %w", err)
+	case n < 2:
 		return pending, nil
 	}
 	return failed, fmt.Errorf("send cut short by the lock's trust deadline %d times: the receiver answers slower than the lease allows: %w", n, err)

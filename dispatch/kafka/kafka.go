@@ -170,7 +170,7 @@ func ParseTopic(s string) (dispatch.Template, error) {
 	}
 	// Expanded with values that are valid themselves, only the literal
 	// parts can be wrong.
-	if err := validTopic(t.Expand(dispatch.Event{AggregateType: "a", EventType: "e"})); err != nil {
+	if _, err := t.Render(dispatch.Event{AggregateType: "a", EventType: "e"}, dispatch.NameRules{Kind: dispatch.KafkaTopic}); err != nil {
 		return dispatch.Template{}, fmt.Errorf("kafka: topic template %q: %w", s, err)
 	}
 	return t, nil
@@ -230,26 +230,6 @@ func mechanism(cfg SASL) (sasl.Mechanism, error) {
 	}
 }
 
-// validTopic applies Kafka's rule for topic names: 1 to 249 of ASCII
-// letters, digits, '.', '_' and '-', and not "." or "..".
-func validTopic(name string) error {
-	switch {
-	case name == "":
-		return errors.New("empty topic name")
-	case name == "." || name == "..":
-		return fmt.Errorf("topic name %q is not allowed", name)
-	case len(name) > 249:
-		return fmt.Errorf("topic name is %d bytes long; Kafka allows 249", len(name))
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return fmt.Errorf("topic name %q has %q; Kafka allows ASCII letters, digits, '.', '_' and '-'", name, string(rune(c)))
-		}
-	}
-	return nil
-}
-
 // Capabilities implements dispatch.Sink.
 func (s *Sink) Capabilities() dispatch.Capabilities {
 	return dispatch.Capabilities{
@@ -292,9 +272,9 @@ func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
 		if tctx.Err() != nil {
 			break // never produced: the rest stay NotAttempted
 		}
-		topic := s.topic.Expand(ev)
-		if err := validTopic(topic); err != nil {
-			p.fail(i, &dispatch.Error{Err: fmt.Errorf("kafka: event %d: %w: fix dispatch.kafka.topic or the row's aggregate_type/event_type, then replay it (INVALID_TOPIC_EXCEPTION)", ev.ID, err), Permanent: true})
+		topic, err := s.topic.Render(ev, dispatch.NameRules{Kind: dispatch.KafkaTopic})
+		if err != nil {
+			p.fail(i, fmt.Errorf("kafka: %w: fix dispatch.kafka.topic or the row's aggregate_type/event_type, then replay it (INVALID_TOPIC_EXCEPTION)", err))
 			continue
 		}
 		rec, dropped := s.record(ev, topic, b.Token)

@@ -12,7 +12,9 @@
 // the batch; nothing is published after the batch's trust deadline. A
 // publish that no stream captures, a server that is down, a full stream:
 // Retryable. A message above the server's max_payload or the stream's
-// max_msg_size, or a subject that is not a valid NATS subject: Permanent.
+// max_msg_size, a header block above JetStream's 64 KiB, or a subject that
+// is not a valid NATS subject: Permanent; the payload and header limits are
+// checked before publishing.
 //
 // What it does not: dedupe beyond the stream's duplicate window (a retry
 // after it is stored again: consumers dedupe on the id header), or keep

@@ -180,7 +180,10 @@ func acked(ack *jetstream.PubAck) dispatch.Result {
 // message builds ev's NATS message: body = payload as is, the contract's
 // headers (Headers) that NATS can carry, Nats-Msg-Id = outbox id.
 func (s *Sink) message(ev dispatch.Event, token int64) (*nats.Msg, []string, error) {
-	subj := s.subject.Expand(ev)
+	subj, err := s.subject.Render(ev, dispatch.NameRules{Kind: dispatch.NATSSubject})
+	if err != nil {
+		return nil, nil, fmt.Errorf("nats: %w: fix the row's aggregate_type/event_type or dispatch.nats.subject, then replay", err)
+	}
 	if err := checkSubject(subj); err != nil {
 		return nil, nil, &dispatch.Error{Permanent: true,
 			Err: fmt.Errorf("nats: event %d: %w: retrying cannot help; fix the row's aggregate_type/event_type or dispatch.nats.subject", ev.ID, err)}
@@ -195,7 +198,11 @@ func (s *Sink) message(ev dispatch.Event, token int64) (*nats.Msg, []string, err
 		h[x.Key] = []string{x.Value}
 	}
 	h[jetstream.MsgIDHeader] = []string{strconv.FormatInt(ev.ID, 10)}
-	return &nats.Msg{Subject: subj, Data: ev.Payload, Header: h}, dropped, nil
+	msg := &nats.Msg{Subject: subj, Data: ev.Payload, Header: h}
+	if err := checkHeaders(ev, msg); err != nil {
+		return nil, dropped, err
+	}
+	return msg, dropped, nil
 }
 
 // carriable reports whether a row header can go on a NATS message as is:
@@ -256,6 +263,8 @@ func (s *Sink) ackError(ev dispatch.Event, subj string, err error) error {
 		return fmt.Errorf("nats: event %d: no JetStream stream captures subject %q (no responders): add the subject to a stream's subjects (or enable JetStream on the server): %w", ev.ID, subj, err)
 	case errors.Is(err, errPublishRefused):
 		return fmt.Errorf("nats: event %d: publish to subject %q refused by the server's permissions: allow this user to publish to it: %w", ev.ID, subj, err)
+	case errors.As(err, &api) && api.ErrorCode == errCodeHeaderTooLarge:
+		return &dispatch.Error{Permanent: true, Err: fmt.Errorf("nats: event %d: the stream for subject %q refused the message's headers as too large (%s): retrying cannot help; make the row's headers smaller: %w", ev.ID, subj, api.Description, err)}
 	case errors.As(err, &api) && api.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum:
 		return &dispatch.Error{Permanent: true, Err: fmt.Errorf("nats: event %d: the stream for subject %q refused the message as larger than its max_msg_size: retrying cannot help; raise the stream's max_msg_size or make the event smaller: %w", ev.ID, subj, err)}
 	case errors.As(err, &api):

@@ -270,7 +270,7 @@ func TestClassifyBrokerTexts(t *testing.T) {
 	if s.maxSize != 100 {
 		t.Errorf("max size learned: %d", s.maxSize)
 	}
-	if err := s.check(big, "k"); !dispatch.IsPermanent(err) {
+	if err := s.check(big); !dispatch.IsPermanent(err) {
 		t.Errorf("a message above the learned size is refused before publishing: %v", err)
 	}
 	topic := &amqp.Error{Code: amqp.AccessRefused, Server: true, Reason: "ACCESS_REFUSED - write access to topic 'a.b' in exchange 'outbox' in vhost '/' refused for user 'u'"}

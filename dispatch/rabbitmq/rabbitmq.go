@@ -16,6 +16,11 @@
 //     always seen before its ack could count as a delivery.
 //   - One connection, one channel: the events of a batch go out in slice
 //     order, so a queue holds an aggregate's events in batch order.
+//   - A message the broker can never take for what it is (a header frame
+//     above the negotiated frame_max, a routing key above 255 bytes, a
+//     payload above a max_message_size learnt earlier) is refused before it
+//     is published: Permanent for its event alone; the connection and the
+//     other messages in flight are not touched.
 //   - Nothing is published after the batch's trust deadline: Send checks
 //     it before every publish, the connection refuses writes past it, and
 //     a Send cut by it closes the connection (the next Send reconnects).
@@ -300,12 +305,21 @@ func (t *sending) publish(lo, hi int) (fl []inflight, more bool) {
 		if t.ctx.Err() != nil || !t.s.now().Before(t.until) {
 			return fl, false // the rest stay NotAttempted
 		}
-		rk := t.s.key.Expand(ev)
-		if err := t.s.check(ev, rk); err != nil {
+		rk, err := t.s.key.Render(ev, dispatch.NameRules{Kind: dispatch.AMQPRoutingKey})
+		if err != nil {
+			t.fail(i, fmt.Errorf("rabbitmq: %w (dispatch.rabbitmq.routing_key filled from the row)", err))
+			continue
+		}
+		if err := t.s.check(ev); err != nil {
 			t.fail(i, err)
 			continue
 		}
-		dc, err := t.l.ch.PublishWithDeferredConfirmWithContext(t.ctx, t.s.exchange, rk, true, false, t.message(ev))
+		msg := t.message(ev)
+		if err := checkFrame(ev, msg, t.l.conn.Config.FrameSize); err != nil {
+			t.fail(i, err)
+			continue
+		}
+		dc, err := t.l.ch.PublishWithDeferredConfirmWithContext(t.ctx, t.s.exchange, rk, true, false, msg)
 		if err != nil {
 			if t.ctx.Err() == nil {
 				t.fail(i, t.s.publishError(ev, rk, err, t.l.closeReason()))
@@ -457,10 +471,7 @@ func (t *sending) warnDropped() {
 
 // check refuses, before publishing, what the broker would refuse for good
 // and what AMQP cannot carry.
-func (s *Sink) check(ev dispatch.Event, rk string) error {
-	if err := checkShort("routing key", rk); err != nil {
-		return &dispatch.Error{Err: fmt.Errorf("rabbitmq: event %d: %w (dispatch.rabbitmq.routing_key filled from the row)", ev.ID, err), Permanent: true}
-	}
+func (s *Sink) check(ev dispatch.Event) error {
 	if err := checkShort("event_type (the type property)", ev.EventType); err != nil {
 		return &dispatch.Error{Err: fmt.Errorf("rabbitmq: event %d: %w", ev.ID, err), Permanent: true}
 	}

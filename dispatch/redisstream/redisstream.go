@@ -52,12 +52,16 @@ const cePrefix = "ce-"
 
 // Config configures the sink.
 type Config struct {
-	Client      redis.UniversalClient // where the streams live (the lock's Redis by default); not closed by Close
-	Stream      string                // template; DefaultStream when empty
-	MaxLen      int64                 // approximate trim length; 0 = no trimming
-	KeyPrefix   string                // put before every stream key (redis.key_prefix)
-	CloudEvents dispatch.CloudEvents  // ce- fields
-	Log         *slog.Logger          // optional
+	Client    redis.UniversalClient // where the streams live (the lock's Redis by default); not closed by Close
+	Stream    string                // template; DefaultStream when empty
+	MaxLen    int64                 // approximate trim length; 0 = no trimming
+	KeyPrefix string                // put before every stream key (redis.key_prefix)
+	// Reserved are key prefixes no stream key may start with: the relay's
+	// own keys (locks, fence counters, idempotency keys), from the wiring.
+	// An event whose stream would be one of them is Permanent, never sent.
+	Reserved    []string
+	CloudEvents dispatch.CloudEvents // ce- fields
+	Log         *slog.Logger         // optional
 }
 
 // Sink appends batches to Redis streams. Create with New.
@@ -67,6 +71,7 @@ type Sink struct {
 	stream dispatch.Template
 	maxLen int64
 	prefix string
+	names  dispatch.NameRules // what a rendered stream key must obey
 	ce     dispatch.CloudEvents
 	log    *slog.Logger
 
@@ -99,7 +104,8 @@ func New(cfg Config) (*Sink, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Sink{client: cfg.Client, stream: tpl, maxLen: cfg.MaxLen, prefix: cfg.KeyPrefix, ce: cfg.CloudEvents, log: log}, nil
+	return &Sink{client: cfg.Client, stream: tpl, maxLen: cfg.MaxLen, prefix: cfg.KeyPrefix, ce: cfg.CloudEvents,
+		names: dispatch.NameRules{Kind: dispatch.RedisStreamKey, Prefix: cfg.KeyPrefix, Reserved: cfg.Reserved}, log: log}, nil
 }
 
 // contextTimeouts reports whether c's commands are bounded by their
@@ -160,7 +166,12 @@ func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
 	// by us, not refused by Redis.
 	cut := ctx.Err() != nil
 	for i, cmd := range p.xadds {
-		out[i] = result(cmd, p.keys[i], b.Events[i].ID, cut)
+		switch {
+		case p.fails[i] != nil:
+			out[i] = dispatch.Failed(p.fails[i])
+		case cmd != nil:
+			out[i] = result(cmd, p.keys[i], b.Events[i].ID, cut)
+		}
 	}
 	dispatch.KeepPrefix(b.Events, out)
 	if p.info != nil {
@@ -176,7 +187,8 @@ func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
 type batchPipeline struct {
 	redis.Pipeliner
 	keys  []string           // stream key per event
-	xadds []*redis.StringCmd // XADD per event
+	xadds []*redis.StringCmd // XADD per event; nil when not sent
+	fails []error            // why an event was not sent (a refused stream key), or nil
 	info  *redis.StringCmd   // INFO server, until the version is known
 	drops dispatch.DroppedHeaders
 }
@@ -184,13 +196,23 @@ type batchPipeline struct {
 // pipeline queues one XADD per event, in order (and INFO server until the
 // server's version is known: it rides along, no extra round trip).
 func (s *Sink) pipeline(ctx context.Context, b dispatch.Batch) *batchPipeline {
-	p := &batchPipeline{Pipeliner: s.client.Pipeline(),
-		keys: make([]string, len(b.Events)), xadds: make([]*redis.StringCmd, len(b.Events))}
+	p := &batchPipeline{Pipeliner: s.client.Pipeline(), keys: make([]string, len(b.Events)),
+		xadds: make([]*redis.StringCmd, len(b.Events)), fails: make([]error, len(b.Events))}
 	if !s.version.known {
 		p.info = p.Info(ctx, "server")
 	}
+	stopped := map[dispatch.Aggregate]bool{}
 	for i, ev := range b.Events {
-		p.keys[i] = s.prefix + s.stream.Expand(ev)
+		if stopped[ev.Aggregate()] {
+			continue // NotAttempted: an earlier event of its aggregate was refused
+		}
+		key, err := s.stream.Render(ev, s.names)
+		if err != nil {
+			p.fails[i] = fmt.Errorf("redisstream: %w: fix the row's aggregate_type/event_type or dispatch.redis_stream.stream, then replay", err)
+			stopped[ev.Aggregate()] = true
+			continue
+		}
+		p.keys[i] = key
 		fields, dropped := s.fields(ev, b.Token)
 		p.drops.Add(ev.ID, dropped)
 		p.xadds[i] = p.XAdd(ctx, &redis.XAddArgs{Stream: p.keys[i], MaxLen: s.maxLen, Approx: true, ID: "*", Values: fields})

@@ -30,3 +30,11 @@ func New(prefix string) Space { return Space{prefix: prefix} }
 func (s Space) Idempotency(id int64) string {
 	return s.prefix + "idempotency:notify:" + strconv.FormatInt(id, 10)
 }
+
+// Reserved are the key prefixes of everything outboxd keeps in Redis under
+// this prefix: locks, their fence counters and the idempotency keys. No
+// destination rendered from a row may name one (a redis_stream sink's
+// stream key); the lock package shapes fence:{<lock>} itself.
+func (s Space) Reserved() []string {
+	return []string{s.prefix + "lock:", s.prefix + "fence:", s.prefix + "idempotency:"}
+}

@@ -203,12 +203,25 @@ func (a *App) Run(ctx context.Context) error {
 		Checks: map[string]httpapi.Check{
 			"postgres": a.Store.Ping,
 			"redis":    a.pingRedis,
+			// Reachable is not enough: a leader whose every fetch fails is not
+			// doing its job (poller.FetchFailure).
+			"fetch": func(context.Context) error { return p.FetchFailure(time.Now()) },
 		},
 		Registry:     a.Metrics.Registry,
 		BeforeScrape: a.refreshBacklog,
 		Pprof:        a.Cfg.HTTP.Pprof,
 		Status: func(ctx context.Context) (any, error) {
-			return a.status(ctx, map[string]func() int64{keys.PollerLock: p.HeldToken, keys.ReconcileLock: rec.HeldToken})
+			st, err := a.status(ctx, map[string]func() int64{keys.PollerLock: p.HeldToken, keys.ReconcileLock: rec.HeldToken})
+			ferr := p.FetchFailure(time.Now())
+			switch {
+			case err != nil && ferr != nil:
+				return nil, fmt.Errorf("%w; poller: %w", err, ferr)
+			case err != nil:
+				return nil, err
+			case ferr != nil:
+				st.FetchError = ferr.Error()
+			}
+			return st, nil
 		},
 	}), httpapi.Timeouts{})
 
@@ -308,6 +321,9 @@ type LockStatus struct {
 // Status is the /status body.
 type Status struct {
 	Locks []LockStatus `json:"locks"`
+	// FetchError: this replica leads but every fetch of due rows has failed
+	// for longer than poller.lock_ttl (then /readyz fails too).
+	FetchError string `json:"fetch_error,omitempty"`
 	store.Stats
 }
 

@@ -97,6 +97,9 @@ func Defaults() map[string]any {
 		"log.level":                               "info",
 		"log.format":                              "json",
 		"shutdown_timeout":                        poller.DefaultShutdownTimeout,
+
+		// A destination template may start with a placeholder only when set.
+		"dispatch.allow_row_prefixed_destinations": false,
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/outboxd/outboxd/dispatch/nats"
 	"github.com/outboxd/outboxd/dispatch/rabbitmq"
 	"github.com/outboxd/outboxd/dispatch/redisstream"
+	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/poller"
 )
 
@@ -147,7 +148,8 @@ var sinks = map[string]sinkKind{
 				a.extra = append(a.extra, client)
 			}
 			return redisstream.New(redisstream.Config{Client: client, Stream: r.Stream, MaxLen: r.MaxLen,
-				KeyPrefix: a.Cfg.Redis.KeyPrefix, CloudEvents: cloudEvents(d), Log: a.Log})
+				KeyPrefix: a.Cfg.Redis.KeyPrefix, Reserved: keys.New(a.Cfg.Redis.KeyPrefix).Reserved(),
+				CloudEvents: cloudEvents(d), Log: a.Log})
 		},
 	},
 }
@@ -171,7 +173,7 @@ func checkDestination(cfg *config.Config, d destination) error {
 		return err
 	}
 	if k.templateKey != "" {
-		if _, err := dispatch.ParseTemplate(k.template(d.d)); err != nil {
+		if err := checkTemplate(k.template(d.d), d.d.AllowRowPrefixedDestinations); err != nil {
 			return &config.KeyError{Key: d.key(k.section + "." + k.templateKey), Err: err}
 		}
 	}
@@ -229,4 +231,20 @@ func checkKafka(_ *config.Config, d destination) error {
 		return &config.KeyError{Key: key, Err: err}
 	}
 	return config.CheckTLSFiles(d.key("kafka.tls"), k.TLS)
+}
+
+// checkTemplate parses a destination template and refuses one that starts
+// with a placeholder unless dispatch.allow_row_prefixed_destinations: such a
+// template lets a row choose the whole name (a NATS $JS.API subject, one of
+// the relay's own Redis keys); rows are also checked one by one when sent
+// (dispatch.Template.Render), whatever this says.
+func checkTemplate(s string, allowRowPrefixed bool) error {
+	t, err := dispatch.ParseTemplate(s)
+	if err != nil {
+		return err
+	}
+	if t.StartsWithPlaceholder() && !allowRowPrefixed {
+		return fmt.Errorf("template %q starts with a placeholder, so a row's value would choose the destination's whole name: start it with a literal prefix (e.g. \"outbox.event.{aggregate_type}\"), or set dispatch.allow_row_prefixed_destinations: true", s)
+	}
+	return nil
 }
