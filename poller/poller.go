@@ -130,7 +130,7 @@ type Poller struct {
 	hooks hooks // crash points, for tests only
 
 	rewindLogged atomic.Int64 // the term (token) that logged "sequence rewind detected"
-	fetch fetchHealth // for FetchFailure
+	fetch        fetchHealth  // for FetchFailure
 
 	cutMu sync.Mutex
 	cuts  map[int64]int // sends of a row cut short by the lease while it was held
