@@ -77,6 +77,9 @@ type Poller struct {
 	// BatchMaxBytes is the byte budget of one batch (>= MaxPayloadBytes,
 	// so the largest admissible row always fits).
 	BatchMaxBytes int `mapstructure:"batch_max_bytes"`
+	// GapWait bounds how long rows wait behind an earlier id whose producer
+	// has not committed (per-aggregate order when producers race).
+	GapWait time.Duration `mapstructure:"gap_wait"`
 }
 
 type Reconcile struct {
@@ -372,6 +375,7 @@ func (c *Config) Validate() error {
 		{"poller.lock_ttl", c.Poller.LockTTL}, {"poller.lock_wait", c.Poller.LockWait},
 		{"poller.poll_interval", c.Poller.PollInterval}, {"poller.claim_ttl", c.Poller.ClaimTTL},
 		{"poller.backoff_base", c.Poller.BackoffBase}, {"poller.backoff_max", c.Poller.BackoffMax},
+		{"poller.gap_wait", c.Poller.GapWait},
 		{"reconcile.lock_ttl", c.Reconcile.LockTTL}, {"reconcile.retention", c.Reconcile.Retention},
 		{"dispatch.webhook.timeout", c.Dispatch.Webhook.Timeout}, {"shutdown_timeout", c.ShutdownTimeout},
 	}

@@ -66,6 +66,10 @@ const (
 	DefaultShutdownTimeout = 25 * time.Second
 	DefaultMaxPayloadBytes = 1 << 20  // fits the Kubernetes manifest's 256 Mi with a full batch in flight
 	DefaultBatchMaxBytes   = 16 << 20 // likewise
+	// DefaultGapWait bounds how long rows wait behind an id a producer took
+	// earlier and has not committed (see readpath.go; chosen by
+	// measurement, README "Order when producers race").
+	DefaultGapWait = 50 * time.Millisecond
 )
 
 // Config tunes the runner. Zero fields get the Default* values.
@@ -83,6 +87,7 @@ type Config struct {
 	BatchMaxBytes   int64         // byte budget of one batch
 	KeyPrefix       string        // before every Redis key
 	Notify          bool          // LISTEN outbox_events for faster wake-ups
+	GapWait         time.Duration // longest wait behind an uncommitted earlier id
 }
 
 func (c Config) withDefaults() Config {
@@ -97,6 +102,7 @@ func (c Config) withDefaults() Config {
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
 	c.MaxPayloadBytes = cmp.Or(c.MaxPayloadBytes, DefaultMaxPayloadBytes)
 	c.BatchMaxBytes = cmp.Or(c.BatchMaxBytes, DefaultBatchMaxBytes)
+	c.GapWait = cmp.Or(c.GapWait, DefaultGapWait)
 	return c
 }
 
@@ -122,6 +128,8 @@ type Poller struct {
 	seat  *term.Seat
 	wake  chan struct{}
 	hooks hooks // crash points, for tests only
+
+	rd *reader // the term's place in the outbox; the lead goroutine's only
 
 	cutMu sync.Mutex
 	cuts  map[int64]int // sends of a row cut short by the lease while it was held
