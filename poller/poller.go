@@ -129,7 +129,8 @@ type Poller struct {
 	wake  chan struct{}
 	hooks hooks // crash points, for tests only
 
-	rd *reader // the term's place in the outbox; the lead goroutine's only
+	rd          *reader       // the term's place in the outbox; the lead goroutine's only
+	rescanEvery time.Duration // rescanEvery; tests shorten it
 
 	cutMu sync.Mutex
 	cuts  map[int64]int // sends of a row cut short by the lease while it was held
@@ -161,7 +162,7 @@ func New(cfg Config, d Deps) *Poller {
 			TTL: cfg.LockTTL, Wait: cfg.LockWait, WaitAfterDataLoss: true, ShutdownTimeout: cfg.ShutdownTimeout,
 			QueryTimeout: queryTimeout(cfg),
 		}, term.Deps{Locks: d.Locks, Store: d.Store, Log: d.Log, Metrics: d.Metrics}),
-		wake: make(chan struct{}, 1), cuts: map[int64]int{},
+		wake: make(chan struct{}, 1), cuts: map[int64]int{}, rescanEvery: rescanEvery,
 	}
 }
 

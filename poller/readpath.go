@@ -318,7 +318,7 @@ func (p *Poller) maintain(ctx context.Context, r *reader, idle bool) error {
 		}
 		r.saved, r.savedAt = c, now
 	}
-	if r.rescanLo >= r.rescanTo && now.Sub(r.rescanAt) >= rescanEvery {
+	if r.rescanLo >= r.rescanTo && now.Sub(r.rescanAt) >= p.rescanEvery {
 		r.rescanLo, r.rescanTo, r.rescanAt = 0, r.cursor, now
 	}
 	if r.rescanLo >= r.rescanTo || (!idle && now.Sub(r.stepAt) < rescanPause) {

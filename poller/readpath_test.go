@@ -200,3 +200,51 @@ func TestRolledBackGapSettlesWithoutWaiting(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// Rows that re-enter the pending set below the cursor are delivered: a
+// replayed dead row at once (it is due through the delayed index), a row
+// an operator marked undelivered by hand at the next rescan. A new holder
+// starts from the cursor the last one saved, not from the table's start.
+func TestRowsBelowTheCursorAreFound(t *testing.T) {
+	e := newEnv(t)
+	e.rc.SetRespond(testkit.Statuses(map[string]int{"deal/dead": 400}))
+	cfg := testConfig()
+	r, _ := e.loggedRunner(cfg)
+	r.rescanEvery = 500 * time.Millisecond
+	stop := e.run(r)
+	dead := e.produce("dead")
+	ids := e.insert(50, 5)
+	e.waitFor("the rows settled", 20*time.Second, func() bool { return e.count("dispatched_at IS NULL AND dead_at IS NULL") == 0 })
+	e.rc.SetRespond(nil)
+
+	if n, err := e.st.ReplayDead(context.Background(), store.ReplayFilter{IDs: []int64{dead}}, 10, nil); err != nil || n != 1 {
+		t.Fatalf("replay: %d, %v", n, err)
+	}
+	e.waitFor("the replayed row delivered", 10*time.Second, func() bool { return e.delivered(dead) })
+
+	edited := ids[10]
+	before := e.rc.OKCounts()[edited]
+	if _, err := e.st.Pool().Exec(context.Background(), `UPDATE outbox SET dispatched_at = NULL WHERE id = $1`, edited); err != nil {
+		t.Fatal(err)
+	}
+	// Its idempotency key still says delivered: marked again without a send.
+	e.waitFor("the hand-edited row found and marked", 20*time.Second, func() bool { return e.count("dispatched_at IS NULL") == 0 })
+	if e.rc.OKCounts()[edited] != before {
+		t.Fatal("the hand-edited row was sent again despite its delivered key")
+	}
+
+	e.waitFor("the cursor saved", 10*time.Second, func() bool {
+		var c int64
+		_ = e.st.Pool().QueryRow(context.Background(), `SELECT COALESCE(max(cursor), 0) FROM outbox_cursor`).Scan(&c)
+		return c >= ids[len(ids)-1]
+	})
+	stop()
+	r2, logs2 := e.loggedRunner(cfg)
+	e.run(r2)
+	line := logs2.WaitLine(t, 20*time.Second, `"msg":"read path starts"`)
+	if strings.Contains(line, `"cursor":0`) {
+		t.Fatalf("the new holder starts from the table's start: %s", line)
+	}
+	after := e.produce("after")
+	e.waitFor("the new holder delivering", 20*time.Second, func() bool { return e.delivered(after) })
+}
