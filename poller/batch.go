@@ -67,6 +67,7 @@ func (f *finishing) skip() []int64 {
 type batchResult struct {
 	fetched   int        // rows fetched
 	more      bool       // a full batch: more are due at once
+	held      bool       // rows were read but wait behind an earlier id: look again soon
 	finishing *finishing // its results being written, or nil
 }
 
@@ -84,12 +85,12 @@ func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() ti
 		prev = nil
 	}
 	qctx, cancel := context.WithDeadline(ctx, trusted())
-	rows, err := p.fetch(qctx, fence, store.FetchLimits{
+	rows, held, err := p.fetch(qctx, fence, store.FetchLimits{
 		Rows: p.cfg.BatchSize, RowBytes: p.cfg.MaxPayloadBytes, Bytes: p.cfg.BatchMaxBytes, Skip: prev.skip(),
 	})
 	cancel()
 	if err != nil || len(rows) == 0 {
-		return batchResult{}, errors.Join(err, p.waited(fence, prev))
+		return batchResult{held: held}, errors.Join(err, p.waited(fence, prev))
 	}
 	// A batch the byte budget cut is not "full": the next one follows after
 	// the short busy pause, which is nothing beside sending 16 MiB.

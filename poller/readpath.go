@@ -96,12 +96,13 @@ func (p *Poller) readerFor(f store.Fence) *reader {
 }
 
 // fetch reads the next batch's rows from the term's place and moves it on.
-func (p *Poller) fetch(ctx context.Context, f store.Fence, lim store.FetchLimits) ([]store.Row, error) {
+// held says rows were read that wait behind an earlier id (a gap).
+func (p *Poller) fetch(ctx context.Context, f store.Fence, lim store.FetchLimits) (rows []store.Row, held bool, err error) {
 	r := p.readerFor(f)
 	if !r.loaded {
 		c, err := p.store.LoadCursor(ctx, f.Lock)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		r.cursor, r.frontier, r.saved, r.loaded = c, c, c, true
 		r.rescanLo, r.rescanTo = 0, c
@@ -110,15 +111,18 @@ func (p *Poller) fetch(ctx context.Context, f store.Fence, lim store.FetchLimits
 	}
 	res, err := p.store.Read(ctx, lim, r.pos())
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	p.advance(r, res, time.Now())
+	for _, h := range res.Hot {
+		held = held || h.State == store.HotHeld
+	}
 	if err := p.maintain(ctx, r, len(res.Rows) == 0); err != nil {
 		// Saving the cursor or a rescan step failed: the read itself stands;
 		// a stale fence shows again on the batch's write.
 		p.log.Warn("read path upkeep failed", "error", err)
 	}
-	return res.Rows, nil
+	return res.Rows, held, nil
 }
 
 // pos is what Read needs from r.
