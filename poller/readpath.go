@@ -167,6 +167,9 @@ func (p *Poller) advance(r *reader, res store.ReadResult, now time.Time) {
 	for _, h := range res.Hot {
 		seen(h.ID, h.Aggregate, true)
 	}
+	for _, row := range res.Rows { // taken rows are not in res.Hot
+		seen(row.ID, store.Aggregate{Type: row.AggregateType, ID: row.AggregateID}, true)
+	}
 	for id, g := range r.gaps {
 		switch {
 		case res.XMin >= g.horizon:
