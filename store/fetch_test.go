@@ -268,3 +268,33 @@ func TestSaveCursorIsFenced(t *testing.T) {
 		t.Fatalf("cursor %d, want 42", c)
 	}
 }
+
+// Busy aggregates' rows are not returned, by the read or the stateless
+// fetch; the read reports them passed (so the poller remembers them).
+func TestBusyAggregatesAreLeftOut(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	enqueue(t, st, ev("deal", "A", 1), ev("deal", "B", 2), ev("deal", "A", 3), ev("deal", "C", 4))
+	lim := store.FetchLimits{Rows: 10, Busy: []store.Aggregate{{Type: "deal", ID: "A"}}}
+	res, err := st.Read(ctx, lim, store.ReadPos{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Rows) != 2 || res.Rows[0].AggregateID == "A" || res.Rows[1].AggregateID == "A" {
+		t.Fatalf("read rows %+v, want B's and C's only", res.Rows)
+	}
+	busy := 0
+	for _, h := range res.Hot {
+		if h.State == store.HotBusy && h.Aggregate.ID == "A" {
+			busy++
+		}
+	}
+	if busy != 2 {
+		t.Fatalf("hot rows %+v, want A's two reported busy", res.Hot)
+	}
+	rows, err := st.FetchDue(ctx, lim)
+	if err != nil || len(rows) != 2 || rows[0].AggregateID == "A" || rows[1].AggregateID == "A" {
+		t.Fatalf("fetch due rows %+v, %v; want B's and C's only", rows, err)
+	}
+}
