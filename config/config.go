@@ -77,6 +77,9 @@ type Poller struct {
 	// BatchMaxBytes is the byte budget of one batch (>= MaxPayloadBytes,
 	// so the largest admissible row always fits).
 	BatchMaxBytes int `mapstructure:"batch_max_bytes"`
+	// GapWait bounds how long rows wait behind an earlier id whose producer
+	// has not committed (per-aggregate order when producers race).
+	GapWait time.Duration `mapstructure:"gap_wait"`
 }
 
 type Reconcile struct {
@@ -485,6 +488,7 @@ func (c *Config) validatePoller() error {
 		keyDuration{"poller.lock_ttl", p.LockTTL}, keyDuration{"poller.lock_wait", p.LockWait},
 		keyDuration{"poller.poll_interval", p.PollInterval}, keyDuration{"poller.claim_ttl", p.ClaimTTL},
 		keyDuration{"poller.backoff_base", p.BackoffBase}, keyDuration{"poller.backoff_max", p.BackoffMax},
+		keyDuration{"poller.gap_wait", p.GapWait},
 	); err != nil {
 		return err
 	}

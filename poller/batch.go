@@ -68,6 +68,7 @@ func (f *finishing) skip() []int64 {
 type batchResult struct {
 	fetched   int        // rows fetched
 	more      bool       // a full batch: more are due at once
+	held      bool       // rows were read but wait behind an earlier id: look again soon
 	finishing *finishing // its results being written, or nil
 }
 
@@ -79,21 +80,21 @@ type batchResult struct {
 func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() time.Time, prev *finishing) (batchResult, error) {
 	start := time.Now()
 	if prev != nil && prev.stops {
-		if err := prev.wait(); err != nil {
+		if err := p.waited(fence, prev); err != nil {
 			return batchResult{}, err
 		}
 		prev = nil
 	}
 	qctx, cancel := context.WithDeadline(ctx, trusted())
-	rows, err := p.store.FetchDue(qctx, store.FetchLimits{
+	rows, held, err := p.fetch(qctx, fence, store.FetchLimits{
 		Rows: p.cfg.BatchSize, RowBytes: p.cfg.MaxPayloadBytes, Bytes: p.cfg.BatchMaxBytes, Skip: prev.skip(),
 	})
 	cancel()
 	if ctx.Err() == nil { // a lost lease or shutdown says nothing about Postgres
-		p.fetch.note(err, time.Now())
+		p.health.note(err, time.Now())
 	}
 	if err != nil || len(rows) == 0 {
-		return batchResult{}, errors.Join(err, prev.wait())
+		return batchResult{held: held}, errors.Join(err, p.waited(fence, prev))
 	}
 	// A batch the byte budget cut is not "full": the next one follows after
 	// the short busy pause, which is nothing beside sending 16 MiB.
@@ -108,11 +109,13 @@ func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() ti
 	}
 	c := claimValue{token: fence.Token, owner: fence.Owner, batch: strconv.FormatInt(start.UnixNano(), 36)}
 	if err := p.claimKeys(ctx, items, c); err != nil {
-		return batchResult{fetched: len(rows), more: more}, errors.Join(err, prev.wait())
+		p.unread(fence, rows)
+		return batchResult{fetched: len(rows), more: more}, errors.Join(err, p.waited(fence, prev))
 	}
 	fire(p.hooks.afterClaim)
 	p.deliver(ctx, items, fence.Token, trusted)
 	fire(p.hooks.afterSend)
+	p.readerFor(fence).sent(items)
 
 	f := &finishing{ids: make([]int64, len(items)), done: make(chan struct{})}
 	for i, it := range items {
@@ -129,7 +132,7 @@ func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() ti
 	// the lease, decides whether they land, and landing them saves duplicates.
 	// They go after the previous batch's, and that one's error (a stale
 	// fence) is this batch's.
-	perr := prev.wait()
+	perr := p.waited(fence, prev)
 	go func() {
 		defer close(f.done)
 		wctx, cancelW := context.WithTimeout(context.WithoutCancel(ctx), queryTimeout(p.cfg))

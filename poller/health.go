@@ -35,11 +35,11 @@ func (h *fetchHealth) note(err error, now time.Time) {
 // cannot read), and the error says since when and why. A replica standing by
 // does not fetch and is never failing here.
 func (p *Poller) FetchFailure(now time.Time) error {
-	p.fetch.mu.Lock()
-	defer p.fetch.mu.Unlock()
-	if p.fetch.failingSince.IsZero() || now.Sub(p.fetch.failingSince) <= p.cfg.LockTTL {
+	p.health.mu.Lock()
+	defer p.health.mu.Unlock()
+	if p.health.failingSince.IsZero() || now.Sub(p.health.failingSince) <= p.cfg.LockTTL {
 		return nil
 	}
 	return fmt.Errorf("every fetch of due rows has failed for %s (since %s): %w",
-		now.Sub(p.fetch.failingSince).Round(time.Second), p.fetch.failingSince.UTC().Format(time.RFC3339), p.fetch.err)
+		now.Sub(p.health.failingSince).Round(time.Second), p.health.failingSince.UTC().Format(time.RFC3339), p.health.err)
 }

@@ -15,8 +15,8 @@ func TestFetchFailureAfterALeasePeriod(t *testing.T) {
 	if err := p.FetchFailure(t0); err != nil {
 		t.Fatalf("no fetch yet: %v", err)
 	}
-	p.fetch.note(errors.New("first"), t0)
-	p.fetch.note(errors.New("canceling statement due to statement timeout"), t0.Add(20*time.Second))
+	p.health.note(errors.New("first"), t0)
+	p.health.note(errors.New("canceling statement due to statement timeout"), t0.Add(20*time.Second))
 	if err := p.FetchFailure(t0.Add(30 * time.Second)); err != nil {
 		t.Fatalf("failing for one lease period only: %v", err)
 	}
@@ -24,8 +24,8 @@ func TestFetchFailureAfterALeasePeriod(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "statement timeout") || !strings.Contains(err.Error(), "31s") {
 		t.Fatalf("failing for 31s: got %v, want the latest error and the duration", err)
 	}
-	p.fetch.note(nil, t0.Add(32*time.Second))
-	p.fetch.note(errors.New("again"), t0.Add(33*time.Second))
+	p.health.note(nil, t0.Add(32*time.Second))
+	p.health.note(errors.New("again"), t0.Add(33*time.Second))
 	if err := p.FetchFailure(t0.Add(60 * time.Second)); err != nil {
 		t.Fatalf("a success restarts the count: %v", err)
 	}

@@ -72,6 +72,10 @@ const (
 	DefaultShutdownTimeout = 25 * time.Second
 	DefaultMaxPayloadBytes = 1 << 20  // fits the Kubernetes manifest's 256 Mi with a full batch in flight
 	DefaultBatchMaxBytes   = 16 << 20 // likewise
+	// DefaultGapWait bounds how long rows wait behind an id a producer took
+	// earlier and has not committed (see readpath.go; chosen by
+	// measurement, README "Order when producers race").
+	DefaultGapWait = 50 * time.Millisecond
 )
 
 // Config tunes the runner. Zero fields get the Default* values.
@@ -89,6 +93,7 @@ type Config struct {
 	BatchMaxBytes   int64         // byte budget of one batch
 	KeyPrefix       string        // before every Redis key
 	Notify          bool          // LISTEN outbox_events for faster wake-ups
+	GapWait         time.Duration // longest wait behind an uncommitted earlier id
 }
 
 func (c Config) withDefaults() Config {
@@ -103,6 +108,7 @@ func (c Config) withDefaults() Config {
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
 	c.MaxPayloadBytes = cmp.Or(c.MaxPayloadBytes, DefaultMaxPayloadBytes)
 	c.BatchMaxBytes = cmp.Or(c.BatchMaxBytes, DefaultBatchMaxBytes)
+	c.GapWait = cmp.Or(c.GapWait, DefaultGapWait)
 	return c
 }
 
@@ -129,8 +135,10 @@ type Poller struct {
 	wake  chan struct{}
 	hooks hooks // crash points, for tests only
 
-	rewindLogged atomic.Int64 // the term (token) that logged "sequence rewind detected"
-	fetch        fetchHealth  // for FetchFailure
+	rewindLogged atomic.Int64  // the term (token) that logged "sequence rewind detected"
+	health       fetchHealth   // for FetchFailure
+	rd           *reader       // the term's place in the outbox; the lead goroutine's only
+	rescanEvery  time.Duration // how often the slow rescan below the cursor starts; tests shorten it
 
 	cutMu sync.Mutex
 	cuts  map[int64]int // sends of a row cut short by the lease while it was held
@@ -162,7 +170,7 @@ func New(cfg Config, d Deps) *Poller {
 			TTL: cfg.LockTTL, Wait: cfg.LockWait, WaitAfterDataLoss: true, ShutdownTimeout: cfg.ShutdownTimeout,
 			QueryTimeout: queryTimeout(cfg),
 		}, term.Deps{Locks: d.Locks, Store: d.Store, Log: d.Log, Metrics: d.Metrics}),
-		wake: make(chan struct{}, 1), cuts: map[int64]int{},
+		wake: make(chan struct{}, 1), cuts: map[int64]int{}, rescanEvery: rescanEvery,
 	}
 }
 

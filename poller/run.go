@@ -90,8 +90,10 @@ func (p *Poller) lead(ctx, work context.Context, t *term.Term) (err error) {
 			idle = p.cfg.PollInterval
 		case res.more:
 			idle = 0 // more waiting: go again at once
-		case res.fetched > 0:
-			idle = time.Millisecond // a stream: the next rows are due within about a poll
+		case res.fetched > 0 || res.held:
+			// A stream, or rows waiting for an earlier id to commit: the next
+			// rows are due within about a poll.
+			idle = time.Millisecond
 		default:
 			// Quiet: back off 1, 2, 4 ... ms up to poll_interval, so a short
 			// gap in a stream costs a millisecond or two, not a poll interval.

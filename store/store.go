@@ -52,15 +52,20 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: parse postgres.dsn: %w", err)
 	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("store: %w", err)
-	}
-	return &Store{pool: pool}, nil
+	return OpenConfig(ctx, cfg)
 }
 
 // OpenConfig creates a pool from a parsed config (tracers, pool sizes).
+//
+// Its sessions plan prepared statements once (plan_cache_mode =
+// force_generic_plan, unless the config sets it): the relay's read (readSQL)
+// is a large statement whose planning cost several times its execution
+// when planned per call, and every statement here is written so that its
+// generic plan is the right one (lookups by id are = ANY (ARRAY(...))).
 func OpenConfig(ctx context.Context, cfg *pgxpool.Config) (*Store, error) {
+	if _, set := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !set {
+		cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("store: %w", err)
@@ -158,6 +163,9 @@ type FetchLimits struct {
 	// Skip are rows not to return although they look due: the previous
 	// batch's, while its results are still being written. Nil skips none.
 	Skip []int64
+	// Busy are aggregates none of whose rows may be returned: their earlier
+	// rows are still being sent. Nil skips none.
+	Busy []Aggregate
 }
 
 // rowSizeSQL measures a row without sending it: pg_column_size reads the
@@ -178,7 +186,11 @@ const rowSizeSQL = `(CASE WHEN pg_column_compression(o.payload) IS NULL THEN pg_
 // delayed row is one whose available_at is past its created_at; producers
 // must not set created_at into the future.
 //
-// Rows in $4 are left out (see FetchLimits.Skip).
+// Rows in $4 are left out (see FetchLimits.Skip), and rows of the
+// aggregates in $5/$6 (FetchLimits.Busy).
+//
+// It walks outbox_pending_idx from its start: the poller reads with Read,
+// which starts at a cursor; FetchDue is the stateless form (tools, tests).
 //
 // Of those candidates ($1 at most) it returns the prefix whose loaded bytes
 // stay within $3 (always the first row): a prefix, so no aggregate gets a
@@ -201,6 +213,7 @@ FROM (
     FROM outbox o
     WHERE o.dispatched_at IS NULL AND o.dead_at IS NULL AND o.available_at <= now()
       AND o.id NOT IN (SELECT unnest($4::bigint[])) -- a hashed subplan
+      AND (o.aggregate_type, o.aggregate_id) NOT IN (SELECT * FROM unnest($5::text[], $6::text[]))
       AND NOT EXISTS (
         SELECT 1 FROM outbox e
         WHERE e.aggregate_type = o.aggregate_type AND e.aggregate_id = o.aggregate_id
@@ -227,7 +240,11 @@ func (s *Store) FetchDue(ctx context.Context, lim FetchLimits) ([]Row, error) {
 	if budget <= 0 {
 		budget = math.MaxInt64
 	}
-	res, err := s.pool.Query(ctx, fetchDueSQL, lim.Rows, rowBytes, budget, lim.Skip)
+	bt, ba := make([]string, len(lim.Busy)), make([]string, len(lim.Busy))
+	for i, b := range lim.Busy {
+		bt[i], ba[i] = b.Type, b.ID
+	}
+	res, err := s.pool.Query(ctx, fetchDueSQL, lim.Rows, rowBytes, budget, lim.Skip, bt, ba)
 	if err != nil {
 		return nil, wrap("fetch due", err)
 	}

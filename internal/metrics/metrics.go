@@ -23,6 +23,8 @@ type Metrics struct {
 	// earlier row with the same id (a sequence rewind), overwritten, row sent.
 	IdempotencyForeign prometheus.Counter
 	SendsCut           prometheus.Counter // sends cut short by the lease's trust deadline
+	LateCommits        prometheus.Counter // rows committed after poller.gap_wait, behind a later row of their aggregate
+	GapsGivenUp        prometheus.Counter // gaps whose wait reached poller.gap_wait
 	FenceRejections    *prometheus.CounterVec
 	DispatchLatency    prometheus.Histogram
 	BatchSize          prometheus.Histogram
@@ -55,6 +57,8 @@ func New() *Metrics {
 	m.ClaimsTakenOver = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_claims_taken_over_total", Help: "Idempotency claims of an earlier holder (crashed or replaced) taken over at once instead of waiting for their TTL."})
 	m.IdempotencyForeign = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_idempotency_foreign_total", Help: "Idempotency keys found saying delivered for an earlier row with the same id (the ids came round again: a sequence rewind); never trusted: taken over and the row sent."})
 	m.SendsCut = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_sends_cut_total", Help: "Sends cut short by the lease's trust deadline (a receiver slower than the lease, or a lost lease)."})
+	m.LateCommits = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_late_commits_total", Help: "Rows that committed after poller.gap_wait, after a later row of their aggregate was sent (delivered out of order, logged as late commit)."})
+	m.GapsGivenUp = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_gaps_given_up_total", Help: "Uncommitted earlier ids whose wait reached poller.gap_wait, so the rows above them went."})
 	m.FenceRejections = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_fence_rejections_total", Help: "Writes refused by the Postgres fence (stale token)."}, []string{"lock"})
 	m.DispatchLatency = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outboxd_dispatch_latency_seconds", Help: "From created_at to delivered.",
 		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}})
@@ -78,7 +82,7 @@ func New() *Metrics {
 	m.ReconcileSwept = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_reconcile_rows_total", Help: "Rows changed by reconciliation sweeps."}, []string{"sweep"})
 
 	for _, c := range []prometheus.Collector{
-		m.Dispatched, m.DispatchFailures, m.DeadLettered, m.Duplicates, m.ClaimsTakenOver, m.IdempotencyForeign, m.SendsCut, m.FenceRejections, m.DispatchLatency,
+		m.Dispatched, m.DispatchFailures, m.DeadLettered, m.Duplicates, m.ClaimsTakenOver, m.IdempotencyForeign, m.SendsCut, m.LateCommits, m.GapsGivenUp, m.FenceRejections, m.DispatchLatency,
 		m.BatchSize, m.BatchDuration, m.LockHeld, m.LockAcquisitions, m.LockLosses, m.LockRenewFails, m.LockWait,
 		m.PendingEvents, m.OldestPendingAge, m.DeadEvents, m.ReconcileRuns, m.ReconcileSwept,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

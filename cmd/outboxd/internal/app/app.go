@@ -166,7 +166,7 @@ func (a *App) pollerConfig() poller.Config {
 		MaxAttempts: c.MaxAttempts, ClaimTTL: c.ClaimTTL,
 		BackoffBase: c.BackoffBase, BackoffMax: c.BackoffMax, ShutdownTimeout: a.Cfg.ShutdownTimeout,
 		MaxPayloadBytes: int64(c.MaxPayloadBytes), BatchMaxBytes: int64(c.BatchMaxBytes),
-		KeyPrefix: a.Cfg.Redis.KeyPrefix, Notify: c.Notify,
+		KeyPrefix: a.Cfg.Redis.KeyPrefix, Notify: c.Notify, GapWait: c.GapWait,
 	}
 }
 

@@ -56,6 +56,7 @@ func Defaults() map[string]any {
 		"poller.notify":                           false,
 		"poller.max_payload_bytes":                poller.DefaultMaxPayloadBytes,
 		"poller.batch_max_bytes":                  poller.DefaultBatchMaxBytes,
+		"poller.gap_wait":                         poller.DefaultGapWait,
 		"reconcile.schedule":                      reconcile.DefaultSchedule,
 		"reconcile.lock_ttl":                      reconcile.DefaultLockTTL,
 		"reconcile.retention":                     reconcile.DefaultRetention,

@@ -1,0 +1,344 @@
+package poller
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/outboxd/outboxd/store"
+)
+
+// The read path: where a term stands in the outbox, so that a fetch never
+// walks what was settled before, and per-aggregate id order holds while
+// producers race.
+//
+// Guarantees (tested in readpath_test.go):
+//   - Cost: each fetch scans from the cursor up (store.Read). Every id at or
+//     below the cursor is delivered, dead, backing off (found through
+//     outbox_delayed_idx when due), in a parked aggregate, or a watched gap.
+//     Rows delivered before, and their index entries that a snapshot held
+//     elsewhere keeps from vacuum, are never walked again.
+//   - Order with racing producers: a row read above an id that is not
+//     visible (a gap: a producer that took the id earlier and has not
+//     committed, or rolled back) is not sent while the gap may still commit:
+//     until every transaction in progress at the read that first missed it
+//     has ended (snapshot xmin), or GapWait has passed. A rolled-back gap
+//     therefore settles as soon as its transaction ends.
+//   - Late commits are delivered and never silent: a gap given up after
+//     GapWait is still looked up by primary key until its transactions end
+//     (and for lateWatch after that); when it commits after a later row of
+//     its aggregate was sent, it is delivered with a WARN "late commit" and
+//     counted in outboxd_late_commits_total.
+//   - A new holder starts at the cursor its predecessor saved (fenced,
+//     conservative: parked aggregates and watched gaps folded in), and a slow
+//     rescan below the cursor (at term start, then every rescanEvery, span
+//     ids per step) finds rows that re-entered the pending set there by
+//     hand. Replayed rows (available_at = now()) are backing off by
+//     definition and come through the delayed index at once.
+//
+// Not guaranteed: order when an identity sequence caches values (CACHE > 1:
+// ids are then not allocated in time order across sessions), or when a
+// producer is descheduled for longer than one poll between taking its id
+// and its first write (it has no transaction id yet, so the read's snapshot
+// cannot name it; lateWatch and the rescan still deliver its row).
+
+const (
+	// lateWatch: how long a gap is still looked up after its transactions
+	// ended without it becoming visible (see "Not guaranteed").
+	lateWatch = 10 * time.Second
+	// rescanEvery and rescanSpan pace the slow rescan below the cursor.
+	rescanEvery = 5 * time.Minute
+	rescanSpan  = 50_000
+	// rescanPause: while busy, at most one rescan step per this.
+	rescanPause = time.Second
+	// saveEvery: how often the cursor is saved while it moves.
+	saveEvery = time.Second
+	// maxLastSent bounds the per-aggregate memory of the highest id sent.
+	maxLastSent = 100_000
+)
+
+type gapState struct {
+	horizon uint64    // store.Gap.Horizon
+	seen    time.Time // first missed
+	givenUp bool      // GapWait passed: rows above it are no longer held
+	ended   time.Time // when its transactions were seen ended, invisible
+	lastGen int       // reader.gen when given up
+}
+
+// reader is one term's place in the outbox. It is used by the lead
+// goroutine only (batch runs serially), so it needs no lock.
+type reader struct {
+	fence    store.Fence
+	loaded   bool
+	cursor   int64
+	frontier int64
+	gaps     map[int64]*gapState
+	parked   map[store.Aggregate]int64 // lowest id
+	lastSent map[store.Aggregate]int64 // highest id sent, this term
+	gen      int                       // bumped when lastSent is cleared
+	maxSent  int64
+	saved    int64
+	savedAt  time.Time
+	// rescan below the cursor: (rescanLo, rescanTo] left to look at.
+	rescanLo, rescanTo int64
+	rescanAt, stepAt   time.Time
+}
+
+// readerFor returns the term's reader, a new one when the term changed.
+func (p *Poller) readerFor(f store.Fence) *reader {
+	if p.rd == nil || p.rd.fence != f {
+		p.rd = &reader{fence: f, gaps: map[int64]*gapState{}, parked: map[store.Aggregate]int64{},
+			lastSent: map[store.Aggregate]int64{}}
+	}
+	return p.rd
+}
+
+// fetch reads the next batch's rows from the term's place and moves it on.
+// held says rows were read that wait behind an earlier id (a gap).
+func (p *Poller) fetch(ctx context.Context, f store.Fence, lim store.FetchLimits) (rows []store.Row, held bool, err error) {
+	r := p.readerFor(f)
+	if !r.loaded {
+		c, err := p.store.LoadCursor(ctx, f.Lock)
+		if err != nil {
+			return nil, false, err
+		}
+		r.cursor, r.frontier, r.saved, r.loaded = c, c, c, true
+		r.rescanLo, r.rescanTo = 0, c
+		r.rescanAt = time.Now()
+		p.log.Info("read path starts", "cursor", c)
+	}
+	res, err := p.store.Read(ctx, lim, r.pos())
+	if err != nil {
+		return nil, false, err
+	}
+	p.advance(r, res, time.Now())
+	for _, h := range res.Hot {
+		held = held || h.State == store.HotHeld
+	}
+	if err := p.maintain(ctx, r, len(res.Rows) == 0); err != nil {
+		// Saving the cursor or a rescan step failed: the read itself stands;
+		// a stale fence shows again on the batch's write.
+		p.log.Warn("read path upkeep failed", "error", err)
+	}
+	return res.Rows, held, nil
+}
+
+// pos is what Read needs from r.
+func (r *reader) pos() store.ReadPos {
+	pos := store.ReadPos{Cursor: r.cursor, Frontier: r.frontier}
+	for id, g := range r.gaps {
+		pos.Watch = append(pos.Watch, id)
+		if !g.givenUp && g.ended.IsZero() {
+			pos.Holding = append(pos.Holding, store.Gap{ID: id, Horizon: g.horizon})
+		}
+	}
+	for a, id := range r.parked {
+		pos.Parked = append(pos.Parked, store.Parked{Aggregate: a, MinID: id})
+	}
+	return pos
+}
+
+// advance takes in what a read saw: gaps settled, committed or given up,
+// new gaps, the cursor moved past what is settled, rows passed parked.
+func (p *Poller) advance(r *reader, res store.ReadResult, now time.Time) {
+	slices.SortFunc(res.Rows, func(a, b store.Row) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(res.Hot, func(a, b store.HotRow) int { return cmp.Compare(a.ID, b.ID) })
+
+	// Gaps that became visible: a late commit if given up and a later row
+	// of its aggregate went first.
+	seen := func(id int64, a store.Aggregate, pending bool) {
+		g, ok := r.gaps[id]
+		if !ok {
+			return
+		}
+		delete(r.gaps, id)
+		if g.givenUp && pending {
+			p.lateCommit(r, g, id, a, now)
+		}
+		if pending && id <= r.cursor {
+			r.park(a, id) // found again through its aggregate until sent
+		}
+	}
+	for _, w := range res.Visible {
+		seen(w.ID, w.Aggregate, w.Pending)
+	}
+	for _, h := range res.Hot {
+		seen(h.ID, h.Aggregate, true)
+	}
+	for _, row := range res.Rows { // taken rows are not in res.Hot
+		seen(row.ID, store.Aggregate{Type: row.AggregateType, ID: row.AggregateID}, true)
+	}
+	for id, g := range r.gaps {
+		switch {
+		case res.XMin >= g.horizon:
+			// Every transaction that could own it has ended: rolled back.
+			if g.ended.IsZero() {
+				g.ended = now
+			} else if now.Sub(g.ended) > lateWatch {
+				delete(r.gaps, id)
+			}
+		case !g.givenUp && now.Sub(g.seen) >= p.cfg.GapWait:
+			g.givenUp, g.lastGen = true, r.gen
+			p.m.GapsGivenUp.Inc()
+			p.log.Debug("gap given up", "outbox_id", id, "waited_ms", now.Sub(g.seen).Milliseconds())
+		}
+	}
+	for _, id := range res.NewGaps {
+		r.gaps[id] = &gapState{horizon: res.XMax, seen: now}
+		p.log.Debug("waiting for an earlier id", "outbox_id", id)
+	}
+	r.frontier = max(r.frontier, res.Classified)
+
+	// The cursor: up to what is classified, below every gap still holding
+	// and below the first row read that is neither taken nor settled.
+	c := r.frontier
+	for id, g := range r.gaps {
+		if !g.givenUp && g.ended.IsZero() && id > r.cursor {
+			c = min(c, id-1)
+		}
+	}
+	for _, h := range res.Hot {
+		if h.State == store.HotHeld || h.State == store.HotCut {
+			c = min(c, h.ID-1)
+			break
+		}
+	}
+	r.cursor = max(r.cursor, c)
+
+	for a, first := range res.Parked {
+		if first == 0 {
+			delete(r.parked, a)
+		} else {
+			r.parked[a] = first
+		}
+	}
+	for _, h := range res.Hot {
+		if h.ID <= r.cursor && (h.State == store.HotBlocked || h.State == store.HotBusy) {
+			r.park(h.Aggregate, h.ID)
+		}
+	}
+}
+
+// park notes that aggregate a has a pending row at or below the cursor
+// from id on.
+func (r *reader) park(a store.Aggregate, id int64) {
+	if cur, ok := r.parked[a]; !ok || id < cur {
+		r.parked[a] = id
+	}
+}
+
+// lateCommit reports a gap that committed after it was given up.
+func (p *Poller) lateCommit(r *reader, g *gapState, id int64, a store.Aggregate, now time.Time) {
+	after, known := r.lastSent[a]
+	if !known && g.lastGen == r.gen {
+		// Nothing of its aggregate was sent since the gap was given up: its
+		// order holds, only its latency suffered.
+		p.log.Info("gap committed after poller.gap_wait, order kept", "outbox_id", id,
+			"waited_ms", now.Sub(g.seen).Milliseconds())
+		return
+	}
+	if known && after < id {
+		p.log.Info("gap committed after poller.gap_wait, order kept", "outbox_id", id,
+			"waited_ms", now.Sub(g.seen).Milliseconds())
+		return
+	}
+	if !known {
+		after = r.maxSent
+	}
+	p.m.LateCommits.Inc()
+	p.log.Warn("late commit", "aggregate_type", a.Type, "aggregate_id", a.ID, "outbox_id", id, "after_id", after,
+		"waited_ms", now.Sub(g.seen).Milliseconds())
+}
+
+// sent records what a batch delivered and parks what it left pending below
+// the cursor (an aggregate stopped, a newer holder's claim), so the next
+// reads find it again. Called once the batch's outcomes are known.
+func (r *reader) sent(items []item) {
+	for _, it := range items {
+		a := store.Aggregate{Type: it.row.AggregateType, ID: it.row.AggregateID}
+		switch it.outcome {
+		case sent, duplicate:
+			if len(r.lastSent) >= maxLastSent {
+				clear(r.lastSent)
+				r.gen++
+			}
+			r.lastSent[a] = max(r.lastSent[a], it.row.ID)
+			r.maxSent = max(r.maxSent, it.row.ID)
+		case pending, foreign:
+			if it.row.ID <= r.cursor {
+				r.park(a, it.row.ID)
+			}
+		}
+	}
+}
+
+// waited waits for prev's write; when it failed, its rows are brought back
+// above the cursor.
+func (p *Poller) waited(f store.Fence, prev *finishing) error {
+	err := prev.wait()
+	if err != nil {
+		p.readerFor(f).rewind(prev.ids)
+	}
+	return err
+}
+
+// unread brings rows fetched but not handled back above the cursor.
+func (p *Poller) unread(f store.Fence, rows []store.Row) {
+	ids := make([]int64, len(rows))
+	for i, r := range rows {
+		ids[i] = r.ID
+	}
+	p.readerFor(f).rewind(ids)
+}
+
+// rewind brings rows of a batch whose results were not written back above
+// the cursor, so the next reads find them again.
+func (r *reader) rewind(ids []int64) {
+	if len(ids) > 0 {
+		r.cursor = min(r.cursor, slices.Min(ids)-1)
+	}
+}
+
+// saveable is the cursor a successor may start from: below every parked
+// row and every gap still watched.
+func (r *reader) saveable() int64 {
+	c := r.cursor
+	for _, id := range r.parked {
+		c = min(c, id-1)
+	}
+	for id := range r.gaps {
+		c = min(c, id-1)
+	}
+	return c
+}
+
+// maintain saves the cursor (at most every saveEvery) and runs a rescan
+// step below it when one is due: at once when the read was idle, otherwise
+// at most every rescanPause.
+func (p *Poller) maintain(ctx context.Context, r *reader, idle bool) error {
+	now := time.Now()
+	if c := r.saveable(); c != r.saved && now.Sub(r.savedAt) >= saveEvery {
+		if err := p.store.SaveCursor(ctx, r.fence, c); err != nil {
+			return fmt.Errorf("save cursor: %w", err)
+		}
+		r.saved, r.savedAt = c, now
+	}
+	if r.rescanLo >= r.rescanTo && now.Sub(r.rescanAt) >= p.rescanEvery {
+		r.rescanLo, r.rescanTo, r.rescanAt = 0, r.cursor, now
+	}
+	if r.rescanLo >= r.rescanTo || (!idle && now.Sub(r.stepAt) < rescanPause) {
+		return nil
+	}
+	hi := min(r.rescanLo+rescanSpan, r.rescanTo)
+	found, err := p.store.PendingBetween(ctx, r.rescanLo, hi)
+	if err != nil {
+		return err
+	}
+	for _, f := range found {
+		r.park(f.Aggregate, f.MinID)
+	}
+	r.rescanLo, r.stepAt = hi, now
+	return nil
+}

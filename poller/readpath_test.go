@@ -1,0 +1,250 @@
+package poller
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/internal/metrics"
+	"github.com/outboxd/outboxd/internal/term"
+	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/internal/testkit"
+	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/migrations"
+	"github.com/outboxd/outboxd/store"
+)
+
+// loggedRunner is a runner whose log lines (debug included) the test reads.
+func (e *env) loggedRunner(cfg testCfg) (*runner, *testkit.Logs) {
+	cfg.KeyPrefix = e.prefix
+	sink, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: e.rc.URL(), Timeout: 5 * time.Second, Concurrency: cfg.Concurrency})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	logs := &testkit.Logs{}
+	m := metrics.New()
+	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(e.prefix), lock.WithHooks(term.Hooks(m)))
+	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	return &runner{New(cfg.Config, Deps{Store: e.st, Locks: locks, Redis: e.rdb, Sink: sink, Log: log, Metrics: m}), m}, logs
+}
+
+// racer is a producer transaction left open after taking its id.
+type racer struct {
+	tx pgx.Tx
+	id int64
+}
+
+func (e *env) race(agg string) *racer {
+	e.t.Helper()
+	ctx := context.Background()
+	tx, err := e.st.Pool().Begin(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	if err := store.Enqueue(ctx, tx, event(agg)); err != nil {
+		e.t.Fatal(err)
+	}
+	var id int64
+	if err := tx.QueryRow(ctx, `SELECT currval(pg_get_serial_sequence('outbox', 'id'))`).Scan(&id); err != nil {
+		e.t.Fatal(err)
+	}
+	return &racer{tx: tx, id: id}
+}
+
+func (r *racer) commit(t *testing.T) {
+	t.Helper()
+	if err := r.tx.Commit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func event(agg string) store.Event {
+	return store.Event{AggregateType: "deal", AggregateID: agg, EventType: "deal.funded", Payload: json.RawMessage(`{}`)}
+}
+
+// produce commits one event of agg and returns its id.
+func (e *env) produce(agg string) int64 {
+	e.t.Helper()
+	r := e.race(agg)
+	r.commit(e.t)
+	return r.id
+}
+
+// delivered reports whether id got a 2xx.
+func (e *env) delivered(id int64) bool { return e.rc.OKCounts()[id] > 0 }
+
+// firstArrival is the Seq of id's first 2xx, -1 if none.
+func (e *env) firstArrival(id int64) int {
+	for _, r := range e.rc.Requests() {
+		if r.ID == id && r.OK() {
+			return r.Seq
+		}
+	}
+	return -1
+}
+
+// Two producers on one aggregate without a lock: the lower id commits 2 s
+// after the higher. Within gap_wait, the higher waits for it: delivered in
+// id order, no late commit. A producer below the gap is not held by it:
+// its row goes as soon as it commits, while the gap is still open.
+func TestRacingProducersKeepAggregateOrder(t *testing.T) {
+	e := newEnv(t)
+	cfg := testConfig()
+	cfg.GapWait = 20 * time.Second
+	r, logs := e.loggedRunner(cfg)
+	e.run(r)
+	warm := e.produce("warm")
+	e.waitFor("the runner delivering", 20*time.Second, func() bool { return e.delivered(warm) })
+
+	below := e.race("B") // took its id first
+	lower := e.race("A") // the slow producer
+	higher := e.produce("A")
+	other := e.produce("C") // another aggregate, above the gap
+	committed := time.Now()
+	logs.WaitLines(t, 10*time.Second, "the gap seen", 1, func(l string) bool {
+		return strings.Contains(l, `"msg":"waiting for an earlier id"`) && strings.Contains(l, `"outbox_id":`+itoa(lower.id))
+	})
+
+	below.commit(t)
+	e.waitFor("the row below the gap delivered while the gap is open", 10*time.Second, func() bool { return e.delivered(below.id) })
+	if e.delivered(higher) || e.delivered(other) {
+		t.Fatal("a row above the open gap was delivered before the gap committed")
+	}
+	time.Sleep(time.Until(committed.Add(2 * time.Second))) // the scenario: the lower id commits 2 s later
+	lower.commit(t)
+	e.waitFor("the gap's row and those above it delivered", 10*time.Second, func() bool {
+		return e.delivered(lower.id) && e.delivered(higher) && e.delivered(other)
+	})
+	if a, b := e.firstArrival(lower.id), e.firstArrival(higher); a > b {
+		t.Fatalf("aggregate A delivered %d (arrival %d) after %d (arrival %d)", lower.id, a, higher, b)
+	}
+	e.checkOrder()
+	if n := testutil.ToFloat64(r.m.LateCommits); n != 0 || logs.Count(`"msg":"late commit"`) != 0 {
+		t.Fatalf("late commits %v within gap_wait", n)
+	}
+}
+
+// The lower id commits after gap_wait: the higher went first; the lower is
+// delivered all the same, with a WARN "late commit" naming the aggregate
+// and both ids, and counted.
+func TestLateCommitIsDeliveredWarnedAndCounted(t *testing.T) {
+	e := newEnv(t)
+	cfg := testConfig()
+	cfg.GapWait = 300 * time.Millisecond
+	r, logs := e.loggedRunner(cfg)
+	e.run(r)
+	lower := e.race("A")
+	higher := e.produce("A")
+	e.waitFor("the higher id delivered past gap_wait", 20*time.Second, func() bool { return e.delivered(higher) })
+	lower.commit(t)
+	e.waitFor("the late row delivered", 20*time.Second, func() bool { return e.delivered(lower.id) })
+	line := logs.WaitLines(t, 10*time.Second, "the late commit WARN", 1, func(l string) bool {
+		return strings.Contains(l, `"msg":"late commit"`)
+	})[0]
+	for _, want := range []string{`"level":"WARN"`, `"aggregate_type":"deal"`, `"aggregate_id":"A"`,
+		`"outbox_id":` + itoa(lower.id), `"after_id":` + itoa(higher)} {
+		if !strings.Contains(line, want) {
+			t.Errorf("late commit line %s lacks %s", line, want)
+		}
+	}
+	if n := testutil.ToFloat64(r.m.LateCommits); n != 1 {
+		t.Fatalf("outboxd_late_commits_total %v, want 1", n)
+	}
+}
+
+// A rolled-back gap settles as soon as its transaction ends, long before
+// gap_wait. Its own server: the snapshot rule waits for every transaction
+// in the cluster, and the shared server has other tests' open.
+func TestRolledBackGapSettlesWithoutWaiting(t *testing.T) {
+	e := newEnv(t)
+	pg := testenv.StartPostgresServer(t)
+	ctx := context.Background()
+	if _, err := migrations.Up(ctx, pg.DSN, nil); err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Open(ctx, pg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	e.st = st
+	cfg := testConfig()
+	cfg.GapWait = time.Hour
+	r, logs := e.loggedRunner(cfg)
+	e.run(r)
+	lower := e.race("A")
+	higher := e.produce("A")
+	logs.WaitLines(t, 10*time.Second, "the gap seen", 1, func(l string) bool {
+		return strings.Contains(l, `"msg":"waiting for an earlier id"`) && strings.Contains(l, `"outbox_id":`+itoa(lower.id))
+	})
+	if e.delivered(higher) {
+		t.Fatal("the row above the open gap was delivered")
+	}
+	if err := lower.tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("the row above the rolled-back gap delivered", 20*time.Second, func() bool { return e.delivered(higher) })
+	if testutil.ToFloat64(r.m.GapsGivenUp) != 0 {
+		t.Fatal("the gap was given up instead of settled")
+	}
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// Rows that re-enter the pending set below the cursor are delivered: a
+// replayed dead row at once (it is due through the delayed index), a row
+// an operator marked undelivered by hand at the next rescan. A new holder
+// starts from the cursor the last one saved, not from the table's start.
+func TestRowsBelowTheCursorAreFound(t *testing.T) {
+	e := newEnv(t)
+	e.rc.SetRespond(testkit.Statuses(map[string]int{"deal/dead": 400}))
+	cfg := testConfig()
+	r, _ := e.loggedRunner(cfg)
+	r.rescanEvery = 500 * time.Millisecond
+	stop := e.run(r)
+	dead := e.produce("dead")
+	ids := e.insert(50, 5)
+	e.waitFor("the rows settled", 20*time.Second, func() bool { return e.count("dispatched_at IS NULL AND dead_at IS NULL") == 0 })
+	e.rc.SetRespond(nil)
+
+	if n, err := e.st.ReplayDead(context.Background(), store.ReplayFilter{IDs: []int64{dead}}, 10, nil); err != nil || n != 1 {
+		t.Fatalf("replay: %d, %v", n, err)
+	}
+	e.waitFor("the replayed row delivered", 10*time.Second, func() bool { return e.delivered(dead) })
+
+	edited := ids[10]
+	before := e.rc.OKCounts()[edited]
+	if _, err := e.st.Pool().Exec(context.Background(), `UPDATE outbox SET dispatched_at = NULL WHERE id = $1`, edited); err != nil {
+		t.Fatal(err)
+	}
+	// Its idempotency key still says delivered: marked again without a send.
+	e.waitFor("the hand-edited row found and marked", 20*time.Second, func() bool { return e.count("dispatched_at IS NULL") == 0 })
+	if e.rc.OKCounts()[edited] != before {
+		t.Fatal("the hand-edited row was sent again despite its delivered key")
+	}
+
+	e.waitFor("the cursor saved", 10*time.Second, func() bool {
+		var c int64
+		_ = e.st.Pool().QueryRow(context.Background(), `SELECT COALESCE(max(cursor), 0) FROM outbox_cursor`).Scan(&c)
+		return c >= ids[len(ids)-1]
+	})
+	stop()
+	r2, logs2 := e.loggedRunner(cfg)
+	e.run(r2)
+	line := logs2.WaitLine(t, 20*time.Second, `"msg":"read path starts"`)
+	if strings.Contains(line, `"cursor":0`) {
+		t.Fatalf("the new holder starts from the table's start: %s", line)
+	}
+	after := e.produce("after")
+	e.waitFor("the new holder delivering", 20*time.Second, func() bool { return e.delivered(after) })
+}

@@ -1,0 +1,8 @@
+package store
+
+// Exported for the read path's cost test: it EXPLAINs the statements.
+var (
+	ReadSQL     = readSQL
+	FetchDueSQL = fetchDueSQL
+	ReadArgs    = readArgs
+)

@@ -1,0 +1,386 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// Aggregate names one ordering key.
+type Aggregate struct{ Type, ID string }
+
+// Gap is an id below a visible row that was not visible itself when first
+// read: a producer transaction that took the id earlier and has not
+// committed, or one that rolled back.
+type Gap struct {
+	ID int64
+	// Horizon is the xmax of the snapshot that first missed the id. The
+	// transaction owning the id was in that snapshot's in-progress list, so
+	// once the oldest running transaction is at or past Horizon (snapshot
+	// xmin >= Horizon) it has ended: committed (the row is visible) or not.
+	Horizon uint64
+}
+
+// Parked is an aggregate that may have pending rows at or below the cursor
+// that neither the scan above the cursor nor the delayed index finds: rows
+// the scan passed while an earlier row of the aggregate backed off or was
+// busy, and rows a batch left undelivered. MinID is its lowest such row.
+type Parked struct {
+	Aggregate
+	MinID int64
+}
+
+// ReadPos is where the poller stands; see Read.
+type ReadPos struct {
+	// Cursor: every id at or below it is delivered, dead, backing off
+	// (found through outbox_delayed_idx when due), parked (Parked) or a
+	// watched gap (Watch). The scan for new rows starts above it, so it never
+	// walks what was settled below, whatever vacuum managed to remove.
+	Cursor int64
+	// Frontier >= Cursor: every id at or below it is known visible or a
+	// tracked gap. New gaps are looked for above it, at most Span ids per
+	// read (Span 0: 10,000).
+	Frontier int64
+	Span     int64
+	// Holding are the gaps still holding the rows above them: not seen
+	// committed, not settled, not given up (poller.gap_wait). Rows above the
+	// lowest of them are not returned.
+	Holding []Gap
+	// Watch are the gap ids to look up (by primary key): visible ones come
+	// back in ReadResult.Visible, and pending visible ones at or below
+	// Cursor as rows.
+	Watch  []int64
+	Parked []Parked
+}
+
+// Hot states: why a row read above the cursor was not returned.
+const (
+	HotHeld    = 'h' // above an unsettled gap, or beyond the ids classified in this read
+	HotDelayed = 'd' // not due; outbox_delayed_idx finds it when it is
+	HotBlocked = 'b' // an earlier row of its aggregate backs off
+	HotSkip    = 's' // in FetchLimits.Skip
+	HotBusy    = 'u' // its aggregate is in FetchLimits.Busy
+	HotCut     = 'c' // sendable, beyond the batch's rows or bytes
+	HotTaken   = 't' // returned
+)
+
+// HotRow is one pending row the read saw above the cursor.
+type HotRow struct {
+	ID        int64
+	Aggregate Aggregate
+	State     byte // Hot*
+}
+
+// Watched is a watched id found visible.
+type Watched struct {
+	ID        int64
+	Aggregate Aggregate
+	Pending   bool // neither delivered nor dead
+}
+
+// ReadResult is what one Read saw.
+type ReadResult struct {
+	Rows []Row // due rows to send, id order, within the limits
+	// XMin and XMax are the read's snapshot bounds (pg_current_snapshot):
+	// every transaction below XMin had ended; new gaps get XMax as Horizon.
+	XMin, XMax uint64
+	Hot        []HotRow // every pending row read above the cursor, id order
+	// Classified is the highest id now known visible or a gap (>= Frontier).
+	Classified int64
+	NewGaps    []int64 // ids in (Frontier, Classified] not visible
+	// Visible are the watched ids now visible, whatever their state.
+	Visible []Watched
+	// Parked tells, per parked aggregate, its lowest pending row at or
+	// below the cursor not backing off; 0 when it has none left.
+	Parked map[Aggregate]int64
+}
+
+// defaultSpan bounds the new ids one read classifies.
+const defaultSpan = 10_000
+
+// readSQL is the relay's fetch. It reads, in one statement and so one
+// snapshot (pg_current_snapshot() is the statement's own):
+//   - hot: the first $rows pending rows above the cursor ($1), through
+//     outbox_pending_idx from the cursor on: settled rows below it, and their
+//     index entries that vacuum could not remove, are never walked;
+//   - new gaps: ids in (frontier, top] not visible, where top is the highest
+//     hot id (at most frontier + span); a primary-key probe only where the
+//     hot rows leave a hole. Lookups by id are written = ANY (ARRAY(...)) so
+//     the plan is primary-key probes whatever the estimates;
+//   - the hold: rows at or above the lowest unsettled gap, known or new,
+//     are not returned (its aggregate is unknown until it commits);
+//   - below the cursor: due rows of outbox_delayed_idx (backing off, or
+//     replayed), rows of parked aggregates whose first row is not blocked
+//     (outbox_pending_aggregate_idx from that row), and watched gaps that
+//     committed late.
+//
+// Candidates are then checked as before: due (available_at <= now(), or so
+// far ahead it is poison), not skipped, not busy, and not behind an earlier
+// row of their aggregate that backs off; the first $rows of them in id
+// order, within the byte budget, come back with their payloads (see
+// fetchDueSQL for the budget). Then, as rows of other kinds, what the poller
+// needs to move: the snapshot, the hot rows' states, the new gaps, the
+// visible watched ids and the parked aggregates' first rows.
+const readSQL = `
+WITH snap AS MATERIALIZED (
+  SELECT pg_snapshot_xmin(s)::text::bigint AS xmin, pg_snapshot_xmax(s)::text::bigint AS xmax FROM pg_current_snapshot() s),
+hot AS MATERIALIZED (
+  SELECT ` + readColumnsSQL + `
+  FROM outbox o
+  WHERE o.dispatched_at IS NULL AND o.dead_at IS NULL AND o.id > $1::bigint
+  ORDER BY o.id LIMIT $2::int),
+span AS MATERIALIZED (
+  SELECT CASE WHEN max(id) IS NULL THEN $3::bigint ELSE GREATEST(LEAST(max(id), $3::bigint + $4::bigint), $3::bigint) END AS top FROM hot),
+holes AS MATERIALIZED (
+  SELECT g.id FROM span, generate_series($3::bigint + 1, span.top) g(id)
+  WHERE g.id NOT IN (SELECT id FROM hot)),
+newgaps AS MATERIALIZED (
+  SELECT id FROM holes
+  WHERE id <> ALL (ARRAY(SELECT x.id FROM outbox x WHERE x.id = ANY (ARRAY(SELECT id FROM holes))))),
+watched AS MATERIALIZED (
+  SELECT x.id, x.aggregate_type, x.aggregate_id, x.dispatched_at IS NULL AND x.dead_at IS NULL AS pending
+  FROM outbox x WHERE x.id = ANY ($5::bigint[])),
+hold AS MATERIALIZED (
+  SELECT LEAST(
+    (SELECT min(id) FROM newgaps),
+    (SELECT min(k.id) FROM unnest($6::bigint[], $7::bigint[]) k(id, horizon), snap
+      WHERE k.horizon > snap.xmin AND k.id NOT IN (SELECT id FROM watched)),
+    (SELECT top FROM span) + 1) AS h),
+parked AS MATERIALIZED (
+  SELECT p.t, p.a, f.id AS first,
+    EXISTS (SELECT 1 FROM outbox e
+      WHERE e.aggregate_type = p.t AND e.aggregate_id = p.a AND e.id < f.id
+        AND e.dispatched_at IS NULL AND e.dead_at IS NULL
+        AND e.available_at > e.created_at AND e.available_at > now()) AS blocked
+  FROM unnest($8::text[], $9::text[], $10::bigint[]) p(t, a, lo)
+  LEFT JOIN LATERAL (
+    SELECT o.id FROM outbox o
+    WHERE o.aggregate_type = p.t AND o.aggregate_id = p.a AND o.id >= p.lo AND o.id <= $1::bigint
+      AND o.dispatched_at IS NULL AND o.dead_at IS NULL AND o.available_at <= o.created_at
+    ORDER BY o.id LIMIT 1) f ON true),
+lowids AS MATERIALIZED (
+  SELECT e.id FROM outbox e, hold
+  WHERE e.dispatched_at IS NULL AND e.dead_at IS NULL AND e.available_at > e.created_at
+    AND (e.available_at <= now() OR e.available_at > now() + interval '100 years')
+    AND (e.id <= $1::bigint OR e.id < hold.h) AND e.id NOT IN (SELECT id FROM hot)
+  UNION SELECT o.id FROM parked p CROSS JOIN LATERAL (
+      SELECT o.id FROM outbox o
+      WHERE o.aggregate_type = p.t AND o.aggregate_id = p.a AND o.id >= p.first AND o.id <= $1::bigint
+        AND o.dispatched_at IS NULL AND o.dead_at IS NULL AND o.available_at <= o.created_at
+      ORDER BY o.id LIMIT $2::int) o
+    WHERE p.first IS NOT NULL AND NOT p.blocked
+  UNION SELECT id FROM watched WHERE pending AND id <= $1::bigint),
+low AS MATERIALIZED (
+  -- No pending condition here: it would let the planner pick a partial
+  -- index over every pending row instead of the primary key.
+  SELECT ` + readColumnsSQL + `, o.dispatched_at IS NULL AND o.dead_at IS NULL AS pending
+  FROM outbox o
+  WHERE o.id = ANY (ARRAY(SELECT id FROM lowids))),
+taken AS MATERIALIZED (
+  SELECT d.*, sum(CASE WHEN d.size <= $12::bigint THEN d.size::int4 ELSE 0 END) OVER w AS loaded, row_number() OVER w AS n
+  FROM (
+    SELECT c.* FROM (
+      SELECT hot.* FROM hot, hold WHERE hot.id < hold.h
+      UNION ALL SELECT ` + readColumnNames + ` FROM low WHERE pending) c
+    WHERE NOT (c.notdue OR c.blocked)
+      AND c.id <> ALL ($11::bigint[])
+      AND (c.aggregate_type, c.aggregate_id) NOT IN (SELECT * FROM unnest($13::text[], $14::text[]))
+    ORDER BY c.id LIMIT $2::int) d
+  WINDOW w AS (ORDER BY d.id ROWS UNBOUNDED PRECEDING)),
+out AS MATERIALIZED (
+  SELECT * FROM taken WHERE n = 1 OR loaded <= $15::bigint)
+SELECT 'r' AS kind, id,
+  CASE WHEN size <= $12::bigint THEN aggregate_type ELSE left(aggregate_type, 200) END,
+  CASE WHEN size <= $12::bigint THEN aggregate_id ELSE left(aggregate_id, 200) END,
+  CASE WHEN size <= $12::bigint THEN event_type ELSE left(event_type, 200) END,
+  CASE WHEN size <= $12::bigint AND NOT far THEN payload END, CASE WHEN size <= $12::bigint AND NOT far THEN headers END,
+  created_at, attempts, size, far, NULL::text AS state
+FROM out
+UNION ALL
+SELECT 'h', hot.id, hot.aggregate_type, hot.aggregate_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+  CASE WHEN hot.id >= hold.h THEN 'h'
+       WHEN hot.notdue THEN 'd'
+       WHEN hot.id = ANY ($11::bigint[]) THEN 's'
+       WHEN (hot.aggregate_type, hot.aggregate_id) IN (SELECT * FROM unnest($13::text[], $14::text[])) THEN 'u'
+       WHEN hot.blocked THEN 'b'
+       ELSE 'c' END
+FROM hot, hold WHERE hot.id NOT IN (SELECT id FROM out)
+UNION ALL
+SELECT 's', snap.xmin, NULL, NULL, NULL, NULL, NULL, NULL, NULL, snap.xmax, NULL, NULL FROM snap
+UNION ALL
+SELECT 'c', span.top, NULL, NULL, NULL, NULL, NULL, NULL, NULL, span.top, NULL, NULL FROM span
+UNION ALL
+SELECT 'g', id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM newgaps
+UNION ALL
+SELECT 'w', id, aggregate_type, aggregate_id, NULL, NULL, NULL, NULL, NULL, NULL, pending, NULL FROM watched
+UNION ALL
+SELECT 'p', COALESCE(first, 0), t, a, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM parked`
+
+// readColumnNames are readColumnsSQL's names.
+const readColumnNames = `id, aggregate_type, aggregate_id, event_type, payload, headers, created_at, attempts, far, notdue, blocked, size`
+
+// readColumnsSQL: a candidate row as readSQL judges it. notdue: backing
+// off (far is poison: an available_at no retry could mean). blocked: an
+// earlier row of its aggregate backs off, so per-aggregate order holds.
+const readColumnsSQL = `o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload, o.headers, o.created_at, o.attempts,
+    o.available_at > now() + interval '100 years' AS far,
+    o.available_at > o.created_at AND o.available_at > now() AND o.available_at <= now() + interval '100 years' AS notdue,
+    EXISTS (SELECT 1 FROM outbox e
+      WHERE e.aggregate_type = o.aggregate_type AND e.aggregate_id = o.aggregate_id
+        AND e.id < o.id AND e.dispatched_at IS NULL AND e.dead_at IS NULL
+        AND e.available_at > e.created_at -- lets the planner use outbox_delayed_idx
+        AND e.available_at > now()) AS blocked,
+    ` + rowSizeSQL + ` AS size`
+
+// Read is the relay's fetch (readSQL): the due rows to send within lim,
+// read from pos, and what the poller needs to move pos on. Its cost depends
+// on the rows above the cursor and the gaps and aggregates pos names, not on
+// how many rows were delivered before.
+func (s *Store) Read(ctx context.Context, lim FetchLimits, pos ReadPos) (ReadResult, error) {
+	args, rowBytes := readArgs(lim, pos)
+	res, err := s.pool.Query(ctx, readSQL, args...)
+	if err != nil {
+		return ReadResult{}, wrap("read", err)
+	}
+	defer res.Close()
+	out := ReadResult{Parked: map[Aggregate]int64{}}
+	for res.Next() {
+		var (
+			kind          string
+			id            int64
+			typ, aid, evt pgtype.Text
+			payload, hdrs []byte
+			created       pgtype.Timestamptz
+			attempts      pgtype.Int4
+			size          pgtype.Int8
+			far           pgtype.Bool
+			state         pgtype.Text
+		)
+		if err := res.Scan(&kind, &id, &typ, &aid, &evt, &payload, &hdrs, &created, &attempts, &size, &far, &state); err != nil {
+			return ReadResult{}, fmt.Errorf("store: read: %w", err)
+		}
+		switch kind {
+		case "r":
+			x := Row{ID: id, AggregateType: typ.String, AggregateID: aid.String, EventType: evt.String,
+				Payload: payload, Headers: hdrs, CreatedAt: created.Time, Attempts: int(attempts.Int32), Size: size.Int64}
+			switch {
+			case x.Size > rowBytes:
+				x.Poison = fmt.Sprintf("row is %d bytes, above poller.max_payload_bytes (%d): not loaded, not sent", x.Size, rowBytes)
+			case created.InfinityModifier != pgtype.Finite:
+				x.Poison = "created_at is infinite: the event cannot be timestamped"
+			case far.Bool:
+				x.Poison = "available_at is more than 100 years ahead (or infinite): the event would block its aggregate for ever"
+			}
+			out.Rows = append(out.Rows, x)
+		case "h":
+			st := byte(HotCut)
+			if len(state.String) == 1 {
+				st = state.String[0]
+			}
+			out.Hot = append(out.Hot, HotRow{ID: id, Aggregate: Aggregate{typ.String, aid.String}, State: st})
+		case "s":
+			out.XMin, out.XMax = uint64(id), uint64(size.Int64)
+		case "c":
+			out.Classified = size.Int64
+		case "g":
+			out.NewGaps = append(out.NewGaps, id)
+		case "w":
+			out.Visible = append(out.Visible, Watched{ID: id, Aggregate: Aggregate{typ.String, aid.String}, Pending: far.Bool})
+		case "p":
+			out.Parked[Aggregate{typ.String, aid.String}] = id
+		default:
+			return ReadResult{}, errors.New("store: read: unexpected row kind " + strconv.Quote(kind))
+		}
+	}
+	if err := res.Err(); err != nil {
+		return ReadResult{}, wrap("read", err)
+	}
+	return out, nil
+}
+
+// readArgs are readSQL's arguments, and the per-row limit it applies.
+func readArgs(lim FetchLimits, pos ReadPos) ([]any, int64) {
+	rowBytes, budget := lim.RowBytes, lim.Bytes
+	if rowBytes <= 0 || rowBytes > maxRowBytes {
+		rowBytes = maxRowBytes
+	}
+	if budget <= 0 {
+		budget = math.MaxInt64
+	}
+	span := pos.Span
+	if span <= 0 {
+		span = defaultSpan
+	}
+	holdIDs, horizons := make([]int64, len(pos.Holding)), make([]int64, len(pos.Holding))
+	for i, g := range pos.Holding {
+		holdIDs[i], horizons[i] = g.ID, int64(min(g.Horizon, math.MaxInt64))
+	}
+	pt, pa, pmin := make([]string, len(pos.Parked)), make([]string, len(pos.Parked)), make([]int64, len(pos.Parked))
+	for i, p := range pos.Parked {
+		pt[i], pa[i], pmin[i] = p.Type, p.ID, p.MinID
+	}
+	bt, ba := make([]string, len(lim.Busy)), make([]string, len(lim.Busy))
+	for i, b := range lim.Busy {
+		bt[i], ba[i] = b.Type, b.ID
+	}
+	watch, skip := pos.Watch, lim.Skip
+	if watch == nil {
+		watch = []int64{}
+	}
+	if skip == nil {
+		skip = []int64{}
+	}
+	return []any{pos.Cursor, lim.Rows, max(pos.Frontier, pos.Cursor), span, watch,
+		holdIDs, horizons, pt, pa, pmin, skip, rowBytes, bt, ba, budget}, rowBytes
+}
+
+// LoadCursor returns the cursor the last holder of lock saved (SaveCursor),
+// 0 when none was: where a new holder's reads start.
+func (s *Store) LoadCursor(ctx context.Context, lock string) (int64, error) {
+	var c int64
+	err := s.pool.QueryRow(ctx, `SELECT COALESCE((SELECT cursor FROM outbox_cursor WHERE lock_name = $1), 0)`, lock).Scan(&c)
+	if err != nil {
+		return 0, wrap("load cursor", err)
+	}
+	return c, nil
+}
+
+// SaveCursor stores where f's holder stands, fenced: every id at or below
+// cursor is delivered, dead or backing off. A stale holder changes nothing
+// (ErrStaleFence).
+func (s *Store) SaveCursor(ctx context.Context, f Fence, cursor int64) error {
+	return s.fenced(ctx, f, fenceCTE+`,
+saved AS (
+  INSERT INTO outbox_cursor AS c (lock_name, cursor) SELECT $1, $4 WHERE EXISTS (SELECT 1 FROM fence)
+  ON CONFLICT (lock_name) DO UPDATE SET cursor = EXCLUDED.cursor, updated_at = now()
+  RETURNING 1)
+SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM saved)`, []*int64{new(int64)}, cursor)
+}
+
+// PendingBetween returns the aggregates with pending rows not backing off
+// in (lo, hi], each with its lowest such id: the poller's slow rescan below
+// its cursor, for rows that re-entered the pending set there (an operator's
+// UPDATE ... SET dispatched_at = NULL). Its cost is bounded by hi - lo.
+func (s *Store) PendingBetween(ctx context.Context, lo, hi int64) ([]Parked, error) {
+	rows, err := s.pool.Query(ctx, `SELECT aggregate_type, aggregate_id, min(id) FROM outbox
+		WHERE dispatched_at IS NULL AND dead_at IS NULL AND available_at <= created_at AND id > $1 AND id <= $2
+		GROUP BY 1, 2`, lo, hi)
+	if err != nil {
+		return nil, wrap("rescan", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Parked, error) {
+		var p Parked
+		err := r.Scan(&p.Type, &p.ID, &p.MinID)
+		return p, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: rescan: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,300 @@
+package store_test
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/migrations"
+	"github.com/outboxd/outboxd/store"
+)
+
+// buffers runs EXPLAIN (ANALYZE, BUFFERS) of sql and returns the shared
+// blocks it touched (hit + read), the whole plan's.
+func buffers(t *testing.T, st *store.Store, sql string, args ...any) int64 {
+	t.Helper()
+	var raw []byte
+	if err := st.Pool().QueryRow(context.Background(), "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&raw); err != nil {
+		t.Fatal(err)
+	}
+	var plan []struct {
+		Plan struct {
+			Hit  int64 `json:"Shared Hit Blocks"`
+			Read int64 `json:"Shared Read Blocks"`
+		} `json:"Plan"`
+	}
+	if err := json.Unmarshal(raw, &plan); err != nil || len(plan) != 1 {
+		t.Fatalf("explain: %v %s", err, raw)
+	}
+	return plan[0].Plan.Hit + plan[0].Plan.Read
+}
+
+func maxID(t *testing.T, st *store.Store) int64 {
+	t.Helper()
+	var id int64
+	if err := st.Pool().QueryRow(context.Background(), `SELECT COALESCE(max(id), 0) FROM outbox`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// The read never walks what was delivered before its cursor, even when a
+// snapshot held elsewhere keeps vacuum from removing a single index entry:
+// its buffer count stays flat across 200k rows delivered under that
+// snapshot, where the stateless scan's (FetchDue, the old fetch) grows.
+func TestReadCostDoesNotGrowWithHistory(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	lim := store.FetchLimits{Rows: 100, RowBytes: 1 << 20, Bytes: 16 << 20}
+	old := func() int64 {
+		return buffers(t, st, store.FetchDueSQL, lim.Rows, lim.RowBytes, lim.Bytes, []int64{}, []string{}, []string{})
+	}
+	// A watched gap and a parked aggregate, so every branch of the read runs.
+	read := func(cursor int64) int64 {
+		args, _ := store.ReadArgs(lim, store.ReadPos{Cursor: cursor, Frontier: cursor, Watch: []int64{cursor - 5},
+			Parked: []store.Parked{{Aggregate: store.Aggregate{Type: "deal", ID: "7"}, MinID: cursor - 5}}})
+		return buffers(t, st, store.ReadSQL, args...)
+	}
+	deliverAll := func() {
+		exec(t, st, `UPDATE outbox SET dispatched_at = now() WHERE dispatched_at IS NULL`)
+	}
+	pending := func() {
+		var evs []store.Event
+		for i := range 10 {
+			evs = append(evs, ev("deal", string(rune('a'+i)), i))
+		}
+		enqueue(t, st, evs...)
+	}
+
+	c0 := maxID(t, st)
+	pending()
+	readBefore, oldBefore := read(c0), old()
+	deliverAll()
+
+	// A report's snapshot, held while 200k rows are written and delivered.
+	holder, err := st.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Rollback(ctx) }()
+	if _, err := holder.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Exec(ctx, `SELECT count(*) FROM outbox_fence`); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, st, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+		SELECT 'deal', (i % 1000)::text, 'deal.happened', '{}' FROM generate_series(1, 200000) i`)
+	deliverAll()
+	c1 := maxID(t, st)
+	pending()
+	readAfter, oldAfter := read(c1), old()
+
+	t.Logf("shared buffers: read %d -> %d, old fetch %d -> %d", readBefore, readAfter, oldBefore, oldAfter)
+	if readAfter > 2*readBefore+10 {
+		args, _ := store.ReadArgs(lim, store.ReadPos{Cursor: c1, Frontier: c1, Watch: []int64{c1 - 5},
+			Parked: []store.Parked{{Aggregate: store.Aggregate{Type: "deal", ID: "7"}, MinID: c1 - 5}}})
+		rows, _ := st.Pool().Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+store.ReadSQL, args...)
+		plan, _ := pgx.CollectRows(rows, pgx.RowTo[string])
+		t.Log(strings.Join(plan, "\n"))
+		t.Errorf("the read touched %d buffers behind 200k delivered rows, %d before: it walks history", readAfter, readBefore)
+	}
+	if oldAfter < 10*oldBefore {
+		t.Errorf("the old fetch touched %d buffers, %d before: the test no longer shows a history to walk", oldAfter, oldBefore)
+	}
+}
+
+// A row read above an id that is not visible (a producer that took it
+// earlier and has not committed) is held while that id may still commit;
+// a rollback settles the gap once its transaction ended (snapshot xmin),
+// and a commit lets both go, in id order. Its own server: the snapshot
+// rule waits for every transaction of the cluster, and the shared one has
+// other tests' transactions open.
+func TestReadHoldsRowsAboveAGap(t *testing.T) {
+	t.Parallel()
+	pg := testenv.StartPostgresServer(t)
+	ctx := context.Background()
+	if _, err := migrations.Up(ctx, pg.DSN, nil); err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Open(ctx, pg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	lim := store.FetchLimits{Rows: 10}
+
+	for _, commit := range []bool{true, false} {
+		base := maxID(t, st)
+		pos := store.ReadPos{Cursor: base, Frontier: base}
+		slow, err := st.Pool().Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := store.Enqueue(ctx, slow, ev("deal", "A", 1)); err != nil {
+			t.Fatal(err)
+		}
+		enqueue(t, st, ev("deal", "A", 2)) // commits first, with the higher id
+		gap, above := base+1, base+2
+
+		res, err := st.Read(ctx, lim, pos)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Rows) != 0 || len(res.NewGaps) != 1 || res.NewGaps[0] != gap ||
+			len(res.Hot) != 1 || res.Hot[0].ID != above || res.Hot[0].State != store.HotHeld {
+			t.Fatalf("first read: rows %+v gaps %v hot %+v; want %d held behind gap %d", res.Rows, res.NewGaps, res.Hot, above, gap)
+		}
+		pos.Frontier = res.Classified
+		pos.Holding = []store.Gap{{ID: gap, Horizon: res.XMax}}
+		pos.Watch = []int64{gap}
+		if res, _ := st.Read(ctx, lim, pos); len(res.Rows) != 0 {
+			t.Fatalf("rows %+v returned while the gap may still commit", res.Rows)
+		}
+
+		if commit {
+			if err := slow.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		} else if err := slow.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		res, err = st.Read(ctx, lim, pos)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []int64{above}
+		if commit {
+			want = []int64{gap, above}
+		}
+		if len(res.Rows) != len(want) || res.Rows[0].ID != want[0] || res.Rows[len(res.Rows)-1].ID != above {
+			t.Fatalf("commit=%v: rows %+v after the gap's transaction ended, want ids %v", commit, res.Rows, want)
+		}
+		if !commit && res.XMin < pos.Holding[0].Horizon {
+			t.Fatalf("xmin %d below the horizon %d after the rollback", res.XMin, pos.Holding[0].Horizon)
+		}
+		exec(t, st, `UPDATE outbox SET dispatched_at = now() WHERE dispatched_at IS NULL`)
+	}
+}
+
+// Rows that re-enter the pending set below the cursor are found: a replayed
+// dead row through the delayed index (ReplayDead makes it due now), a row
+// an operator marked undelivered by hand through the rescan
+// (PendingBetween) and its parked aggregate.
+func TestReadFindsRowsBelowTheCursor(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	enqueue(t, st, ev("deal", "dead", 1), ev("deal", "edited", 2), ev("deal", "other", 3))
+	dead, edited := maxID(t, st)-2, maxID(t, st)-1
+	exec(t, st, `UPDATE outbox SET dispatched_at = now() WHERE dispatched_at IS NULL`)
+	exec(t, st, `UPDATE outbox SET dispatched_at = NULL, dead_at = now() WHERE id = `+strconv.FormatInt(dead, 10))
+	cursor := maxID(t, st)
+	lim := store.FetchLimits{Rows: 10}
+	pos := store.ReadPos{Cursor: cursor, Frontier: cursor}
+	if res, err := st.Read(ctx, lim, pos); err != nil || len(res.Rows) != 0 {
+		t.Fatalf("rows %+v, %v before anything re-entered", res.Rows, err)
+	}
+
+	if n, err := st.ReplayDead(ctx, store.ReplayFilter{IDs: []int64{dead}}, 10, nil); err != nil || n != 1 {
+		t.Fatalf("replay: %d, %v", n, err)
+	}
+	res, err := st.Read(ctx, lim, pos)
+	if err != nil || len(res.Rows) != 1 || res.Rows[0].ID != dead {
+		t.Fatalf("after replay: rows %+v, %v; want the replayed row %d", res.Rows, err, dead)
+	}
+	exec(t, st, `UPDATE outbox SET dispatched_at = now() WHERE id = `+strconv.FormatInt(dead, 10))
+
+	exec(t, st, `UPDATE outbox SET dispatched_at = NULL WHERE id = `+strconv.FormatInt(edited, 10))
+	if res, _ := st.Read(ctx, lim, pos); len(res.Rows) != 0 {
+		t.Fatalf("rows %+v: a hand-edited row below the cursor needs the rescan to be found", res.Rows)
+	}
+	found, err := st.PendingBetween(ctx, 0, cursor)
+	if err != nil || len(found) != 1 || found[0].MinID != edited || found[0].ID != "edited" {
+		t.Fatalf("rescan found %+v, %v; want aggregate deal/edited from %d", found, err, edited)
+	}
+	pos.Parked = found
+	res, err = st.Read(ctx, lim, pos)
+	if err != nil || len(res.Rows) != 1 || res.Rows[0].ID != edited || res.Parked[found[0].Aggregate] != edited {
+		t.Fatalf("parked: rows %+v parked %v, %v; want %d", res.Rows, res.Parked, err, edited)
+	}
+	exec(t, st, `UPDATE outbox SET dispatched_at = now() WHERE id = `+strconv.FormatInt(edited, 10))
+	if res, _ := st.Read(ctx, lim, pos); len(res.Rows) != 0 || res.Parked[found[0].Aggregate] != 0 {
+		t.Fatalf("after delivery: rows %+v parked %v; want none and the aggregate released", res.Rows, res.Parked)
+	}
+}
+
+// An available_at no retry could mean (infinity, or more than 100 years
+// ahead) would block its aggregate for ever: the row comes back as poison,
+// unloaded.
+func TestFarAvailableAtIsPoison(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	exec(t, st, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, available_at)
+		VALUES ('deal', '1', 'e', '{"x":1}', 'infinity'), ('deal', '2', 'e', '{"x":2}', now() + interval '200 years'),
+		       ('deal', '3', 'e', '{"x":3}', now() + interval '1 hour')`)
+	res, err := st.Read(ctx, store.FetchLimits{Rows: 10}, store.ReadPos{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Rows) != 2 || res.Rows[0].Poison == "" || res.Rows[1].Poison == "" || res.Rows[0].Payload != nil {
+		t.Fatalf("rows %+v: want the two far ones, poison and unloaded; the hour-away one waits", res.Rows)
+	}
+}
+
+// The cursor a holder saves is fenced: a stale holder cannot move it.
+func TestSaveCursorIsFenced(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	lock := "lock:outbox:poller"
+	if c, err := st.LoadCursor(ctx, lock); err != nil || c != 0 {
+		t.Fatalf("no cursor saved: %d, %v", c, err)
+	}
+	if err := st.SaveCursor(ctx, store.Fence{Lock: lock, Token: 2, Owner: "b"}, 42); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SaveCursor(ctx, store.Fence{Lock: lock, Token: 1, Owner: "a"}, 7); err == nil {
+		t.Fatal("a stale holder saved its cursor")
+	}
+	if c, _ := st.LoadCursor(ctx, lock); c != 42 {
+		t.Fatalf("cursor %d, want 42", c)
+	}
+}
+
+// Busy aggregates' rows are not returned, by the read or the stateless
+// fetch; the read reports them passed (so the poller remembers them).
+func TestBusyAggregatesAreLeftOut(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	enqueue(t, st, ev("deal", "A", 1), ev("deal", "B", 2), ev("deal", "A", 3), ev("deal", "C", 4))
+	lim := store.FetchLimits{Rows: 10, Busy: []store.Aggregate{{Type: "deal", ID: "A"}}}
+	res, err := st.Read(ctx, lim, store.ReadPos{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Rows) != 2 || res.Rows[0].AggregateID == "A" || res.Rows[1].AggregateID == "A" {
+		t.Fatalf("read rows %+v, want B's and C's only", res.Rows)
+	}
+	busy := 0
+	for _, h := range res.Hot {
+		if h.State == store.HotBusy && h.Aggregate.ID == "A" {
+			busy++
+		}
+	}
+	if busy != 2 {
+		t.Fatalf("hot rows %+v, want A's two reported busy", res.Hot)
+	}
+	rows, err := st.FetchDue(ctx, lim)
+	if err != nil || len(rows) != 2 || rows[0].AggregateID == "A" || rows[1].AggregateID == "A" {
+		t.Fatalf("fetch due rows %+v, %v; want B's and C's only", rows, err)
+	}
+}
