@@ -340,11 +340,20 @@ func readArgs(lim FetchLimits, pos ReadPos) ([]any, int64) {
 		holdIDs, horizons, pt, pa, pmin, skip, rowBytes, bt, ba, budget}, rowBytes
 }
 
-// LoadCursor returns the cursor the last holder of lock saved (SaveCursor),
-// 0 when none was: where a new holder's reads start.
+// LoadCursor returns where a new holder's reads start: the cursor the last
+// holder of lock saved (SaveCursor). With none saved (a first start, or the
+// first start after upgrading onto a table with history) it starts just
+// below the lowest pending row, or at the highest id when none is pending,
+// so the first reads do not walk the settled history a span at a time; this
+// one query walks it once per term instead. Ids below it held by producers
+// still in flight are found by the rescan every term starts with.
 func (s *Store) LoadCursor(ctx context.Context, lock string) (int64, error) {
 	var c int64
-	err := s.pool.QueryRow(ctx, `SELECT COALESCE((SELECT cursor FROM outbox_cursor WHERE lock_name = $1), 0)`, lock).Scan(&c)
+	err := s.pool.QueryRow(ctx, `SELECT COALESCE(
+  (SELECT cursor FROM outbox_cursor WHERE lock_name = $1),
+  (SELECT min(id) - 1 FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL),
+  (SELECT max(id) FROM outbox),
+  0)`, lock).Scan(&c)
 	if err != nil {
 		return 0, wrap("load cursor", err)
 	}

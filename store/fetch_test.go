@@ -269,6 +269,30 @@ func TestSaveCursorIsFenced(t *testing.T) {
 	}
 }
 
+// With no cursor saved, a holder starts below the lowest pending row (or at
+// the highest id when none is pending), not at 0: a first start onto a table
+// with history must not walk it a span at a time.
+func TestLoadCursorWithoutOneSavedSkipsTheSettledHistory(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	lock := "lock:outbox:poller"
+	if _, err := st.Pool().Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, dispatched_at)
+		SELECT 'deal', g::text, 'x', '{}', now() FROM generate_series(1, 500) g`); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := st.LoadCursor(ctx, lock); err != nil || c != 500 {
+		t.Fatalf("nothing pending: cursor %d, %v; want the highest id, 500", c, err)
+	}
+	enqueue(t, st, ev("deal", "A", 1), ev("deal", "B", 2))
+	if _, err := st.Pool().Exec(ctx, `UPDATE outbox SET dispatched_at = NULL WHERE id = 300`); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := st.LoadCursor(ctx, lock); err != nil || c != 299 {
+		t.Fatalf("row 300 pending: cursor %d, %v; want 299", c, err)
+	}
+}
+
 // Busy aggregates' rows are not returned, by the read or the stateless
 // fetch; the read reports them passed (so the poller remembers them).
 func TestBusyAggregatesAreLeftOut(t *testing.T) {
