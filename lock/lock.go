@@ -240,6 +240,15 @@ func (e *HolderError) Error() string {
 
 func (e *HolderError) Unwrap() error { return ErrNotObtained }
 
+// HeldElsewhere tells the normal standby case (another owner holds the lock)
+// from an outage: ErrNotObtained alone also means that too few nodes
+// answered. Every failed wait ends in a deadline, so only the last attempt's
+// HolderError says which it was.
+func HeldElsewhere(err error) bool {
+	var h *HolderError
+	return errors.As(err, &h)
+}
+
 type nodeResult struct {
 	token     int64
 	pttl      int64

@@ -3,6 +3,7 @@ package lock_test
 import (
 	"context"
 	"errors"
+	"net"
 	"testing"
 	"time"
 
@@ -392,5 +393,36 @@ func TestWaitEndingMidAttemptKeepsHolder(t *testing.T) {
 	var held *lock.HolderError
 	if !errors.As(err, &held) || held.Owner != a.Owner() {
 		t.Fatalf("got %v, want the holder %s named although the last attempt was cut short", err, a.Owner())
+	}
+}
+
+// HeldElsewhere is true only when another owner holds the lock: a Redis that
+// does not answer also fails with ErrNotObtained, and must not read as a
+// normal standby (reconcile logged an outage as "held elsewhere").
+func TestHeldElsewhereTellsAHolderFromAnOutage(t *testing.T) {
+	t.Parallel()
+	c, _, _ := newClient(t)
+	ctx := context.Background()
+	a, err := c.TryAcquire(ctx, "lock:h", lock.Options{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release(t, a)
+	_, err = c.Acquire(ctx, "lock:h", lock.Options{TTL: time.Second, Wait: 100 * time.Millisecond})
+	if !lock.HeldElsewhere(err) {
+		t.Fatalf("held by another owner: HeldElsewhere(%v) = false", err)
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing answers there now
+	down := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	defer down.Close()
+	_, err = lock.New([]redis.UniversalClient{down}).Acquire(ctx, "lock:h", lock.Options{TTL: time.Second, Wait: 100 * time.Millisecond})
+	if !errors.Is(err, lock.ErrNotObtained) || lock.HeldElsewhere(err) {
+		t.Fatalf("Redis down: got %v (HeldElsewhere %t), want ErrNotObtained and not held elsewhere", err, lock.HeldElsewhere(err))
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/internal/keys"
 )
 
@@ -121,7 +122,7 @@ func (p *Poller) claimKeys(ctx context.Context, items []item, c claimValue) erro
 		switch {
 		case !ok:
 			items[i].outcome = refused
-			items[i].err = fmt.Errorf("idempotency key %s holds %q, which outboxd did not write: delete it to let the event go", p.keys.Idempotency(r.ID), clip(v, 64))
+			items[i].err = fmt.Errorf("idempotency key %s holds %q, which outboxd did not write: delete it to let the event go", p.keys.Idempotency(r.ID), dispatch.Clip(v, 64))
 		case c.supersedes(other):
 			takeover, previous = append(takeover, i), append(previous, v)
 		default:
@@ -177,7 +178,7 @@ func (p *Poller) rewound(items []item, stale []int, seen string, token int64) {
 		return
 	}
 	attrs := []any{"outbox_id", items[first].row.ID, "fencing_token", token, "foreign_keys", len(stale),
-		"row_created_at", items[first].row.CreatedAt, "found", clip(seen, 64)}
+		"row_created_at", items[first].row.CreatedAt, "found", dispatch.Clip(seen, 64)}
 	if at, ok := keys.MarkCreatedAt(seen); ok {
 		attrs = append(attrs, "found_created_at", at)
 	}

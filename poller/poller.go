@@ -182,11 +182,3 @@ func queryTimeout(c Config) time.Duration { return max(c.LockTTL, 2*time.Second)
 
 // HeldToken is the fencing token while this runner leads, 0 while it stands by.
 func (p *Poller) HeldToken() int64 { return p.seat.Token() }
-
-// clip cuts s to at most n bytes for a message (callers quote it).
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}

@@ -35,12 +35,12 @@ func (p *Poller) Run(ctx context.Context) error {
 			if err != nil && !errors.Is(err, store.ErrStaleFence) {
 				p.log.Error("stepping down", "error", err)
 			}
-		case errors.Is(err, lock.ErrCorrupt): // before heldElsewhere: in Redlock mode both can hold
+		case errors.Is(err, lock.ErrCorrupt): // before HeldElsewhere: in Redlock mode both can hold
 			// Nothing delivers until an operator repairs Redis: say so loudly,
 			// and keep checking, so the relay resumes once the key is fixed.
 			p.log.Error("lock state corrupted", "error", err)
 			sleep(ctx, retry.next())
-		case heldElsewhere(err):
+		case lock.HeldElsewhere(err):
 		default:
 			// Redis or Postgres unreachable: say so, and back off.
 			p.log.Warn("lock attempt failed", "error", err)
@@ -48,14 +48,6 @@ func (p *Poller) Run(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// heldElsewhere tells the normal standby case (another replica holds the
-// lock) from an outage. Every failed wait ends in a deadline, so only the
-// last attempt's HolderError says which it was.
-func heldElsewhere(err error) bool {
-	var h *lock.HolderError
-	return errors.As(err, &h)
 }
 
 // lead runs batches while the term holds and ctx is live. Shutdown order:

@@ -206,7 +206,7 @@ func (r *Reconciler) fire(ctx context.Context, fireTime time.Time) {
 	case errors.Is(err, ErrAlreadyRan):
 		r.m.ReconcileRuns.WithLabelValues("skipped").Inc()
 		r.log.Info("reconcile skipped: fire time already ran", "fire_time", fireTime)
-	case errors.Is(err, lock.ErrNotObtained):
+	case lock.HeldElsewhere(err): // not ErrNotObtained: a Redis outage is a failure, not a skip
 		r.m.ReconcileRuns.WithLabelValues("skipped").Inc()
 		r.log.Info("reconcile skipped: lock held elsewhere", "fire_time", fireTime, "error", err)
 	default:
@@ -289,9 +289,7 @@ func (r *Reconciler) sweep(ctx context.Context, fence store.Fence, sum *Summary)
 	if sum.PendingByAttempts, err = r.store.PendingByAttempts(sctx); err != nil {
 		return err
 	}
-	r.m.PendingEvents.Set(float64(st.Pending))
-	r.m.OldestPendingAge.Set(st.OldestPendingAge)
-	r.m.DeadEvents.Set(float64(st.Dead))
+	r.m.SetBacklog(st.Pending, st.OldestPendingAge, st.Dead)
 	return nil
 }
 

@@ -97,3 +97,12 @@ func New() *Metrics {
 	}
 	return m
 }
+
+// SetBacklog sets the backlog gauges (outboxd_pending_events,
+// outboxd_oldest_pending_age_seconds, outboxd_dead_events): the one place
+// both the scrape-time refresh and reconciliation's report set them.
+func (m *Metrics) SetBacklog(pending int64, oldestPendingAge float64, dead int64) {
+	m.PendingEvents.Set(float64(pending))
+	m.OldestPendingAge.Set(oldestPendingAge)
+	m.DeadEvents.Set(float64(dead))
+}

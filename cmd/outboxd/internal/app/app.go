@@ -301,9 +301,7 @@ func (a *App) refreshBacklog(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	a.Metrics.PendingEvents.Set(float64(st.Pending))
-	a.Metrics.OldestPendingAge.Set(st.OldestPendingAge)
-	a.Metrics.DeadEvents.Set(float64(st.Dead))
+	a.Metrics.SetBacklog(st.Pending, st.OldestPendingAge, st.Dead)
 }
 
 // LockStatus is one lock as /status and `outboxd status` show it.
