@@ -322,3 +322,18 @@ func TestBusyAggregatesAreLeftOut(t *testing.T) {
 		t.Fatalf("fetch due rows %+v, %v; want B's and C's only", rows, err)
 	}
 }
+
+// The relay's sessions never JIT-compile: with 1M pending rows the read's
+// estimated cost passed jit_above_cost and compiling took ~400 ms of a
+// 441 ms read. A DSN that sets jit keeps its own.
+func TestSessionsDoNotJIT(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	var jit string
+	if err := st.Pool().QueryRow(context.Background(), "SHOW jit").Scan(&jit); err != nil {
+		t.Fatal(err)
+	}
+	if jit != "off" {
+		t.Fatalf("jit = %s in the relay's sessions, want off", jit)
+	}
+}
