@@ -84,6 +84,12 @@ type reader struct {
 	// rescan below the cursor: (rescanLo, rescanTo] left to look at.
 	rescanLo, rescanTo int64
 	rescanAt, stepAt   time.Time
+	// A cursor computed, not saved (store.LoadCursor): (0, coldTo] is
+	// rescanned again and again until a read's snapshot xmin reaches
+	// coldHorizon, so a producer in flight at the start whose id fell below
+	// it is found once it commits. 0: settled.
+	coldTo      int64
+	coldHorizon uint64
 }
 
 // readerFor returns the term's reader, a new one when the term changed.
@@ -100,10 +106,11 @@ func (p *Poller) readerFor(f store.Fence) *reader {
 func (p *Poller) fetch(ctx context.Context, f store.Fence, lim store.FetchLimits) (rows []store.Row, held bool, err error) {
 	r := p.readerFor(f)
 	if !r.loaded {
-		c, err := p.store.LoadCursor(ctx, f.Lock)
+		c, horizon, err := p.store.LoadCursor(ctx, f.Lock)
 		if err != nil {
 			return nil, false, err
 		}
+		r.coldTo, r.coldHorizon = c, horizon
 		r.cursor, r.frontier, r.saved, r.loaded = c, c, c, true
 		r.rescanLo, r.rescanTo = 0, c
 		r.rescanAt = time.Now()
@@ -117,7 +124,7 @@ func (p *Poller) fetch(ctx context.Context, f store.Fence, lim store.FetchLimits
 	for _, h := range res.Hot {
 		held = held || h.State == store.HotHeld
 	}
-	if err := p.maintain(ctx, r, len(res.Rows) == 0); err != nil {
+	if err := p.maintain(ctx, r, len(res.Rows) == 0, res.XMin); err != nil {
 		// Saving the cursor or a rescan step failed: the read itself stands;
 		// a stale fence shows again on the batch's write.
 		p.log.Warn("read path upkeep failed", "error", err)
@@ -317,8 +324,15 @@ func (r *reader) saveable() int64 {
 // maintain saves the cursor (at most every saveEvery) and runs a rescan
 // step below it when one is due: at once when the read was idle, otherwise
 // at most every rescanPause.
-func (p *Poller) maintain(ctx context.Context, r *reader, idle bool) error {
+func (p *Poller) maintain(ctx context.Context, r *reader, idle bool, xmin uint64) error {
 	now := time.Now()
+	if r.coldHorizon != 0 && r.rescanLo >= r.rescanTo {
+		if xmin >= r.coldHorizon {
+			r.coldHorizon = 0 // every producer in flight at the start has ended
+		} else {
+			r.rescanLo, r.rescanTo = 0, r.coldTo
+		}
+	}
 	if c := r.saveable(); c != r.saved && now.Sub(r.savedAt) >= saveEvery {
 		if err := p.store.SaveCursor(ctx, r.fence, c); err != nil {
 			return fmt.Errorf("save cursor: %w", err)

@@ -143,6 +143,11 @@ func TestLateCommitIsDeliveredWarnedAndCounted(t *testing.T) {
 	cfg.GapWait = 300 * time.Millisecond
 	r, logs := e.loggedRunner(cfg)
 	e.run(r)
+	// The runner reads before the race starts: a holder that starts while a
+	// producer is in flight computes its first cursor (store.LoadCursor) and
+	// finds such a row by its rescan, not as a late commit.
+	warm := e.produce("warm")
+	e.waitFor("the runner delivering", 20*time.Second, func() bool { return e.delivered(warm) })
 	lower := e.race("A")
 	higher := e.produce("A")
 	e.waitFor("the higher id delivered past gap_wait", 20*time.Second, func() bool { return e.delivered(higher) })
@@ -247,4 +252,21 @@ func TestRowsBelowTheCursorAreFound(t *testing.T) {
 	}
 	after := e.produce("after")
 	e.waitFor("the new holder delivering", 20*time.Second, func() bool { return e.delivered(after) })
+}
+
+// A holder that computes its first cursor (none saved) while a producer is
+// in flight below the lowest visible pending row still delivers that row
+// once it commits: it keeps rescanning below the computed cursor until every
+// transaction in flight at the start has ended.
+func TestFirstCursorWaitsForProducersInFlight(t *testing.T) {
+	e := newEnv(t)
+	cfg := testConfig()
+	cfg.GapWait = 300 * time.Millisecond
+	r, _ := e.loggedRunner(cfg)
+	lower := e.race("A") // in flight before the runner starts
+	higher := e.produce("B")
+	e.run(r)
+	e.waitFor("the visible row delivered", 20*time.Second, func() bool { return e.delivered(higher) })
+	lower.commit(t)
+	e.waitFor("the row in flight at the start delivered", 20*time.Second, func() bool { return e.delivered(lower.id) })
 }

@@ -341,23 +341,27 @@ func readArgs(lim FetchLimits, pos ReadPos) ([]any, int64) {
 }
 
 // LoadCursor returns where a new holder's reads start: the cursor the last
-// holder of lock saved (SaveCursor). With none saved (a first start, or the
-// first start after upgrading onto a table with history) it starts just
-// below the lowest pending row, or at the highest id when none is pending,
-// so the first reads do not walk the settled history a span at a time; this
-// one query walks it once per term instead. Ids below it held by producers
-// still in flight are found by the rescan every term starts with.
-func (s *Store) LoadCursor(ctx context.Context, lock string) (int64, error) {
-	var c int64
-	err := s.pool.QueryRow(ctx, `SELECT COALESCE(
-  (SELECT cursor FROM outbox_cursor WHERE lock_name = $1),
-  (SELECT min(id) - 1 FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL),
-  (SELECT max(id) FROM outbox),
-  0)`, lock).Scan(&c)
+// holder of lock saved (SaveCursor), with horizon 0. With none saved (a
+// first start, or the first start after upgrading onto a table with
+// history) it starts just below the lowest pending row, or at the highest
+// id when none is pending, so the first reads do not walk the settled
+// history a span at a time (this one query walks it once per term instead).
+// Such a cursor is not yet settled: ids below it may belong to producer
+// transactions in progress when it was computed, so it comes with horizon,
+// that snapshot's xmax; until a snapshot's xmin reaches it the caller keeps
+// rescanning below the cursor.
+func (s *Store) LoadCursor(ctx context.Context, lock string) (cursor int64, horizon uint64, err error) {
+	var h int64
+	err = s.pool.QueryRow(ctx, `SELECT COALESCE(saved.cursor,
+    (SELECT min(id) - 1 FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL),
+    (SELECT max(id) FROM outbox),
+    0),
+  CASE WHEN saved.cursor IS NULL THEN pg_snapshot_xmax(pg_current_snapshot())::text::bigint ELSE 0 END
+FROM (SELECT (SELECT cursor FROM outbox_cursor WHERE lock_name = $1) AS cursor) saved`, lock).Scan(&cursor, &h)
 	if err != nil {
-		return 0, wrap("load cursor", err)
+		return 0, 0, wrap("load cursor", err)
 	}
-	return c, nil
+	return cursor, uint64(max(h, 0)), nil
 }
 
 // SaveCursor stores where f's holder stands, fenced: every id at or below

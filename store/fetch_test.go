@@ -255,7 +255,7 @@ func TestSaveCursorIsFenced(t *testing.T) {
 	st, _ := testenv.Store(t)
 	ctx := context.Background()
 	lock := "lock:outbox:poller"
-	if c, err := st.LoadCursor(ctx, lock); err != nil || c != 0 {
+	if c, _, err := st.LoadCursor(ctx, lock); err != nil || c != 0 {
 		t.Fatalf("no cursor saved: %d, %v", c, err)
 	}
 	if err := st.SaveCursor(ctx, store.Fence{Lock: lock, Token: 2, Owner: "b"}, 42); err != nil {
@@ -264,8 +264,8 @@ func TestSaveCursorIsFenced(t *testing.T) {
 	if err := st.SaveCursor(ctx, store.Fence{Lock: lock, Token: 1, Owner: "a"}, 7); err == nil {
 		t.Fatal("a stale holder saved its cursor")
 	}
-	if c, _ := st.LoadCursor(ctx, lock); c != 42 {
-		t.Fatalf("cursor %d, want 42", c)
+	if c, h, _ := st.LoadCursor(ctx, lock); c != 42 || h != 0 {
+		t.Fatalf("cursor %d, horizon %d; want the saved 42, settled (horizon 0)", c, h)
 	}
 }
 
@@ -281,14 +281,14 @@ func TestLoadCursorWithoutOneSavedSkipsTheSettledHistory(t *testing.T) {
 		SELECT 'deal', g::text, 'x', '{}', now() FROM generate_series(1, 500) g`); err != nil {
 		t.Fatal(err)
 	}
-	if c, err := st.LoadCursor(ctx, lock); err != nil || c != 500 {
-		t.Fatalf("nothing pending: cursor %d, %v; want the highest id, 500", c, err)
+	if c, h, err := st.LoadCursor(ctx, lock); err != nil || c != 500 || h == 0 {
+		t.Fatalf("nothing pending: cursor %d, horizon %d, %v; want the highest id, 500, with a horizon", c, h, err)
 	}
 	enqueue(t, st, ev("deal", "A", 1), ev("deal", "B", 2))
 	if _, err := st.Pool().Exec(ctx, `UPDATE outbox SET dispatched_at = NULL WHERE id = 300`); err != nil {
 		t.Fatal(err)
 	}
-	if c, err := st.LoadCursor(ctx, lock); err != nil || c != 299 {
+	if c, _, err := st.LoadCursor(ctx, lock); err != nil || c != 299 {
 		t.Fatalf("row 300 pending: cursor %d, %v; want 299", c, err)
 	}
 }
