@@ -158,7 +158,13 @@ type FetchLimits struct {
 	// Skip are rows not to return although they look due: the previous
 	// batch's, while its results are still being written. Nil skips none.
 	Skip []int64
+	// Busy are aggregates none of whose rows may be returned: their earlier
+	// rows are still being sent. Nil skips none.
+	Busy []Aggregate
 }
+
+// Aggregate names one aggregate, the unit of ordering.
+type Aggregate struct{ Type, ID string }
 
 // rowSizeSQL measures a row without sending it: pg_column_size reads the
 // stored size from the datum header. A compressed jsonb (its stored size can
@@ -178,7 +184,8 @@ const rowSizeSQL = `(CASE WHEN pg_column_compression(o.payload) IS NULL THEN pg_
 // delayed row is one whose available_at is past its created_at; producers
 // must not set created_at into the future.
 //
-// Rows in $4 are left out (see FetchLimits.Skip).
+// Rows in $4 are left out (see FetchLimits.Skip), and every row of the
+// aggregates in $5, $6 (types, ids; see FetchLimits.Busy).
 //
 // Of those candidates ($1 at most) it returns the prefix whose loaded bytes
 // stay within $3 (always the first row): a prefix, so no aggregate gets a
@@ -201,6 +208,8 @@ FROM (
     FROM outbox o
     WHERE o.dispatched_at IS NULL AND o.dead_at IS NULL AND o.available_at <= now()
       AND o.id NOT IN (SELECT unnest($4::bigint[])) -- a hashed subplan
+      AND NOT EXISTS (SELECT 1 FROM unnest($5::text[], $6::text[]) b(t, a) -- a hashed anti-join
+        WHERE b.t = o.aggregate_type AND b.a = o.aggregate_id)
       AND NOT EXISTS (
         SELECT 1 FROM outbox e
         WHERE e.aggregate_type = o.aggregate_type AND e.aggregate_id = o.aggregate_id
@@ -227,7 +236,11 @@ func (s *Store) FetchDue(ctx context.Context, lim FetchLimits) ([]Row, error) {
 	if budget <= 0 {
 		budget = math.MaxInt64
 	}
-	res, err := s.pool.Query(ctx, fetchDueSQL, lim.Rows, rowBytes, budget, lim.Skip)
+	busyTypes, busyIDs := make([]string, len(lim.Busy)), make([]string, len(lim.Busy))
+	for i, a := range lim.Busy {
+		busyTypes[i], busyIDs[i] = a.Type, a.ID
+	}
+	res, err := s.pool.Query(ctx, fetchDueSQL, lim.Rows, rowBytes, budget, lim.Skip, busyTypes, busyIDs)
 	if err != nil {
 		return nil, wrap("fetch due", err)
 	}
