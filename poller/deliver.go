@@ -4,30 +4,86 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/outboxd/outboxd/dispatch"
 )
 
 // delivered and poison rows do not block their aggregate.
-func (p *Poller) deliver(ctx context.Context, items []item, token int64, trusted func() time.Time) {
+//
+// settle is told each aggregate's rows once all of them have their final
+// outcome: as soon as the sink reports the aggregate's last result (through
+// dispatch.Batch.Done, or when Send returns), so an aggregate co-batched
+// with a slow one need not wait for it. Results the sink reports for an
+// aggregate after it stopped are not trusted: those rows stay pending.
+func (p *Poller) deliver(ctx context.Context, items []item, token int64, trusted func() time.Time, settle func(idx []int)) {
 	type aggKey struct{ t, id string }
 	agg := func(i int) aggKey { return aggKey{items[i].row.AggregateType, items[i].row.AggregateID} }
+	var mu sync.Mutex          // the maps below, and items' outcomes: results come from the sink's goroutines
+	rows := map[aggKey][]int{} // every row, per aggregate
+	var aggs []aggKey          // in order of first row
+	left := map[aggKey]int{}   // rows queued without a result yet
 	stopped := map[aggKey]bool{}
+	settled := map[aggKey]bool{}
+	answered := map[int]bool{}
 	var queue []int // rows to send, id order
 	for i := range items {
+		a := agg(i)
+		if rows[a] == nil {
+			aggs = append(aggs, a)
+		}
+		rows[a] = append(rows[a], i)
 		switch items[i].outcome {
 		case foreign, refused:
-			stopped[agg(i)] = true
+			stopped[a] = true
 		case pending:
-			if !stopped[agg(i)] {
+			if !stopped[a] {
 				queue = append(queue, i)
+				left[a]++
 			}
 		}
 	}
+	done := func(a aggKey) { // mu held
+		if !settled[a] {
+			settled[a] = true
+			settle(rows[a])
+		}
+	}
+	result := func(i int, r dispatch.Result) { // mu held
+		a := agg(i)
+		if settled[a] || answered[i] {
+			return
+		}
+		answered[i] = true
+		if p.apply(ctx, &items[i], r) {
+			left[a]--
+		} else {
+			stopped[a], left[a] = true, 0
+		}
+		if left[a] == 0 {
+			done(a)
+		}
+	}
+	mu.Lock()
+	for _, a := range aggs {
+		if left[a] == 0 {
+			done(a) // nothing to send
+		}
+	}
+	mu.Unlock()
+	defer func() {
+		// Whatever was not reached stays pending: its claim is released.
+		mu.Lock()
+		for _, a := range aggs {
+			done(a)
+		}
+		mu.Unlock()
+	}()
 	limit := p.sink.Capabilities().MaxBatch
 	for len(queue) > 0 && ctx.Err() == nil && time.Now().Before(trusted()) {
 		var chunk, rest []int
+		mu.Lock()
 		for _, i := range queue {
 			switch {
 			case stopped[agg(i)]:
@@ -37,6 +93,7 @@ func (p *Poller) deliver(ctx context.Context, items []item, token int64, trusted
 				chunk = append(chunk, i)
 			}
 		}
+		mu.Unlock()
 		queue = rest
 		if len(chunk) == 0 {
 			return
@@ -47,17 +104,25 @@ func (p *Poller) deliver(ctx context.Context, items []item, token int64, trusted
 			events[j] = dispatch.Event{ID: r.ID, AggregateType: r.AggregateType, AggregateID: r.AggregateID,
 				EventType: r.EventType, Payload: r.Payload, Headers: r.Headers, CreatedAt: r.CreatedAt}
 		}
-		results := p.sink.Send(ctx, dispatch.Batch{Events: events, Token: token, Until: trusted})
+		results := p.sink.Send(ctx, dispatch.Batch{Events: events, Token: token, Until: trusted,
+			Done: func(j int, r dispatch.Result) {
+				if j < 0 || j >= len(chunk) {
+					return // a sink that breaks its contract
+				}
+				mu.Lock()
+				result(chunk[j], r)
+				mu.Unlock()
+			}})
 		if len(results) != len(chunk) {
-			// A sink that breaks its contract: trust none of it; claims are released.
+			// A sink that breaks its contract: trust none of what it returned; claims are released.
 			p.log.Error("sink returned a wrong number of results; nothing marked", "batch_size", len(chunk), "results", len(results))
 			return
 		}
+		mu.Lock()
 		for j, i := range chunk {
-			if !p.apply(ctx, &items[i], results[j]) {
-				stopped[agg(i)] = true
-			}
+			result(i, results[j])
 		}
+		mu.Unlock()
 	}
 }
 
