@@ -20,8 +20,9 @@ import (
 const pipelineDepth = 4
 
 // earlyWrite is how long a batch's settled aggregates wait for its slowest
-// one before their results are written without it. Until then a batch's
-// results go in one write, as when nothing is slow.
+// one before their results are written without it (Poller.earlyWrite; tests
+// change it). Until then a batch's results go in one write, as when nothing
+// is slow.
 const earlyWrite = time.Second
 
 // pipeline runs the batches of one term. Each batch is sent in its own
@@ -38,7 +39,7 @@ const earlyWrite = time.Second
 //     time (finish: owner-checked keys, then the fenced Postgres write): all
 //     of a batch at once when its sends are over, and early an aggregate
 //     that stopped (so it is not held behind the batch's slowest) or, after
-//     earlyWrite, whatever has settled.
+//     Poller.earlyWrite, whatever has settled.
 //   - Bounded: see pipelineDepth.
 //   - Shutdown: close waits for the sends (bounded by the term's work
 //     context and the trust deadline), then for every result to be written.
@@ -147,7 +148,7 @@ func (pl *pipeline) launch(items []item, claim string, start time.Time) <-chan s
 	pl.mu.Unlock()
 
 	pl.sends.Go(func() {
-		early := time.AfterFunc(earlyWrite, func() {
+		early := time.AfterFunc(pl.p.earlyWrite, func() {
 			pl.mu.Lock()
 			f.early = true
 			pl.mu.Unlock()

@@ -123,6 +123,8 @@ type Poller struct {
 	wake  chan struct{}
 	hooks hooks // crash points, for tests only
 
+	earlyWrite time.Duration // see the constant
+
 	cutMu sync.Mutex
 	cuts  map[int64]int // sends of a row cut short by the lease while it was held
 }
@@ -153,7 +155,7 @@ func New(cfg Config, d Deps) *Poller {
 			TTL: cfg.LockTTL, Wait: cfg.LockWait, WaitAfterDataLoss: true, ShutdownTimeout: cfg.ShutdownTimeout,
 			QueryTimeout: queryTimeout(cfg),
 		}, term.Deps{Locks: d.Locks, Store: d.Store, Log: d.Log, Metrics: d.Metrics}),
-		wake: make(chan struct{}, 1), cuts: map[int64]int{},
+		wake: make(chan struct{}, 1), cuts: map[int64]int{}, earlyWrite: earlyWrite,
 	}
 }
 
