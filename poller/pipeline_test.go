@@ -43,7 +43,9 @@ func TestSlowAggregateHoldsOnlyItsOwnEvents(t *testing.T) {
 		return testkit.Reply{}
 	})
 	e.enqueue("slow", "fail", "slow", "slow") // one batch
-	r := e.poller(testConfig(), "")
+	cfg := testConfig()
+	cfg.LockTTL = time.Minute // the held send is not cut by the lease meanwhile
+	r := e.poller(cfg, "")
 	r.earlyWrite = time.Hour // the failure is written at once all the same
 	e.run(r)
 	e.waitFor("the slow aggregate's first event held", 30*time.Second, func() bool { return e.rc.Held() == 1 })
@@ -82,7 +84,9 @@ func TestSettledAggregatesAreWrittenBesideTheSlowest(t *testing.T) {
 	release := e.rc.Hold(testkit.HoldAggregate("deal/slow"))
 	defer release()
 	e.enqueue("slow", "a", "b", "slow")
-	r := e.poller(testConfig(), "")
+	cfg := testConfig()
+	cfg.LockTTL = time.Minute // the held send is not cut by the lease meanwhile
+	r := e.poller(cfg, "")
 	r.earlyWrite = time.Millisecond
 	e.run(r)
 	e.waitFor("the co-batched aggregates marked while the slow one is held", 60*time.Second, func() bool {
