@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/internal/testkit"
 	"github.com/outboxd/outboxd/store"
 )
@@ -24,6 +25,18 @@ func (e *env) enqueue(aggs ...string) {
 	if err := pgx.BeginFunc(ctx, e.st.Pool(), func(tx pgx.Tx) error { return store.Enqueue(ctx, tx, evs...) }); err != nil {
 		e.t.Fatal(err)
 	}
+}
+
+// slowPoller is a runner whose sends of a held event are not cut while a
+// test runs: a lease and a webhook timeout of a minute.
+func (e *env) slowPoller() *runner {
+	cfg := testConfig()
+	cfg.LockTTL = time.Minute
+	sink, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: e.rc.URL(), Timeout: time.Minute, Concurrency: cfg.Concurrency})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return e.pollerWith(cfg, sink)
 }
 
 // No batch-wide barrier: while one aggregate's first event is held at the
@@ -43,9 +56,7 @@ func TestSlowAggregateHoldsOnlyItsOwnEvents(t *testing.T) {
 		return testkit.Reply{}
 	})
 	e.enqueue("slow", "fail", "slow", "slow") // one batch
-	cfg := testConfig()
-	cfg.LockTTL = time.Minute // the held send is not cut by the lease meanwhile
-	r := e.poller(cfg, "")
+	r := e.slowPoller()
 	r.earlyWrite = time.Hour // the failure is written at once all the same
 	e.run(r)
 	e.waitFor("the slow aggregate's first event held", 30*time.Second, func() bool { return e.rc.Held() == 1 })
@@ -84,9 +95,7 @@ func TestSettledAggregatesAreWrittenBesideTheSlowest(t *testing.T) {
 	release := e.rc.Hold(testkit.HoldAggregate("deal/slow"))
 	defer release()
 	e.enqueue("slow", "a", "b", "slow")
-	cfg := testConfig()
-	cfg.LockTTL = time.Minute // the held send is not cut by the lease meanwhile
-	r := e.poller(cfg, "")
+	r := e.slowPoller()
 	r.earlyWrite = time.Millisecond
 	e.run(r)
 	e.waitFor("the co-batched aggregates marked while the slow one is held", 60*time.Second, func() bool {
