@@ -12,27 +12,32 @@ import (
 
 // delivered and poison rows do not block their aggregate.
 //
-// settle is told each aggregate's rows once all of them have their final
-// outcome: as soon as the sink reports the aggregate's last result (through
-// dispatch.Batch.Done, or when Send returns), so an aggregate co-batched
-// with a slow one need not wait for it. Results the sink reports for an
-// aggregate after it stopped are not trusted: those rows stay pending.
-func (p *Poller) deliver(ctx context.Context, items []item, token int64, trusted func() time.Time, settle func(idx []int)) {
+// settle is told aggregates' rows (one slice per aggregate) once all of them
+// have their final outcome: as soon as the sink reports an aggregate's last
+// result (through dispatch.Batch.Done, or when Send returns), so an
+// aggregate co-batched with a slow one need not wait for it. Results the
+// sink reports for an aggregate after it stopped are not trusted: those
+// rows stay pending.
+func (p *Poller) deliver(ctx context.Context, items []item, token int64, trusted func() time.Time, settle func(aggs [][]int)) {
 	type aggKey struct{ t, id string }
-	agg := func(i int) aggKey { return aggKey{items[i].row.AggregateType, items[i].row.AggregateID} }
-	var mu sync.Mutex          // the maps below, and items' outcomes: results come from the sink's goroutines
-	rows := map[aggKey][]int{} // every row, per aggregate
-	var aggs []aggKey          // in order of first row
-	left := map[aggKey]int{}   // rows queued without a result yet
-	stopped := map[aggKey]bool{}
-	settled := map[aggKey]bool{}
-	answered := map[int]bool{}
-	var queue []int // rows to send, id order
+	// Aggregates by number, in order of first row; the slices below by that number.
+	aggOf := make([]int, len(items))
+	var rows [][]int // every row of each aggregate
+	var left []int   // rows queued without a result yet
+	var stopped, settled []bool
+	answered := make([]bool, len(items))
+	var mu sync.Mutex // the slices above, and items' outcomes: results come from the sink's goroutines
+	var queue []int   // rows to send, id order
+	number := map[aggKey]int{}
 	for i := range items {
-		a := agg(i)
-		if rows[a] == nil {
-			aggs = append(aggs, a)
+		k := aggKey{items[i].row.AggregateType, items[i].row.AggregateID}
+		a, ok := number[k]
+		if !ok {
+			a = len(rows)
+			number[k] = a
+			rows, left, stopped, settled = append(rows, nil), append(left, 0), append(stopped, false), append(settled, false)
 		}
+		aggOf[i] = a
 		rows[a] = append(rows[a], i)
 		switch items[i].outcome {
 		case foreign, refused:
@@ -44,16 +49,12 @@ func (p *Poller) deliver(ctx context.Context, items []item, token int64, trusted
 			}
 		}
 	}
-	done := func(a aggKey) { // mu held
-		if !settled[a] {
-			settled[a] = true
-			settle(rows[a])
-		}
-	}
-	result := func(i int, r dispatch.Result) { // mu held
-		a := agg(i)
+	// result records row i's result; it returns the aggregate's number when
+	// that made the aggregate settled, else -1. mu held.
+	result := func(i int, r dispatch.Result) int {
+		a := aggOf[i]
 		if settled[a] || answered[i] {
-			return
+			return -1
 		}
 		answered[i] = true
 		if p.apply(ctx, &items[i], r) {
@@ -61,23 +62,32 @@ func (p *Poller) deliver(ctx context.Context, items []item, token int64, trusted
 		} else {
 			stopped[a], left[a] = true, 0
 		}
-		if left[a] == 0 {
-			done(a)
+		if left[a] > 0 {
+			return -1
+		}
+		settled[a] = true
+		return a
+	}
+	// settleAll settles every aggregate that want says is done; mu held.
+	settleAll := func(want func(a int) bool) {
+		var done [][]int
+		for a := range rows {
+			if !settled[a] && want(a) {
+				settled[a] = true
+				done = append(done, rows[a])
+			}
+		}
+		if len(done) > 0 {
+			settle(done)
 		}
 	}
 	mu.Lock()
-	for _, a := range aggs {
-		if left[a] == 0 {
-			done(a) // nothing to send
-		}
-	}
+	settleAll(func(a int) bool { return left[a] == 0 }) // nothing to send
 	mu.Unlock()
 	defer func() {
 		// Whatever was not reached stays pending: its claim is released.
 		mu.Lock()
-		for _, a := range aggs {
-			done(a)
-		}
+		settleAll(func(int) bool { return true })
 		mu.Unlock()
 	}()
 	limit := p.sink.Capabilities().MaxBatch
@@ -86,7 +96,7 @@ func (p *Poller) deliver(ctx context.Context, items []item, token int64, trusted
 		mu.Lock()
 		for _, i := range queue {
 			switch {
-			case stopped[agg(i)]:
+			case stopped[aggOf[i]]:
 			case limit > 0 && len(chunk) == limit:
 				rest = append(rest, i)
 			default:
@@ -110,8 +120,10 @@ func (p *Poller) deliver(ctx context.Context, items []item, token int64, trusted
 					return // a sink that breaks its contract
 				}
 				mu.Lock()
-				result(chunk[j], r)
-				mu.Unlock()
+				defer mu.Unlock()
+				if a := result(chunk[j], r); a >= 0 {
+					settle([][]int{rows[a]})
+				}
 			}})
 		if len(results) != len(chunk) {
 			// A sink that breaks its contract: trust none of what it returned; claims are released.
@@ -119,8 +131,14 @@ func (p *Poller) deliver(ctx context.Context, items []item, token int64, trusted
 			return
 		}
 		mu.Lock()
+		var done [][]int // settled now: told in one call
 		for j, i := range chunk {
-			result(i, results[j])
+			if a := result(i, results[j]); a >= 0 {
+				done = append(done, rows[a])
+			}
+		}
+		if len(done) > 0 {
+			settle(done)
 		}
 		mu.Unlock()
 	}

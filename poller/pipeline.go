@@ -154,7 +154,7 @@ func (pl *pipeline) launch(items []item, claim string, start time.Time) <-chan s
 			pl.mu.Unlock()
 			poke(pl.kick)
 		})
-		pl.p.deliver(pl.ctx, items, pl.fence.Token, pl.trusted, func(idx []int) { pl.settle(f, items, idx) })
+		pl.p.deliver(pl.ctx, items, pl.fence.Token, pl.trusted, func(aggs [][]int) { pl.settle(f, items, aggs) })
 		early.Stop()
 		pl.mu.Lock()
 		f.sending = false
@@ -174,26 +174,37 @@ func aggregateOf(it item) store.Aggregate {
 	return store.Aggregate{Type: it.row.AggregateType, ID: it.row.AggregateID}
 }
 
-// settle takes the rows at idx (one aggregate's in a flight, each with its
-// final outcome) for writing. An aggregate that went through is free at
-// once: its later rows may be fetched, its own stay skipped until written.
-func (pl *pipeline) settle(f *flight, items []item, idx []int) {
-	pc := piece{agg: aggregateOf(items[idx[0]]), items: make([]item, len(idx))}
-	for j, i := range idx {
-		pc.items[j] = items[i]
-		pc.items[j].row.Payload, pc.items[j].row.Headers = nil, nil // the write needs none
-		switch items[i].outcome {
-		case pending, foreign, failed, refused:
-			pc.stops = true
+// settle takes aggregates' rows (one slice per aggregate of a flight, each
+// row with its final outcome) for writing. An aggregate that went through
+// is free at once: its later rows may be fetched, its own stay skipped
+// until written.
+func (pl *pipeline) settle(f *flight, items []item, aggs [][]int) {
+	pieces := make([]piece, len(aggs))
+	for k, idx := range aggs {
+		pc := piece{agg: aggregateOf(items[idx[0]]), items: make([]item, len(idx))}
+		for j, i := range idx {
+			pc.items[j] = items[i]
+			pc.items[j].row.Payload, pc.items[j].row.Headers = nil, nil // the write needs none
+			switch items[i].outcome {
+			case pending, foreign, failed, refused:
+				pc.stops = true
+			}
 		}
+		pieces[k] = pc
 	}
 	pl.mu.Lock()
-	f.ready = append(f.ready, pc)
-	if !pc.stops {
-		pl.release(pc.agg)
+	f.ready = append(f.ready, pieces...)
+	writable := f.early // else only a stop is written before the flight's sends are over
+	for _, pc := range pieces {
+		if !pc.stops {
+			pl.release(pc.agg)
+		}
+		writable = writable || pc.stops
 	}
 	pl.mu.Unlock()
-	poke(pl.kick)
+	if writable {
+		poke(pl.kick)
+	}
 }
 
 // release ends one flight's hold on a; pl.mu held.
