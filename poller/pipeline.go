@@ -35,12 +35,14 @@ const earlyWrite = time.Second
 //     or its claim released): no fetch returns any of its rows meanwhile
 //     (store.FetchLimits.Busy). A fetch also leaves out every row fetched
 //     and not yet written (store.FetchLimits.Skip).
-//   - Results are written by one writer, one batch's settled aggregates at a
-//     time (finish: owner-checked keys, then the fenced Postgres write): all
-//     of a batch at once when its sends are over, and early an aggregate
-//     that stopped (so it is not held behind the batch's slowest) or, after
-//     Poller.earlyWrite, whatever has settled.
-//   - Bounded: see pipelineDepth.
+//   - Results are written by one writer, in turn (finish: owner-checked
+//     keys, then the fenced Postgres write): all of a batch at once when its
+//     sends are over; early, an aggregate that stopped (so it is not held
+//     behind the batch's slowest) or, after Poller.earlyWrite, whatever of
+//     the batch has settled.
+//   - Bounded: see pipelineDepth. And no fetch runs ahead of the writer by
+//     more than a batch: while more than batch_size rows wait to be
+//     written, the next fetch waits.
 //   - Shutdown: close waits for the sends (bounded by the term's work
 //     context and the trust deadline), then for every result to be written.
 //
@@ -59,12 +61,13 @@ type pipeline struct {
 
 	mu        sync.Mutex
 	flights   []*flight // launch order, until every row is written
-	busy      map[store.Aggregate]int
-	unwritten map[int64]struct{} // rows fetched, results not yet written
-	bytes     int64              // loaded bytes held by sends in flight
-	full      bool               // the lead waits for room
-	closing   bool               // no more flights: write all, then stop
-	err       error              // write errors not yet reported
+	busy      map[store.Aggregate]struct{}
+	unwritten int   // rows fetched, results not yet written
+	writing   int   // rows being written
+	bytes     int64 // loaded bytes held by sends in flight
+	full      bool  // the lead waits for room
+	closing   bool  // no more flights: write all, then stop
+	err       error // write errors not yet reported
 }
 
 // flight is one batch in the pipeline.
@@ -73,24 +76,30 @@ type flight struct {
 	start   time.Time // its fetch
 	bytes   int64
 	sent    chan struct{} // closed when its sends are over
+	ids     []int64       // its rows
+	written []bool        // by row: its result is written
 	left    int           // rows not yet written
 	sending bool
 	early   bool    // sending for longer than earlyWrite
-	ready   []piece // settled aggregates, not yet written
+	ready   []piece // settled rows, not yet written
 }
 
-// piece is one aggregate's rows of a flight, settled.
+// piece is settled rows of a flight: one or more aggregates'.
 type piece struct {
-	agg   store.Aggregate
-	items []item // copies without payloads
-	stops bool   // it stopped at a row not delivered: busy until written
+	idx     []int             // the rows, indexes in the flight
+	items   []item            // their copies, without payloads
+	stopped []store.Aggregate // aggregates that stopped at a row not delivered: busy until written
 }
+
+// writable is whether the writer may take pieces of f now (all of them, or
+// only stops); pl.mu held.
+func (pl *pipeline) writable(f *flight) bool { return !f.sending || f.early || pl.closing }
 
 func (p *Poller) newPipeline(work context.Context, fence store.Fence, trusted func() time.Time) *pipeline {
 	ctx, cancel := context.WithCancel(work)
 	pl := &pipeline{p: p, fence: fence, trusted: trusted, ctx: ctx, cancel: cancel,
 		written: make(chan struct{}), kick: make(chan struct{}, 1), wake: make(chan struct{}, 1),
-		busy: map[store.Aggregate]int{}, unwritten: map[int64]struct{}{}}
+		busy: map[store.Aggregate]struct{}{}}
 	go pl.write()
 	return pl
 }
@@ -108,14 +117,31 @@ func (pl *pipeline) limits() (lim store.FetchLimits, ok bool) {
 	cfg := pl.p.cfg
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
-	rows := min(cfg.BatchSize, pipelineDepth*cfg.BatchSize-len(pl.unwritten))
+	queued := pl.writing // rows the writer has or could take now
+	for _, f := range pl.flights {
+		all := pl.writable(f)
+		for _, pc := range f.ready {
+			if all || len(pc.stopped) > 0 {
+				queued += len(pc.idx)
+			}
+		}
+	}
+	rows := min(cfg.BatchSize, pipelineDepth*cfg.BatchSize-pl.unwritten)
 	bytes := min(cfg.BatchMaxBytes, pipelineDepth*cfg.BatchMaxBytes-pl.bytes)
-	if rows <= 0 || bytes <= 0 {
+	if rows <= 0 || bytes <= 0 || queued > cfg.BatchSize {
 		pl.full = true
 		return lim, false
 	}
+	skip := make([]int64, 0, pl.unwritten)
+	for _, f := range pl.flights {
+		for i, id := range f.ids {
+			if !f.written[i] {
+				skip = append(skip, id)
+			}
+		}
+	}
 	return store.FetchLimits{Rows: rows, RowBytes: cfg.MaxPayloadBytes, Bytes: bytes,
-		Skip: slices.Collect(maps.Keys(pl.unwritten)), Busy: slices.Collect(maps.Keys(pl.busy))}, true
+		Skip: skip, Busy: slices.Collect(maps.Keys(pl.busy))}, true
 }
 
 // takeErr returns the write errors since the last call.
@@ -130,19 +156,20 @@ func (pl *pipeline) takeErr() error {
 // launch sends a claimed batch in its own goroutine; the returned channel
 // closes when its sends are over.
 func (pl *pipeline) launch(items []item, claim string, start time.Time) <-chan struct{} {
-	f := &flight{claim: claim, start: start, sent: make(chan struct{}), left: len(items), sending: true}
-	pl.mu.Lock()
-	seen := map[store.Aggregate]bool{}
-	for _, it := range items {
-		pl.unwritten[it.row.ID] = struct{}{}
+	f := &flight{claim: claim, start: start, sent: make(chan struct{}), ids: make([]int64, len(items)),
+		written: make([]bool, len(items)), left: len(items), sending: true}
+	for i, it := range items {
+		f.ids[i] = it.row.ID
 		if it.row.Size <= pl.p.cfg.MaxPayloadBytes { // loaded
 			f.bytes += it.row.Size
 		}
-		if a := aggregateOf(it); !seen[a] {
-			seen[a] = true
-			pl.busy[a]++
-		}
 	}
+	pl.mu.Lock()
+	for _, it := range items {
+		// No other flight holds these: the fetch left busy aggregates out.
+		pl.busy[aggregateOf(it)] = struct{}{}
+	}
+	pl.unwritten += len(items)
 	pl.bytes += f.bytes
 	pl.flights = append(pl.flights, f)
 	pl.mu.Unlock()
@@ -174,43 +201,39 @@ func aggregateOf(it item) store.Aggregate {
 	return store.Aggregate{Type: it.row.AggregateType, ID: it.row.AggregateID}
 }
 
-// settle takes aggregates' rows (one slice per aggregate of a flight, each
+// settle takes aggregates' rows (one slice per aggregate of flight f, each
 // row with its final outcome) for writing. An aggregate that went through
 // is free at once: its later rows may be fetched, its own stay skipped
 // until written.
 func (pl *pipeline) settle(f *flight, items []item, aggs [][]int) {
-	pieces := make([]piece, len(aggs))
-	for k, idx := range aggs {
-		pc := piece{agg: aggregateOf(items[idx[0]]), items: make([]item, len(idx))}
-		for j, i := range idx {
-			pc.items[j] = items[i]
-			pc.items[j].row.Payload, pc.items[j].row.Headers = nil, nil // the write needs none
-			switch items[i].outcome {
+	var pc piece
+	var free []store.Aggregate
+	for _, idx := range aggs {
+		stops := false
+		for _, i := range idx {
+			it := items[i]
+			it.row.Payload, it.row.Headers = nil, nil // the write needs none
+			pc.idx, pc.items = append(pc.idx, i), append(pc.items, it)
+			switch it.outcome {
 			case pending, foreign, failed, refused:
-				pc.stops = true
+				stops = true
 			}
 		}
-		pieces[k] = pc
+		if a := aggregateOf(items[idx[0]]); stops {
+			pc.stopped = append(pc.stopped, a)
+		} else {
+			free = append(free, a)
+		}
 	}
 	pl.mu.Lock()
-	f.ready = append(f.ready, pieces...)
-	writable := f.early // else only a stop is written before the flight's sends are over
-	for _, pc := range pieces {
-		if !pc.stops {
-			pl.release(pc.agg)
-		}
-		writable = writable || pc.stops
+	f.ready = append(f.ready, pc)
+	for _, a := range free {
+		delete(pl.busy, a)
 	}
+	writable := len(pc.stopped) > 0 || pl.writable(f)
 	pl.mu.Unlock()
 	if writable {
 		poke(pl.kick)
-	}
-}
-
-// release ends one flight's hold on a; pl.mu held.
-func (pl *pipeline) release(a store.Aggregate) {
-	if pl.busy[a]--; pl.busy[a] <= 0 {
-		delete(pl.busy, a)
 	}
 }
 
@@ -243,17 +266,9 @@ func (pl *pipeline) take() (*flight, []piece, bool) {
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
 	for _, f := range pl.flights {
-		if len(f.ready) == 0 {
-			continue
-		}
-		if !f.sending || f.early || pl.closing {
-			pieces := f.ready
-			f.ready = nil
-			return f, pieces, false
-		}
 		var take, keep []piece
 		for _, pc := range f.ready {
-			if pc.stops {
+			if pl.writable(f) || len(pc.stopped) > 0 {
 				take = append(take, pc)
 			} else {
 				keep = append(keep, pc)
@@ -261,6 +276,9 @@ func (pl *pipeline) take() (*flight, []piece, bool) {
 		}
 		if len(take) > 0 {
 			f.ready = keep
+			for _, pc := range take {
+				pl.writing += len(pc.idx)
+			}
 			return f, take, false
 		}
 	}
@@ -284,14 +302,16 @@ func (pl *pipeline) writePieces(f *flight, pieces []piece) {
 
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
-	for _, it := range items {
-		delete(pl.unwritten, it.row.ID)
-	}
 	for _, pc := range pieces {
-		if pc.stops {
-			pl.release(pc.agg)
+		for _, i := range pc.idx {
+			f.written[i] = true
+		}
+		for _, a := range pc.stopped {
+			delete(pl.busy, a)
 		}
 	}
+	pl.writing -= len(items)
+	pl.unwritten -= len(items)
 	if f.left -= len(items); f.left == 0 && !f.sending {
 		pl.flights = slices.DeleteFunc(pl.flights, func(x *flight) bool { return x == f })
 	}
