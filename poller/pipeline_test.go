@@ -28,11 +28,11 @@ func (e *env) enqueue(aggs ...string) {
 }
 
 // slowPoller is a runner whose sends of a held event are not cut while a
-// test runs: a lease and a webhook timeout of a minute.
+// test waits (a minute at most): a lease and a webhook timeout of 5 minutes.
 func (e *env) slowPoller() *runner {
 	cfg := testConfig()
-	cfg.LockTTL = time.Minute
-	sink, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: e.rc.URL(), Timeout: time.Minute, Concurrency: cfg.Concurrency})
+	cfg.LockTTL = 5 * time.Minute
+	sink, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: e.rc.URL(), Timeout: 5 * time.Minute, Concurrency: cfg.Concurrency})
 	if err != nil {
 		e.t.Fatal(err)
 	}
