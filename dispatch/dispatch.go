@@ -44,6 +44,20 @@ type Batch struct {
 	// as the lease is renewed). A sink starts no send past it and bounds
 	// each send by it; a sink that sends the batch at once bounds the call.
 	Until func() time.Time
+	// Done, if set, is told each event's result as soon as it is final,
+	// before Send returns: the caller learns that an aggregate is finished
+	// while slower ones are still being sent. A sink that sends events one
+	// by one (PerEvent) calls it once per event, from any goroutine, with
+	// the Result it will also return; a sink that sends the batch at once
+	// may ignore it (the caller reads what Send returns). It must be cheap.
+	Done func(i int, r Result)
+}
+
+// done reports event i's result to b.Done, if set.
+func (b Batch) done(i int, r Result) {
+	if b.Done != nil {
+		b.Done(i, r)
+	}
 }
 
 // Outcome is what became of one event.

@@ -3,9 +3,8 @@ package dispatch
 import (
 	"cmp"
 	"context"
+	"sync"
 	"time"
-
-	"golang.org/x/sync/errgroup"
 )
 
 // SendFunc delivers one event: nil when delivered, otherwise an error that
@@ -17,47 +16,55 @@ type SendFunc func(ctx context.Context, ev Event, token int64) error
 const DefaultConcurrency = 16
 
 // PerEvent makes a Sink of a destination that takes one event per request
-// (the webhook). It sends the aggregates of a batch in parallel, at most
-// concurrency at once, and the events of one aggregate one after another in
-// order, stopping an aggregate at its first failure: its later events are
-// NotAttempted. It reads the trust deadline before every send, starts none
-// past it and bounds each by it; a send that fails after its deadline or
-// context ended is reported Cut.
+// (the webhook). It sends aggregates in parallel, at most concurrency at
+// once across all its Send calls (several batches may be in flight: the
+// bound is the sink's, not the call's), and the events of one aggregate one
+// after another in order, stopping an aggregate at its first failure: its
+// later events are NotAttempted. Each event's result goes to Batch.Done as
+// soon as it is known. It reads the trust deadline before every send,
+// starts none past it and bounds each by it; a send that fails after its
+// deadline or context ended is reported Cut.
 func PerEvent(send SendFunc, concurrency int, caps Capabilities) Sink {
-	return &perEvent{send: send, concurrency: cmp.Or(concurrency, DefaultConcurrency), caps: caps}
+	return &perEvent{send: send, slots: make(chan struct{}, cmp.Or(concurrency, DefaultConcurrency)), caps: caps}
 }
 
 type perEvent struct {
-	send        SendFunc
-	concurrency int
-	caps        Capabilities
+	send  SendFunc
+	slots chan struct{} // one per aggregate being sent, across Send calls
+	caps  Capabilities
 }
 
 func (p *perEvent) Capabilities() Capabilities { return p.caps }
 
 func (p *perEvent) Send(ctx context.Context, b Batch) []Result {
 	out := make([]Result, len(b.Events))
-	var g errgroup.Group
-	g.SetLimit(p.concurrency)
+	var wg sync.WaitGroup
 	for _, idx := range byAggregate(b.Events) {
-		g.Go(func() error {
+		select {
+		case p.slots <- struct{}{}:
+		case <-ctx.Done():
+			notAttempted(b, idx) // this aggregate's events stay NotAttempted
+			continue
+		}
+		wg.Go(func() {
+			defer func() { <-p.slots }()
 			p.sendAggregate(ctx, b, idx, out)
-			return nil
 		})
 	}
-	_ = g.Wait() // outcomes are per event
+	wg.Wait()
 	return out
 }
 
 // sendAggregate sends the events at idx (one aggregate's, in order) until
 // the first that does not go through.
 func (p *perEvent) sendAggregate(ctx context.Context, b Batch, idx []int, out []Result) {
-	for _, i := range idx {
+	for k, i := range idx {
 		// Trust the lease less than Redis does: past the local deadline (a
 		// pause, a slow network) stop without waiting to hear from Redis.
 		until := b.Until()
 		if ctx.Err() != nil || !time.Now().Before(until) {
-			return // the rest stay NotAttempted
+			notAttempted(b, idx[k:]) // the rest stay NotAttempted
+			return
 		}
 		sctx, cancel := context.WithDeadline(ctx, until)
 		err := p.send(sctx, b.Events[i], b.Token)
@@ -69,9 +76,19 @@ func (p *perEvent) sendAggregate(ctx context.Context, b Batch, idx []int, out []
 		if err != nil {
 			out[i] = Failed(err)
 			out[i].Cut = cut
+			b.done(i, out[i])
+			notAttempted(b, idx[k+1:])
 			return
 		}
 		out[i].Outcome = Delivered
+		b.done(i, out[i])
+	}
+}
+
+// notAttempted reports the events at idx as NotAttempted to b.Done.
+func notAttempted(b Batch, idx []int) {
+	for _, i := range idx {
+		b.done(i, Result{Outcome: NotAttempted})
 	}
 }
 

@@ -133,3 +133,89 @@ func TestNoopDeliversEverything(t *testing.T) {
 		t.Fatalf("%+v", res)
 	}
 }
+
+// Each event's result reaches Batch.Done as soon as it is known: a fast
+// aggregate is reported while a slow one is still being sent, and every
+// event (NotAttempted ones too) is reported once, with the result Send
+// returns.
+func TestPerEventReportsEachResultAsItIsKnown(t *testing.T) {
+	release := make(chan struct{})
+	sink := dispatch.PerEvent(func(_ context.Context, ev dispatch.Event, _ int64) error {
+		switch ev.AggregateID {
+		case "slow":
+			<-release
+		case "bad":
+			return errors.New("503")
+		}
+		return nil
+	}, 4, dispatch.Capabilities{})
+	//                 0       1       2      3      4
+	b := batchOf("slow", "fast", "bad", "bad", "fast")
+	var mu sync.Mutex
+	got := map[int][]dispatch.Result{}
+	fastDone := make(chan struct{})
+	b.Done = func(i int, r dispatch.Result) {
+		mu.Lock()
+		defer mu.Unlock()
+		got[i] = append(got[i], r)
+		if len(got[1]) == 1 && len(got[4]) == 1 && i == 4 {
+			close(fastDone)
+		}
+	}
+	done := make(chan []dispatch.Result)
+	go func() { done <- sink.Send(context.Background(), b) }()
+	select {
+	case <-fastDone: // the slow aggregate is still held
+	case res := <-done:
+		t.Fatalf("Send returned (%v) before the fast aggregate was reported", res)
+	}
+	close(release)
+	res := <-done
+	mu.Lock()
+	defer mu.Unlock()
+	for i, r := range res {
+		if len(got[i]) != 1 || got[i][0].Outcome != r.Outcome {
+			t.Errorf("event %d: Done saw %v, Send returned %s", i, got[i], r.Outcome)
+		}
+	}
+	if res[3].Outcome != dispatch.NotAttempted {
+		t.Errorf("event after a failure: %s, want not attempted", res[3].Outcome)
+	}
+}
+
+// The concurrency bounds the sink, not one Send: batches in flight at once
+// share it.
+func TestPerEventBoundsConcurrencyAcrossBatches(t *testing.T) {
+	var now, peak atomic.Int32
+	release := make(chan struct{})
+	sink := dispatch.PerEvent(func(context.Context, dispatch.Event, int64) error {
+		n := now.Add(1)
+		for {
+			p := peak.Load()
+			if n <= p || peak.CompareAndSwap(p, n) {
+				break
+			}
+		}
+		<-release
+		now.Add(-1)
+		return nil
+	}, 2, dispatch.Capabilities{})
+	done := make(chan []dispatch.Result, 2)
+	for range 2 {
+		go func() { done <- sink.Send(context.Background(), batchOf("a", "b")) }()
+	}
+	for peak.Load() < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	for range 2 {
+		for i, r := range <-done {
+			if r.Outcome != dispatch.Delivered {
+				t.Fatalf("event %d: %s", i+1, r.Outcome)
+			}
+		}
+	}
+	if peak.Load() != 2 {
+		t.Fatalf("peak %d aggregates at once over two batches, want 2", peak.Load())
+	}
+}

@@ -3,7 +3,6 @@ package poller
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"time"
 
@@ -31,74 +30,40 @@ type item struct {
 	fp      string // the row's fingerprint (keys.Fingerprint), set when claimed
 }
 
-// finishing is a batch whose results are being written (Redis keys, then
-// the fenced Postgres write) while the next batch is fetched, claimed and
-// sent: those writes are about a third of a batch's time, and the next
-// batch does not need them, as long as it leaves this batch's rows alone
-// (store.FetchLimits.Skip) and, if an aggregate stopped here at a row not
-// delivered, waits for the write that makes that row back off (otherwise
-// the aggregate's later rows would look due and overtake it).
-// At most one batch is finishing at a time, so Postgres gets the results
-// in batch order.
-type finishing struct {
-	ids   []int64 // the batch's rows
-	stops bool    // an aggregate stopped at a row not delivered
-	done  chan struct{}
-	err   error
-}
-
-// wait returns the write's error once it is done; nil for a nil finishing.
-func (f *finishing) wait() error {
-	if f == nil {
-		return nil
-	}
-	<-f.done
-	return f.err
-}
-
-// skip is what the next fetch must leave out while f is being written.
-func (f *finishing) skip() []int64 {
-	if f == nil {
-		return nil
-	}
-	return f.ids
-}
-
 // batchResult is what one batch tells the run loop.
 type batchResult struct {
-	fetched   int        // rows fetched
-	more      bool       // a full batch: more are due at once
-	held      bool       // rows were read but wait behind an earlier id: look again soon
-	finishing *finishing // its results being written, or nil
+	fetched int  // rows fetched
+	more    bool // a full batch: more are due at once
+	held    bool // rows were read but wait behind an earlier id: look again soon
+	full    bool // the pipeline is full: nothing fetched, wait for room
 }
 
-// batch runs one fetch-claim-send cycle and starts writing its results,
-// which go on beside the next batch (see finishing); prev is the previous
-// batch's, or nil. trusted is the lease's local
-// trust deadline: no send starts past it, and none outlives it; the fetch is
-// bounded by it too.
-func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() time.Time, prev *finishing) (batchResult, error) {
+// batch fetches and claims one batch and hands it to the pipeline, which
+// sends it and writes its results beside the next batches (see pipeline).
+// It returns when the batch's sends are over, or after a poll interval of
+// them, whichever comes first: a slow aggregate holds only its own rows, and
+// a fast batch is not fetched behind (its aggregates would all look busy).
+// The fetch is bounded by the lease's trust deadline; so is every send.
+// Errors of earlier batches' result writes are returned here.
+func (p *Poller) batch(ctx context.Context, pl *pipeline) (batchResult, error) {
 	start := time.Now()
-	if prev != nil && prev.stops {
-		if err := p.waited(fence, prev); err != nil {
-			return batchResult{}, err
-		}
-		prev = nil
+	lim, ok := pl.limits()
+	if !ok {
+		return batchResult{full: true}, pl.takeErr()
 	}
-	qctx, cancel := context.WithDeadline(ctx, trusted())
-	rows, held, err := p.fetch(qctx, fence, store.FetchLimits{
-		Rows: p.cfg.BatchSize, RowBytes: p.cfg.MaxPayloadBytes, Bytes: p.cfg.BatchMaxBytes, Skip: prev.skip(),
-	})
+	pl.noteWritten(p.readerFor(pl.fence)) // what the writer settled since the last fetch
+	qctx, cancel := context.WithDeadline(ctx, pl.trusted())
+	rows, held, err := p.fetch(qctx, pl.fence, lim)
 	cancel()
 	if ctx.Err() == nil { // a lost lease or shutdown says nothing about Postgres
 		p.health.note(err, time.Now())
 	}
 	if err != nil || len(rows) == 0 {
-		return batchResult{held: held}, errors.Join(err, p.waited(fence, prev))
+		return batchResult{held: held}, errors.Join(err, pl.takeErr())
 	}
 	// A batch the byte budget cut is not "full": the next one follows after
 	// the short busy pause, which is nothing beside sending 16 MiB.
-	more := len(rows) >= p.cfg.BatchSize
+	more := len(rows) >= lim.Rows
 	p.m.BatchSize.Observe(float64(len(rows)))
 	items := make([]item, len(rows))
 	for i, r := range rows {
@@ -107,40 +72,20 @@ func (p *Poller) batch(ctx context.Context, fence store.Fence, trusted func() ti
 			items[i].outcome, items[i].err = poisoned, &dispatch.Error{Err: errors.New(r.Poison), Permanent: true}
 		}
 	}
+	fence := pl.fence
 	c := claimValue{token: fence.Token, owner: fence.Owner, batch: strconv.FormatInt(start.UnixNano(), 36)}
 	if err := p.claimKeys(ctx, items, c); err != nil {
 		p.unread(fence, rows)
-		return batchResult{fetched: len(rows), more: more}, errors.Join(err, p.waited(fence, prev))
+		return batchResult{fetched: len(rows), more: more}, errors.Join(err, pl.takeErr())
 	}
 	fire(p.hooks.afterClaim)
-	p.deliver(ctx, items, fence.Token, trusted)
-	fire(p.hooks.afterSend)
-	p.readerFor(fence).sent(items)
-
-	f := &finishing{ids: make([]int64, len(items)), done: make(chan struct{})}
-	for i, it := range items {
-		// The write needs no payloads: let them go before the next batch
-		// loads its own, so at most one batch's bytes are held.
-		items[i].row.Payload, items[i].row.Headers = nil, nil
-		f.ids[i] = it.row.ID
-		switch it.outcome {
-		case pending, foreign, failed, refused:
-			f.stops = true
-		}
+	sent := pl.launch(items, c.String(), start)
+	t := time.NewTimer(p.cfg.PollInterval)
+	defer t.Stop()
+	select {
+	case <-sent:
+	case <-t.C:
+	case <-ctx.Done():
 	}
-	// Results are written even if the lease was lost meanwhile: the fence, not
-	// the lease, decides whether they land, and landing them saves duplicates.
-	// They go after the previous batch's, and that one's error (a stale
-	// fence) is this batch's.
-	perr := p.waited(fence, prev)
-	go func() {
-		defer close(f.done)
-		wctx, cancelW := context.WithTimeout(context.WithoutCancel(ctx), queryTimeout(p.cfg))
-		defer cancelW()
-		if err := p.finish(wctx, items, c.String(), fence, start); err != nil {
-			// Read by the next batch: say whose results these were.
-			f.err = fmt.Errorf("writing an earlier batch's results: %w", err)
-		}
-	}()
-	return batchResult{fetched: len(rows), more: more, finishing: f}, perr
+	return batchResult{fetched: len(rows), more: more}, pl.takeErr()
 }

@@ -4,39 +4,106 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/outboxd/outboxd/dispatch"
 )
 
 // delivered and poison rows do not block their aggregate.
-func (p *Poller) deliver(ctx context.Context, items []item, token int64, trusted func() time.Time) {
+//
+// settle is told aggregates' rows (one slice per aggregate) once all of them
+// have their final outcome: as soon as the sink reports an aggregate's last
+// result (through dispatch.Batch.Done, or when Send returns), so an
+// aggregate co-batched with a slow one need not wait for it. Results the
+// sink reports for an aggregate after it stopped are not trusted: those
+// rows stay pending.
+func (p *Poller) deliver(ctx context.Context, items []item, token int64, trusted func() time.Time, settle func(aggs [][]int)) {
 	type aggKey struct{ t, id string }
-	agg := func(i int) aggKey { return aggKey{items[i].row.AggregateType, items[i].row.AggregateID} }
-	stopped := map[aggKey]bool{}
-	var queue []int // rows to send, id order
+	// Aggregates by number, in order of first row; the slices below by that number.
+	aggOf := make([]int, len(items))
+	var rows [][]int // every row of each aggregate
+	var left []int   // rows queued without a result yet
+	var stopped, settled []bool
+	answered := make([]bool, len(items))
+	var mu sync.Mutex // the slices above, and items' outcomes: results come from the sink's goroutines
+	var queue []int   // rows to send, id order
+	number := map[aggKey]int{}
 	for i := range items {
+		k := aggKey{items[i].row.AggregateType, items[i].row.AggregateID}
+		a, ok := number[k]
+		if !ok {
+			a = len(rows)
+			number[k] = a
+			rows, left, stopped, settled = append(rows, nil), append(left, 0), append(stopped, false), append(settled, false)
+		}
+		aggOf[i] = a
+		rows[a] = append(rows[a], i)
 		switch items[i].outcome {
 		case foreign, refused:
-			stopped[agg(i)] = true
+			stopped[a] = true
 		case pending:
-			if !stopped[agg(i)] {
+			if !stopped[a] {
 				queue = append(queue, i)
+				left[a]++
 			}
 		}
 	}
+	// result records row i's result; it returns the aggregate's number when
+	// that made the aggregate settled, else -1. mu held.
+	result := func(i int, r dispatch.Result) int {
+		a := aggOf[i]
+		if settled[a] || answered[i] {
+			return -1
+		}
+		answered[i] = true
+		if p.apply(ctx, &items[i], r) {
+			left[a]--
+		} else {
+			stopped[a], left[a] = true, 0
+		}
+		if left[a] > 0 {
+			return -1
+		}
+		settled[a] = true
+		return a
+	}
+	// settleAll settles every aggregate that want says is done; mu held.
+	settleAll := func(want func(a int) bool) {
+		var done [][]int
+		for a := range rows {
+			if !settled[a] && want(a) {
+				settled[a] = true
+				done = append(done, rows[a])
+			}
+		}
+		if len(done) > 0 {
+			settle(done)
+		}
+	}
+	mu.Lock()
+	settleAll(func(a int) bool { return left[a] == 0 }) // nothing to send
+	mu.Unlock()
+	defer func() {
+		// Whatever was not reached stays pending: its claim is released.
+		mu.Lock()
+		settleAll(func(int) bool { return true })
+		mu.Unlock()
+	}()
 	limit := p.sink.Capabilities().MaxBatch
 	for len(queue) > 0 && ctx.Err() == nil && time.Now().Before(trusted()) {
 		var chunk, rest []int
+		mu.Lock()
 		for _, i := range queue {
 			switch {
-			case stopped[agg(i)]:
+			case stopped[aggOf[i]]:
 			case limit > 0 && len(chunk) == limit:
 				rest = append(rest, i)
 			default:
 				chunk = append(chunk, i)
 			}
 		}
+		mu.Unlock()
 		queue = rest
 		if len(chunk) == 0 {
 			return
@@ -47,17 +114,33 @@ func (p *Poller) deliver(ctx context.Context, items []item, token int64, trusted
 			events[j] = dispatch.Event{ID: r.ID, AggregateType: r.AggregateType, AggregateID: r.AggregateID,
 				EventType: r.EventType, Payload: r.Payload, Headers: r.Headers, CreatedAt: r.CreatedAt}
 		}
-		results := p.sink.Send(ctx, dispatch.Batch{Events: events, Token: token, Until: trusted})
+		results := p.sink.Send(ctx, dispatch.Batch{Events: events, Token: token, Until: trusted,
+			Done: func(j int, r dispatch.Result) {
+				if j < 0 || j >= len(chunk) {
+					return // a sink that breaks its contract
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if a := result(chunk[j], r); a >= 0 {
+					settle([][]int{rows[a]})
+				}
+			}})
 		if len(results) != len(chunk) {
-			// A sink that breaks its contract: trust none of it; claims are released.
+			// A sink that breaks its contract: trust none of what it returned; claims are released.
 			p.log.Error("sink returned a wrong number of results; nothing marked", "batch_size", len(chunk), "results", len(results))
 			return
 		}
+		mu.Lock()
+		var done [][]int // settled now: told in one call
 		for j, i := range chunk {
-			if !p.apply(ctx, &items[i], results[j]) {
-				stopped[agg(i)] = true
+			if a := result(i, results[j]); a >= 0 {
+				done = append(done, rows[a])
 			}
 		}
+		if len(done) > 0 {
+			settle(done)
+		}
+		mu.Unlock()
 	}
 }
 

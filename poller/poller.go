@@ -139,6 +139,7 @@ type Poller struct {
 	health       fetchHealth   // for FetchFailure
 	rd           *reader       // the term's place in the outbox; the lead goroutine's only
 	rescanEvery  time.Duration // how often the slow rescan below the cursor starts; tests shorten it
+	earlyWrite   time.Duration // see the constant
 
 	cutMu sync.Mutex
 	cuts  map[int64]int // sends of a row cut short by the lease while it was held
@@ -170,7 +171,7 @@ func New(cfg Config, d Deps) *Poller {
 			TTL: cfg.LockTTL, Wait: cfg.LockWait, WaitAfterDataLoss: true, ShutdownTimeout: cfg.ShutdownTimeout,
 			QueryTimeout: queryTimeout(cfg),
 		}, term.Deps{Locks: d.Locks, Store: d.Store, Log: d.Log, Metrics: d.Metrics}),
-		wake: make(chan struct{}, 1), cuts: map[int64]int{}, rescanEvery: rescanEvery,
+		wake: make(chan struct{}, 1), cuts: map[int64]int{}, rescanEvery: rescanEvery, earlyWrite: earlyWrite,
 	}
 }
 

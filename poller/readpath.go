@@ -281,16 +281,6 @@ func (r *reader) sent(items []item) {
 	}
 }
 
-// waited waits for prev's write; when it failed, its rows are brought back
-// above the cursor.
-func (p *Poller) waited(f store.Fence, prev *finishing) error {
-	err := prev.wait()
-	if err != nil {
-		p.readerFor(f).rewind(prev.ids)
-	}
-	return err
-}
-
 // unread brings rows fetched but not handled back above the cursor.
 func (p *Poller) unread(f store.Fence, rows []store.Row) {
 	ids := make([]int64, len(rows))

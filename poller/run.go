@@ -51,14 +51,15 @@ func (p *Poller) Run(ctx context.Context) error {
 }
 
 // lead runs batches while the term holds and ctx is live. Shutdown order:
-// stop fetching (ctx) → finish the batch in flight (work, cancelled by the
-// term ShutdownTimeout later) → release (the term, when lead returns).
+// stop fetching (ctx) → finish the sends in flight (work, cancelled by the
+// term ShutdownTimeout later) and write their results → release (the term,
+// when lead returns).
 func (p *Poller) lead(ctx, work context.Context, t *term.Term) (err error) {
 	idle := time.Duration(0)
-	var inflight *finishing // the last batch's results, being written
+	pl := p.newPipeline(work, t.Fence(), t.TrustedUntil)
 	defer func() {
 		// Every result is written (or has failed) before the term ends.
-		switch ferr := inflight.wait(); {
+		switch ferr := pl.close(); {
 		case ferr == nil:
 		case errors.Is(ferr, store.ErrStaleFence):
 			err = cmp.Or(err, ferr)
@@ -70,8 +71,7 @@ func (p *Poller) lead(ctx, work context.Context, t *term.Term) (err error) {
 		if ctx.Err() != nil || work.Err() != nil {
 			return nil // "lock lost" is logged on release
 		}
-		res, err := p.batch(work, t.Fence(), t.TrustedUntil, inflight)
-		inflight = res.finishing
+		res, err := p.batch(work, pl)
 		switch {
 		case errors.Is(err, store.ErrStaleFence):
 			return err
@@ -80,6 +80,8 @@ func (p *Poller) lead(ctx, work context.Context, t *term.Term) (err error) {
 		case err != nil:
 			t.Log().Error("batch failed", "error", err)
 			idle = p.cfg.PollInterval
+		case res.full:
+			idle = p.cfg.PollInterval // or until the pipeline has room (pl.wake)
 		case res.more:
 			idle = 0 // more waiting: go again at once
 		case res.fetched > 0 || res.held:
@@ -99,6 +101,8 @@ func (p *Poller) lead(ctx, work context.Context, t *term.Term) (err error) {
 		case <-ctx.Done():
 		case <-work.Done():
 		case <-p.wake:
+			idle = 0
+		case <-pl.wake:
 			idle = 0
 		case <-timer.C:
 		}

@@ -343,21 +343,22 @@ func readArgs(lim FetchLimits, pos ReadPos) ([]any, int64) {
 // LoadCursor returns where a new holder's reads start: the cursor the last
 // holder of lock saved (SaveCursor), with horizon 0. With none saved (a
 // first start, or the first start after upgrading onto a table with
-// history) it starts just below the lowest pending row, or at the highest
-// id when none is pending, so the first reads do not walk the settled
-// history a span at a time (this one query walks it once per term instead).
-// Such a cursor is not yet settled: ids below it may belong to producer
-// transactions in progress when it was computed, so it comes with horizon,
-// that snapshot's xmax; until a snapshot's xmin reaches it the caller keeps
-// rescanning below the cursor.
+// history) it starts just below the lowest pending row, and at most a span
+// (10,000 ids) below the highest id, so the first reads neither walk the
+// settled history a span at a time (this one query walks it once per term
+// instead) nor pass the ids producers in flight most likely hold: those
+// are seen as gaps as usual. Such a cursor is not yet settled: an older id
+// below it may belong to a producer transaction in progress when it was
+// computed, so it comes with horizon, that snapshot's xmax; until a
+// snapshot's xmin reaches it the caller keeps rescanning below the cursor.
 func (s *Store) LoadCursor(ctx context.Context, lock string) (cursor int64, horizon uint64, err error) {
 	var h int64
-	err = s.pool.QueryRow(ctx, `SELECT COALESCE(saved.cursor,
-    (SELECT min(id) - 1 FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL),
-    (SELECT max(id) FROM outbox),
-    0),
+	err = s.pool.QueryRow(ctx, `SELECT COALESCE(saved.cursor, LEAST(
+    COALESCE((SELECT min(id) - 1 FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL), top.id),
+    GREATEST(top.id - $2, 0))),
   CASE WHEN saved.cursor IS NULL THEN pg_snapshot_xmax(pg_current_snapshot())::text::bigint ELSE 0 END
-FROM (SELECT (SELECT cursor FROM outbox_cursor WHERE lock_name = $1) AS cursor) saved`, lock).Scan(&cursor, &h)
+FROM (SELECT (SELECT cursor FROM outbox_cursor WHERE lock_name = $1) AS cursor) saved,
+  (SELECT COALESCE((SELECT max(id) FROM outbox), 0) AS id) top`, lock, int64(defaultSpan)).Scan(&cursor, &h)
 	if err != nil {
 		return 0, 0, wrap("load cursor", err)
 	}

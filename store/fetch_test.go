@@ -278,11 +278,11 @@ func TestLoadCursorWithoutOneSavedSkipsTheSettledHistory(t *testing.T) {
 	ctx := context.Background()
 	lock := "lock:outbox:poller"
 	if _, err := st.Pool().Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, dispatched_at)
-		SELECT 'deal', g::text, 'x', '{}', now() FROM generate_series(1, 500) g`); err != nil {
+		SELECT 'deal', g::text, 'x', '{}', now() FROM generate_series(1, 20500) g`); err != nil {
 		t.Fatal(err)
 	}
-	if c, h, err := st.LoadCursor(ctx, lock); err != nil || c != 500 || h == 0 {
-		t.Fatalf("nothing pending: cursor %d, horizon %d, %v; want the highest id, 500, with a horizon", c, h, err)
+	if c, h, err := st.LoadCursor(ctx, lock); err != nil || c != 10500 || h == 0 {
+		t.Fatalf("nothing pending: cursor %d, horizon %d, %v; want a span below the highest id, 10500, with a horizon", c, h, err)
 	}
 	enqueue(t, st, ev("deal", "A", 1), ev("deal", "B", 2))
 	if _, err := st.Pool().Exec(ctx, `UPDATE outbox SET dispatched_at = NULL WHERE id = 300`); err != nil {
@@ -290,6 +290,12 @@ func TestLoadCursorWithoutOneSavedSkipsTheSettledHistory(t *testing.T) {
 	}
 	if c, _, err := st.LoadCursor(ctx, lock); err != nil || c != 299 {
 		t.Fatalf("row 300 pending: cursor %d, %v; want 299", c, err)
+	}
+	if _, err := st.Pool().Exec(ctx, `UPDATE outbox SET dispatched_at = now() WHERE id = 300`); err != nil {
+		t.Fatal(err)
+	}
+	if c, _, err := st.LoadCursor(ctx, lock); err != nil || c != 10502 {
+		t.Fatalf("two pending at the top: cursor %d, %v; want a span below the highest id (10502)", c, err)
 	}
 }
 

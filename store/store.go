@@ -168,8 +168,8 @@ type FetchLimits struct {
 	Rows     int   // at most this many rows
 	RowBytes int64 // a larger row comes back without payload and headers, Poison set; 0 = no limit
 	Bytes    int64 // rows are returned while their total Size stays within this (the first always); 0 = no limit
-	// Skip are rows not to return although they look due: the previous
-	// batch's, while its results are still being written. Nil skips none.
+	// Skip are rows not to return although they look due: those of batches
+	// still being sent or written. Nil skips none.
 	Skip []int64
 	// Busy are aggregates none of whose rows may be returned: their earlier
 	// rows are still being sent. Nil skips none.
@@ -194,8 +194,12 @@ const rowSizeSQL = `(CASE WHEN pg_column_compression(o.payload) IS NULL THEN pg_
 // delayed row is one whose available_at is past its created_at; producers
 // must not set created_at into the future.
 //
-// Rows in $4 are left out (see FetchLimits.Skip), and rows of the
-// aggregates in $5/$6 (FetchLimits.Busy).
+// Rows in $4 are left out (see FetchLimits.Skip), and every row of the
+// aggregates in $5, $6 (types, ids; see FetchLimits.Busy). Both as NOT IN
+// (the columns are NOT NULL): a hashed subplan filtering the id-ordered
+// scan. An anti-join there lets the planner trade that scan for a full one
+// and a sort once the busy list is long: 285 ms instead of 45 ms over 100k
+// rows with 500 of 1,000 aggregates busy (measured here).
 //
 // It walks outbox_pending_idx from its start: the poller reads with Read,
 // which starts at a cursor; FetchDue is the stateless form (tools, tests).
@@ -221,7 +225,7 @@ FROM (
     FROM outbox o
     WHERE o.dispatched_at IS NULL AND o.dead_at IS NULL AND o.available_at <= now()
       AND o.id NOT IN (SELECT unnest($4::bigint[])) -- a hashed subplan
-      AND (o.aggregate_type, o.aggregate_id) NOT IN (SELECT * FROM unnest($5::text[], $6::text[]))
+      AND (o.aggregate_type, o.aggregate_id) NOT IN (SELECT b.t, b.a FROM unnest($5::text[], $6::text[]) b(t, a))
       AND NOT EXISTS (
         SELECT 1 FROM outbox e
         WHERE e.aggregate_type = o.aggregate_type AND e.aggregate_id = o.aggregate_id

@@ -267,6 +267,27 @@ func TestFetchDueLeavesSkippedRowsOut(t *testing.T) {
 	}
 }
 
+// Busy leaves out every row of the named aggregates, and only those: the
+// same aggregate id under another type, or another id, still comes back.
+func TestFetchDueLeavesBusyAggregatesOut(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	enqueue(t, st, ev("deal", "A", 1), ev("deal", "B", 2), ev("deal", "A", 3), ev("user", "A", 4), ev("deal", "C", 5))
+	all, err := st.FetchDue(ctx, store.FetchLimits{Rows: 10})
+	if err != nil || len(all) != 5 {
+		t.Fatalf("%d rows, %v", len(all), err)
+	}
+	rows, err := st.FetchDue(ctx, store.FetchLimits{Rows: 10,
+		Busy: []store.Aggregate{{Type: "deal", ID: "A"}, {Type: "deal", ID: "C"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 2 || rows[0].ID != all[1].ID || rows[1].ID != all[3].ID {
+		t.Fatalf("rows %+v, want ids %d (deal/B) and %d (user/A)", rows, all[1].ID, all[3].ID)
+	}
+}
+
 // Complete's asynchronous commit is its own: the connection it ran on
 // commits synchronously again afterwards.
 func TestCompleteLeavesSynchronousCommitOn(t *testing.T) {

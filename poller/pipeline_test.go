@@ -1,0 +1,110 @@
+package poller
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/internal/testkit"
+	"github.com/outboxd/outboxd/store"
+)
+
+// enqueue writes one event per aggregate id given ("deal/<id>"), in order.
+func (e *env) enqueue(aggs ...string) {
+	e.t.Helper()
+	ctx := context.Background()
+	var evs []store.Event
+	for _, a := range aggs {
+		evs = append(evs, store.Event{AggregateType: "deal", AggregateID: a, EventType: "deal.funded", Payload: json.RawMessage(`{}`)})
+	}
+	if err := pgx.BeginFunc(ctx, e.st.Pool(), func(tx pgx.Tx) error { return store.Enqueue(ctx, tx, evs...) }); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// slowPoller is a runner whose sends of a held event are not cut while a
+// test waits (a minute at most): a lease and a webhook timeout of 5 minutes.
+func (e *env) slowPoller() *runner {
+	cfg := testConfig()
+	cfg.LockTTL = 5 * time.Minute
+	sink, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: e.rc.URL(), Timeout: 5 * time.Minute, Concurrency: cfg.Concurrency})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return e.pollerWith(cfg, sink)
+}
+
+// No batch-wide barrier: while one aggregate's first event is held at the
+// receiver, other aggregates flow. An aggregate that failed in the slow
+// one's batch has its failure written and is retried and delivered without
+// waiting for it; aggregates inserted later are delivered and marked; the
+// slow aggregate's own later rows, the one inserted after the hold too,
+// wait behind it (nothing of it but the held event is sent), and afterwards
+// it delivers in order.
+func TestSlowAggregateHoldsOnlyItsOwnEvents(t *testing.T) {
+	e := newEnv(t)
+	release := e.rc.Hold(testkit.HoldAggregate("deal/slow"))
+	e.rc.SetRespond(func(r testkit.Request) testkit.Reply {
+		if r.Agg == "deal/fail" && r.Attempt == 1 {
+			return testkit.Reply{Status: http.StatusServiceUnavailable}
+		}
+		return testkit.Reply{}
+	})
+	e.enqueue("slow", "fail", "slow", "slow") // one batch
+	r := e.slowPoller()
+	r.earlyWrite = time.Hour // the failure is written at once all the same
+	e.run(r)
+	e.waitFor("the slow aggregate's first event held", 30*time.Second, func() bool { return e.rc.Held() == 1 })
+	e.enqueue("a", "slow", "b", "c", "d", "e")
+
+	others := map[string]bool{"deal/fail": true, "deal/a": true, "deal/b": true, "deal/c": true, "deal/d": true, "deal/e": true}
+	e.rc.Wait(t, 60*time.Second, "the other aggregates delivered while the slow one is held", func(reqs []testkit.Request) bool {
+		n := 0
+		for _, r := range reqs {
+			if others[r.Agg] && r.OK() {
+				n++
+			}
+		}
+		return n == len(others)
+	})
+	e.waitFor("the others marked while the slow one is held", 60*time.Second, func() bool {
+		return e.count("aggregate_id <> 'slow' AND dispatched_at IS NOT NULL") == len(others)
+	})
+	if held := e.rc.Held(); held != 1 {
+		t.Fatalf("%d requests of the slow aggregate held, want only its first: a later event overtook it", held)
+	}
+	for _, r := range e.rc.Requests() {
+		if r.Agg == "deal/slow" && !r.Held {
+			t.Fatalf("event %d of the slow aggregate sent while its first is held", r.ID)
+		}
+	}
+	release()
+	e.waitAllDispatched(60 * time.Second)
+	e.checkOrder()
+}
+
+// A batch's aggregates that went through are written (marked) while its
+// slowest is still being sent, once that has taken earlyWrite.
+func TestSettledAggregatesAreWrittenBesideTheSlowest(t *testing.T) {
+	e := newEnv(t)
+	release := e.rc.Hold(testkit.HoldAggregate("deal/slow"))
+	defer release()
+	e.enqueue("slow", "a", "b", "slow")
+	r := e.slowPoller()
+	r.earlyWrite = time.Millisecond
+	e.run(r)
+	e.waitFor("the co-batched aggregates marked while the slow one is held", 60*time.Second, func() bool {
+		return e.count("aggregate_id <> 'slow' AND dispatched_at IS NOT NULL") == 2
+	})
+	if held := e.rc.Held(); held != 1 {
+		t.Fatalf("%d requests of the slow aggregate held, want 1", held)
+	}
+	release()
+	e.waitAllDispatched(60 * time.Second)
+	e.checkOrder()
+}
