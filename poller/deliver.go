@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/store"
 )
 
 // delivered and poison rows do not block their aggregate.
@@ -19,7 +20,6 @@ import (
 // sink reports for an aggregate after it stopped are not trusted: those
 // rows stay pending.
 func (p *Poller) deliver(ctx context.Context, items []item, token int64, trusted func() time.Time, settle func(aggs [][]int)) {
-	type aggKey struct{ t, id string }
 	// Aggregates by number, in order of first row; the slices below by that number.
 	aggOf := make([]int, len(items))
 	var rows [][]int // every row of each aggregate
@@ -28,9 +28,9 @@ func (p *Poller) deliver(ctx context.Context, items []item, token int64, trusted
 	answered := make([]bool, len(items))
 	var mu sync.Mutex // the slices above, and items' outcomes: results come from the sink's goroutines
 	var queue []int   // rows to send, id order
-	number := map[aggKey]int{}
+	number := map[store.Aggregate]int{}
 	for i := range items {
-		k := aggKey{items[i].row.AggregateType, items[i].row.AggregateID}
+		k := aggregateOf(items[i])
 		a, ok := number[k]
 		if !ok {
 			a = len(rows)

@@ -264,7 +264,7 @@ func (p *Poller) lateCommit(r *reader, g *gapState, id int64, a store.Aggregate,
 // reads find it again. Called once the batch's outcomes are known.
 func (r *reader) sent(items []item) {
 	for _, it := range items {
-		a := store.Aggregate{Type: it.row.AggregateType, ID: it.row.AggregateID}
+		a := aggregateOf(it)
 		switch it.outcome {
 		case sent, duplicate:
 			if len(r.lastSent) >= maxLastSent {
