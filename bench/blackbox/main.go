@@ -449,7 +449,10 @@ func latencyOnce(ctx context.Context, bin string) latency {
 			l := float64(marked[id].Sub(c.at).Microseconds()) / 1000
 			lat = append(lat, l)
 			if *window > 0 {
-				w := max(0, int(c.at.Sub(measured) / *window))
+				// The last commits can fall a little past -for: they count
+				// in the last window, not in one of their own.
+				last := max(1, int((*steadyFor+*window-1) / *window)) - 1
+				w := min(max(0, int(c.at.Sub(measured) / *window)), last)
 				for len(perWindow) <= w {
 					perWindow = append(perWindow, nil)
 				}
