@@ -16,6 +16,7 @@ var (
 	historyRows = flag.Int("history", 1000000, "history: settled rows the -rows pending ones sit behind")
 	smallRows   = flag.Int("small", 100000, "backlog: the backlog -rows is compared with")
 	lates       = flag.String("late", "2s", "order: how long after the higher id the lower one commits, a comma list (one probe each)")
+	warm        = flag.Bool("warm", false, "history, backlog: start the relay first, wait until it delivered one event written after any history, then insert the backlog and time from its commit (a running relay, not a restart onto a backlog; no VACUUM before the drain)")
 	rollback    = flag.Bool("rollback", true, "order: also a probe whose lower id rolls back (a gap that never fills) after the first -late")
 )
 
