@@ -220,6 +220,8 @@ func newRun(ctx context.Context, bin string) run {
 		_ = r.rdb.Close()
 		drop()
 	}
+	// An interrupted bench still drops the database and keys (twice is harmless).
+	atExit(r.done)
 	runCmd(bin, "migrate", "--set", "postgres.dsn="+dsn)
 	return r
 }
@@ -596,6 +598,7 @@ func startDaemon(ctx context.Context, bin, dsn, prefix string, batch int, pprof 
 	d.started = time.Now()
 	check(cmd.Start())
 	go func() { _ = cmd.Wait(); close(d.exited) }()
+	atExit(d.stop) // an interrupted bench leaves no relay running
 	for {
 		d.checkAlive()
 		if resp, err := http.Get("http://" + addr + "/livez"); err == nil {
