@@ -11,7 +11,27 @@
 //	         events of the relay, Postgres and Redis
 //	latency  producers commit -rate events/s (-per-tx per transaction) for
 //	         -for while the binary runs; commit → marked delivered
-//	         (dispatched_at) p50/p95/p99 per run
+//	         (dispatched_at) p50/p95/p99 per run, and per -window of commit
+//	         time; -hold-snapshot keeps a REPEATABLE READ transaction open in
+//	         the database all along; -producers K makes K racing producers
+//	         (BEGIN, INSERT, [-tx-hold], COMMIT: ids taken in one order,
+//	         visible in another)
+//	history  -rows pending events drained on a clean table, and behind
+//	         -history rows marked dispatched while a snapshot was held (kept
+//	         open during the drain, so nothing of them can be vacuumed)
+//	backlog  a -small and a -rows backlog drained in turn; the rate ratio
+//	order    two transactions on one aggregate, the lower id committing -late
+//	         after the higher (and one rolling back), other aggregates
+//	         producing meanwhile; the order the webhook receiver saw, the
+//	         outboxd_late_commits_total count and whether "late commit" was
+//	         logged
+//
+// -bin takes a comma list of builds (label=path), alternated in every round
+// or run. -pg private-autovacuum runs everything on a private Postgres
+// (internal/testenv; autovacuum on, fsync off) instead of the shared server
+// (autovacuum off, as on CI); -table-autovacuum=false turns it off for the
+// outbox table there. Every result line carries /proc/loadavg at its start:
+// the machine is shared.
 //
 // With -profile DIR, each outboxd drain also writes a CPU profile of the
 // relay (http.pprof), Postgres' pg_stat_statements (when the extension is
@@ -20,6 +40,12 @@
 //	cd bench && go run ./blackbox -rounds 3
 //	cd bench && go run ./blackbox -rounds 1 -peer=false -sink noop,webhook,kafka,nats,rabbitmq,redis_stream
 //	cd bench && go run ./blackbox -scenario latency -runs 5 -rate 1000
+//	cd bench && go run ./blackbox -bin before=/tmp/bins/before,after=/tmp/bins/readpath \
+//	    -scenario latency -hold-snapshot -rate 2000 -for 3m -window 1m -runs 1 -pg private-autovacuum
+//	cd bench && go run ./blackbox -scenario history -rounds 3 -rows 100000 -history 1000000
+//	cd bench && go run ./blackbox -scenario backlog -rounds 3 -rows 1000000 -small 100000
+//	cd bench && go run ./blackbox -scenario latency -producers 8 -rate 5000 -per-tx 5 -for 30s -runs 3
+//	cd bench && go run ./blackbox -scenario order -runs 1 -late 2s,30s
 package main
 
 import (
@@ -50,7 +76,7 @@ import (
 var (
 	pgDSN      = flag.String("dsn", benchenv.PostgresDSN(), "maintenance DSN (databases are created beside it)")
 	redisAddr  = flag.String("redis", benchenv.RedisAddr(), "Redis address")
-	scenario   = flag.String("scenario", "drain", "drain or latency")
+	scenario   = flag.String("scenario", "drain", "drain, latency, history, backlog or order")
 	rounds     = flag.Int("rounds", 3, "drain: rounds (each runs every batch size for outboxd and the peer)")
 	batches    = flag.String("batches", "1000,100", "drain: poller.batch_size values")
 	rows       = flag.Int("rows", 100000, "drain: backlog size")
@@ -63,11 +89,16 @@ var (
 	steadyFor  = flag.Duration("for", 10*time.Second, "latency: measured duration (after a 1 s warm-up)")
 	latBatch   = flag.Int("batch", 500, "latency: poller.batch_size")
 	latDump    = flag.String("dump", "", "latency: write each event's commit time (s from start) and latency (ms) to this file prefix")
-	binPath    = flag.String("bin", "", "outboxd binary to run (default: build ../cmd/outboxd)")
+	binPath    = flag.String("bin", "", "outboxd binaries to run, a comma list of path or label=path, alternated in every round or run (default: build ../cmd/outboxd)")
 	sets       = flag.String("set", "", "extra --set key=value pairs for outboxd run, comma-separated")
 	latWebhook = flag.Bool("webhook", false, "latency: deliver through the webhook sink to a receiver in the bench, and also report commit → received")
 	prodAsync  = flag.Bool("producers-async", false, "latency: producers commit with synchronous_commit off (to tell the disk's share of the tail)")
 	dsnParams  = flag.String("dsn-params", "", "appended to the relay's postgres.dsn query, e.g. options=-c%20plan_cache_mode%3Dforce_generic_plan")
+
+	window       = flag.Duration("window", 0, "latency: also report commit → marked per window of this length (e.g. 1m), so growth over the run shows")
+	holdSnapshot = flag.Bool("hold-snapshot", false, "latency: hold a REPEATABLE READ transaction (snapshot taken) open in the run's database for the whole run")
+	producers    = flag.Int("producers", 0, "latency: racing producers, each BEGIN, INSERT, COMMIT on its own connection (0: one-statement transactions, up to 16 at once)")
+	txHold       = flag.Duration("tx-hold", 0, "latency with -producers: time between a producer's INSERT and its COMMIT")
 )
 
 // payloadPad makes a row's payload about 220 bytes, like the issue's figures.
@@ -76,22 +107,34 @@ const payloadPad = 170
 func main() {
 	flag.Parse()
 	ctx := context.Background()
-	bin := *binPath
-	if bin == "" {
+	defer runAtExit()
+	catchSignals()
+	bins := parseBins(*binPath)
+	if len(bins) == 0 {
 		dir, err := os.MkdirTemp("", "outboxd-blackbox")
 		check(err)
-		defer os.RemoveAll(dir)
-		bin = filepath.Join(dir, "outboxd")
-		build := exec.Command("go", "build", "-C", "..", "-o", bin, "./cmd/outboxd")
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		check(build.Run())
+		atExit(func() { _ = os.RemoveAll(dir) })
+		bin := filepath.Join(dir, "outboxd")
+		gobuild := exec.Command("go", "build", "-C", "..", "-o", bin, "./cmd/outboxd")
+		gobuild.Stdout, gobuild.Stderr = os.Stderr, os.Stderr
+		check(gobuild.Run())
+		bins = []build{{label: "this tree", path: bin}}
 	}
-	fmt.Printf("blackbox: %s, GOMAXPROCS %q, %s\n", bin, os.Getenv("GOMAXPROCS"), time.Now().UTC().Format(time.RFC3339))
+	selectPostgres()
+	for _, b := range bins {
+		fmt.Printf("blackbox: %s = %s, GOMAXPROCS %q, %s, postgres %s, load %s\n", b.label, b.path, os.Getenv("GOMAXPROCS"), time.Now().UTC().Format(time.RFC3339), *pgMode, loadAvg())
+	}
 	switch *scenario {
 	case "drain":
-		drainRounds(ctx, bin)
+		drainRounds(ctx, bins)
 	case "latency":
-		latencyRuns(ctx, bin)
+		latencyRuns(ctx, bins)
+	case "history":
+		historyRounds(ctx, bins)
+	case "backlog":
+		backlogRounds(ctx, bins)
+	case "order":
+		orderProbes(ctx, bins)
 	default:
 		check(fmt.Errorf("unknown -scenario %q", *scenario))
 	}
@@ -100,12 +143,13 @@ func main() {
 // ---- drain ----
 
 type drainResult struct {
+	load                  string // /proc/loadavg's 1-minute figure when the run began
 	perSec                float64
 	rssMiB                float64
 	relayCPU, pgCPU, rCPU float64 // CPU seconds per 1,000 events
 }
 
-func drainRounds(ctx context.Context, bin string) {
+func drainRounds(ctx context.Context, bins []build) {
 	var sizes []int
 	for _, s := range strings.Split(*batches, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
@@ -114,6 +158,7 @@ func drainRounds(ctx context.Context, bin string) {
 	}
 	names := sinkList()
 	type key struct {
+		bin   string
 		sink  string
 		batch int
 	}
@@ -121,11 +166,13 @@ func drainRounds(ctx context.Context, bin string) {
 	theirs := map[int][]float64{}
 	for r := range *rounds {
 		for _, b := range sizes {
-			for _, s := range names {
-				res := drainOutboxd(ctx, bin, s, b, fmt.Sprintf("r%d-b%d-%s", r+1, b, s))
-				ours[key{s, b}] = append(ours[key{s, b}], res)
-				fmt.Printf("round %d batch %4d outboxd %-12s %8.0f ev/s  RSS %5.1f MiB  CPU s/1k events: relay %.4f  postgres %.4f  redis %.4f\n",
-					r+1, b, s, res.perSec, res.rssMiB, res.relayCPU, res.pgCPU, res.rCPU)
+			for _, bin := range bins {
+				for _, s := range names {
+					res := drainOutboxd(ctx, bin.path, s, b, *rows, fmt.Sprintf("r%d-b%d-%s", r+1, b, s), nil)
+					ours[key{bin.label, s, b}] = append(ours[key{bin.label, s, b}], res)
+					fmt.Printf("round %d batch %4d outboxd %s %-12s %8.0f ev/s  RSS %5.1f MiB  CPU s/1k events: relay %.4f  postgres %.4f  redis %.4f  (load %s)\n",
+						r+1, b, bin.label, s, res.perSec, res.rssMiB, res.relayCPU, res.pgCPU, res.rCPU, res.load)
+				}
 			}
 			if *withPeer {
 				dsn, drop, err := benchenv.FreshDB(ctx, *pgDSN)
@@ -138,19 +185,21 @@ func drainRounds(ctx context.Context, bin string) {
 			}
 		}
 	}
-	fmt.Printf("\n| sink | batch | outboxd (binary) ev/s min / median / max | watermill forwarder msg/s min / median / max | ratio of medians | peak RSS MiB (max) | CPU s per 1k events relay / Postgres / Redis (medians) |\n|---|---|---|---|---|---|---|\n")
-	for _, s := range names {
-		for _, b := range sizes {
-			var evs, rss, rc, pc, dc []float64
-			for _, x := range ours[key{s, b}] {
-				evs, rss, rc, pc, dc = append(evs, x.perSec), append(rss, x.rssMiB), append(rc, x.relayCPU), append(pc, x.pgCPU), append(dc, x.rCPU)
+	fmt.Printf("\n| build | sink | batch | outboxd (binary) ev/s min / median / max | watermill forwarder msg/s min / median / max | ratio of medians | peak RSS MiB (max) | CPU s per 1k events relay / Postgres / Redis (medians) |\n|---|---|---|---|---|---|---|---|\n")
+	for _, bin := range bins {
+		for _, s := range names {
+			for _, b := range sizes {
+				var evs, rss, rc, pc, dc []float64
+				for _, x := range ours[key{bin.label, s, b}] {
+					evs, rss, rc, pc, dc = append(evs, x.perSec), append(rss, x.rssMiB), append(rc, x.relayCPU), append(pc, x.pgCPU), append(dc, x.rCPU)
+				}
+				peerCol, ratio := "not run", "—"
+				if t := theirs[b]; len(t) > 0 {
+					peerCol = mmm(t)
+					ratio = fmt.Sprintf("%.2f×", median(evs)/median(t))
+				}
+				fmt.Printf("| %s | %s | %d | %s | %s | %s | %.1f | %.4f / %.4f / %.4f |\n", bin.label, s, b, mmm(evs), peerCol, ratio, slices.Max(rss), median(rc), median(pc), median(dc))
 			}
-			peerCol, ratio := "not run", "—"
-			if t := theirs[b]; len(t) > 0 {
-				peerCol = mmm(t)
-				ratio = fmt.Sprintf("%.2f×", median(evs)/median(t))
-			}
-			fmt.Printf("| %s | %d | %s | %s | %s | %.1f | %.4f / %.4f / %.4f |\n", s, b, mmm(evs), peerCol, ratio, slices.Max(rss), median(rc), median(pc), median(dc))
 		}
 	}
 }
@@ -171,11 +220,18 @@ func newRun(ctx context.Context, bin string) run {
 		_ = r.rdb.Close()
 		drop()
 	}
+	// An interrupted bench still drops the database and keys (twice is harmless).
+	atExit(r.done)
 	runCmd(bin, "migrate", "--set", "postgres.dsn="+dsn)
 	return r
 }
 
-func drainOutboxd(ctx context.Context, bin, sink string, batch int, tag string) drainResult {
+// drainOutboxd times the relay on a backlog of rows pending events. setup,
+// when not nil, runs after the migration and before the backlog is inserted
+// (history for the backlog to sit behind); what it returns runs once the
+// drain is timed.
+func drainOutboxd(ctx context.Context, bin, sink string, batch, rows int, tag string, setup func(*pgxpool.Pool) func()) drainResult {
+	load := loadAvg()
 	r := newRun(ctx, bin)
 	defer r.done()
 	dsn, prefix, rdb := r.dsn, r.prefix, r.rdb
@@ -184,16 +240,40 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch int, tag string) 
 	pool, err := pgxpool.New(ctx, dsn)
 	check(err)
 	defer pool.Close()
+	tableAutovacuum(ctx, pool)
 	// Every run starts a checkpoint cycle here, so none is timed with a
 	// checkpoint running, and, as in steady operation, the producers' inserts
 	// pay the cycle's full-page writes, not the relay.
+	if setup != nil {
+		release := setup(pool)
+		defer release()
+	}
+	var d *daemon
+	if *warm {
+		// A running relay: it is started on the history, and has read past
+		// it once one event written after it is delivered.
+		d = startDaemon(ctx, bin, dsn, prefix, batch, false, dest.sets)
+		defer d.stop()
+		insertBacklog(ctx, pool, 1)
+		for d.dispatched() < 1 {
+			time.Sleep(50 * time.Millisecond)
+			d.checkAlive()
+		}
+	}
 	_, err = pool.Exec(ctx, `CHECKPOINT`)
 	check(err)
-	_, err = pool.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-		SELECT 'deal', (i % 1000)::text, 'deal.funded',
-		  jsonb_build_object('seq', i, 'deal', 'deal-' || (i % 1000), 'amount_cents', i * 7, 'pad', repeat('x', $2))
-		FROM generate_series(1, $1) i`, *rows, payloadPad)
-	check(err)
+	insertBacklog(ctx, pool, rows)
+	if d != nil {
+		// Timed from the backlog's commit.
+		d.started = time.Now()
+		for d.dispatched() < float64(rows+1) {
+			time.Sleep(250 * time.Millisecond)
+			d.checkAlive()
+		}
+		var last time.Time
+		check(pool.QueryRow(ctx, `SELECT max(dispatched_at) FROM outbox`).Scan(&last))
+		return drainResult{load: load, perSec: float64(rows) / last.Sub(d.started).Seconds()}
+	}
 	_, err = pool.Exec(ctx, `VACUUM ANALYZE outbox`)
 	check(err)
 	statements := *profile != "" && resetPgStatStatements(ctx, pool)
@@ -203,7 +283,7 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch int, tag string) 
 
 	pgBefore := processCPU("postgres")
 	redisBefore := redisCPU(ctx, rdb)
-	d := startDaemon(ctx, bin, dsn, prefix, batch, *profile != "", dest.sets)
+	d = startDaemon(ctx, bin, dsn, prefix, batch, *profile != "", dest.sets)
 	defer d.stop()
 	var prof *profileFetch
 	if *profile != "" {
@@ -211,7 +291,7 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch int, tag string) 
 	}
 	// /metrics refreshes the backlog gauges from Postgres on each scrape: poll
 	// sparingly; the end time comes from the rows themselves.
-	for d.dispatched() < float64(*rows) {
+	for d.dispatched() < float64(rows) {
 		time.Sleep(250 * time.Millisecond)
 		d.checkAlive()
 	}
@@ -219,14 +299,14 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch int, tag string) 
 	// (what an operator restarting onto a backlog waits for).
 	var last time.Time
 	check(pool.QueryRow(ctx, `SELECT max(dispatched_at) FROM outbox`).Scan(&last))
-	res := drainResult{perSec: float64(*rows) / last.Sub(d.started).Seconds()}
-	dest.expect(sink, *rows)
+	res := drainResult{load: load, perSec: float64(rows) / last.Sub(d.started).Seconds()}
+	dest.expect(sink, rows)
 	// log.level is warn: anything the relay said is worth reading.
 	if logs := d.logs.String(); logs != "" {
 		fmt.Fprintf(os.Stderr, "outboxd %s said:\n%s", tag, logs)
 	}
 	res.rssMiB = d.peakRSSMiB()
-	per1k := float64(*rows) / 1000
+	per1k := float64(rows) / 1000
 	res.relayCPU = d.cpuSeconds() / per1k
 	res.pgCPU = (processCPU("postgres") - pgBefore) / per1k
 	res.rCPU = (redisCPU(ctx, rdb) - redisBefore) / per1k
@@ -244,41 +324,105 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch int, tag string) 
 
 // ---- latency ----
 
-func latencyRuns(ctx context.Context, bin string) {
+func latencyRuns(ctx context.Context, bins []build) {
 	for r := range *runs {
-		q := latencyOnce(ctx, bin)
-		recv := ""
-		if *latWebhook {
-			recv = fmt.Sprintf("; commit → received p50 %.2f p99 %.2f max %.2f ms", q.recvP50, q.recvP99, q.recvMax)
+		for _, bin := range bins {
+			q := latencyOnce(ctx, bin.path)
+			recv := ""
+			if *latWebhook {
+				recv = fmt.Sprintf("; commit → received p50 %.2f p99 %.2f max %.2f ms", q.recvP50, q.recvP99, q.recvMax)
+			}
+			fmt.Printf("run %d %s: %d ev/s x%d per tx, %s (achieved %.0f ev/s), commit → marked p50 %.2f ms  p95 %.2f ms  p99 %.2f ms  max %.2f ms (%d events); producer tx p50 %.2f p99 %.2f max %.2f ms%s; load %s; outbox indexes %.1f MiB at the end\n",
+				r+1, bin.label, *rate, *perTx, latencyShape(), q.achieved, q.p50, q.p95, q.p99, q.max, q.n, q.prodP50, q.prodP99, q.prodMax, recv, q.load, q.indexMiB)
+			for i, w := range q.windows {
+				fmt.Printf("    %s window %d (%v–%v): commit → marked p50 %.2f  p95 %.2f  p99 %.2f  max %.2f ms (%d events)\n",
+					bin.label, i+1, time.Duration(i)**window, time.Duration(i+1)**window, w.p50, w.p95, w.p99, w.max, w.n)
+			}
 		}
-		fmt.Printf("run %d: %d ev/s x%d per tx (achieved %.0f ev/s), commit → marked p50 %.2f ms  p95 %.2f ms  p99 %.2f ms  max %.2f ms (%d events); producer insert+commit p50 %.2f p99 %.2f max %.2f ms%s\n",
-			r+1, *rate, *perTx, q.achieved, q.p50, q.p95, q.p99, q.max, q.n, q.prodP50, q.prodP99, q.prodMax, recv)
 	}
+}
+
+// latencyShape says how the load was produced, for the result line.
+func latencyShape() string {
+	var parts []string
+	if *producers > 0 {
+		parts = append(parts, fmt.Sprintf("%d racing producers (BEGIN, INSERT, %vCOMMIT)", *producers, holdWord()))
+	} else {
+		parts = append(parts, "one-statement transactions")
+	}
+	if *holdSnapshot {
+		parts = append(parts, "REPEATABLE READ snapshot held")
+	} else {
+		parts = append(parts, "no snapshot held")
+	}
+	parts = append(parts, "autovacuum "+autovacuumWord())
+	return strings.Join(parts, ", ")
+}
+
+func holdWord() string {
+	if *txHold > 0 {
+		return fmt.Sprintf("%v, ", *txHold)
+	}
+	return ""
+}
+
+type quantiles struct {
+	p50, p95, p99, max float64
+	n                  int
+}
+
+func quantilesOf(xs []float64) quantiles {
+	if len(xs) == 0 {
+		return quantiles{}
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	q := func(p float64) float64 { return s[min(len(s)-1, int(p*float64(len(s))))] }
+	return quantiles{q(0.50), q(0.95), q(0.99), s[len(s)-1], len(s)}
 }
 
 type latency struct {
 	achieved, p50, p95, p99, max float64
 	n                            int
-	// The producers' own insert+commit round trip: a stall of the machine
-	// shows here as well as in the relay's latency.
+	// The producers' own transaction (one round trip, or BEGIN to COMMIT
+	// with -producers): a stall of the machine shows here as well as in the
+	// relay's latency.
 	prodP50, prodP99, prodMax float64
 	// With -webhook: commit → the receiver's first request for the event.
 	recvP50, recvP99, recvMax float64
+	// With -window: commit → marked per window of commit time.
+	windows  []quantiles
+	load     string
+	indexMiB float64 // the outbox table's indexes when the run ended
+}
+
+// commit is one producer transaction: its ids, when COMMIT returned, and
+// how long the transaction took.
+type commit struct {
+	ids  []int64
+	at   time.Time
+	took time.Duration
 }
 
 func latencyOnce(ctx context.Context, bin string) latency {
+	load := loadAvg()
 	r := newRun(ctx, bin)
 	defer r.done()
 	dsn, prefix := r.dsn, r.prefix
 	cfg, err := pgxpool.ParseConfig(dsn)
 	check(err)
-	cfg.MaxConns = 16
+	cfg.MaxConns = int32(max(16, *producers))
 	if *prodAsync {
 		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	check(err)
 	defer pool.Close()
+	tableAutovacuum(ctx, pool)
+	if *holdSnapshot {
+		release := holdSnapshotOpen(ctx, dsn)
+		defer release()
+	}
 	sink := []string{noopSink}
 	var got *arrivals
 	if *latWebhook {
@@ -296,36 +440,13 @@ func latencyOnce(ctx context.Context, bin string) latency {
 	interval := time.Second * time.Duration(k) / time.Duration(*rate)
 	warm := *rate / k
 	n := warm + int(steadyFor.Seconds()*float64(*rate))/k
-	type commit struct {
-		ids  []int64
-		at   time.Time
-		took time.Duration // the producer's insert and commit, one round trip
-	}
 	commits := make([]commit, n)
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 16)
 	start := time.Now()
-	for i := range n {
-		time.Sleep(time.Until(start.Add(time.Duration(i) * interval)))
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			// One statement, its own transaction: one round trip, as a
-			// pgbench producer would do, so the load generator takes as
-			// little of the two cores as it can.
-			began := time.Now()
-			rows, err := pool.Query(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-				SELECT 'deal', (($1::int * 7 + g) % 1000)::text, 'deal.funded',
-				  jsonb_build_object('seq', $1::int, 'pad', repeat('x', $3))
-				FROM generate_series(1, $2::int) g RETURNING id`, i, k, payloadPad)
-			check(err)
-			ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-			check(err)
-			now := time.Now()
-			commits[i] = commit{ids, now, now.Sub(began)}
-		})
+	if *producers > 0 {
+		racingProducers(ctx, pool, commits, start, interval, k)
+	} else {
+		oneStatementProducers(ctx, pool, commits, start, interval, k)
 	}
-	wg.Wait()
 	achieved := float64(n*k) / time.Since(start).Seconds()
 	for d.dispatched() < float64(n*k) {
 		time.Sleep(20 * time.Millisecond)
@@ -338,7 +459,11 @@ func latencyOnce(ctx context.Context, bin string) latency {
 	var at time.Time
 	_, err = pgx.ForEachRow(res, []any{&id, &at}, func() error { marked[id] = at; return nil })
 	check(err)
+	var indexBytes int64
+	check(pool.QueryRow(ctx, `SELECT pg_indexes_size('outbox')`).Scan(&indexBytes))
 	var lat, prod, recv []float64
+	var perWindow [][]float64
+	measured := start.Add(time.Duration(warm) * interval)
 	var dump strings.Builder
 	for _, c := range commits[warm:] {
 		prod = append(prod, float64(c.took.Microseconds())/1000)
@@ -346,24 +471,97 @@ func latencyOnce(ctx context.Context, bin string) latency {
 			if got != nil {
 				recv = append(recv, float64(got.first(id).Sub(c.at).Microseconds())/1000)
 			}
-			lat = append(lat, float64(marked[id].Sub(c.at).Microseconds())/1000)
-			fmt.Fprintf(&dump, "%.4f %.3f\n", c.at.Sub(start).Seconds(), lat[len(lat)-1])
+			l := float64(marked[id].Sub(c.at).Microseconds()) / 1000
+			lat = append(lat, l)
+			if *window > 0 {
+				// The last commits can fall a little past -for: they count
+				// in the last window, not in one of their own.
+				last := max(1, int((*steadyFor+*window-1) / *window)) - 1
+				w := min(max(0, int(c.at.Sub(measured) / *window)), last)
+				for len(perWindow) <= w {
+					perWindow = append(perWindow, nil)
+				}
+				perWindow[w] = append(perWindow[w], l)
+			}
+			fmt.Fprintf(&dump, "%.4f %.3f\n", c.at.Sub(start).Seconds(), l)
 		}
 	}
 	if *latDump != "" {
 		check(os.WriteFile(fmt.Sprintf("%s.%d.txt", *latDump, time.Now().UnixNano()), []byte(dump.String()), 0o644))
 	}
-	slices.Sort(lat)
-	slices.Sort(prod)
-	slices.Sort(recv)
-	q := func(xs []float64, p float64) float64 { return xs[min(len(xs)-1, int(p*float64(len(xs))))] }
-	out := latency{achieved: achieved, p50: q(lat, 0.50), p95: q(lat, 0.95), p99: q(lat, 0.99), max: lat[len(lat)-1], n: len(lat),
-		prodP50: q(prod, 0.5), prodP99: q(prod, 0.99), prodMax: prod[len(prod)-1]}
+	all, p, rv := quantilesOf(lat), quantilesOf(prod), quantilesOf(recv)
+	out := latency{achieved: achieved, p50: all.p50, p95: all.p95, p99: all.p99, max: all.max, n: all.n,
+		prodP50: p.p50, prodP99: p.p99, prodMax: p.max, load: load, indexMiB: float64(indexBytes) / (1 << 20)}
 	if len(recv) > 0 {
-		out.recvP50, out.recvP99, out.recvMax = q(recv, 0.5), q(recv, 0.99), recv[len(recv)-1]
+		out.recvP50, out.recvP99, out.recvMax = rv.p50, rv.p99, rv.max
+	}
+	for _, w := range perWindow {
+		out.windows = append(out.windows, quantilesOf(w))
 	}
 	return out
 }
+
+// oneStatementProducers commits each transaction as one INSERT (its own
+// transaction: one round trip, as a pgbench producer would do, so the load
+// generator takes as little of the two cores as it can), up to 16 at once.
+func oneStatementProducers(ctx context.Context, pool *pgxpool.Pool, commits []commit, start time.Time, interval time.Duration, k int) {
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	for i := range commits {
+		time.Sleep(time.Until(start.Add(time.Duration(i) * interval)))
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			began := time.Now()
+			rows, err := pool.Query(ctx, insertEvents, i, k, payloadPad)
+			check(err)
+			ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+			check(err)
+			now := time.Now()
+			commits[i] = commit{ids, now, now.Sub(began)}
+		})
+	}
+	wg.Wait()
+}
+
+// racingProducers runs -producers producers, each on its own connection,
+// producer p taking transactions p, p+K, p+2K, ... at their open-loop start
+// times (or at once when it is behind). Each transaction is BEGIN, INSERT
+// (taking its ids), -tx-hold, COMMIT: ids are taken in one order and become
+// visible in another, the race a relay reading by id has to handle.
+func racingProducers(ctx context.Context, pool *pgxpool.Pool, commits []commit, start time.Time, interval time.Duration, k int) {
+	var wg sync.WaitGroup
+	for p := range *producers {
+		wg.Go(func() {
+			conn, err := pool.Acquire(ctx)
+			check(err)
+			defer conn.Release()
+			for i := p; i < len(commits); i += *producers {
+				time.Sleep(time.Until(start.Add(time.Duration(i) * interval)))
+				began := time.Now()
+				tx, err := conn.Begin(ctx)
+				check(err)
+				rows, err := tx.Query(ctx, insertEvents, i, k, payloadPad)
+				check(err)
+				ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+				check(err)
+				if *txHold > 0 {
+					time.Sleep(*txHold)
+				}
+				check(tx.Commit(ctx))
+				now := time.Now()
+				commits[i] = commit{ids, now, now.Sub(began)}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// insertEvents writes $2 events of transaction $1 over 1,000 aggregates.
+const insertEvents = `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+	SELECT 'deal', (($1::int * 7 + g) % 1000)::text, 'deal.funded',
+	  jsonb_build_object('seq', $1::int, 'pad', repeat('x', $3))
+	FROM generate_series(1, $2::int) g RETURNING id`
 
 // ---- the daemon ----
 
@@ -400,6 +598,7 @@ func startDaemon(ctx context.Context, bin, dsn, prefix string, batch int, pprof 
 	d.started = time.Now()
 	check(cmd.Start())
 	go func() { _ = cmd.Wait(); close(d.exited) }()
+	atExit(d.stop) // an interrupted bench leaves no relay running
 	for {
 		d.checkAlive()
 		if resp, err := http.Get("http://" + addr + "/livez"); err == nil {
@@ -430,19 +629,28 @@ func (d *daemon) stop() {
 
 // metric reads one unlabelled sample from /metrics.
 func (d *daemon) metric(name string) float64 {
-	resp, err := http.Get("http://" + d.addr + "/metrics")
-	if err != nil {
-		return 0
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+	for _, line := range d.metricLines() {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
 			f, _ := strconv.ParseFloat(v, 64)
 			return f
 		}
 	}
 	return 0
+}
+
+// metricLines is one scrape of /metrics (none when it does not answer).
+func (d *daemon) metricLines() []string {
+	resp, err := http.Get("http://" + d.addr + "/metrics")
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	var out []string
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		out = append(out, sc.Text())
+	}
+	return out
 }
 
 func (d *daemon) dispatched() float64 { return d.metric("outboxd_dispatched_total") }
@@ -629,6 +837,7 @@ func mmm(xs []float64) string {
 func check(err error) {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "blackbox:", err)
+		runAtExit()
 		os.Exit(1)
 	}
 }

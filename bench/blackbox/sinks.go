@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -224,8 +225,22 @@ func rabbitQueue(name string) destination {
 // arrivals records when the receiver first got each event (by its
 // Idempotency-Key, the outbox id).
 type arrivals struct {
-	mu sync.Mutex
-	at map[int64]time.Time
+	mu  sync.Mutex
+	at  map[int64]time.Time
+	seq []int64 // ids in the order of their first arrival
+}
+
+// order is the ids among want in the order they first arrived.
+func (a *arrivals) order(want ...int64) []int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []int64
+	for _, id := range a.seq {
+		if slices.Contains(want, id) {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 func (a *arrivals) first(id int64) time.Time {
@@ -247,6 +262,7 @@ func arrivalReceiver() (*arrivals, []string, func()) {
 			a.mu.Lock()
 			if _, seen := a.at[id]; !seen {
 				a.at[id] = now
+				a.seq = append(a.seq, id)
 			}
 			a.mu.Unlock()
 		}
