@@ -60,6 +60,16 @@ func (b Batch) done(i int, r Result) {
 	}
 }
 
+// Window bounds ctx by the batch's trust deadline as it is now. ok is
+// false when ctx has ended or the deadline has passed: then nothing may be
+// sent, and every event stays NotAttempted. Call cancel either way.
+func (b Batch) Window(ctx context.Context) (_ context.Context, cancel context.CancelFunc, ok bool) {
+	until := b.Until()
+	ok = ctx.Err() == nil && time.Now().Before(until)
+	ctx, cancel = context.WithDeadline(ctx, until)
+	return ctx, cancel, ok
+}
+
 // Outcome is what became of one event.
 type Outcome uint8
 

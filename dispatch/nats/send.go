@@ -26,12 +26,11 @@ func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
 	if len(out) == 0 {
 		return out
 	}
-	until := b.Until()
-	if ctx.Err() != nil || !time.Now().Before(until) {
+	ctx, cancel, ok := b.Window(ctx)
+	defer cancel()
+	if !ok {
 		return out // nothing sent: all NotAttempted
 	}
-	ctx, cancel := context.WithDeadline(ctx, until)
-	defer cancel()
 	start := time.Now()
 	nc, js, err := s.conn()
 	if err != nil {

@@ -152,12 +152,11 @@ func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
 		}
 		return out
 	}
-	until := b.Until()
-	if ctx.Err() != nil || !time.Now().Before(until) {
+	ctx, cancel, ok := b.Window(ctx)
+	defer cancel()
+	if !ok {
 		return out // nothing sent: all NotAttempted
 	}
-	ctx, cancel := context.WithDeadline(ctx, until)
-	defer cancel()
 	start := time.Now()
 
 	p := s.pipeline(ctx, b)
