@@ -11,10 +11,13 @@ ALTER TABLE outbox ALTER COLUMN txid SET DEFAULT pg_current_xact_id();
 -- dead, backing off (outbox_delayed_idx), or was still tracked by the
 -- holder that wrote it (its parked aggregates and watched gaps are folded
 -- in, so the value is conservative). Written fenced, like every poller
--- write, so a paused ex-holder cannot move it.
+-- write, so a paused ex-holder cannot move it. epoch names the table's and
+-- its id sequence's storage when the cursor was saved: TRUNCATE or an id
+-- RESTART gives them new storage, and a cursor of the old ids is not used.
 CREATE TABLE outbox_cursor (
     lock_name  text        PRIMARY KEY,
     cursor     bigint      NOT NULL,
+    epoch      text        NOT NULL DEFAULT '',
     updated_at timestamptz NOT NULL DEFAULT now()
 );
 

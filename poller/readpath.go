@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -90,6 +91,8 @@ type reader struct {
 	// it is found once it commits. 0: settled.
 	coldTo      int64
 	coldHorizon uint64
+	epoch       string // the ids' epoch (store.ReadResult.Epoch) the cursor belongs to
+	inflightLow int64  // lowest id fetched and not yet written, as of the last read
 }
 
 // readerFor returns the term's reader, a new one when the term changed.
@@ -106,11 +109,11 @@ func (p *Poller) readerFor(f store.Fence) *reader {
 func (p *Poller) fetch(ctx context.Context, f store.Fence, lim store.FetchLimits) (rows []store.Row, held bool, err error) {
 	r := p.readerFor(f)
 	if !r.loaded {
-		c, horizon, err := p.store.LoadCursor(ctx, f.Lock)
+		c, horizon, epoch, err := p.store.LoadCursor(ctx, f.Lock)
 		if err != nil {
 			return nil, false, err
 		}
-		r.coldTo, r.coldHorizon = c, horizon
+		r.coldTo, r.coldHorizon, r.epoch = c, horizon, epoch
 		r.cursor, r.frontier, r.saved, r.loaded = c, c, c, true
 		r.rescanLo, r.rescanTo = 0, c
 		r.rescanAt = time.Now()
@@ -119,6 +122,23 @@ func (p *Poller) fetch(ctx context.Context, f store.Fence, lim store.FetchLimits
 	res, err := p.store.Read(ctx, lim, r.pos())
 	if err != nil {
 		return nil, false, err
+	}
+	if res.Epoch != r.epoch {
+		// TRUNCATE or an id RESTART: new rows reuse ids at or below the
+		// cursor, where the scan would never look. Start again (cold).
+		p.log.Warn("outbox ids started again (TRUNCATE, id RESTART): reading from the start", "cursor", r.cursor)
+		p.rd = nil
+		return nil, true, nil
+	}
+	// Rows not written yet (in flight, or just taken) must stay above any
+	// cursor a successor starts from: a crash before their write leaves
+	// them pending.
+	r.inflightLow = math.MaxInt64
+	for _, id := range lim.Skip {
+		r.inflightLow = min(r.inflightLow, id)
+	}
+	for _, row := range res.Rows {
+		r.inflightLow = min(r.inflightLow, row.ID)
 	}
 	p.advance(r, res, time.Now())
 	for _, h := range res.Hot {
@@ -301,7 +321,7 @@ func (r *reader) rewind(ids []int64) {
 // saveable is the cursor a successor may start from: below every parked
 // row and every gap still watched.
 func (r *reader) saveable() int64 {
-	c := r.cursor
+	c := min(r.cursor, r.inflightLow-1)
 	for _, id := range r.parked {
 		c = min(c, id-1)
 	}
@@ -324,7 +344,7 @@ func (p *Poller) maintain(ctx context.Context, r *reader, idle bool, xmin uint64
 		}
 	}
 	if c := r.saveable(); c != r.saved && now.Sub(r.savedAt) >= saveEvery {
-		if err := p.store.SaveCursor(ctx, r.fence, c); err != nil {
+		if err := p.store.SaveCursor(ctx, r.fence, c, r.epoch); err != nil {
 			return fmt.Errorf("save cursor: %w", err)
 		}
 		r.saved, r.savedAt = c, now

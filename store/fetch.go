@@ -90,6 +90,10 @@ type ReadResult struct {
 	// XMin and XMax are the read's snapshot bounds (pg_current_snapshot):
 	// every transaction below XMin had ended; new gaps get XMax as Horizon.
 	XMin, XMax uint64
+	// Epoch names the storage of the outbox table and its id sequence
+	// (OutboxEpoch): it changes when TRUNCATE or an id RESTART reuses ids,
+	// and a cursor of the old ids means nothing then.
+	Epoch string
 	Hot        []HotRow // every pending row read above the cursor, id order
 	// Classified is the highest id now known visible or a gap (>= Frontier).
 	Classified int64
@@ -129,7 +133,8 @@ const defaultSpan = 10_000
 // visible watched ids and the parked aggregates' first rows.
 const readSQL = `
 WITH snap AS MATERIALIZED (
-  SELECT pg_snapshot_xmin(s)::text::bigint AS xmin, pg_snapshot_xmax(s)::text::bigint AS xmax FROM pg_current_snapshot() s),
+  SELECT pg_snapshot_xmin(s)::text::bigint AS xmin, pg_snapshot_xmax(s)::text::bigint AS xmax, ` + epochSQL + ` AS epoch
+  FROM pg_current_snapshot() s),
 hot AS MATERIALIZED (
   SELECT ` + readColumnsSQL + `
   FROM outbox o
@@ -212,7 +217,7 @@ SELECT 'h', hot.id, hot.aggregate_type, hot.aggregate_id, NULL, NULL, NULL, NULL
        ELSE 'c' END
 FROM hot, hold WHERE hot.id NOT IN (SELECT id FROM out)
 UNION ALL
-SELECT 's', snap.xmin, NULL, NULL, NULL, NULL, NULL, NULL, NULL, snap.xmax, NULL, NULL FROM snap
+SELECT 's', snap.xmin, snap.epoch, NULL, NULL, NULL, NULL, NULL, NULL, snap.xmax, NULL, NULL FROM snap
 UNION ALL
 SELECT 'c', span.top, NULL, NULL, NULL, NULL, NULL, NULL, NULL, span.top, NULL, NULL FROM span
 UNION ALL
@@ -285,7 +290,7 @@ func (s *Store) Read(ctx context.Context, lim FetchLimits, pos ReadPos) (ReadRes
 			}
 			out.Hot = append(out.Hot, HotRow{ID: id, Aggregate: Aggregate{typ.String, aid.String}, State: st})
 		case "s":
-			out.XMin, out.XMax = uint64(id), uint64(size.Int64)
+			out.XMin, out.XMax, out.Epoch = uint64(id), uint64(size.Int64), typ.String
 		case "c":
 			out.Classified = size.Int64
 		case "g":
@@ -340,8 +345,17 @@ func readArgs(lim FetchLimits, pos ReadPos) ([]any, int64) {
 		holdIDs, horizons, pt, pa, pmin, skip, rowBytes, bt, ba, budget}, rowBytes
 }
 
+// epochSQL names the storage of the outbox table and its id sequence. Both
+// get new storage when ids start again (TRUNCATE ... RESTART IDENTITY,
+// ALTER TABLE ... ALTER COLUMN id RESTART, ALTER SEQUENCE ... RESTART), and
+// on VACUUM FULL or CLUSTER, where starting afresh costs one cold start.
+// setval() keeps the storage: a rewind by setval is found by the rescan.
+const epochSQL = `pg_relation_filenode('outbox'::regclass)::text || '/' ||
+    COALESCE(pg_relation_filenode(pg_get_serial_sequence('outbox', 'id')::regclass)::text, '')`
+
 // LoadCursor returns where a new holder's reads start: the cursor the last
-// holder of lock saved (SaveCursor), with horizon 0. With none saved (a
+// holder of lock saved (SaveCursor) in this epoch (ReadResult.Epoch), with
+// horizon 0. With none saved (a
 // first start, or the first start after upgrading onto a table with
 // history) it starts just below the lowest pending row, and at most a span
 // (10,000 ids) below the highest id, so the first reads neither walk the
@@ -351,30 +365,31 @@ func readArgs(lim FetchLimits, pos ReadPos) ([]any, int64) {
 // below it may belong to a producer transaction in progress when it was
 // computed, so it comes with horizon, that snapshot's xmax; until a
 // snapshot's xmin reaches it the caller keeps rescanning below the cursor.
-func (s *Store) LoadCursor(ctx context.Context, lock string) (cursor int64, horizon uint64, err error) {
+func (s *Store) LoadCursor(ctx context.Context, lock string) (cursor int64, horizon uint64, epoch string, err error) {
 	var h int64
 	err = s.pool.QueryRow(ctx, `SELECT COALESCE(saved.cursor, LEAST(
     COALESCE((SELECT min(id) - 1 FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL), top.id),
     GREATEST(top.id - $2, 0))),
-  CASE WHEN saved.cursor IS NULL THEN pg_snapshot_xmax(pg_current_snapshot())::text::bigint ELSE 0 END
-FROM (SELECT (SELECT cursor FROM outbox_cursor WHERE lock_name = $1) AS cursor) saved,
-  (SELECT COALESCE((SELECT max(id) FROM outbox), 0) AS id) top`, lock, int64(defaultSpan)).Scan(&cursor, &h)
+  CASE WHEN saved.cursor IS NULL THEN pg_snapshot_xmax(pg_current_snapshot())::text::bigint ELSE 0 END,
+  `+epochSQL+`
+FROM (SELECT (SELECT cursor FROM outbox_cursor WHERE lock_name = $1 AND epoch = `+epochSQL+`) AS cursor) saved,
+  (SELECT COALESCE((SELECT max(id) FROM outbox), 0) AS id) top`, lock, int64(defaultSpan)).Scan(&cursor, &h, &epoch)
 	if err != nil {
-		return 0, 0, wrap("load cursor", err)
+		return 0, 0, "", wrap("load cursor", err)
 	}
-	return cursor, uint64(max(h, 0)), nil
+	return cursor, uint64(max(h, 0)), epoch, nil
 }
 
 // SaveCursor stores where f's holder stands, fenced: every id at or below
 // cursor is delivered, dead or backing off. A stale holder changes nothing
 // (ErrStaleFence).
-func (s *Store) SaveCursor(ctx context.Context, f Fence, cursor int64) error {
+func (s *Store) SaveCursor(ctx context.Context, f Fence, cursor int64, epoch string) error {
 	return s.fenced(ctx, f, fenceCTE+`,
 saved AS (
-  INSERT INTO outbox_cursor AS c (lock_name, cursor) SELECT $1, $4 WHERE EXISTS (SELECT 1 FROM fence)
-  ON CONFLICT (lock_name) DO UPDATE SET cursor = EXCLUDED.cursor, updated_at = now()
+  INSERT INTO outbox_cursor AS c (lock_name, cursor, epoch) SELECT $1, $4, $5 WHERE EXISTS (SELECT 1 FROM fence)
+  ON CONFLICT (lock_name) DO UPDATE SET cursor = EXCLUDED.cursor, epoch = EXCLUDED.epoch, updated_at = now()
   RETURNING 1)
-SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM saved)`, []*int64{new(int64)}, cursor)
+SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM saved)`, []*int64{new(int64)}, cursor, epoch)
 }
 
 // PendingBetween returns the aggregates with pending rows not backing off

@@ -255,17 +255,25 @@ func TestSaveCursorIsFenced(t *testing.T) {
 	st, _ := testenv.Store(t)
 	ctx := context.Background()
 	lock := "lock:outbox:poller"
-	if c, _, err := st.LoadCursor(ctx, lock); err != nil || c != 0 {
-		t.Fatalf("no cursor saved: %d, %v", c, err)
+	c, _, epoch, err := st.LoadCursor(ctx, lock)
+	if err != nil || c != 0 || epoch == "" {
+		t.Fatalf("no cursor saved: %d, epoch %q, %v", c, epoch, err)
 	}
-	if err := st.SaveCursor(ctx, store.Fence{Lock: lock, Token: 2, Owner: "b"}, 42); err != nil {
+	if err := st.SaveCursor(ctx, store.Fence{Lock: lock, Token: 2, Owner: "b"}, 42, epoch); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.SaveCursor(ctx, store.Fence{Lock: lock, Token: 1, Owner: "a"}, 7); err == nil {
+	if err := st.SaveCursor(ctx, store.Fence{Lock: lock, Token: 1, Owner: "a"}, 7, epoch); err == nil {
 		t.Fatal("a stale holder saved its cursor")
 	}
-	if c, h, _ := st.LoadCursor(ctx, lock); c != 42 || h != 0 {
+	if c, h, _, _ := st.LoadCursor(ctx, lock); c != 42 || h != 0 {
 		t.Fatalf("cursor %d, horizon %d; want the saved 42, settled (horizon 0)", c, h)
+	}
+	// Ids start again: the saved cursor is of the old ids, and not used.
+	if _, err := st.Pool().Exec(ctx, `TRUNCATE outbox RESTART IDENTITY`); err != nil {
+		t.Fatal(err)
+	}
+	if c, _, e2, _ := st.LoadCursor(ctx, lock); c != 0 || e2 == epoch {
+		t.Fatalf("after TRUNCATE ... RESTART IDENTITY: cursor %d (epoch %q, was %q), want 0 in a new epoch", c, e2, epoch)
 	}
 }
 
@@ -281,20 +289,20 @@ func TestLoadCursorWithoutOneSavedSkipsTheSettledHistory(t *testing.T) {
 		SELECT 'deal', g::text, 'x', '{}', now() FROM generate_series(1, 20500) g`); err != nil {
 		t.Fatal(err)
 	}
-	if c, h, err := st.LoadCursor(ctx, lock); err != nil || c != 10500 || h == 0 {
+	if c, h, _, err := st.LoadCursor(ctx, lock); err != nil || c != 10500 || h == 0 {
 		t.Fatalf("nothing pending: cursor %d, horizon %d, %v; want a span below the highest id, 10500, with a horizon", c, h, err)
 	}
 	enqueue(t, st, ev("deal", "A", 1), ev("deal", "B", 2))
 	if _, err := st.Pool().Exec(ctx, `UPDATE outbox SET dispatched_at = NULL WHERE id = 300`); err != nil {
 		t.Fatal(err)
 	}
-	if c, _, err := st.LoadCursor(ctx, lock); err != nil || c != 299 {
+	if c, _, _, err := st.LoadCursor(ctx, lock); err != nil || c != 299 {
 		t.Fatalf("row 300 pending: cursor %d, %v; want 299", c, err)
 	}
 	if _, err := st.Pool().Exec(ctx, `UPDATE outbox SET dispatched_at = now() WHERE id = 300`); err != nil {
 		t.Fatal(err)
 	}
-	if c, _, err := st.LoadCursor(ctx, lock); err != nil || c != 10502 {
+	if c, _, _, err := st.LoadCursor(ctx, lock); err != nil || c != 10502 {
 		t.Fatalf("two pending at the top: cursor %d, %v; want a span below the highest id (10502)", c, err)
 	}
 }
