@@ -94,7 +94,7 @@ type ReadResult struct {
 	// (OutboxEpoch): it changes when TRUNCATE or an id RESTART reuses ids,
 	// and a cursor of the old ids means nothing then.
 	Epoch string
-	Hot        []HotRow // every pending row read above the cursor, id order
+	Hot   []HotRow // every pending row read above the cursor, id order
 	// Classified is the highest id now known visible or a gap (>= Frontier).
 	Classified int64
 	NewGaps    []int64 // ids in (Frontier, Classified] not visible
