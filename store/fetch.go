@@ -91,7 +91,7 @@ type ReadResult struct {
 	// every transaction below XMin had ended; new gaps get XMax as Horizon.
 	XMin, XMax uint64
 	// Epoch names the storage of the outbox table and its id sequence
-	// (OutboxEpoch): it changes when TRUNCATE or an id RESTART reuses ids,
+	// (epochSQL): it changes when TRUNCATE or an id RESTART reuses ids,
 	// and a cursor of the old ids means nothing then.
 	Epoch string
 	Hot   []HotRow // every pending row read above the cursor, id order
