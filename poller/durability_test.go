@@ -6,10 +6,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
-
-	"github.com/outboxd/outboxd/internal/testenv"
-	"github.com/outboxd/outboxd/migrations"
-	"github.com/outboxd/outboxd/store"
 )
 
 // Result writes commit asynchronously (store.Complete). A Postgres crash
@@ -19,17 +15,8 @@ import (
 // cost at most duplicates if Redis had lost the keys too.
 func TestPostgresCrashForgetsResultsButSendsNothingTwice(t *testing.T) {
 	e := newEnv(t)
-	pg := testenv.StartPostgresServer(t)
+	pg, st := e.privatePostgres()
 	ctx := context.Background()
-	if _, err := migrations.Up(ctx, pg.DSN, nil); err != nil {
-		t.Fatal(err)
-	}
-	st, err := store.Open(ctx, pg.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	e.st = st
 	// The WAL writer flushes asynchronous commits every wal_writer_delay:
 	// make that longer than the test, so the crash finds them unwritten
 	// (set at a restart: a reload reaches the WAL writer only when it wakes).

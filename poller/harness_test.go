@@ -25,6 +25,7 @@ import (
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testkit"
 	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/store"
 )
 
@@ -278,4 +279,23 @@ func childMain() bool {
 	_ = p.Run(ctx)
 	os.Exit(0)
 	return true
+}
+
+// privatePostgres moves e onto a Postgres server of its own, migrated: for
+// tests that crash it or change its settings, or that need no other test's
+// transactions in its snapshots.
+func (e *env) privatePostgres() (*testenv.PostgresServer, *store.Store) {
+	e.t.Helper()
+	pg := testenv.StartPostgresServer(e.t)
+	ctx := context.Background()
+	if _, err := migrations.Up(ctx, pg.DSN, nil); err != nil {
+		e.t.Fatal(err)
+	}
+	st, err := store.Open(ctx, pg.DSN)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(st.Close)
+	e.st = st
+	return pg, st
 }

@@ -16,10 +16,8 @@ import (
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/internal/metrics"
 	"github.com/outboxd/outboxd/internal/term"
-	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testkit"
 	"github.com/outboxd/outboxd/lock"
-	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/store"
 )
 
@@ -172,17 +170,8 @@ func TestLateCommitIsDeliveredWarnedAndCounted(t *testing.T) {
 // in the cluster, and the shared server has other tests' open.
 func TestRolledBackGapSettlesWithoutWaiting(t *testing.T) {
 	e := newEnv(t)
-	pg := testenv.StartPostgresServer(t)
+	e.privatePostgres()
 	ctx := context.Background()
-	if _, err := migrations.Up(ctx, pg.DSN, nil); err != nil {
-		t.Fatal(err)
-	}
-	st, err := store.Open(ctx, pg.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	e.st = st
 	cfg := testConfig()
 	cfg.GapWait = time.Hour
 	r, logs := e.loggedRunner(cfg)
