@@ -21,6 +21,11 @@ func TestLateCommitIsWarnedAndCounted(t *testing.T) {
 	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL(), "OUTBOXD_POLLER_GAP_WAIT", "300ms")
 	rep := e.start()
 	ctx := context.Background()
+	// The relay reads before the race starts: one that computes its first
+	// cursor while a producer is in flight finds that row by its rescan, not
+	// as a late commit (poller TestFirstCursorWaitsForProducersInFlight).
+	warm := e.insert("deal", "warm", `{}`, "")
+	waitFor(t, "the relay delivering", func() bool { return rc.OKCounts()[warm] > 0 }, e.describeRows("true"))
 
 	slow, err := e.pool.Begin(ctx)
 	if err != nil {
