@@ -95,7 +95,9 @@ func drainOutboxd(b *testing.B, batch int) float64 {
 	wg.Go(func() { _ = p.Run(rctx) })
 	for {
 		var left bool
-		_ = st.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox WHERE dispatched_at IS NULL)`).Scan(&left)
+		if err := st.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox WHERE dispatched_at IS NULL)`).Scan(&left); err != nil {
+			b.Fatal(err)
+		}
 		if !left {
 			break
 		}

@@ -193,7 +193,9 @@ func TestNotifyTriggerSwitch(t *testing.T) {
 	ctx := context.Background()
 	has := func() bool {
 		var ok bool
-		_ = st.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'outbox_notify')`).Scan(&ok)
+		if err := st.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'outbox_notify')`).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
 		return ok
 	}
 	if has() {
