@@ -8,6 +8,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -29,19 +30,19 @@ type PostgresServer struct {
 // StartPostgresServer creates, starts and (at cleanup) removes an instance.
 func StartPostgresServer(t testing.TB) *PostgresServer {
 	t.Helper()
-	initdb := ""
-	if m, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb"); len(m) > 0 {
-		initdb = m[len(m)-1]
-	} else if p, err := exec.LookPath("initdb"); err == nil {
-		initdb = p
-	} else {
-		t.Fatal("testenv: initdb not found (install the postgresql package)")
-	}
+	bin := pgBin(t)
+	initdb := filepath.Join(bin, "initdb")
+	reapOrphanServers(bin)
 	dir, err := os.MkdirTemp("", "outboxd-pg-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &PostgresServer{t: t, bin: filepath.Dir(initdb), dir: dir, port: FreePort(t), asPG: os.Geteuid() == 0}
+	// The owner's pid lets a later run stop this server if the test binary
+	// is killed before its cleanup runs (pg_ctl detaches the server).
+	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := &PostgresServer{t: t, bin: bin, dir: dir, port: FreePort(t), asPG: os.Geteuid() == 0}
 	if s.asPG {
 		u, err := user.Lookup("postgres")
 		if err != nil {
@@ -65,6 +66,42 @@ func StartPostgresServer(t testing.TB) *PostgresServer {
 	}
 	s.DSN = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", s.port)
 	return s
+}
+
+// pgBin is the directory of the PostgreSQL server programs.
+func pgBin(t testing.TB) string {
+	t.Helper()
+	if m, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb"); len(m) > 0 {
+		return filepath.Dir(m[len(m)-1])
+	}
+	if p, err := exec.LookPath("initdb"); err == nil {
+		return filepath.Dir(p)
+	}
+	t.Fatal("testenv: initdb not found (install the postgresql package)")
+	return ""
+}
+
+// ownerFile holds the pid of the test process that started the server.
+const ownerFile = "owner.pid"
+
+// reapOrphanServers stops and removes the private servers of test processes
+// that no longer exist (a run killed by a timeout or ^C skips its cleanups),
+// so they do not pile up holding memory and ports.
+func reapOrphanServers(bin string) {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "outboxd-pg-*"))
+	for _, dir := range dirs {
+		b, err := os.ReadFile(filepath.Join(dir, ownerFile))
+		if err != nil {
+			continue // not ours to judge, or being created
+		}
+		pid, err := strconv.Atoi(string(b))
+		if err != nil || pid <= 0 || syscall.Kill(pid, 0) != syscall.ESRCH {
+			continue
+		}
+		s := &PostgresServer{bin: bin, dir: dir, asPG: os.Geteuid() == 0}
+		_ = s.pgctl("stop", "-m", "immediate")
+		_ = os.RemoveAll(dir)
+	}
 }
 
 func (s *PostgresServer) run(name string, args ...string) *exec.Cmd {
