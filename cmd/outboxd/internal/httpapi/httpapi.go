@@ -1,5 +1,5 @@
 // Package httpapi serves outboxd's operations endpoints: /livez, /readyz,
-// /metrics and /status, and /debug/pprof/ when asked for.
+// /metrics, /status and /dead, and /debug/pprof/ when asked for.
 package httpapi
 
 import (
@@ -25,6 +25,8 @@ type Deps struct {
 	// BeforeScrape, if set, refreshes gauges that are read from elsewhere
 	// (the backlog in Postgres) so a scrape never shows a stale value.
 	BeforeScrape func(ctx context.Context)
+	// Dead serves /dead, the dead-letter list (read-only); nil: no /dead.
+	Dead DeadLister
 	// Pprof serves net/http/pprof under /debug/pprof/ (http.pprof): CPU and
 	// heap profiles of the running daemon, for benchmarks and incidents.
 	// Off by default: a profile can be expensive and shows internals.
@@ -71,6 +73,9 @@ func Handler(d Deps) http.Handler {
 		}
 		writeJSON(w, http.StatusOK, st)
 	})
+	if d.Dead != nil {
+		mux.HandleFunc("GET /dead", func(w http.ResponseWriter, r *http.Request) { serveDead(w, r, d.Dead) })
+	}
 	if d.Pprof {
 		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)

@@ -1,0 +1,170 @@
+// Package deadquery reads the dead-letter filters and paging shared by
+// `outboxd dead list`, `outboxd replay` and /dead: command-line flags and
+// query parameters of the same names, checked alike, an invalid one named.
+package deadquery
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/spf13/pflag"
+
+	"github.com/outboxd/outboxd/store"
+)
+
+// The parameters, as flags (--name) and as query parameters (name=).
+const (
+	Aggregate = "aggregate"
+	EventType = "event-type"
+	Since     = "since"
+	Until     = "until"
+	Error     = "error"
+	Limit     = "limit"
+	After     = "after"
+)
+
+// DefaultLimit is a page's size when --limit is not given.
+const DefaultLimit = 50
+
+// Filters are the parameters that select rows; All adds those that page the list.
+var (
+	Filters = []string{Aggregate, EventType, Since, Until, Error}
+	All     = []string{Aggregate, EventType, Since, Until, Error, Limit, After}
+)
+
+var help = map[string]string{
+	Aggregate: "only this aggregate: TYPE/ID, or TYPE for every aggregate of that type",
+	EventType: "only this event type; a glob: * any run of characters, ? one, \\ makes the next literal",
+	Since:     "dead-lettered at or after this: RFC 3339 (2026-11-24T03:00:00Z) or a duration ago (90m, 24h, 7d)",
+	Until:     "dead-lettered before this: RFC 3339 or a duration ago, as --since",
+	Error:     "last_error contains this text (case-insensitive)",
+	Limit:     fmt.Sprintf("rows per page, 1..%d", store.MaxDeadPage),
+	After:     "continue after this cursor (printed with the previous page)",
+}
+
+// AddFlags defines the named parameters as string flags on fs.
+func AddFlags(fs *pflag.FlagSet, names ...string) {
+	for _, n := range names {
+		def := ""
+		if n == Limit {
+			def = strconv.Itoa(DefaultLimit)
+		}
+		fs.String(n, def, help[n])
+	}
+}
+
+// FromFlags reads the parameters set on fs (defaults are not "given").
+func FromFlags(fs *pflag.FlagSet) func(string) (string, bool) {
+	return func(name string) (string, bool) {
+		f := fs.Lookup(name)
+		if f == nil || !f.Changed {
+			return "", false
+		}
+		return f.Value.String(), true
+	}
+}
+
+// Known reports whether name is one of the parameters.
+func Known(name string) bool { _, ok := help[name]; return ok }
+
+// Query is what the parameters ask for.
+type Query struct {
+	Filter store.DeadFilter
+	After  *store.DeadCursor // nil: the first page
+	Limit  int
+}
+
+// ParamError names the parameter whose value is invalid.
+type ParamError struct {
+	Name string
+	Err  error
+}
+
+func (e *ParamError) Error() string { return e.Name + ": " + e.Err.Error() }
+func (e *ParamError) Unwrap() error { return e.Err }
+
+// Parse reads the parameters get says were given; now anchors durations.
+func Parse(get func(name string) (string, bool), now time.Time) (Query, error) {
+	q := Query{Limit: DefaultLimit}
+	bad := func(name string, format string, a ...any) (Query, error) {
+		return Query{}, &ParamError{Name: name, Err: fmt.Errorf(format, a...)}
+	}
+	for _, name := range All {
+		if v, ok := get(name); ok {
+			switch {
+			case v == "":
+				return bad(name, "empty value")
+			case !utf8.ValidString(v):
+				return bad(name, "not valid UTF-8")
+			case strings.ContainsRune(v, 0):
+				return bad(name, "contains NUL")
+			}
+		}
+	}
+	if v, ok := get(Aggregate); ok {
+		t, id, hasID := strings.Cut(v, "/")
+		if t == "" || (hasID && id == "") {
+			return bad(Aggregate, "wants TYPE or TYPE/ID, got %q", v)
+		}
+		q.Filter.AggregateType, q.Filter.AggregateID = t, id
+	}
+	if v, ok := get(EventType); ok {
+		q.Filter.EventType = v
+	}
+	if v, ok := get(Error); ok {
+		q.Filter.Error = v
+	}
+	for _, b := range []struct {
+		name string
+		to   *time.Time
+	}{{Since, &q.Filter.Since}, {Until, &q.Filter.Until}} {
+		if v, ok := get(b.name); ok {
+			t, err := parseTime(v, now)
+			if err != nil {
+				return bad(b.name, "%w", err)
+			}
+			*b.to = t
+		}
+	}
+	if f := q.Filter; !f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until) {
+		return bad(Since, "%s is not before --until %s", f.Since.Format(time.RFC3339), f.Until.Format(time.RFC3339))
+	}
+	if v, ok := get(Limit); ok {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > store.MaxDeadPage {
+			return bad(Limit, "wants a whole number from 1 to %d, got %q", store.MaxDeadPage, v)
+		}
+		q.Limit = n
+	}
+	if v, ok := get(After); ok {
+		c, err := store.ParseDeadCursor(v)
+		if err != nil {
+			return bad(After, "%w", err)
+		}
+		q.After = &c
+	}
+	return q, nil
+}
+
+// parseTime reads RFC 3339 or a positive duration before now (Go's units
+// plus d for 24 h).
+func parseTime(v string, now time.Time) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+		return t, nil
+	}
+	d, err := time.ParseDuration(v)
+	if days, ok := strings.CutSuffix(v, "d"); ok && err != nil {
+		// Bounded so that it cannot overflow (Go's own units stop at ~292 years).
+		if n, aerr := strconv.Atoi(days); aerr == nil && n > 0 && n <= 100000 {
+			d, err = time.Duration(n)*24*time.Hour, nil
+		}
+	}
+	if err != nil || d <= 0 {
+		return time.Time{}, errors.New("wants an RFC 3339 time (2026-11-24T03:00:00Z) or a positive duration ago (90m, 24h, 7d), got " + strconv.Quote(v))
+	}
+	return now.Add(-d), nil
+}
