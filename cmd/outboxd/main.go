@@ -3,6 +3,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,15 +13,19 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/spf13/cobra"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/app"
+	"github.com/outboxd/outboxd/cmd/outboxd/internal/deadquery"
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/lock"
@@ -87,7 +92,7 @@ func newRoot(stdout io.Writer) *cobra.Command {
 		}
 		return cmd.Help()
 	}
-	root.AddCommand(runCmd(g, stdout), migrateCmd(g, stdout), versionCmd(stdout), statusCmd(g, stdout), replayCmd(g, stdout), reconcileCmd(g, stdout), configCmd(g, stdout), healthCmd(g, stdout))
+	root.AddCommand(runCmd(g, stdout), migrateCmd(g, stdout), versionCmd(stdout), statusCmd(g, stdout), replayCmd(g, stdout), deadCmd(g, stdout), reconcileCmd(g, stdout), configCmd(g, stdout), healthCmd(g, stdout))
 	return root
 }
 
@@ -274,26 +279,22 @@ func configCmd(g *globals, stdout io.Writer) *cobra.Command {
 }
 
 func replayCmd(g *globals, stdout io.Writer) *cobra.Command {
-	var dead bool
+	var dead, dryRun bool
 	var ids []int64
-	var aggregate string
 	cmd := &cobra.Command{
-		Use:   "replay --dead [--id N ...] [--aggregate TYPE/ID]",
-		Short: "Requeue dead-lettered events (all, by id, or one aggregate's)",
+		Use:   "replay --dead [--id N ...] [filters] [--dry-run]",
+		Short: "Requeue dead-lettered events (all, by id, or those the filters of `dead list` select)",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if !dead {
 				return usageError{errors.New("replay needs --dead (only dead-lettered rows can be replayed)")}
 			}
-			var f store.ReplayFilter
-			f.IDs = ids
-			if aggregate != "" {
-				t, id, ok := strings.Cut(aggregate, "/")
-				if !ok || t == "" || id == "" {
-					return usageError{fmt.Errorf("--aggregate wants TYPE/ID, got %q", aggregate)}
-				}
-				f.AggregateType, f.AggregateID = t, id
+			q, err := parseDeadQuery(cmd)
+			if err != nil {
+				return err
 			}
+			f := q.Filter
+			f.IDs = ids
 			s, err := g.start(stdout, config.PostgresSection)
 			if err != nil {
 				return err
@@ -304,6 +305,14 @@ func replayCmd(g *globals, stdout io.Writer) *cobra.Command {
 				return err
 			}
 			defer st.Close()
+			if dryRun {
+				n, err := st.CountDead(s.ctx, f)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(stdout, "would requeue %d dead-lettered events (dry run: nothing changed)\n", n)
+				return nil
+			}
 			n, err := st.ReplayDead(s.ctx, f, 1000, func(done int64) {
 				s.log.Info("replay progress", "requeued", done)
 			})
@@ -316,8 +325,196 @@ func replayCmd(g *globals, stdout io.Writer) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&dead, "dead", false, "requeue dead-lettered rows")
 	cmd.Flags().Int64SliceVar(&ids, "id", nil, "only these outbox ids (repeatable or comma-separated)")
-	cmd.Flags().StringVar(&aggregate, "aggregate", "", "only this aggregate, as TYPE/ID")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "print how many rows would be requeued and change nothing")
+	deadquery.AddFlags(cmd.Flags(), deadquery.Filters...)
 	return cmd
+}
+
+// parseDeadQuery reads the dead-letter filters (and paging) set on cmd; an
+// invalid value is a usage error naming its flag.
+func parseDeadQuery(cmd *cobra.Command) (deadquery.Query, error) {
+	q, err := deadquery.Parse(deadquery.FromFlags(cmd.Flags()), time.Now())
+	var pe *deadquery.ParamError
+	if errors.As(err, &pe) {
+		return q, usageError{fmt.Errorf("--%s: %w", pe.Name, pe.Err)}
+	}
+	return q, err
+}
+
+func deadCmd(g *globals, stdout io.Writer) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "dead list|show",
+		Short: "Inspect dead-lettered events (outboxd replay --dead requeues them)",
+		// Runnable, so that a missing or mistyped subcommand is a usage
+		// error (exit 2) rather than help and exit 0.
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usageError{fmt.Errorf("unknown command %q for %q: want list or show", args[0], cmd.CommandPath())}
+			}
+			return usageError{fmt.Errorf("%s needs a command: list or show", cmd.CommandPath())}
+		},
+	}
+	cmd.AddCommand(deadListCmd(g, stdout), deadShowCmd(g, stdout))
+	return cmd
+}
+
+// openStore loads the config (its postgres section) and opens the store,
+// logging to w; the caller closes both.
+func (g *globals) openStore(w io.Writer) (*session, *store.Store, error) {
+	s, err := g.start(w, config.PostgresSection)
+	if err != nil {
+		return nil, nil, err
+	}
+	st, err := store.Open(s.ctx, s.cfg.Postgres.DSN)
+	if err != nil {
+		s.stop()
+		return nil, nil, err
+	}
+	return s, st, nil
+}
+
+func deadListCmd(g *globals, stdout io.Writer) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "list [filters] [--limit N] [--after CURSOR] [--json]",
+		Short: "List dead-lettered events, newest first, a page at a time",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			q, err := parseDeadQuery(cmd)
+			if err != nil {
+				return err
+			}
+			s, st, err := g.openStore(cmd.ErrOrStderr()) // stdout is the list
+			if err != nil {
+				return err
+			}
+			defer s.stop()
+			defer st.Close()
+			page, err := st.ListDead(s.ctx, q.Filter, q.After, q.Limit)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return json.NewEncoder(stdout).Encode(page)
+			}
+			printDeadTable(stdout, page)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, `print the page as one JSON object: {"events": [...], "next": CURSOR}`)
+	deadquery.AddFlags(cmd.Flags(), deadquery.All...)
+	return cmd
+}
+
+// errorCell is how much of last_error the table shows.
+const errorCell = 60
+
+func printDeadTable(w io.Writer, page store.DeadPage) {
+	if len(page.Events) == 0 {
+		fmt.Fprintln(w, "no dead-lettered events")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tAGGREGATE\tEVENT TYPE\tATTEMPTS\tDEAD AT\tLAST ERROR")
+	for _, e := range page.Events {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\n", e.ID, cell(e.AggregateType+"/"+e.AggregateID, 40),
+			cell(e.EventType, 40), e.Attempts, stamp(e.DeadAt), cell(e.LastError, errorCell))
+	}
+	_ = tw.Flush()
+	if page.Next != "" {
+		fmt.Fprintf(w, "\nmore: the same command with --after %s\n", page.Next)
+	}
+}
+
+// cell makes s one table cell: control characters (tabs, newlines) become
+// spaces, and it is cut to n characters.
+func cell(s string, n int) string {
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
+// stamp shows a timestamp in UTC, RFC 3339, or infinity.
+func stamp(t pgtype.Timestamptz) string {
+	b, _ := t.MarshalJSON()
+	return strings.Trim(string(b), `"`)
+}
+
+func deadShowCmd(g *globals, stdout io.Writer) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "show [--json] ID",
+		Short: "Show one dead-lettered event: payload, headers, attempts, last error, timestamps",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usageError{fmt.Errorf("show takes one outbox id, got %d arguments", len(args))}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := strconv.ParseInt(args[0], 10, 64)
+			if err != nil {
+				return usageError{fmt.Errorf("show wants an outbox id (a whole number), got %q", args[0])}
+			}
+			s, st, err := g.openStore(cmd.ErrOrStderr()) // stdout is the event
+			if err != nil {
+				return err
+			}
+			defer s.stop()
+			defer st.Close()
+			e, err := st.ShowDead(s.ctx, id)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(e)
+			}
+			printDeadEvent(stdout, e)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the event as JSON")
+	return cmd
+}
+
+func printDeadEvent(w io.Writer, e store.DeadEvent) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, kv := range [][2]string{
+		{"id", strconv.FormatInt(e.ID, 10)},
+		{"aggregate", cell(e.AggregateType+"/"+e.AggregateID, 200)},
+		{"event type", cell(e.EventType, 200)},
+		{"attempts", strconv.Itoa(e.Attempts)},
+		{"created at", stamp(e.CreatedAt)},
+		{"available at", stamp(e.AvailableAt)},
+		{"dead at", stamp(e.DeadAt)},
+	} {
+		fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
+	}
+	_ = tw.Flush()
+	// last_error in full: it is bounded (store.MaxErrorBytes) and what the
+	// operator came for; its own line breaks stay.
+	fmt.Fprintf(w, "last error:\n  %s\n", strings.ReplaceAll(e.LastError, "\n", "\n  "))
+	for _, j := range []struct {
+		name string
+		raw  json.RawMessage
+	}{{"headers", e.Headers}, {"payload", e.Payload}} {
+		var b bytes.Buffer
+		if err := json.Indent(&b, j.raw, "  ", "  "); err != nil {
+			b.Reset()
+			b.Write(j.raw)
+		}
+		fmt.Fprintf(w, "%s:\n  %s\n", j.name, b.String())
+	}
 }
 
 func reconcileCmd(g *globals, stdout io.Writer) *cobra.Command {

@@ -60,7 +60,7 @@ func TestExitCodes(t *testing.T) {
 		{"bad retention", []string{"reconcile", "--once", "--set", "reconcile.retention=a week"}, 2, "reconcile.retention"},
 		{"reconcile without --once", []string{"reconcile"}, 2, "--once"},
 		{"replay without --dead", []string{"replay"}, 2, "--dead"},
-		{"bad aggregate", []string{"replay", "--dead", "--aggregate", "deal"}, 2, "TYPE/ID"},
+		{"bad aggregate", []string{"replay", "--dead", "--aggregate", "deal/"}, 2, "TYPE/ID"},
 		{"negative batch size", []string{"run", "--set", "poller.batch_size=-1"}, 2, "poller.batch_size"},
 		{"missing config file", []string{"migrate", "--config", "/nonexistent/outboxd.yaml"}, 2, "/nonexistent/outboxd.yaml"},
 		{"unknown flag", []string{"run", "--frobnicate"}, 2, "frobnicate"},
