@@ -131,7 +131,7 @@ func Parse(get func(name string) (string, bool), now time.Time) (Query, error) {
 		}
 	}
 	if f := q.Filter; !f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until) {
-		return bad(Since, "%s is not before --until %s", f.Since.Format(time.RFC3339), f.Until.Format(time.RFC3339))
+		return bad(Since, "%s is not before until (%s)", f.Since.Format(time.RFC3339), f.Until.Format(time.RFC3339))
 	}
 	if v, ok := get(Limit); ok {
 		n, err := strconv.Atoi(v)
