@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/store"
 )
@@ -14,6 +16,8 @@ import (
 // slots), then writes every outcome to Postgres in one fenced statement.
 func (p *Poller) finish(ctx context.Context, items []item, ours string, fence store.Fence, start time.Time) error {
 	fire(p.hooks.beforeFinish)
+	ctx, span := p.spans.Start(ctx, SpanFinish, trace.WithAttributes(AttrBatchSize.Int(len(items))))
+	defer span.End()
 	var delivered []int64
 	var failures []store.Failure
 	var names []string
@@ -45,8 +49,10 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 
 	nd, _, err := p.store.Complete(ctx, fence, delivered, failures)
 	if err != nil {
+		fail(span, err)
 		return err
 	}
+	span.SetAttributes(AttrDelivered.Int64(nd), AttrFailed.Int(len(failures)))
 	for _, it := range items {
 		switch it.outcome {
 		case sent:
