@@ -71,6 +71,7 @@ type Provider struct {
 	// Enabled is false for the no-op provider: callers skip work that only
 	// spans need (rewriting headers for the trace context).
 	Enabled  bool
+	Service  string // service.name of the spans; "" when off
 	shutdown func(context.Context) error
 }
 
@@ -138,5 +139,6 @@ func FromEnv(ctx context.Context, log *slog.Logger) (*Provider, error) {
 		log.Warn("trace resource incomplete", "error", err)
 	}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
-	return &Provider{TracerProvider: tp, Enabled: true, shutdown: tp.Shutdown}, nil
+	service, _ := res.Set().Value(semconv.ServiceNameKey)
+	return &Provider{TracerProvider: tp, Enabled: true, Service: service.AsString(), shutdown: tp.Shutdown}, nil
 }

@@ -32,7 +32,7 @@ func (a *App) startTracing(ctx context.Context) (stop func(), err error) {
 	}
 	a.tracing = tp
 	if tp.Enabled {
-		a.Log.Info("tracing on", "service", tracing.ServiceName)
+		a.Log.Info("tracing on", "service", tp.Service)
 	}
 	return func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
