@@ -80,7 +80,7 @@ func (p *Poller) batch(ctx context.Context, pl *pipeline) (batchResult, error) {
 	}
 	fence := pl.fence
 	c := claimValue{token: fence.Token, owner: fence.Owner, batch: strconv.FormatInt(start.UnixNano(), 36)}
-	_, claimSpan := tr.child(ctx, SpanClaim)
+	_, claimSpan := tr.child(ctx, SpanClaim, len(items))
 	err = p.claimKeys(ctx, items, c)
 	if err != nil {
 		fail(claimSpan, err)

@@ -5,8 +5,6 @@ import (
 	"strconv"
 	"time"
 
-	"go.opentelemetry.io/otel/trace"
-
 	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/store"
 )
@@ -16,8 +14,11 @@ import (
 // slots), then writes every outcome to Postgres in one fenced statement.
 func (p *Poller) finish(ctx context.Context, items []item, ours string, fence store.Fence, start time.Time) error {
 	fire(p.hooks.beforeFinish)
-	ctx, span := p.spans.Start(ctx, SpanFinish, trace.WithAttributes(AttrBatchSize.Int(len(items))))
+	ctx, span := p.stage(ctx, SpanFinish)
 	defer span.End()
+	if span.IsRecording() {
+		span.SetAttributes(AttrBatchSize.Int(len(items)))
+	}
 	var delivered []int64
 	var failures []store.Failure
 	var names []string
@@ -52,7 +53,9 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 		fail(span, err)
 		return err
 	}
-	span.SetAttributes(AttrDelivered.Int64(nd), AttrFailed.Int(len(failures)))
+	if span.IsRecording() {
+		span.SetAttributes(AttrDelivered.Int64(nd), AttrFailed.Int(len(failures)))
+	}
 	for _, it := range items {
 		switch it.outcome {
 		case sent:

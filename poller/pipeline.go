@@ -183,7 +183,7 @@ func (pl *pipeline) launch(items []item, claim string, start time.Time, tr batch
 			pl.mu.Unlock()
 			poke(pl.kick)
 		})
-		sctx, span := tr.child(pl.ctx, SpanSend, AttrBatchSize.Int(len(items)))
+		sctx, span := tr.child(pl.ctx, SpanSend, len(items))
 		pl.p.deliver(sctx, items, pl.fence.Token, pl.trusted, func(aggs [][]int) { pl.settle(f, items, aggs) })
 		span.End()
 		early.Stop()

@@ -32,10 +32,12 @@ const (
 	AttrFailed       = attribute.Key("outboxd.failed")
 )
 
-// tracer is tp's tracer for the poller; a no-op one when tp is nil.
+// tracer is tp's tracer for the poller; nil when tp is nil: then the
+// poller makes no spans at all, not even no-op ones (tracing off costs a
+// nil check per stage).
 func tracer(tp trace.TracerProvider) trace.Tracer {
 	if tp == nil {
-		tp = noop.NewTracerProvider()
+		return nil
 	}
 	return tp.Tracer(TracerName)
 }
@@ -53,6 +55,9 @@ type batchTrace struct {
 // found rows or failed: empty polls (every few ms when busy, every
 // poll_interval when idle) would bury the batches.
 func (p *Poller) startBatch(ctx context.Context, fence store.Fence, start, end time.Time, rows int, err error) batchTrace {
+	if p.spans == nil {
+		return batchTrace{}
+	}
 	ctx, span := p.spans.Start(ctx, SpanBatch, trace.WithTimestamp(start),
 		trace.WithAttributes(AttrFencingToken.Int64(fence.Token), AttrBatchSize.Int(rows)))
 	_, fetch := p.spans.Start(ctx, SpanFetch, trace.WithTimestamp(start), trace.WithAttributes(AttrBatchSize.Int(rows)))
@@ -73,12 +78,21 @@ func (t batchTrace) in(ctx context.Context) context.Context {
 	return trace.ContextWithSpan(ctx, t.span)
 }
 
-// child starts a stage of the batch.
-func (t batchTrace) child(ctx context.Context, name string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+// child starts a stage of the batch, over rows rows.
+func (t batchTrace) child(ctx context.Context, name string, rows int) (context.Context, trace.Span) {
 	if t.tracer == nil {
 		return ctx, noop.Span{}
 	}
-	return t.tracer.Start(t.in(ctx), name, trace.WithAttributes(attrs...))
+	return t.tracer.Start(t.in(ctx), name, trace.WithAttributes(AttrBatchSize.Int(rows)))
+}
+
+// stage starts a span of a batch stage from ctx, which carries the batch's
+// span (batchTrace.in); a no-op span when tracing is off.
+func (p *Poller) stage(ctx context.Context, name string) (context.Context, trace.Span) {
+	if p.spans == nil {
+		return ctx, noop.Span{}
+	}
+	return p.spans.Start(ctx, name)
 }
 
 // end ends the batch's span, with err as its status if not nil.

@@ -142,3 +142,25 @@ func requestFor(e *env, id string) testkit.Request {
 	e.t.Fatalf("the receiver got no request for event %s", id)
 	return testkit.Request{}
 }
+
+// The poller's spans with tracing off (the no-op provider), per batch:
+// the batch and fetch spans, claim, send and finish, as batch, launch and
+// finish make them.
+//
+//	go test -run '^$' -bench BatchSpansOff -benchmem ./poller/
+func BenchmarkBatchSpansOff(b *testing.B) {
+	p := &Poller{spans: tracer(nil)}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		now := time.Now()
+		tr := p.startBatch(ctx, store.Fence{Token: 1}, now, now, 500, nil)
+		_, claim := tr.child(ctx, SpanClaim, 500)
+		claim.End()
+		sctx, send := tr.child(ctx, SpanSend, 500)
+		send.End()
+		_, finish := p.stage(tr.in(sctx), SpanFinish)
+		finish.End()
+		tr.end(nil)
+	}
+}

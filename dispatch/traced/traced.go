@@ -79,13 +79,24 @@ type Options struct {
 
 // Wrap returns s with spans; tp gives the tracer.
 func Wrap(s dispatch.Sink, tp trace.TracerProvider, o Options) dispatch.Sink {
-	return &sink{inner: s, tracer: tp.Tracer(TracerName), o: o}
+	w := &sink{inner: s, tracer: tp.Tracer(TracerName), o: o, fixed: []attribute.KeyValue{
+		semconv.MessagingSystemKey.String(o.System),
+		semconv.MessagingOperationTypeSend,
+		semconv.MessagingOperationName("send"),
+	}}
+	if o.Template != "" {
+		w.fixed = append(w.fixed, semconv.MessagingDestinationTemplate(o.Template))
+		w.name = "send " + o.Template
+	}
+	return w
 }
 
 type sink struct {
 	inner  dispatch.Sink
 	tracer trace.Tracer
 	o      Options
+	fixed  []attribute.KeyValue // the attributes every span has
+	name   string               // the span name, when it does not depend on the event
 }
 
 // W3C Trace Context only: baggage in a row's headers passes as it is.
@@ -148,33 +159,37 @@ func (s *sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
 
 // start starts ev's span and returns ev with its trace headers replaced.
 func (s *sink) start(ctx context.Context, call trace.SpanContext, ev dispatch.Event) (dispatch.Event, trace.Span) {
-	headers, ok := decodeHeaders(ev.Headers)
-	attrs := []attribute.KeyValue{
-		semconv.MessagingSystemKey.String(s.o.System),
-		semconv.MessagingOperationTypeSend,
-		semconv.MessagingOperationName("send"),
+	attrs := make([]attribute.KeyValue, 0, 8+len(s.fixed))
+	attrs = append(attrs, s.fixed...)
+	attrs = append(attrs,
 		semconv.MessagingMessageID(strconv.FormatInt(ev.ID, 10)),
 		semconv.MessagingMessageBodySize(len(ev.Payload)),
 		AttrAggregateType.String(ev.AggregateType),
 		AttrAggregateID.String(ev.AggregateID),
 		AttrEventType.String(ev.EventType),
-	}
-	name := "send"
+	)
+	name := s.name
 	if s.o.Destination != nil {
 		dest := s.o.Destination(ev)
 		attrs = append(attrs, semconv.MessagingDestinationName(dest))
-		name += " " + dest
+		if name == "" {
+			name = "send " + dest
+		}
 	}
-	if s.o.Template != "" {
-		attrs = append(attrs, semconv.MessagingDestinationTemplate(s.o.Template))
-		name = "send " + s.o.Template
+	if name == "" {
+		name = "send"
 	}
 	if s.o.Attributes != nil {
 		attrs = append(attrs, s.o.Attributes(ev)...)
 	}
 	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...)}
+	obj, plain := shape(ev.Headers)
+	var headers map[string]json.RawMessage
 	parent := ctx
-	if ok {
+	if obj && !plain {
+		headers, obj = decodeHeaders(ev.Headers)
+	}
+	if headers != nil {
 		// The row's trace, when it carries a valid one; linked to the call.
 		if rc := trace.SpanContextFromContext(propagator.Extract(context.Background(), carrier(headers))); rc.IsValid() {
 			parent = trace.ContextWithRemoteSpanContext(ctx, rc)
@@ -184,10 +199,88 @@ func (s *sink) start(ctx context.Context, call trace.SpanContext, ev dispatch.Ev
 		}
 	}
 	sctx, span := s.tracer.Start(parent, name, opts...)
-	if ok {
+	switch {
+	case !obj:
+	case headers != nil:
 		ev.Headers = inject(sctx, headers, ev.Headers)
+	default:
+		ev.Headers = prepend(sctx, ev.Headers)
 	}
 	return ev, span
+}
+
+// shape tells whether raw (a row's headers) is a JSON object, and whether
+// it is plainly free of trace context: no name or value holds "trace" in
+// any case, and nothing is escaped (an escaped name could spell one). Most
+// rows are plain; they skip decoding.
+func shape(raw json.RawMessage) (obj, plain bool) {
+	t := bytes.TrimSpace(raw)
+	if len(t) == 0 {
+		return true, true // no headers: {}
+	}
+	if t[0] != '{' {
+		return false, false
+	}
+	return true, bytes.IndexByte(t, '\\') < 0 && !containsFold(t, "trace")
+}
+
+// containsFold reports whether s holds sub (lower-case ASCII) in any case.
+func containsFold(s []byte, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		j := 0
+		for j < len(sub) && s[i+j]|0x20 == sub[j] {
+			j++
+		}
+		if j == len(sub) {
+			return true
+		}
+	}
+	return false
+}
+
+// fields is a carrier of the two trace headers, for prepend.
+type fields struct{ parent, state string }
+
+func (f *fields) Get(string) string { return "" }
+func (f *fields) Keys() []string    { return nil }
+func (f *fields) Set(key, value string) {
+	switch key {
+	case traceparent:
+		f.parent = value
+	case tracestate:
+		f.state = value
+	}
+}
+
+// prepend puts sctx's trace headers first in raw, a JSON object holding
+// none (shape said plain), without decoding it.
+func prepend(sctx context.Context, raw json.RawMessage) json.RawMessage {
+	var f fields
+	propagator.Inject(sctx, &f)
+	if f.parent == "" {
+		return raw
+	}
+	t := bytes.TrimSpace(raw)
+	var rest []byte // what followed '{', if anything is in the object
+	if len(t) > 0 {
+		rest = bytes.TrimSpace(t[1:])
+		if len(rest) > 0 && rest[0] == '}' {
+			rest = nil
+		}
+	}
+	out := make([]byte, 0, len(t)+len(f.parent)+len(f.state)+40)
+	out = append(out, `{"traceparent":`...)
+	out = strconv.AppendQuote(out, f.parent)
+	if f.state != "" {
+		out = append(out, `,"tracestate":`...)
+		b, _ := json.Marshal(f.state) // a string always encodes
+		out = append(out, b...)
+	}
+	if rest == nil {
+		return append(out, '}')
+	}
+	out = append(out, ',')
+	return append(out, rest...)
 }
 
 // finish records r on span and ends it.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -101,6 +102,9 @@ func TestSendSpansFollowTheRowsTraceAndAreInjected(t *testing.T) {
 		event(1, "a", `{"traceparent":"`+producer+`","tracestate":"`+state+`","x":"<kept>"}`),
 		event(2, "b", `{}`),
 		event(3, "c", `{"traceparent":"garbage","TraceState":"bogus=1"}`), // replaced, not forwarded
+		event(4, "d", `{"n": 3, "s": "x"}`),                              // no trace context: prepended
+		event(5, "e", `{"trac\u0065parent": "garbage"}`),                // an escaped name is still the header
+		event(6, "f", ``),                                                // no headers at all
 	}
 	out := s.Send(ctx, dispatch.Batch{Events: evs, Token: 7, Until: until})
 	call.End()
@@ -118,8 +122,8 @@ func TestSendSpansFollowTheRowsTraceAndAreInjected(t *testing.T) {
 			byID[attrs(sp)[semconv.MessagingMessageIDKey].AsString()] = sp
 		}
 	}
-	if len(byID) != 3 {
-		t.Fatalf("%d producer spans, want 3: %v", len(byID), exp.GetSpans())
+	if len(byID) != len(evs) {
+		t.Fatalf("%d producer spans, want %d: %v", len(byID), len(evs), exp.GetSpans())
 	}
 	callSC := call.SpanContext()
 
@@ -140,7 +144,7 @@ func TestSendSpansFollowTheRowsTraceAndAreInjected(t *testing.T) {
 		t.Errorf("event 1's other header became %v", got)
 	}
 
-	for _, id := range []int64{2, 3} {
+	for _, id := range []int64{2, 3, 4, 5, 6} {
 		sp := byID[strconv.FormatInt(id, 10)]
 		if sp.Parent.SpanID() != callSC.SpanID() || sp.SpanContext.TraceID() != callSC.TraceID() || len(sp.Links) != 0 {
 			t.Errorf("event %d's span parent %v links %v, want the caller's span %v and no link", id, sp.Parent, sp.Links, callSC)
@@ -152,6 +156,14 @@ func TestSendSpansFollowTheRowsTraceAndAreInjected(t *testing.T) {
 			t.Errorf("event %d sent with a tracestate its span does not have", id)
 		}
 	}
+	rec.mu.Lock()
+	if h := rec.headers[4]; len(h) != 3 || h["n"] != float64(3) || h["s"] != "x" {
+		t.Errorf("event 4's other headers: %s, want n and s kept beside traceparent", rec.raw[4])
+	}
+	if h := rec.headers[5]; len(h) != 1 || strings.Count(rec.raw[5], "parent") != 1 {
+		t.Errorf("event 5's escaped traceparent not replaced: %s", rec.raw[5])
+	}
+	rec.mu.Unlock()
 
 	a := attrs(one)
 	want := map[attribute.Key]string{
