@@ -73,8 +73,7 @@ type pipeline struct {
 
 // flight is one batch in the pipeline.
 type flight struct {
-	claim   string // its claim value: finish releases only these
-	trace   batchTrace
+	claim   string    // its claim value: finish releases only these
 	start   time.Time // its fetch
 	bytes   int64
 	sent    chan struct{} // closed when its sends are over
@@ -84,6 +83,8 @@ type flight struct {
 	sending bool
 	early   bool    // sending for longer than earlyWrite
 	ready   []piece // settled rows, not yet written
+
+	trace batchTrace // its span, ended when it is dropped (trace.go)
 }
 
 // piece is settled rows of a flight: one or more aggregates'.
