@@ -179,9 +179,14 @@ func (w *Webhook) SendEvent(ctx context.Context, ev Event, token int64) error {
 	for _, a := range w.ce.Attributes(ev, "ce-") {
 		h.Set(a.Key, a.Value)
 	}
-	if tp, ok := traceparent(ev.Headers); ok {
+	if tp, ok := traceHeader(ev.Headers, "traceparent"); ok {
 		if validTraceparent(tp) {
 			h.Set("traceparent", tp)
+			// tracestate belongs to its traceparent: forwarded only beside a
+			// valid one, and only if it can be a header (W3C: at most 512).
+			if ts, ok := traceHeader(ev.Headers, "tracestate"); ok && ts != "" && len(ts) <= 512 && headerSafe(ts) {
+				h.Set("tracestate", ts)
+			}
 		} else {
 			// A producer's bad header must not block the event: send it without.
 			w.log.Warn("invalid traceparent dropped", "outbox_id", ev.ID, "traceparent", Clip(tp, 128))
@@ -274,13 +279,13 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 	return 0
 }
 
-// traceparent returns the event headers' "traceparent" string, if any.
-func traceparent(headers json.RawMessage) (string, bool) {
+// traceHeader returns the event headers' string named name, if any.
+func traceHeader(headers json.RawMessage, name string) (string, bool) {
 	var m map[string]any
 	if json.Unmarshal(headers, &m) != nil {
 		return "", false
 	}
-	s, ok := m["traceparent"].(string)
+	s, ok := m[name].(string)
 	return s, ok
 }
 

@@ -286,10 +286,11 @@ func TestRetryAfterIsBounded(t *testing.T) {
 }
 
 // A traceparent that would make an invalid header (CR/LF) or is not W3C
-// form is dropped with a warning, and the event is delivered; a valid one is
-// forwarded unchanged.
+// form is dropped with a warning (its tracestate with it), and the event is
+// delivered; a valid one is forwarded unchanged, with its tracestate.
 func TestInvalidTraceparentIsDroppedNotRetried(t *testing.T) {
 	const valid = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	const state = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"
 	var mu sync.Mutex
 	var got []http.Header
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -319,18 +320,18 @@ func TestInvalidTraceparentIsDroppedNotRetried(t *testing.T) {
 		mu.Unlock()
 		logs.Reset()
 		ev := event()
-		ev.Headers = must(json.Marshal(map[string]string{"traceparent": tc.tp}))
+		ev.Headers = must(json.Marshal(map[string]string{"traceparent": tc.tp, "tracestate": state}))
 		if err := w.SendEvent(context.Background(), ev, 1); err != nil {
 			t.Fatalf("traceparent %q: %v, want delivered", tc.tp, err)
 		}
 		mu.Lock()
 		h := got[0]
 		mu.Unlock()
-		if tc.forward && h.Get("traceparent") != tc.tp {
-			t.Errorf("traceparent %q not forwarded: got %q", tc.tp, h.Get("traceparent"))
+		if tc.forward && (h.Get("traceparent") != tc.tp || h.Get("tracestate") != state) {
+			t.Errorf("traceparent %q not forwarded with its tracestate: got %q, %q", tc.tp, h.Get("traceparent"), h.Get("tracestate"))
 		}
 		if !tc.forward {
-			if h.Get("traceparent") != "" || h.Get("X-Evil") != "" {
+			if h.Get("traceparent") != "" || h.Get("tracestate") != "" || h.Get("X-Evil") != "" {
 				t.Errorf("traceparent %q forwarded as %q (X-Evil %q)", tc.tp, h.Get("traceparent"), h.Get("X-Evil"))
 			}
 			if !strings.Contains(logs.String(), `"msg":"invalid traceparent dropped"`) || !strings.Contains(logs.String(), `"outbox_id":123`) {

@@ -53,14 +53,20 @@ func (p *Poller) batch(ctx context.Context, pl *pipeline) (batchResult, error) {
 	}
 	pl.noteWritten(p.readerFor(pl.fence)) // what the writer settled since the last fetch
 	qctx, cancel := context.WithDeadline(ctx, pl.trusted())
+	fetchStart := time.Now()
 	rows, held, err := p.fetch(qctx, pl.fence, lim)
 	cancel()
+	fetched := time.Now()
 	if ctx.Err() == nil { // a lost lease or shutdown says nothing about Postgres
-		p.health.note(err, time.Now())
+		p.health.note(err, fetched)
 	}
 	if err != nil || len(rows) == 0 {
+		if err != nil && ctx.Err() == nil {
+			p.startBatch(ctx, pl.fence, fetchStart, fetched, 0, err).end(nil)
+		}
 		return batchResult{held: held}, errors.Join(err, pl.takeErr())
 	}
+	tr := p.startBatch(ctx, pl.fence, fetchStart, fetched, len(rows), nil)
 	// A batch the byte budget cut is not "full": the next one follows after
 	// the short busy pause, which is nothing beside sending 16 MiB.
 	more := len(rows) >= lim.Rows
@@ -74,12 +80,18 @@ func (p *Poller) batch(ctx context.Context, pl *pipeline) (batchResult, error) {
 	}
 	fence := pl.fence
 	c := claimValue{token: fence.Token, owner: fence.Owner, batch: strconv.FormatInt(start.UnixNano(), 36)}
-	if err := p.claimKeys(ctx, items, c); err != nil {
+	_, claimSpan := tr.child(ctx, SpanClaim, len(items))
+	err = p.claimKeys(ctx, items, c)
+	if err != nil {
+		fail(claimSpan, err)
+		claimSpan.End()
+		tr.end(err)
 		p.unread(fence, rows)
 		return batchResult{fetched: len(rows), more: more}, errors.Join(err, pl.takeErr())
 	}
+	claimSpan.End()
 	fire(p.hooks.afterClaim)
-	sent := pl.launch(items, c.String(), start)
+	sent := pl.launch(items, c.String(), start, tr)
 	t := time.NewTimer(p.cfg.PollInterval)
 	defer t.Stop()
 	select {

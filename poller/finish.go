@@ -14,6 +14,11 @@ import (
 // slots), then writes every outcome to Postgres in one fenced statement.
 func (p *Poller) finish(ctx context.Context, items []item, ours string, fence store.Fence, start time.Time) error {
 	fire(p.hooks.beforeFinish)
+	ctx, span := p.stage(ctx, SpanFinish)
+	defer span.End()
+	if span.IsRecording() {
+		span.SetAttributes(AttrBatchSize.Int(len(items)))
+	}
 	var delivered []int64
 	var failures []store.Failure
 	var names []string
@@ -45,7 +50,11 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 
 	nd, _, err := p.store.Complete(ctx, fence, delivered, failures)
 	if err != nil {
+		fail(span, err)
 		return err
+	}
+	if span.IsRecording() {
+		span.SetAttributes(AttrDelivered.Int64(nd), AttrFailed.Int(len(failures)))
 	}
 	for _, it := range items {
 		switch it.outcome {

@@ -83,6 +83,8 @@ type flight struct {
 	sending bool
 	early   bool    // sending for longer than earlyWrite
 	ready   []piece // settled rows, not yet written
+
+	trace batchTrace // its span, ended when it is dropped (trace.go)
 }
 
 // piece is settled rows of a flight: one or more aggregates'.
@@ -156,8 +158,8 @@ func (pl *pipeline) takeErr() error {
 
 // launch sends a claimed batch in its own goroutine; the returned channel
 // closes when its sends are over.
-func (pl *pipeline) launch(items []item, claim string, start time.Time) <-chan struct{} {
-	f := &flight{claim: claim, start: start, sent: make(chan struct{}), ids: make([]int64, len(items)),
+func (pl *pipeline) launch(items []item, claim string, start time.Time, tr batchTrace) <-chan struct{} {
+	f := &flight{claim: claim, start: start, trace: tr, sent: make(chan struct{}), ids: make([]int64, len(items)),
 		written: make([]bool, len(items)), left: len(items), sending: true}
 	for i, it := range items {
 		f.ids[i] = it.row.ID
@@ -182,13 +184,15 @@ func (pl *pipeline) launch(items []item, claim string, start time.Time) <-chan s
 			pl.mu.Unlock()
 			poke(pl.kick)
 		})
-		pl.p.deliver(pl.ctx, items, pl.fence.Token, pl.trusted, func(aggs [][]int) { pl.settle(f, items, aggs) })
+		sctx, span := tr.child(pl.ctx, SpanSend, len(items))
+		pl.p.deliver(sctx, items, pl.fence.Token, pl.trusted, func(aggs [][]int) { pl.settle(f, items, aggs) })
+		span.End()
 		early.Stop()
 		pl.mu.Lock()
 		f.sending = false
 		pl.bytes -= f.bytes
 		if f.left == 0 { // every row written early
-			pl.flights = slices.DeleteFunc(pl.flights, func(x *flight) bool { return x == f })
+			pl.drop(f)
 		}
 		pl.freed()
 		pl.mu.Unlock()
@@ -236,6 +240,12 @@ func (pl *pipeline) settle(f *flight, items []item, aggs [][]int) {
 	if writable {
 		poke(pl.kick)
 	}
+}
+
+// drop forgets f, done: sent and written; pl.mu held.
+func (pl *pipeline) drop(f *flight) {
+	pl.flights = slices.DeleteFunc(pl.flights, func(x *flight) bool { return x == f })
+	f.trace.end(nil)
 }
 
 // freed tells a lead waiting for room; pl.mu held.
@@ -298,7 +308,7 @@ func (pl *pipeline) writePieces(f *flight, pieces []piece) {
 	// Written even if the lease was lost meanwhile: the fence, not the
 	// lease, decides whether they land, and landing them saves duplicates.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(pl.ctx), queryTimeout(pl.p.cfg))
-	err := pl.p.finish(wctx, items, f.claim, pl.fence, f.start)
+	err := pl.p.finish(f.trace.in(wctx), items, f.claim, pl.fence, f.start)
 	cancel()
 
 	pl.mu.Lock()
@@ -315,7 +325,7 @@ func (pl *pipeline) writePieces(f *flight, pieces []piece) {
 	pl.unwritten -= len(items)
 	pl.notes = append(pl.notes, writtenNote{items: settledOnly(items), failed: err != nil})
 	if f.left -= len(items); f.left == 0 && !f.sending {
-		pl.flights = slices.DeleteFunc(pl.flights, func(x *flight) bool { return x == f })
+		pl.drop(f)
 	}
 	if err != nil {
 		pl.err = errors.Join(pl.err, fmt.Errorf("writing a batch's results: %w", err))

@@ -46,6 +46,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/internal/keys"
@@ -120,6 +121,7 @@ type Deps struct {
 	Sink    dispatch.Sink
 	Log     *slog.Logger
 	Metrics *metrics.Metrics
+	Tracer  trace.TracerProvider // the batch spans (trace.go); nil: none
 }
 
 // Poller is the batch runner. Create with New; Run blocks.
@@ -131,6 +133,7 @@ type Poller struct {
 	sink  dispatch.Sink
 	log   *slog.Logger
 	m     *metrics.Metrics
+	spans trace.Tracer
 	seat  *term.Seat
 	wake  chan struct{}
 	hooks hooks // crash points, for tests only
@@ -167,6 +170,7 @@ func New(cfg Config, d Deps) *Poller {
 	log := d.Log.With("lock", keys.PollerLock)
 	return &Poller{
 		cfg: cfg, store: d.Store, rdb: d.Redis, keys: keys.New(cfg.KeyPrefix), sink: d.Sink, log: log, m: d.Metrics,
+		spans: tracer(d.Tracer),
 		seat: term.New(keys.PollerLock, term.Options{
 			TTL: cfg.LockTTL, Wait: cfg.LockWait, WaitAfterDataLoss: true, ShutdownTimeout: cfg.ShutdownTimeout,
 			QueryTimeout: queryTimeout(cfg),

@@ -332,8 +332,8 @@ func latencyRuns(ctx context.Context, bins []build) {
 			if *latWebhook {
 				recv = fmt.Sprintf("; commit → received p50 %.2f p99 %.2f max %.2f ms", q.recvP50, q.recvP99, q.recvMax)
 			}
-			fmt.Printf("run %d %s: %d ev/s x%d per tx, %s (achieved %.0f ev/s), commit → marked p50 %.2f ms  p95 %.2f ms  p99 %.2f ms  max %.2f ms (%d events); producer tx p50 %.2f p99 %.2f max %.2f ms%s; load %s; outbox indexes %.1f MiB at the end\n",
-				r+1, bin.label, *rate, *perTx, latencyShape(), q.achieved, q.p50, q.p95, q.p99, q.max, q.n, q.prodP50, q.prodP99, q.prodMax, recv, q.load, q.indexMiB)
+			fmt.Printf("run %d %s: %d ev/s x%d per tx, %s (achieved %.0f ev/s), commit → marked p50 %.2f ms  p95 %.2f ms  p99 %.2f ms  max %.2f ms (%d events); producer tx p50 %.2f p99 %.2f max %.2f ms%s; relay CPU s/1k events %.4f; load %s; outbox indexes %.1f MiB at the end\n",
+				r+1, bin.label, *rate, *perTx, latencyShape(), q.achieved, q.p50, q.p95, q.p99, q.max, q.n, q.prodP50, q.prodP99, q.prodMax, recv, q.relayCPU, q.load, q.indexMiB)
 			for i, w := range q.windows {
 				fmt.Printf("    %s window %d (%v–%v): commit → marked p50 %.2f  p95 %.2f  p99 %.2f  max %.2f ms (%d events)\n",
 					bin.label, i+1, time.Duration(i)**window, time.Duration(i+1)**window, w.p50, w.p95, w.p99, w.max, w.n)
@@ -394,6 +394,7 @@ type latency struct {
 	windows  []quantiles
 	load     string
 	indexMiB float64 // the outbox table's indexes when the run ended
+	relayCPU float64 // the relay's CPU seconds per 1,000 events, start-up included
 }
 
 // commit is one producer transaction: its ids, when COMMIT returned, and
@@ -452,6 +453,7 @@ func latencyOnce(ctx context.Context, bin string) latency {
 		time.Sleep(20 * time.Millisecond)
 		d.checkAlive()
 	}
+	relayCPU := d.cpuSeconds() / (float64(n*k) / 1000)
 	marked := map[int64]time.Time{}
 	res, err := pool.Query(ctx, `SELECT id, dispatched_at FROM outbox`)
 	check(err)
@@ -491,7 +493,7 @@ func latencyOnce(ctx context.Context, bin string) latency {
 	}
 	all, p, rv := quantilesOf(lat), quantilesOf(prod), quantilesOf(recv)
 	out := latency{achieved: achieved, p50: all.p50, p95: all.p95, p99: all.p99, max: all.max, n: all.n,
-		prodP50: p.p50, prodP99: p.p99, prodMax: p.max, load: load, indexMiB: float64(indexBytes) / (1 << 20)}
+		prodP50: p.p50, prodP99: p.p99, prodMax: p.max, load: load, indexMiB: float64(indexBytes) / (1 << 20), relayCPU: relayCPU}
 	if len(recv) > 0 {
 		out.recvP50, out.recvP99, out.recvMax = rv.p50, rv.p99, rv.max
 	}

@@ -41,12 +41,13 @@ func FreeAddr(t testing.TB) string {
 	return "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))
 }
 
-// Environ is this process' environment without any OUTBOXD_* variable,
-// plus vars: a replica sees only the settings its test gives it.
+// Environ is this process' environment without any OUTBOXD_* or OTEL_*
+// variable, plus vars: a replica sees only the settings its test gives it
+// (an OTEL_* in the caller's shell would turn tracing on).
 func Environ(vars map[string]string) []string {
 	var out []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "OUTBOXD_") {
+		if !strings.HasPrefix(kv, "OUTBOXD_") && !strings.HasPrefix(kv, "OTEL_") {
 			out = append(out, kv)
 		}
 	}

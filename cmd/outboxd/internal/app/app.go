@@ -24,6 +24,7 @@ import (
 	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/internal/metrics"
 	"github.com/outboxd/outboxd/internal/term"
+	"github.com/outboxd/outboxd/internal/tracing"
 	"github.com/outboxd/outboxd/lock"
 	"github.com/outboxd/outboxd/poller"
 	"github.com/outboxd/outboxd/reconcile"
@@ -40,7 +41,8 @@ type App struct {
 	Locks   *lock.Client
 	Metrics *metrics.Metrics
 
-	extra []redis.UniversalClient // a redis_stream sink's own Redis
+	extra   []redis.UniversalClient // a redis_stream sink's own Redis
+	tracing *tracing.Provider       // set by Run (startTracing)
 }
 
 // New connects lazily: it does not wait for Postgres or Redis to be up.
@@ -156,6 +158,7 @@ func CloseSink(s dispatch.Sink) {
 func (a *App) Poller(sink dispatch.Sink) *poller.Poller {
 	return poller.New(a.pollerConfig(), poller.Deps{
 		Store: a.Store, Locks: a.Locks, Redis: a.KV, Sink: sink, Log: a.Log, Metrics: a.Metrics,
+		Tracer: a.tracerProvider(),
 	})
 }
 
@@ -188,6 +191,12 @@ func (a *App) Run(ctx context.Context) error {
 		return err
 	}
 	defer CloseSink(sink)
+	stopTracing, err := a.startTracing(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+	sink = a.traced(sink) // the one place every sink gets its send spans
 	p := a.Poller(sink)
 	rec, err := a.Reconciler()
 	if err != nil {
