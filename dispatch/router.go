@@ -87,7 +87,6 @@ type Router struct {
 	dests    []Destination
 	routes   []route
 	fallback int // index into dests of DefaultDestination; -1 when there is none
-	caps     Capabilities
 }
 
 type route struct {
@@ -127,7 +126,6 @@ func NewRouter(dests []Destination, routes []Route) (*Router, error) {
 		}
 		r.routes = append(r.routes, route{aggregateType: at, eventType: et, to: to})
 	}
-	r.caps = r.capabilities()
 	return r, nil
 }
 
@@ -165,10 +163,9 @@ func DestinationOf(sink Sink, ev Event) string {
 // Capabilities implements Sink: MaxBatch is the smallest non-zero of the
 // destinations' (a batch fits each of them); DedupeWindow the smallest of
 // theirs, 0 if any has none (what holds for every event); Ordering says
-// how order is kept across destinations and within each.
-func (r *Router) Capabilities() Capabilities { return r.caps }
-
-func (r *Router) capabilities() Capabilities {
+// how order is kept across destinations and within each. Asked anew each
+// time: a sink may learn its own from its server (NATS).
+func (r *Router) Capabilities() Capabilities {
 	var c Capabilities
 	var within []string
 	for i, d := range r.dests {
