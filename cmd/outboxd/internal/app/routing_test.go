@@ -8,10 +8,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/app"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/dispatch/kafka"
 	"github.com/outboxd/outboxd/dispatch/nats"
+	"github.com/outboxd/outboxd/internal/metrics"
+	"github.com/outboxd/outboxd/internal/testkit"
 )
 
 const routedYAML = `
@@ -204,5 +209,59 @@ dispatch:
 	_, err = app.LoadConfig(writeFile(t, "dispatch:\n  destinations:\n    n: {sink: webhook, webhook: {secret: x, secret_file: "+pw+"}}\n"), nil)
 	if !errors.As(err, &ke) || ke.Key != "dispatch.destinations.n.webhook.secret_file" {
 		t.Fatalf("secret and secret_file: %v, want a KeyError naming the destination's secret_file", err)
+	}
+}
+
+// The wiring: one default destination is its sink itself; with named
+// destinations the sink is a Router over them following the routes, and
+// every destination's series are exported at 0 from the start.
+func TestSinkRoutesToTheDestinations(t *testing.T) {
+	t.Parallel()
+	c, err := app.LoadConfig(writeFile(t, `
+dispatch:
+  sink: noop
+  destinations:
+    hook: {sink: webhook, webhook: {url: "http://127.0.0.1:1/x"}}
+    quiet: {sink: noop}
+  routes:
+    - {event_type: "*.notify", to: hook}
+    - {aggregate_type: "audit", to: quiet}
+`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &app.App{Cfg: c, Log: testkit.Logger(t), Metrics: metrics.New()}
+	sink, err := a.Sink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.CloseSink(sink)
+	r, ok := sink.(*dispatch.Router)
+	if !ok {
+		t.Fatalf("sink %T, want a *dispatch.Router", sink)
+	}
+	for _, tc := range []struct{ at, et, want string }{
+		{"order", "order.notify", "hook"}, {"audit", "audit.notify", "hook"}, {"audit", "x", "quiet"}, {"order", "order.paid", "default"},
+	} {
+		if got := r.DestinationOf(dispatch.Event{AggregateType: tc.at, EventType: tc.et}); got != tc.want {
+			t.Errorf("(%s, %s) goes to %q, want %q", tc.at, tc.et, got, tc.want)
+		}
+	}
+	for _, d := range []string{"default", "hook", "quiet"} {
+		if v := testutil.ToFloat64(a.Metrics.Dispatched.WithLabelValues(d)); v != 0 {
+			t.Errorf("%s: %v", d, v)
+		}
+	}
+	if n := testutil.CollectAndCount(a.Metrics.Dispatched); n != 3 {
+		t.Errorf("%d outboxd_dispatched_total series, want one per destination (3)", n)
+	}
+
+	c, err = app.LoadConfig("", []string{"dispatch.sink=noop"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a = &app.App{Cfg: c, Log: testkit.Logger(t), Metrics: metrics.New()}
+	if sink, err = a.Sink(); err != nil || sink != (dispatch.Noop{}) {
+		t.Fatalf("single sink: %T %v, want the noop sink itself", sink, err)
 	}
 }
