@@ -30,6 +30,10 @@ type Config struct {
 	HTTP            HTTP          `mapstructure:"http"`
 	Log             Log           `mapstructure:"log"`
 	ShutdownTimeout time.Duration `mapstructure:"shutdown_timeout"`
+
+	// sinkSet: dispatch.sink was set, not left at its default (see
+	// TopLevelDestination).
+	sinkSet bool
 }
 
 type Postgres struct {
@@ -103,6 +107,12 @@ type Dispatch struct {
 	// starts with a placeholder (refused by default: a row would choose the
 	// destination's whole name).
 	AllowRowPrefixedDestinations bool `mapstructure:"allow_row_prefixed_destinations"`
+	// Destinations are named sinks, each configured like this section (its
+	// sink and that sink's own section; not destinations or routes): see
+	// Destinations. Top level only.
+	Destinations map[string]*Dispatch `mapstructure:"destinations"`
+	// Routes choose each event's destination, first match wins. Top level only.
+	Routes []Route `mapstructure:"routes"`
 }
 
 type Kafka struct {
@@ -210,6 +220,10 @@ var secrets = []secret{
 func (c *Config) stringField(key string) *string {
 	v := reflect.ValueOf(c).Elem()
 	for _, part := range strings.Split(key, ".") {
+		if v.Kind() == reflect.Map { // a destination, by name
+			v = v.MapIndex(reflect.ValueOf(part)).Elem()
+			continue
+		}
 		t := v.Type()
 		for i := range t.NumField() {
 			if t.Field(i).Tag.Get("mapstructure") == part {
@@ -261,19 +275,28 @@ func Load(file string, sets []string, defaults map[string]any, sections ...Secti
 			return nil, &KeyError{Key: "--set", Err: fmt.Errorf("%q is not key=value", s)}
 		}
 		k = strings.ToLower(strings.TrimSpace(k))
-		if _, known := fields[k]; !known {
+		if _, known := typeKey(k); !known {
 			return nil, &KeyError{Key: k, Err: errors.New("unknown key")}
 		}
 		v.Set(k, val)
 	}
+	if d := v.Get(destinationsKey); d != nil {
+		if _, ok := d.(map[string]any); !ok {
+			return nil, &KeyError{Key: destinationsKey, Err: fmt.Errorf("want a map of destination names to their settings, got %v", d)}
+		}
+	}
+	setDestinationDefaults(v, defaults)
 	if err := checkUnknown(v); err != nil {
 		return nil, err
 	}
 	// Decode key by key so a bad value is reported with its own key name.
-	for k := range fields {
+	for _, k := range v.AllKeys() {
 		if err := checkType(k, v.Get(k)); err != nil {
 			return nil, err
 		}
+	}
+	if err := checkRoutes(v.Get(routesKey)); err != nil {
+		return nil, err
 	}
 	var c Config
 	err := v.UnmarshalExact(&c, viper.DecodeHook(mapstructure.ComposeDecodeHookFunc(
@@ -286,6 +309,7 @@ func Load(file string, sets []string, defaults map[string]any, sections ...Secti
 	for i, a := range c.Redis.Addrs {
 		c.Redis.Addrs[i] = strings.TrimSpace(a)
 	}
+	c.sinkSet = sinkSetExplicitly(v, sets)
 	if err := c.readSecretFiles(sections); err != nil {
 		return nil, err
 	}
@@ -298,7 +322,7 @@ func Load(file string, sets []string, defaults map[string]any, sections ...Secti
 // checkUnknown rejects keys in the file that outboxd does not know, naming them.
 func checkUnknown(v *viper.Viper) error {
 	for _, k := range v.AllKeys() {
-		if _, ok := fields[k]; !ok {
+		if _, ok := typeKey(k); !ok {
 			return &KeyError{Key: k, Err: errors.New("unknown key")}
 		}
 	}
@@ -306,8 +330,9 @@ func checkUnknown(v *viper.Viper) error {
 }
 
 func checkType(key string, val any) error {
+	tk, _ := typeKey(key)
 	s, isString := val.(string)
-	if durationKeys[key] {
+	if durationKeys[tk] {
 		switch {
 		case isString:
 			if _, err := time.ParseDuration(strings.TrimSpace(s)); err != nil {
@@ -323,7 +348,7 @@ func checkType(key string, val any) error {
 	if !isString {
 		return nil
 	}
-	switch fields[key].(type) {
+	switch fields[tk].(type) {
 	case int:
 		if _, err := strconv.Atoi(strings.TrimSpace(s)); err != nil {
 			return &KeyError{Key: key, Err: fmt.Errorf("want an integer, got %q", s)}
@@ -372,7 +397,7 @@ func uses(sections []Section, s Section) bool {
 // readSecretFiles fills secrets from their *_file keys (the table
 // secrets), for the sections used.
 func (c *Config) readSecretFiles(sections []Section) error {
-	for _, sec := range secrets {
+	for _, sec := range c.allSecrets() {
 		if sec.file == "" || !uses(sections, sec.section) {
 			continue
 		}
@@ -419,6 +444,11 @@ func (c *Config) Validate(sections ...Section) error {
 			continue
 		}
 		if err := v.check(); err != nil {
+			return err
+		}
+	}
+	if uses(sections, DispatchSection) {
+		if err := c.validateDispatch(); err != nil {
 			return err
 		}
 	}
@@ -575,17 +605,32 @@ func CheckTLSFiles(prefix string, t TLS) error {
 // above half of poller.lock_ttl is refused by the webhook's check in the
 // sink registry, cmd/outboxd/internal/app/sinks.go.)
 func (c *Config) WebhookTimeout(max time.Duration) time.Duration {
-	if t := c.Dispatch.Webhook.Timeout; t > 0 {
+	return c.webhookTimeout(c.Dispatch.Webhook, max)
+}
+
+func (c *Config) webhookTimeout(w Webhook, max time.Duration) time.Duration {
+	if t := w.Timeout; t > 0 {
 		return t
 	}
 	return min(max, c.Poller.LockTTL/2)
+}
+
+// SetWebhookTimeouts sets dispatch.webhook.timeout, and each destination's,
+// to its effective value (WebhookTimeout).
+func (c *Config) SetWebhookTimeouts(max time.Duration) {
+	c.Dispatch.Webhook.Timeout = c.WebhookTimeout(max)
+	for _, d := range c.Dispatch.Destinations {
+		if d != nil {
+			d.Webhook.Timeout = c.webhookTimeout(d.Webhook, max)
+		}
+	}
 }
 
 // SourceKey names the key a secret came from: its *_file key when it was
 // read from a file (the table secrets), so the operator looks in the right
 // place; otherwise key itself.
 func (c *Config) SourceKey(key string) string {
-	for _, sec := range secrets {
+	for _, sec := range c.allSecrets() {
 		if sec.key == key && sec.file != "" && *c.stringField(sec.file) != "" {
 			return sec.file
 		}
@@ -598,9 +643,12 @@ func (c *Config) SourceKey(key string) string {
 func (c *Config) Redacted() map[string]any {
 	flat := map[string]any{}
 	walk(reflect.ValueOf(*c), "", flat)
-	for _, sec := range secrets {
-		flat[sec.key] = sec.redact(flat[sec.key].(string))
+	for _, sec := range c.allSecrets() {
+		if v, ok := flat[sec.key].(string); ok {
+			flat[sec.key] = sec.redact(v)
+		}
 	}
+	flat[routesKey] = routesShown(c.Dispatch.Routes)
 	out := map[string]any{}
 	for k, v := range flat {
 		parts := strings.Split(k, ".")
@@ -624,6 +672,9 @@ func (c *Config) Redacted() map[string]any {
 func walk(v reflect.Value, prefix string, out map[string]any) {
 	t := v.Type()
 	for i := range t.NumField() {
+		if !t.Field(i).IsExported() {
+			continue
+		}
 		name := t.Field(i).Tag.Get("mapstructure")
 		if prefix != "" {
 			name = prefix + "." + name
@@ -631,6 +682,10 @@ func walk(v reflect.Value, prefix string, out map[string]any) {
 		f := v.Field(i)
 		if f.Kind() == reflect.Struct {
 			walk(f, name, out)
+			continue
+		}
+		if f.Kind() == reflect.Map && f.Len() > 0 {
+			walkDestinations(f, name, out)
 			continue
 		}
 		out[name] = f.Interface()

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/store"
 )
@@ -59,14 +60,15 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 	for _, it := range items {
 		switch it.outcome {
 		case sent:
-			p.m.Dispatched.Inc()
-			p.m.DispatchLatency.Observe(now.Sub(it.row.CreatedAt).Seconds())
+			dest := p.destination(it.row)
+			p.m.Dispatched.WithLabelValues(dest).Inc()
+			p.m.DispatchLatency.WithLabelValues(dest).Observe(now.Sub(it.row.CreatedAt).Seconds())
 			p.log.Debug("event delivered", "outbox_id", it.row.ID)
 		case duplicate:
 			p.m.Duplicates.Inc()
 			p.log.Debug("event already delivered, marked", "outbox_id", it.row.ID)
 		case failed, refused:
-			p.m.DispatchFailures.Inc()
+			p.m.DispatchFailures.WithLabelValues(p.destination(it.row)).Inc()
 		}
 	}
 	for _, f := range failures {
@@ -81,6 +83,11 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 	p.log.Debug("batch done", "batch_size", len(items), "delivered", nd, "failed", len(failures),
 		"duration_ms", time.Since(start).Milliseconds())
 	return nil
+}
+
+// destination names the destination of row's event (the metrics' label).
+func (p *Poller) destination(row store.Row) string {
+	return dispatch.DestinationOf(p.sink, dispatch.Event{AggregateType: row.AggregateType, EventType: row.EventType})
 }
 
 // settleKeys runs finish.lua over names with their ops letters and

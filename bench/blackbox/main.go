@@ -655,7 +655,18 @@ func (d *daemon) metricLines() []string {
 	return out
 }
 
-func (d *daemon) dispatched() float64 { return d.metric("outboxd_dispatched_total") }
+// dispatched sums outboxd_dispatched_total over its series (one per
+// destination label; a single unlabelled one from builds before routing).
+func (d *daemon) dispatched() float64 {
+	var sum float64
+	for _, line := range d.metricLines() {
+		if rest, ok := strings.CutPrefix(line, "outboxd_dispatched_total"); ok && (rest[0] == ' ' || rest[0] == '{') {
+			f, _ := strconv.ParseFloat(rest[strings.LastIndexByte(rest, ' ')+1:], 64)
+			sum += f
+		}
+	}
+	return sum
+}
 
 func (d *daemon) waitLeader() {
 	for d.metric(`outboxd_lock_held{lock="lock:outbox:poller"}`) < 1 {

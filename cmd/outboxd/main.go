@@ -253,6 +253,13 @@ func statusCmd(g *globals, stdout io.Writer) *cobra.Command {
 			}
 			fmt.Fprintf(stdout, "\npending %d   oldest pending %s   dead %d\n", st.Pending,
 				(time.Duration(st.OldestPendingAge * float64(time.Second))).Round(time.Second), st.Dead)
+			fmt.Fprintln(stdout)
+			tw = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "DESTINATION\tSINK\tSETTINGS")
+			for _, d := range st.Destinations {
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", d.Name, d.Sink, d.Key)
+			}
+			_ = tw.Flush()
 			return nil
 		},
 	}

@@ -1,6 +1,6 @@
 // Package metrics defines outboxd's Prometheus metrics on a registry of its
-// own (no global state). Labels are bounded: lock names and outcome kinds,
-// never event ids.
+// own (no global state). Labels are bounded: lock names, destination names
+// (from the configuration) and outcome kinds, never event ids.
 package metrics
 
 import (
@@ -14,8 +14,10 @@ import (
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	Dispatched       prometheus.Counter
-	DispatchFailures prometheus.Counter
+	// Sends, by destination (the configured names; "default" for the
+	// single-sink configuration; "" for an event no route matches).
+	Dispatched       *prometheus.CounterVec
+	DispatchFailures *prometheus.CounterVec
 	DeadLettered     prometheus.Counter
 	Duplicates       prometheus.Counter // found already delivered in Redis, not resent
 	ClaimsTakenOver  prometheus.Counter // in-flight claims of an earlier holder taken over
@@ -26,7 +28,7 @@ type Metrics struct {
 	LateCommits        prometheus.Counter // rows committed after poller.gap_wait, behind a later row of their aggregate
 	GapsGivenUp        prometheus.Counter // gaps whose wait reached poller.gap_wait
 	FenceRejections    *prometheus.CounterVec
-	DispatchLatency    prometheus.Histogram
+	DispatchLatency    *prometheus.HistogramVec // by destination
 	BatchSize          prometheus.Histogram
 	BatchDuration      prometheus.Histogram
 
@@ -50,8 +52,8 @@ func New() *Metrics {
 	f := func(c prometheus.Collector) { r.MustRegister(c) }
 	m := &Metrics{Registry: r}
 
-	m.Dispatched = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_dispatched_total", Help: "Events delivered to the sink."})
-	m.DispatchFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_dispatch_failures_total", Help: "Failed delivery attempts."})
+	m.Dispatched = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_dispatched_total", Help: "Events delivered, by destination."}, []string{"destination"})
+	m.DispatchFailures = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_dispatch_failures_total", Help: "Failed delivery attempts, by destination."}, []string{"destination"})
 	m.DeadLettered = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_dead_lettered_total", Help: "Events dead-lettered (max attempts or permanent error)."})
 	m.Duplicates = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_already_delivered_total", Help: "Events found delivered in Redis and marked without resending."})
 	m.ClaimsTakenOver = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_claims_taken_over_total", Help: "Idempotency claims of an earlier holder (crashed or replaced) taken over at once instead of waiting for their TTL."})
@@ -60,8 +62,8 @@ func New() *Metrics {
 	m.LateCommits = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_late_commits_total", Help: "Rows that committed after poller.gap_wait, after a later row of their aggregate was sent (delivered out of order, logged as late commit)."})
 	m.GapsGivenUp = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_gaps_given_up_total", Help: "Uncommitted earlier ids whose wait reached poller.gap_wait, so the rows above them went."})
 	m.FenceRejections = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_fence_rejections_total", Help: "Writes refused by the Postgres fence (stale token)."}, []string{"lock"})
-	m.DispatchLatency = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outboxd_dispatch_latency_seconds", Help: "From created_at to delivered.",
-		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}})
+	m.DispatchLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "outboxd_dispatch_latency_seconds", Help: "From created_at to delivered, by destination.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}}, []string{"destination"})
 	m.BatchSize = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outboxd_batch_size", Help: "Rows per fetched batch.",
 		Buckets: prometheus.ExponentialBuckets(1, 2, 14)})
 	m.BatchDuration = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outboxd_batch_duration_seconds", Help: "Fetch to results written.",
@@ -96,6 +98,16 @@ func New() *Metrics {
 		m.LockHeld.WithLabelValues(l)
 	}
 	return m
+}
+
+// Destinations exports the per-destination series at 0 for each name, so
+// dashboards and alerts see every destination before its first event.
+func (m *Metrics) Destinations(names ...string) {
+	for _, n := range names {
+		m.Dispatched.WithLabelValues(n)
+		m.DispatchFailures.WithLabelValues(n)
+		m.DispatchLatency.WithLabelValues(n)
+	}
 }
 
 // SetBacklog sets the backlog gauges (outboxd_pending_events,

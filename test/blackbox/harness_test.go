@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -112,16 +113,18 @@ type replica struct {
 	proc   *testproc.Process
 	out    testkit.Logs // stdout, one JSON log line each
 	stderr testkit.Logs
+	killed bool // by kill: its exit status is not checked
 }
 
-// start launches `outboxd run` with e's environment, waits until /readyz
-// answers 200, and at cleanup sends SIGTERM and requires exit 0.
-func (e *env) start() *replica {
+// start launches `outboxd run` (with the extra arguments, e.g. --config)
+// with e's environment, waits until /readyz answers 200, and at cleanup
+// sends SIGTERM and requires exit 0.
+func (e *env) start(extra ...string) *replica {
 	t := e.t
 	t.Helper()
 	r := &replica{t: t, addr: e.vars["OUTBOXD_HTTP_ADDR"]}
 	var err error
-	if r.proc, err = testproc.Start(binary, environ(e.vars), &r.out, &r.stderr, "run"); err != nil {
+	if r.proc, err = testproc.Start(binary, environ(e.vars), &r.out, &r.stderr, append([]string{"run"}, extra...)...); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(r.stop)
@@ -147,8 +150,19 @@ func (r *replica) waitReady() {
 	r.t.Fatalf("outboxd run not ready on %s within %s; logs:\n%s", r.addr, waitTimeout, r.tail(20))
 }
 
+// kill ends the process with SIGKILL (a crash: nothing is released) and
+// waits for it.
+func (r *replica) kill() {
+	r.killed = true
+	r.proc.Signal(syscall.SIGKILL)
+	<-r.proc.Done()
+}
+
 // stop sends SIGTERM and requires a clean exit.
 func (r *replica) stop() {
+	if r.killed {
+		return
+	}
 	switch err := r.proc.Stop(15 * time.Second); {
 	case errors.Is(err, testproc.ErrStopTimeout):
 		r.t.Errorf("outboxd run did not exit within 15s of SIGTERM; logs:\n%s", r.tail(20))

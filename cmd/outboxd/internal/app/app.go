@@ -128,12 +128,49 @@ func (a *App) Close() {
 	a.Store.Close()
 }
 
-// Sink builds the configured sink (the registry sinks). A broker that is
-// down does not fail the start (its sends fail and are retried); the NATS
-// sink waits up to a second for its first connection, to learn the stream's
-// duplicate window. Close the sink with CloseSink.
+// Sink builds the configured sink: the destination "default" alone as
+// its sink, or a dispatch.Router over every destination's sink (the
+// registry sinks) following dispatch.routes. A broker that is down does not
+// fail the start (its sends fail and are retried); the NATS sink waits up
+// to a second for its first connection, to learn the stream's duplicate
+// window. Close the sink with CloseSink.
 func (a *App) Sink() (dispatch.Sink, error) {
-	d := defaultDestination(a.Cfg)
+	ds := destinations(a.Cfg)
+	var built []dispatch.Destination
+	closeBuilt := func() {
+		for _, b := range built {
+			CloseSink(b.Sink)
+		}
+	}
+	for _, d := range ds {
+		s, err := a.buildSink(d)
+		if err != nil {
+			closeBuilt()
+			return nil, err
+		}
+		built = append(built, dispatch.Destination{Name: d.name, Sink: s})
+	}
+	names := make([]string, len(built))
+	for i, b := range built {
+		names[i] = b.Name
+	}
+	a.Metrics.Destinations(names...)
+	if len(built) == 1 && built[0].Name == dispatch.DefaultDestination {
+		return built[0].Sink, nil // every event goes there: no routing
+	}
+	rs, err := routes(a.Cfg)
+	if err == nil {
+		var r *dispatch.Router
+		if r, err = dispatch.NewRouter(built, rs); err == nil {
+			return r, nil
+		}
+	}
+	closeBuilt()
+	return nil, err
+}
+
+// buildSink builds d's sink.
+func (a *App) buildSink(d destination) (dispatch.Sink, error) {
 	k, err := sinkOf(d)
 	if err != nil {
 		return nil, err
@@ -145,6 +182,20 @@ func (a *App) Sink() (dispatch.Sink, error) {
 		err = &config.KeyError{Key: d.key(k.section), Err: err}
 	}
 	return s, err
+}
+
+// sinksOf are the destinations' sinks by name: a Router's, or sink
+// itself as "default".
+func sinksOf(sink dispatch.Sink) map[string]dispatch.Sink {
+	out := map[string]dispatch.Sink{}
+	if r, ok := sink.(*dispatch.Router); ok {
+		for _, d := range r.Destinations() {
+			out[d.Name] = d.Sink
+		}
+		return out
+	}
+	out[dispatch.DefaultDestination] = sink
+	return out
 }
 
 // CloseSink releases what a sink holds (broker connections), if anything.
@@ -221,7 +272,7 @@ func (a *App) Run(ctx context.Context) error {
 		Pprof:        a.Cfg.HTTP.Pprof,
 		Dead:         a.Store,
 		Status: func(ctx context.Context) (any, error) {
-			st, err := a.status(ctx, map[string]func() int64{keys.PollerLock: p.HeldToken, keys.ReconcileLock: rec.HeldToken})
+			st, err := a.status(ctx, map[string]func() int64{keys.PollerLock: p.HeldToken, keys.ReconcileLock: rec.HeldToken}, sinksOf(sink))
 			ferr := p.FetchFailure(time.Now())
 			switch {
 			case err != nil && ferr != nil:
@@ -238,10 +289,10 @@ func (a *App) Run(ctx context.Context) error {
 	lo, hi := poller.RetryHorizon(a.pollerConfig())
 	caps := sink.Capabilities()
 	a.Log.Info("outboxd started", "http_addr", ln.Addr().String(), "redis_mode", a.Cfg.Redis.Mode,
-		"sink", a.Cfg.Dispatch.Sink, "sink_ordering", caps.Ordering, "poller_notify", a.Cfg.Poller.Notify,
+		"sink", sinkNames(a.Cfg), "sink_ordering", caps.Ordering, "poller_notify", a.Cfg.Poller.Notify,
 		// How long a row that keeps failing is retried before it is dead-lettered.
 		"retry_horizon_min", lo.Round(time.Second).String(), "retry_horizon_max", hi.Round(time.Second).String())
-	a.warnUnsafe(caps, hi)
+	a.warnUnsafe(sink, hi)
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return p.Run(gctx) })
 	g.Go(func() error { return rec.Run(gctx) })
@@ -262,22 +313,44 @@ func (a *App) Run(ctx context.Context) error {
 	return err
 }
 
-// warnUnsafe says at start where the sink and the configuration do not fit
-// together: a destination that drops repeated ids for less time than a row
-// can be retried delivers a late retry twice; and whatever the sink's
-// registry entry warns about.
-func (a *App) warnUnsafe(caps dispatch.Capabilities, retryHorizon time.Duration) {
-	d := defaultDestination(a.Cfg)
-	if caps.DedupeWindow > 0 && caps.DedupeWindow < retryHorizon {
-		a.Log.Warn("the sink's duplicate window is shorter than the retry horizon: a retry after it is delivered again (consumers must dedupe on the id)",
-			"sink", d.d.Sink, "dedupe_window", caps.DedupeWindow.String(), "retry_horizon_max", retryHorizon.Round(time.Second).String())
+// sinkNames is the sink of the destination "default" alone, or each
+// destination as name=sink ("payments=kafka,notify=webhook").
+func sinkNames(cfg *config.Config) string {
+	ds := destinations(cfg)
+	if len(ds) == 1 && ds[0].name == dispatch.DefaultDestination {
+		return ds[0].d.Sink
 	}
-	if k, err := sinkOf(d); err == nil && k.warn != nil {
-		k.warn(a, d)
+	parts := make([]string, len(ds))
+	for i, d := range ds {
+		parts[i] = d.name + "=" + d.d.Sink
 	}
-	if caps.MaxBatch > 0 && caps.MaxBatch < a.Cfg.Poller.BatchSize {
+	return strings.Join(parts, ",")
+}
+
+// warnUnsafe says at start, per destination, where its sink and the
+// configuration do not fit together: a destination that drops repeated ids
+// for less time than a row can be retried delivers a late retry twice; and
+// whatever the sink's registry entry warns about. A router takes batches of
+// its smallest destination's limit.
+func (a *App) warnUnsafe(sink dispatch.Sink, retryHorizon time.Duration) {
+	built := sinksOf(sink)
+	for _, d := range destinations(a.Cfg) {
+		s, ok := built[d.name]
+		if !ok {
+			continue
+		}
+		caps := s.Capabilities()
+		if caps.DedupeWindow > 0 && caps.DedupeWindow < retryHorizon {
+			a.Log.Warn("the sink's duplicate window is shorter than the retry horizon: a retry after it is delivered again (consumers must dedupe on the id)",
+				"destination", d.name, "sink", d.d.Sink, "dedupe_window", caps.DedupeWindow.String(), "retry_horizon_max", retryHorizon.Round(time.Second).String())
+		}
+		if k, err := sinkOf(d); err == nil && k.warn != nil {
+			k.warn(a, d)
+		}
+	}
+	if caps := sink.Capabilities(); caps.MaxBatch > 0 && caps.MaxBatch < a.Cfg.Poller.BatchSize {
 		a.Log.Info("the sink takes fewer events per call than poller.batch_size: batches are split",
-			"sink", d.d.Sink, "max_batch", caps.MaxBatch, "batch_size", a.Cfg.Poller.BatchSize)
+			"sink", sinkNames(a.Cfg), "max_batch", caps.MaxBatch, "batch_size", a.Cfg.Poller.BatchSize)
 	}
 }
 
@@ -326,22 +399,39 @@ type LockStatus struct {
 	Error        string `json:"error,omitempty"` // e.g. a corrupted lock key or fence counter, with its repair
 }
 
+// DestinationStatus is one destination as /status and `outboxd status`
+// show it: its sink and, from a running relay (/status), what the sink says
+// it can do (dispatch.Capabilities).
+type DestinationStatus struct {
+	Name string `json:"name"`
+	Sink string `json:"sink"`
+	// Key is where its settings are: "dispatch", "dispatch.destinations.<name>".
+	Key          string `json:"key"`
+	MaxBatch     int    `json:"max_batch,omitempty"`
+	DedupeWindow string `json:"dedupe_window,omitempty"`
+	Ordering     string `json:"ordering,omitempty"`
+}
+
 // Status is the /status body.
 type Status struct {
-	Locks []LockStatus `json:"locks"`
+	Locks        []LockStatus        `json:"locks"`
+	Destinations []DestinationStatus `json:"destinations"`
 	// FetchError: this replica leads but every fetch of due rows has failed
 	// for longer than poller.lock_ttl (then /readyz fails too).
 	FetchError string `json:"fetch_error,omitempty"`
 	store.Stats
 }
 
-// Status reads Postgres and Redis directly (for `outboxd status`).
+// Status reads Postgres and Redis directly (for `outboxd status`); the
+// destinations come from the configuration, without their sinks'
+// capabilities (those are known once built: /status).
 func (a *App) Status(ctx context.Context) (Status, error) {
-	return a.status(ctx, nil)
+	return a.status(ctx, nil, nil)
 }
 
-// status: held gives this replica's token per lock (0 while not holding).
-func (a *App) status(ctx context.Context, held map[string]func() int64) (Status, error) {
+// status: held gives this replica's token per lock (0 while not holding);
+// built the sink of each destination, by name, once built.
+func (a *App) status(ctx context.Context, held map[string]func() int64, built map[string]dispatch.Sink) (Status, error) {
 	st, err := a.Store.Stats(ctx)
 	if err != nil {
 		return Status{}, err
@@ -350,7 +440,18 @@ func (a *App) status(ctx context.Context, held map[string]func() int64) (Status,
 	if err != nil {
 		return Status{}, err
 	}
-	out := Status{Stats: st}
+	out := Status{Stats: st, Destinations: []DestinationStatus{}}
+	for _, d := range destinations(a.Cfg) {
+		ds := DestinationStatus{Name: d.name, Sink: d.d.Sink, Key: d.prefix}
+		if s, ok := built[d.name]; ok {
+			c := s.Capabilities()
+			ds.MaxBatch, ds.Ordering = c.MaxBatch, c.Ordering
+			if c.DedupeWindow > 0 {
+				ds.DedupeWindow = c.DedupeWindow.String()
+			}
+		}
+		out.Destinations = append(out.Destinations, ds)
+	}
 	for _, name := range keys.Locks {
 		ls := LockStatus{Name: name, FenceToken: fences[name]}
 		if f := held[name]; f != nil && f() > 0 {

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"fmt"
 	"slices"
 	"time"
 
@@ -91,6 +92,8 @@ func Defaults() map[string]any {
 		"dispatch.redis_stream.addr":              "",
 		"dispatch.redis_stream.stream":            redisstream.DefaultStream,
 		"dispatch.redis_stream.maxlen":            redisstream.DefaultMaxLen,
+		"dispatch.destinations":                   map[string]any{}, // named destinations, each like dispatch (config.Destination)
+		"dispatch.routes":                         []any{},
 		"dispatch.cloudevents":                    false,
 		"dispatch.cloudevents_source":             dispatch.DefaultCloudEventsSource,
 		"http.addr":                               DefaultHTTPAddr,
@@ -117,7 +120,7 @@ func LoadConfig(file string, sets []string, sections ...config.Section) (*config
 		return nil, err
 	}
 	// Shown as what it is in effect (outboxd config), not as "0".
-	cfg.Dispatch.Webhook.Timeout = cfg.WebhookTimeout(dispatch.DefaultWebhookTimeout)
+	cfg.SetWebhookTimeouts(dispatch.DefaultWebhookTimeout)
 	return cfg, nil
 }
 
@@ -134,5 +137,26 @@ func Check(cfg *config.Config, sections ...config.Section) error {
 	if len(sections) > 0 && !slices.Contains(sections, config.DispatchSection) {
 		return nil
 	}
-	return checkDestination(cfg, defaultDestination(cfg))
+	for _, d := range destinations(cfg) {
+		if err := checkDestination(cfg, d); err != nil {
+			return err
+		}
+	}
+	_, err := routes(cfg)
+	return err
+}
+
+// routes are dispatch.routes as the router takes them, each glob checked
+// as the router parses it (dispatch.ParseGlob); an error names the key.
+func routes(cfg *config.Config) ([]dispatch.Route, error) {
+	var out []dispatch.Route
+	for i, r := range cfg.Dispatch.Routes {
+		for _, m := range []struct{ key, glob string }{{"aggregate_type", r.AggregateType}, {"event_type", r.EventType}} {
+			if _, err := dispatch.ParseGlob(m.glob); err != nil {
+				return nil, &config.KeyError{Key: fmt.Sprintf("dispatch.routes[%d].%s", i, m.key), Err: err}
+			}
+		}
+		out = append(out, dispatch.Route{AggregateType: r.AggregateType, EventType: r.EventType, To: r.To})
+	}
+	return out, nil
 }

@@ -103,6 +103,9 @@ func TestOperationsEndpointsWithTwoReplicas(t *testing.T) {
 		if s.Locks[0].Name != "lock:outbox:poller" || s.Locks[1].Name != "lock:reconciliation" {
 			t.Fatalf("locks %+v", s.Locks)
 		}
+		if d := s.Destinations; len(d) != 1 || d[0].Name != "default" || d[0].Sink != "webhook" || d[0].Key != "dispatch" || d[0].Ordering == "" {
+			t.Fatalf("destinations %+v, want the default webhook with its sink's ordering", d)
+		}
 		if s.Locks[0].HeldByMe {
 			if leader != nil {
 				t.Fatal("two replicas report holding lock:outbox:poller")
@@ -128,20 +131,22 @@ func TestOperationsEndpointsWithTwoReplicas(t *testing.T) {
 	// /metrics: contract names, with the run's values. A batch is counted
 	// just after its mark, which this test saw first.
 	var body string
+	// The single sink is the destination "default" (the label of sends).
+	const dispatched = `outboxd_dispatched_total{destination="default"}`
 	testkit.WaitFor(t, 10*time.Second, "outboxd_dispatched_total to reach 50", func() bool {
 		_, body = httpGet(t, "http://"+leader.addr+"/metrics")
-		return metricValue(t, body, "outboxd_dispatched_total") >= 50
+		return metricValue(t, body, dispatched) >= 50
 	}, nil)
-	if v := metricValue(t, body, "outboxd_dispatched_total"); v != 50 {
+	if v := metricValue(t, body, dispatched); v != 50 {
 		t.Fatalf("outboxd_dispatched_total %v, want 50", v)
 	}
 	if v := metricValue(t, body, `outboxd_lock_held{lock="lock:outbox:poller"}`); v != 1 {
 		t.Fatalf("leader's outboxd_lock_held %v", v)
 	}
-	if v := metricValue(t, body, "outboxd_dispatch_latency_seconds_count"); v != 50 {
+	if v := metricValue(t, body, `outboxd_dispatch_latency_seconds_count{destination="default"}`); v != 50 {
 		t.Fatalf("latency observations %v, want 50", v)
 	}
-	for _, s := range []string{"outboxd_dispatch_failures_total", "outboxd_dead_lettered_total",
+	for _, s := range []string{`outboxd_dispatch_failures_total{destination="default"}`, "outboxd_dead_lettered_total",
 		`outboxd_fence_rejections_total{lock="lock:outbox:poller"}`, "outboxd_pending_events", "outboxd_oldest_pending_age_seconds"} {
 		if v := metricValue(t, body, s); v != 0 {
 			t.Fatalf("%s = %v, want 0", s, v)

@@ -19,21 +19,26 @@ import (
 )
 
 // destination is one sink with its settings: a name of the registry sinks
-// and the section that configures it. Today there is one, "default",
-// configured by dispatch.sink and dispatch.<section>; named destinations
-// (issue 19) are more of them, each under its own key prefix.
+// and the section that configures it. "default" is configured by
+// dispatch.sink and dispatch.<section>; the named destinations by
+// dispatch.destinations.<name>.sink and .<section> (config.Destinations).
 type destination struct {
-	name   string          // "default"
-	prefix string          // key prefix of its settings: "dispatch"
+	name   string          // "default", or the name under dispatch.destinations
+	prefix string          // key prefix of its settings: "dispatch", "dispatch.destinations.<name>"
 	d      config.Dispatch // its sink name and the sinks' sections
 }
 
 // key names one of the destination's settings, e.g. key("kafka.topic").
 func (d destination) key(k string) string { return d.prefix + "." + k }
 
-// defaultDestination is the destination dispatch.sink configures.
-func defaultDestination(cfg *config.Config) destination {
-	return destination{name: "default", prefix: "dispatch", d: cfg.Dispatch}
+// destinations are the configured destinations, "default" first when
+// there is one (config.Config.Destinations).
+func destinations(cfg *config.Config) []destination {
+	var out []destination
+	for _, d := range cfg.Destinations() {
+		out = append(out, destination{name: d.Name, prefix: d.Key, d: d.Dispatch})
+	}
+	return out
 }
 
 // sinkKind is everything the composition root knows of one kind of sink.
