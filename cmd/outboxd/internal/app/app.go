@@ -181,7 +181,10 @@ func (a *App) buildSink(d destination) (dispatch.Sink, error) {
 		// A sink's constructor fails only for settings that cannot work.
 		err = &config.KeyError{Key: d.key(k.section), Err: err}
 	}
-	return s, err
+	if err != nil {
+		return nil, err
+	}
+	return a.traced(d, s), nil // the one place every sink gets its send spans
 }
 
 // sinksOf are the destinations' sinks by name: a Router's, or sink
@@ -237,17 +240,18 @@ func (a *App) Reconciler() (*reconcile.Reconciler, error) {
 // reconciliation schedule and the HTTP endpoints, each owned by one errgroup.
 // It returns nil on a clean shutdown.
 func (a *App) Run(ctx context.Context) error {
-	sink, err := a.Sink()
-	if err != nil {
-		return err
-	}
-	defer CloseSink(sink)
+	// Tracing starts first and stops last: the sinks are built traced, and
+	// their last spans are exported after they closed.
 	stopTracing, err := a.startTracing(ctx)
 	if err != nil {
 		return err
 	}
 	defer stopTracing()
-	sink = a.traced(sink) // the one place every sink gets its send spans
+	sink, err := a.Sink()
+	if err != nil {
+		return err
+	}
+	defer CloseSink(sink)
 	p := a.Poller(sink)
 	rec, err := a.Reconciler()
 	if err != nil {

@@ -43,13 +43,12 @@ func (a *App) startTracing(ctx context.Context) (stop func(), err error) {
 	}, nil
 }
 
-// traced wraps s in per-event send spans when tracing is on (dispatch/traced),
-// described by the default destination's settings; off, s as it is.
-func (a *App) traced(s dispatch.Sink) dispatch.Sink {
+// traced wraps destination d's sink s in per-event send spans when tracing
+// is on (dispatch/traced), described by d's settings; off, s as it is.
+func (a *App) traced(d destination, s dispatch.Sink) dispatch.Sink {
 	if a.tracing == nil || !a.tracing.Enabled {
 		return s
 	}
-	d := defaultDestination(a.Cfg)
 	o := traced.Options{System: d.d.Sink}
 	if k, err := sinkOf(d); err == nil && k.template != nil {
 		if t, err := dispatch.ParseTemplate(k.template(d.d)); err == nil {
