@@ -93,6 +93,7 @@ func Defaults() map[string]any {
 		"dispatch.redis_stream.maxlen":            redisstream.DefaultMaxLen,
 		"dispatch.cloudevents":                    false,
 		"dispatch.cloudevents_source":             dispatch.DefaultCloudEventsSource,
+		"dispatch.cloudevents_mode":               dispatch.CloudEventsBinary,
 		"http.addr":                               DefaultHTTPAddr,
 		"http.pprof":                              false,
 		"log.level":                               "info",
