@@ -151,7 +151,7 @@ func ParseSecret(s string) ([]byte, error) {
 // secret, taken whole as before rotation existed: a raw secret may contain
 // spaces or commas. Each is decoded by ParseSecret. "" means no signing.
 func ParseSecrets(s string) ([][]byte, error) {
-	var out [][]byte
+	var list []string
 	for line := range strings.Lines(s) {
 		line = strings.TrimSpace(line)
 		if line == "" {
@@ -161,14 +161,19 @@ func ParseSecrets(s string) ([][]byte, error) {
 		if len(parts) < 2 || !allPrefixed(parts, "whsec_") {
 			parts = []string{line}
 		}
-		for _, p := range parts {
-			b, err := ParseSecret(p)
-			if err != nil {
-				// Which one, without quoting any: the count is safe to log.
-				return nil, fmt.Errorf("secret %d of the list: %w", len(out)+1, err)
-			}
-			out = append(out, b)
+		list = append(list, parts...)
+	}
+	out := make([][]byte, len(list))
+	for i, p := range list {
+		b, err := ParseSecret(p)
+		if err != nil && len(list) > 1 {
+			// Which one, by its place: never its text.
+			err = fmt.Errorf("secret %d of %d: %w", i+1, len(list), err)
 		}
+		if err != nil {
+			return nil, err
+		}
+		out[i] = b
 	}
 	return out, nil
 }

@@ -108,7 +108,7 @@ func TestWebhookSingleSecretsStayCompatible(t *testing.T) {
 // A bad secret in a list is refused naming its place, never its text.
 func TestWebhookSecretListErrors(t *testing.T) {
 	_, err := dispatch.ParseSecrets(whsec("fine-key") + " whsec_!!!notbase64")
-	if err == nil || !strings.Contains(err.Error(), "secret 2") || strings.Contains(err.Error(), "notbase64") {
+	if err == nil || !strings.Contains(err.Error(), "secret 2 of 2") || strings.Contains(err.Error(), "notbase64") {
 		t.Fatalf("got %v, want an error naming secret 2 without its text", err)
 	}
 	if s, err := dispatch.ParseSecrets(""); err != nil || len(s) != 0 {
