@@ -16,7 +16,7 @@ import (
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 
 	"github.com/outboxd/outboxd/dispatch"
-	"github.com/outboxd/outboxd/internal/testkit"
+	"github.com/outboxd/outboxd/internal/cetest"
 )
 
 // awkward has attribute values a header cannot carry as they are: spaces,
@@ -29,8 +29,8 @@ func awkward() dispatch.Event {
 
 // want is the CloudEvent of ev with source and data (the payload unless
 // given).
-func want(ev dispatch.Event, source string) testkit.WantCloudEvent {
-	return testkit.WantCloudEvent{ID: ev.ID, Source: source, Type: ev.EventType, Time: ev.CreatedAt,
+func want(ev dispatch.Event, source string) cetest.Want {
+	return cetest.Want{ID: ev.ID, Source: source, Type: ev.EventType, Time: ev.CreatedAt,
 		AggregateType: ev.AggregateType, AggregateID: ev.AggregateID, Data: string(ev.Payload)}
 }
 
@@ -62,19 +62,19 @@ func TestEncodeDecodesWithTheSDK(t *testing.T) {
 		binding dispatch.Binding
 		// read describes the message as the binding's specification
 		// does (not as outboxd's Binding does).
-		read func(m dispatch.Message, h map[string]string) testkit.CloudEventsMessage
+		read func(m dispatch.Message, h map[string]string) cetest.Message
 	}{
-		{"kafka", dispatch.KafkaBinding, func(m dispatch.Message, h map[string]string) testkit.CloudEventsMessage {
-			return testkit.CloudEventsMessage{Prefix: "ce_", ContentType: h["content-type"], Headers: h, Body: m.Body}
+		{"kafka", dispatch.KafkaBinding, func(m dispatch.Message, h map[string]string) cetest.Message {
+			return cetest.Message{Prefix: "ce_", ContentType: h["content-type"], Headers: h, Body: m.Body}
 		}},
-		{"amqp", dispatch.AMQPBinding, func(m dispatch.Message, h map[string]string) testkit.CloudEventsMessage {
-			return testkit.CloudEventsMessage{Prefix: "cloudEvents_", ContentType: m.ContentType, Headers: h, Body: m.Body}
+		{"amqp", dispatch.AMQPBinding, func(m dispatch.Message, h map[string]string) cetest.Message {
+			return cetest.Message{Prefix: "cloudEvents_", ContentType: m.ContentType, Headers: h, Body: m.Body}
 		}},
-		{"nats", dispatch.NATSBinding, func(m dispatch.Message, h map[string]string) testkit.CloudEventsMessage {
-			return testkit.CloudEventsMessage{Prefix: "ce-", PercentDecode: true, ContentType: h["Content-Type"], Headers: h, Body: m.Body}
+		{"nats", dispatch.NATSBinding, func(m dispatch.Message, h map[string]string) cetest.Message {
+			return cetest.Message{Prefix: "ce-", PercentDecode: true, ContentType: h["Content-Type"], Headers: h, Body: m.Body}
 		}},
-		{"redis_stream", dispatch.RedisStreamBinding, func(m dispatch.Message, h map[string]string) testkit.CloudEventsMessage {
-			return testkit.CloudEventsMessage{Prefix: "ce-", ContentType: h["content-type"], Headers: h, Body: m.Body}
+		{"redis_stream", dispatch.RedisStreamBinding, func(m dispatch.Message, h map[string]string) cetest.Message {
+			return cetest.Message{Prefix: "ce-", ContentType: h["content-type"], Headers: h, Body: m.Body}
 		}},
 	} {
 		for _, mode := range []string{dispatch.CloudEventsBinary, dispatch.CloudEventsStructured} {
@@ -87,11 +87,11 @@ func TestEncodeDecodesWithTheSDK(t *testing.T) {
 				if h["id"] != "77" || h["aggregate_id"] != ev.AggregateID || h["fencing_token"] != "3" || h["traceparent"] == "" {
 					t.Errorf("the contract's headers are kept in every mode: %v", h)
 				}
-				got, err := testkit.DecodeCloudEvent(tc.read(m, h))
+				got, err := cetest.Decode(tc.read(m, h))
 				if err != nil {
 					t.Fatalf("the SDK cannot decode %v / %s: %v", h, m.Body, err)
 				}
-				if err := testkit.CheckCloudEvent(got, want(ev, "urn:billing eu")); err != nil {
+				if err := cetest.Check(got, want(ev, "urn:billing eu")); err != nil {
 					t.Errorf("decoded %s\n%v", got, err)
 				}
 				if mode == dispatch.CloudEventsStructured && m.ContentType != "application/cloudevents+json" {
@@ -151,7 +151,7 @@ func TestWebhookCloudEventsDecodeWithTheSDK(t *testing.T) {
 			}
 			w2 := want(ev, "payments")
 			w2.Data = tc.data
-			if err := testkit.CheckCloudEvent(decoded, w2); err != nil {
+			if err := cetest.Check(decoded, w2); err != nil {
 				t.Errorf("decoded %s\n%v", decoded, err)
 			}
 			if tc.mode == dispatch.CloudEventsStructured {

@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/internal/cetest"
 	"github.com/outboxd/outboxd/internal/testkit"
 )
 
@@ -124,11 +125,11 @@ func TestCloudEventsDecodeWithTheSDK(t *testing.T) {
 			for _, x := range r.Headers {
 				h[x.Key] = string(x.Value)
 			}
-			got, err := testkit.DecodeCloudEvent(testkit.CloudEventsMessage{Prefix: "ce_", ContentType: h["content-type"], Headers: h, Body: r.Value})
+			got, err := cetest.Decode(cetest.Message{Prefix: "ce_", ContentType: h["content-type"], Headers: h, Body: r.Value})
 			if err != nil {
 				t.Fatalf("%s: the SDK cannot decode %v / %s: %v", mode, h, r.Value, err)
 			}
-			if err := testkit.CheckCloudEvent(got, testkit.WantCloudEvent{ID: 45, Source: "urn:billing eu", Type: "deal funded",
+			if err := cetest.Check(got, cetest.Want{ID: 45, Source: "urn:billing eu", Type: "deal funded",
 				Time: created, AggregateType: "deal", AggregateID: "42 €", Data: string(ev.Payload)}); err != nil {
 				t.Errorf("%s: decoded %s\n%v", mode, got, err)
 			}

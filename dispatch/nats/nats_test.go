@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/internal/cetest"
 	"github.com/outboxd/outboxd/internal/testkit"
 )
 
@@ -119,12 +120,12 @@ func TestCloudEventsDecodeWithTheSDK(t *testing.T) {
 			for k := range m.Header {
 				h[k] = m.Header.Get(k)
 			}
-			got, err := testkit.DecodeCloudEvent(testkit.CloudEventsMessage{Prefix: "ce-", PercentDecode: true,
+			got, err := cetest.Decode(cetest.Message{Prefix: "ce-", PercentDecode: true,
 				ContentType: m.Header.Get("Content-Type"), Headers: h, Body: m.Data})
 			if err != nil {
 				t.Fatalf("the SDK cannot decode %v / %s: %v", h, m.Data, err)
 			}
-			if err := testkit.CheckCloudEvent(got, testkit.WantCloudEvent{ID: 42, Source: "urn:billing eu", Type: ev.EventType,
+			if err := cetest.Check(got, cetest.Want{ID: 42, Source: "urn:billing eu", Type: ev.EventType,
 				Time: created, AggregateType: "order", AggregateID: ev.AggregateID, Data: string(ev.Payload)}); err != nil {
 				t.Errorf("decoded %s\n%v", got, err)
 			}

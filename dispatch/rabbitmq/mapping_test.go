@@ -9,7 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxd/outboxd/dispatch"
-	"github.com/outboxd/outboxd/internal/testkit"
+	"github.com/outboxd/outboxd/internal/cetest"
 )
 
 // TestMessageMapping: the body is the payload's bytes as they are; the
@@ -113,11 +113,11 @@ func TestCloudEventsDecodeWithTheSDK(t *testing.T) {
 			for k, v := range d.Headers {
 				h[k], _ = v.(string)
 			}
-			got, err := testkit.DecodeCloudEvent(testkit.CloudEventsMessage{Prefix: "cloudEvents_", ContentType: d.ContentType, Headers: h, Body: d.Body})
+			got, err := cetest.Decode(cetest.Message{Prefix: "cloudEvents_", ContentType: d.ContentType, Headers: h, Body: d.Body})
 			if err != nil {
 				t.Fatalf("the SDK cannot decode %v / %s: %v", h, d.Body, err)
 			}
-			if err := testkit.CheckCloudEvent(got, testkit.WantCloudEvent{ID: 8, Source: "urn:billing eu", Type: "invoice paid",
+			if err := cetest.Check(got, cetest.Want{ID: 8, Source: "urn:billing eu", Type: "invoice paid",
 				Time: e.CreatedAt, AggregateType: "invoice", AggregateID: "9 €", Data: string(e.Payload)}); err != nil {
 				t.Errorf("decoded %s\n%v", got, err)
 			}

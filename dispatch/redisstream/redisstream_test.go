@@ -16,6 +16,7 @@ import (
 
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/dispatch/redisstream"
+	"github.com/outboxd/outboxd/internal/cetest"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testkit"
 )
@@ -222,12 +223,12 @@ func TestCloudEventsDecodeWithTheSDK(t *testing.T) {
 		for _, f := range xrange(t, c, prefix+"ce."+mode)[0].Fields {
 			h[f[0]] = f[1]
 		}
-		got, err := testkit.DecodeCloudEvent(testkit.CloudEventsMessage{Prefix: "ce-", ContentType: h["content-type"],
+		got, err := cetest.Decode(cetest.Message{Prefix: "ce-", ContentType: h["content-type"],
 			Headers: h, Body: []byte(h[redisstream.PayloadField])})
 		if err != nil {
 			t.Fatalf("%s: the SDK cannot decode %v: %v", mode, h, err)
 		}
-		if err := testkit.CheckCloudEvent(got, testkit.WantCloudEvent{ID: 6, Source: "urn:billing eu", Type: "deal changed",
+		if err := cetest.Check(got, cetest.Want{ID: 6, Source: "urn:billing eu", Type: "deal changed",
 			Time: ev.CreatedAt, AggregateType: "deal", AggregateID: "1 €", Data: string(ev.Payload)}); err != nil {
 			t.Errorf("%s: decoded %s\n%v", mode, got, err)
 		}

@@ -8,29 +8,28 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/outboxd/outboxd/internal/cetest"
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
-
-	"github.com/outboxd/outboxd/internal/testkit"
 )
 
-// ceRows is what each row's CloudEvent must say (testkit.CheckCloudEvent),
+// ceRows is what each row's CloudEvent must say (cetest.Check),
 // by outbox id.
-func (e *env) ceRows(source string) map[string]testkit.WantCloudEvent {
+func (e *env) ceRows(source string) map[string]cetest.Want {
 	e.t.Helper()
 	rows, err := e.pool.Query(context.Background(),
 		`SELECT id, event_type, created_at, aggregate_type, aggregate_id, payload::text FROM outbox`)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (testkit.WantCloudEvent, error) {
-		w := testkit.WantCloudEvent{Source: source}
+	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (cetest.Want, error) {
+		w := cetest.Want{Source: source}
 		err := r.Scan(&w.ID, &w.Type, &w.Time, &w.AggregateType, &w.AggregateID, &w.Data)
 		return w, err
 	})
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	out := map[string]testkit.WantCloudEvent{}
+	out := map[string]cetest.Want{}
 	for _, w := range all {
 		out[strconv.FormatInt(w.ID, 10)] = w
 	}
@@ -73,7 +72,7 @@ func TestCloudEventsStructuredEverySink(t *testing.T) {
 			if ct := m.contentTypeHeader(); ct != "application/cloudevents+json" {
 				t.Errorf("%s: content type %q, want application/cloudevents+json", m.where, ct)
 			}
-			got, err := testkit.DecodeCloudEvent(testkit.CloudEventsMessage{ContentType: m.contentTypeHeader(), Body: []byte(m.body)})
+			got, err := cetest.Decode(cetest.Message{ContentType: m.contentTypeHeader(), Body: []byte(m.body)})
 			if err != nil {
 				t.Errorf("%s: the SDK cannot decode %s: %v", m.where, m.body, err)
 				continue
@@ -83,7 +82,7 @@ func TestCloudEventsStructuredEverySink(t *testing.T) {
 				t.Errorf("%s: no row has the event's id: %s", m.where, got)
 				continue
 			}
-			if err := testkit.CheckCloudEvent(got, want); err != nil {
+			if err := cetest.Check(got, want); err != nil {
 				t.Errorf("%s: decoded %s\n%v", m.where, got, err)
 			}
 			seen[got.ID()] = true

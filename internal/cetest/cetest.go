@@ -1,4 +1,9 @@
-package testkit
+// Package cetest reads, in tests, the messages outboxd sent as a
+// CloudEvents consumer would: with the CloudEvents SDK, over headers named
+// as each protocol binding's specification names them. It knows nothing
+// of outboxd's own mapping, so a wrong prefix or encoding fails the test.
+// Only tests import it (the bench module does not carry the SDK).
+package cetest
 
 import (
 	"bytes"
@@ -19,14 +24,14 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 )
 
-// CloudEventsMessage is a message as received, described the way a
-// CloudEvents protocol binding's specification reads it. DecodeCloudEvent
+// Message is a message as received, described the way a
+// CloudEvents protocol binding's specification reads it. Decode
 // turns it into an event with the CloudEvents SDK's binding package
 // (binding.ToEvent): the SDK's protocol modules for Kafka, AMQP and NATS are
 // not on the Go module proxy here, and Redis Streams has no binding, so
 // this adapter over the raw headers stands in for them. Everything it
 // knows comes from the specifications, nothing from outboxd's code.
-type CloudEventsMessage struct {
+type Message struct {
 	// Prefix of the attribute headers in binary mode: "ce_" (Kafka
 	// binding §3.2.3.1), "cloudEvents_" (AMQP §3.1.3.1), "ce-" (NATS
 	// §3.1.3.1).
@@ -42,8 +47,8 @@ type CloudEventsMessage struct {
 	Body        []byte
 }
 
-// DecodeCloudEvent reads m with the SDK: binding.ToEvent, then Validate.
-func DecodeCloudEvent(m CloudEventsMessage) (*event.Event, error) {
+// Decode reads m with the SDK: binding.ToEvent, then Validate.
+func Decode(m Message) (*event.Event, error) {
 	r := &ceReader{m: m, attrs: map[string]string{}}
 	vs := spec.WithPrefix(m.Prefix)
 	for k, val := range m.Headers {
@@ -75,7 +80,7 @@ func DecodeCloudEvent(m CloudEventsMessage) (*event.Event, error) {
 // ceReader is a binding.Message over the decoded attributes (names without
 // the prefix).
 type ceReader struct {
-	m       CloudEventsMessage
+	m       Message
 	attrs   map[string]string
 	version spec.Version // nil unless binary mode
 }
@@ -139,8 +144,8 @@ func (r *ceReader) GetExtension(name string) any {
 
 func (r *ceReader) Finish(error) error { return nil }
 
-// WantCloudEvent is what the CloudEvent of an outbox row must say.
-type WantCloudEvent struct {
+// Want is what the CloudEvent of an outbox row must say.
+type Want struct {
 	ID            int64
 	Source        string
 	Type          string // event_type
@@ -150,10 +155,10 @@ type WantCloudEvent struct {
 	Data          string // JSON, compared as a value
 }
 
-// CheckCloudEvent compares a decoded event with w: specversion 1.0, id,
+// Check compares a decoded event with w: specversion 1.0, id,
 // source, type, time, datacontenttype application/json, the extensions
 // aggregatetype and aggregateid, and data equal to w.Data as JSON.
-func CheckCloudEvent(ev *event.Event, w WantCloudEvent) error {
+func Check(ev *event.Event, w Want) error {
 	var errs []error
 	check := func(what string, got, want any) {
 		if !reflect.DeepEqual(got, want) {
