@@ -8,7 +8,7 @@ COPY . .
 ARG VERSION=dev
 ARG COMMIT=unknown
 RUN CGO_ENABLED=0 GOOS=linux go build -trimpath \
-      -ldflags "-s -w -X main.version=${VERSION} -X main.commit=${COMMIT}" \
+      -ldflags "-s -w -X github.com/outboxd/outboxd/internal/buildinfo.version=${VERSION} -X github.com/outboxd/outboxd/internal/buildinfo.commit=${COMMIT}" \
       -o /out/outboxd ./cmd/outboxd \
  && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/outboxd-demo ./cmd/outboxd-demo
 

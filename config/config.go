@@ -103,6 +103,7 @@ type Dispatch struct {
 	RedisStream       RedisStream `mapstructure:"redis_stream"`
 	CloudEvents       bool        `mapstructure:"cloudevents"`        // binary-mode CloudEvents attributes on every message
 	CloudEventsSource string      `mapstructure:"cloudevents_source"` // their "source"
+	CloudEventsMode   string      `mapstructure:"cloudevents_mode"`   // binary | structured
 	// AllowRowPrefixedDestinations accepts a destination template that
 	// starts with a placeholder (refused by default: a row would choose the
 	// destination's whole name).
@@ -289,6 +290,9 @@ func Load(file string, sets []string, defaults map[string]any, sections ...Secti
 	if err := checkUnknown(v); err != nil {
 		return nil, err
 	}
+	if err := joinLists(v, listKeys...); err != nil {
+		return nil, err
+	}
 	// Decode key by key so a bad value is reported with its own key name.
 	for _, k := range v.AllKeys() {
 		if err := checkType(k, v.Get(k)); err != nil {
@@ -325,6 +329,33 @@ func checkUnknown(v *viper.Viper) error {
 		if _, ok := typeKey(k); !ok {
 			return &KeyError{Key: k, Err: errors.New("unknown key")}
 		}
+	}
+	return nil
+}
+
+// listKeys are string settings that may also be written as a YAML list
+// (several webhook secrets, for rotation).
+var listKeys = []string{"dispatch.webhook.secret"}
+
+// joinLists turns a list given for one of keys into one string, an entry
+// per line: the reader splits it there (dispatch.ParseSecrets), as it does
+// a secret_file holding one per line.
+func joinLists(v *viper.Viper, keys ...string) error {
+	for _, k := range keys {
+		list, ok := v.Get(k).([]any)
+		if !ok {
+			continue
+		}
+		lines := make([]string, len(list))
+		for i, e := range list {
+			s, ok := e.(string)
+			if !ok || strings.ContainsAny(s, "\r\n") {
+				// Never the value: it is a secret.
+				return &KeyError{Key: fmt.Sprintf("%s[%d]", k, i), Err: errors.New("want a string on one line")}
+			}
+			lines[i] = s
+		}
+		v.Set(k, strings.Join(lines, "\n"))
 	}
 	return nil
 }

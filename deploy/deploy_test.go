@@ -438,14 +438,19 @@ func TestAlertsAndDashboardQueryExportedMetrics(t *testing.T) {
 	if len(dash.Panels) < 8 {
 		t.Fatalf("%d panels", len(dash.Panels))
 	}
+	shown := map[string]bool{}
 	for _, p := range dash.Panels {
 		for _, tg := range p.Targets {
 			for _, m := range metricName.FindAllString(tg.Expr, -1) {
+				shown[m] = true
 				if !have[m] {
 					t.Errorf("panel %q queries %s, which outboxd does not export", p.Title, m)
 				}
 			}
 		}
+	}
+	if !shown["outboxd_build_info"] {
+		t.Error("no panel shows outboxd_build_info (which version runs where)")
 	}
 }
 

@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -66,37 +67,6 @@ func (t Template) Expand(ev Event) string {
 	return b.String()
 }
 
-// CloudEvents adds binary-mode CloudEvents attributes to every message
-// (dispatch.cloudevents, dispatch.cloudevents_source).
-type CloudEvents struct {
-	Enabled bool
-	Source  string // "source" attribute; DefaultCloudEventsSource when empty
-}
-
-// DefaultCloudEventsSource is the "source" attribute when none is set.
-const DefaultCloudEventsSource = "outboxd"
-
-// Attributes are the binary-mode CloudEvents attributes of ev with prefix
-// ("ce-" on HTTP, NATS and AMQP; "ce_" on Kafka): specversion 1.0, id = the
-// outbox id, source, type = event_type, time = created_at. None when
-// disabled.
-func (ce CloudEvents) Attributes(ev Event, prefix string) []Header {
-	if !ce.Enabled {
-		return nil
-	}
-	source := ce.Source
-	if source == "" {
-		source = DefaultCloudEventsSource
-	}
-	return []Header{
-		{prefix + "specversion", "1.0"},
-		{prefix + "id", strconv.FormatInt(ev.ID, 10)},
-		{prefix + "source", source},
-		{prefix + "type", ev.EventType},
-		{prefix + "time", ev.CreatedAt.UTC().Format(time.RFC3339Nano)},
-	}
-}
-
 // Header is one message header (Kafka record header, NATS header, AMQP
 // table entry, Redis stream field).
 type Header struct{ Key, Value string }
@@ -111,18 +81,42 @@ const (
 	HeaderFencingToken  = "fencing_token"
 )
 
-// Headers returns a message's headers in the contract's order: id,
-// aggregate_type, aggregate_id, event_type, created_at, fencing_token; then
-// each entry of the row's headers object (string values as they are, other
-// JSON values as their JSON text; an entry whose value is JSON null is left
-// out: it carries no value) whose name collides with none of those
-// (compared case-insensitively) and which a header can carry; then, when
-// enabled, the CloudEvents attributes with cePrefix ("ce-", or "ce_" on
-// Kafka): specversion, id, source, type, time. dropped names the row's
-// entries left out, for a warning.
+// Headers returns a message's headers in the contract's order with
+// binary-mode CloudEvents attributes under cePrefix (when enabled): see
+// Encode, which sinks that support structured mode use instead. Kept for
+// sinks that know only binary mode: ce.Mode is ignored here.
 func Headers(ev Event, token int64, ce CloudEvents, cePrefix string) (hs []Header, dropped []string) {
+	ce.Mode = CloudEventsBinary
+	m := Encode(ev, token, ce, Binding{Prefix: cePrefix})
+	return m.Headers, m.Dropped
+}
+
+// Message is an event as one protocol binding carries it.
+type Message struct {
+	// Headers in the contract's order: id, aggregate_type, aggregate_id,
+	// event_type, created_at, fencing_token; then each entry of the row's
+	// headers object (string values as they are, other JSON values as their
+	// JSON text; an entry whose value is JSON null is left out: it carries
+	// no value) whose name collides with none of the others (compared
+	// case-insensitively) and which a header can carry; then the
+	// CloudEvents headers, when enabled (Binding).
+	Headers []Header
+	// Body is the payload JSON as is, or in structured mode the CloudEvent
+	// in the JSON event format.
+	Body []byte
+	// ContentType is Body's media type: MediaTypeJSON, or
+	// MediaTypeCloudEventsJSON in structured mode. A sink whose protocol
+	// has a content-type property of its own (AMQP, HTTP) sets it from this.
+	ContentType string
+	// Dropped names the row's header entries left out, for a warning.
+	Dropped []string
+}
+
+// Encode maps ev to a message of binding b. With CloudEvents off the body
+// is the payload and the headers are the contract's and the row's.
+func Encode(ev Event, token int64, ce CloudEvents, b Binding) Message {
 	created := ev.CreatedAt.UTC().Format(time.RFC3339Nano)
-	hs = []Header{
+	hs := []Header{
 		{HeaderID, strconv.FormatInt(ev.ID, 10)},
 		{HeaderAggregateType, ev.AggregateType},
 		{HeaderAggregateID, ev.AggregateID},
@@ -130,19 +124,21 @@ func Headers(ev Event, token int64, ce CloudEvents, cePrefix string) (hs []Heade
 		{HeaderCreatedAt, created},
 		{HeaderFencingToken, strconv.FormatInt(token, 10)},
 	}
-	ceHeaders := ce.Attributes(ev, cePrefix)
+	m := Message{Body: ev.Payload, ContentType: MediaTypeJSON}
+	var ceHeaders []Header
+	switch {
+	case !ce.Enabled:
+	case ce.Mode == CloudEventsStructured:
+		m.Body, m.ContentType = ce.structured(ev), MediaTypeCloudEventsJSON
+		if name := cmp.Or(b.ContentTypeHeader, b.FormatHeader); name != "" {
+			ceHeaders = []Header{{name, MediaTypeCloudEventsJSON}}
+		}
+	default:
+		ceHeaders = ce.binary(ev, b)
+	}
 	taken := func(name string) bool {
-		for _, h := range hs {
-			if strings.EqualFold(h.Key, name) {
-				return true
-			}
-		}
-		for _, h := range ceHeaders {
-			if strings.EqualFold(h.Key, name) {
-				return true
-			}
-		}
-		return false
+		return slices.ContainsFunc(hs, func(h Header) bool { return strings.EqualFold(h.Key, name) }) ||
+			slices.ContainsFunc(ceHeaders, func(h Header) bool { return strings.EqualFold(h.Key, name) })
 	}
 	var row map[string]json.RawMessage
 	if json.Unmarshal(ev.Headers, &row) == nil {
@@ -157,13 +153,14 @@ func Headers(ev Event, token int64, ce CloudEvents, cePrefix string) (hs []Heade
 			}
 			v := headerValue(row[k])
 			if k == "" || taken(k) || !headerSafe(k) || !headerSafe(v) {
-				dropped = append(dropped, k)
+				m.Dropped = append(m.Dropped, k)
 				continue
 			}
 			hs = append(hs, Header{k, v})
 		}
 	}
-	return append(hs, ceHeaders...), dropped
+	m.Headers = append(hs, ceHeaders...)
+	return m
 }
 
 // headerValue is a JSON string's text, or any other JSON value as written.

@@ -39,7 +39,7 @@ func TestHeadersFollowTheContract(t *testing.T) {
 	got := fmt.Sprint(hs)
 	want := "[{id 42} {aggregate_type deal} {aggregate_id 7} {event_type deal.funded} {created_at 2026-01-02T03:04:05Z} " +
 		"{fencing_token 9} {n 3} {traceparent 00-ab-cd-01} {ce-specversion 1.0} {ce-id 42} {ce-source outboxd} " +
-		"{ce-type deal.funded} {ce-time 2026-01-02T03:04:05Z}]"
+		"{ce-type deal.funded} {ce-time 2026-01-02T03:04:05Z} {ce-aggregatetype deal} {ce-aggregateid 7}]"
 	if got != want {
 		t.Fatalf("headers\n %s\nwant\n %s", got, want)
 	}
@@ -47,7 +47,7 @@ func TestHeadersFollowTheContract(t *testing.T) {
 		t.Fatalf("dropped %q", dropped)
 	}
 	hs, _ = dispatch.Headers(ev, 9, dispatch.CloudEvents{Enabled: true, Source: "payments"}, "ce_")
-	if hs[len(hs)-3] != (dispatch.Header{Key: "ce_source", Value: "payments"}) {
+	if hs[len(hs)-5] != (dispatch.Header{Key: "ce_source", Value: "payments"}) {
 		t.Fatalf("kafka-style attributes: %v", hs)
 	}
 	hs, _ = dispatch.Headers(dispatch.Event{ID: 1, Headers: json.RawMessage(`[1,2]`)}, 1, dispatch.CloudEvents{}, "ce-")

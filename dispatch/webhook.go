@@ -18,12 +18,13 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 )
 
 // WebhookConfig configures the webhook sink.
 type WebhookConfig struct {
 	URL     string
-	Secret  string        // enables Standard Webhooks signatures; raw bytes, or base64 after "whsec_"
+	Secret  string        // Standard Webhooks signing: one secret or several (rotation; ParseSecrets), the current first
 	Timeout time.Duration // per request; DefaultWebhookTimeout when 0
 	Client  *http.Client  // optional; default a keep-alive client sized for parallel delivery
 	Log     *slog.Logger  // optional; warns about event headers that were dropped
@@ -31,7 +32,8 @@ type WebhookConfig struct {
 	// DefaultConcurrency when 0.
 	Concurrency int
 	// CloudEvents adds ce- request headers (binary mode; the body stays the
-	// contract's JSON envelope).
+	// contract's JSON envelope), or sends the event as
+	// application/cloudevents+json (structured mode; data = the payload).
 	CloudEvents CloudEvents
 }
 
@@ -60,7 +62,7 @@ type Webhook struct {
 	Sink   // PerEvent over SendEvent
 	url    string
 	target string // the URL without userinfo and query, for error texts
-	secret []byte
+	secret [][]byte
 	client *http.Client
 	log    *slog.Logger
 	ce     CloudEvents
@@ -70,13 +72,13 @@ type Webhook struct {
 // DefaultWebhookTimeout bounds one request when WebhookConfig.Timeout is 0.
 const DefaultWebhookTimeout = 10 * time.Second
 
-// NewWebhook validates cfg (ParseURL, ParseSecret) and returns the sink.
+// NewWebhook validates cfg (ParseURL, ParseSecrets) and returns the sink.
 func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 	u, err := ParseURL(cfg.URL)
 	if err != nil {
 		return nil, err
 	}
-	secret, err := ParseSecret(cfg.Secret)
+	secrets, err := ParseSecrets(cfg.Secret)
 	if err != nil {
 		return nil, err
 	}
@@ -97,7 +99,7 @@ func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	w := &Webhook{url: cfg.URL, target: displayURL(u), secret: secret, client: &client, log: log, ce: cfg.CloudEvents, now: time.Now}
+	w := &Webhook{url: cfg.URL, target: displayURL(u), secret: secrets, client: &client, log: log, ce: cfg.CloudEvents, now: time.Now}
 	w.Sink = PerEvent(w.SendEvent, cfg.Concurrency, Capabilities{
 		Ordering: "per aggregate: its requests one after another, each after the previous one's 2xx",
 	})
@@ -142,6 +144,61 @@ func ParseSecret(s string) ([]byte, error) {
 	return b, nil
 }
 
+// ParseSecrets decodes the signing secrets of dispatch.webhook.secret:
+// one per line (a YAML list arrives joined by newlines, a secret_file may
+// hold one per line); a line of several whsec_ secrets separated by spaces
+// or commas (an environment variable) is split. Any other line is one
+// secret, taken whole as before rotation existed: a raw secret may contain
+// spaces or commas. Each is decoded by ParseSecret. "" means no signing.
+func ParseSecrets(s string) ([][]byte, error) {
+	var list []string
+	for line := range strings.Lines(s) {
+		line = strings.TrimSpace(line)
+		if line == "" {
+			continue
+		}
+		parts := strings.FieldsFunc(line, func(r rune) bool { return r == ',' || unicode.IsSpace(r) })
+		if len(parts) < 2 || !allPrefixed(parts, "whsec_") {
+			parts = []string{line}
+		}
+		list = append(list, parts...)
+	}
+	out := make([][]byte, len(list))
+	for i, p := range list {
+		b, err := ParseSecret(p)
+		if err != nil && len(list) > 1 {
+			// Which one, by its place: never its text.
+			err = fmt.Errorf("secret %d of %d: %w", i+1, len(list), err)
+		}
+		if err != nil {
+			return nil, err
+		}
+		out[i] = b
+	}
+	return out, nil
+}
+
+func allPrefixed(ss []string, prefix string) bool {
+	for _, s := range ss {
+		if !strings.HasPrefix(s, prefix) {
+			return false
+		}
+	}
+	return true
+}
+
+// Signatures returns the webhook-signature header value: one "v1,<sig>"
+// per secret, space-separated, in the secrets' order (Standard Webhooks:
+// a receiver accepts the request if any one matches, so a secret can be
+// rotated without downtime).
+func Signatures(secrets [][]byte, id string, ts int64, body []byte) string {
+	sigs := make([]string, len(secrets))
+	for i, k := range secrets {
+		sigs[i] = Sign(k, id, ts, body)
+	}
+	return strings.Join(sigs, " ")
+}
+
 // Sign returns the Standard Webhooks signature header value for body.
 func Sign(secret []byte, id string, ts int64, body []byte) string {
 	mac := hmac.New(sha256.New, secret)
@@ -152,10 +209,7 @@ func Sign(secret []byte, id string, ts int64, body []byte) string {
 
 // SendEvent POSTs one event (the webhook's SendFunc).
 func (w *Webhook) SendEvent(ctx context.Context, ev Event, token int64) error {
-	if len(ev.Headers) == 0 {
-		ev.Headers = json.RawMessage(`{}`)
-	}
-	body, err := json.Marshal(ev)
+	body, contentType, err := w.body(ev)
 	if err != nil {
 		return &Error{Err: fmt.Errorf("webhook: encode event %d: %w", ev.ID, err), Permanent: true}
 	}
@@ -168,16 +222,18 @@ func (w *Webhook) SendEvent(ctx context.Context, ev Event, token int64) error {
 	id := strconv.FormatInt(ev.ID, 10)
 	ts := w.now().Unix()
 	h := req.Header
-	h.Set("Content-Type", "application/json")
+	h.Set("Content-Type", contentType)
 	h.Set("Idempotency-Key", id)
 	h.Set("X-Fencing-Token", strconv.FormatInt(token, 10))
 	h.Set("webhook-id", id)
 	h.Set("webhook-timestamp", strconv.FormatInt(ts, 10))
 	if len(w.secret) > 0 {
-		h.Set("webhook-signature", Sign(w.secret, id, ts, body))
+		h.Set("webhook-signature", Signatures(w.secret, id, ts, body))
 	}
-	for _, a := range w.ce.Attributes(ev, "ce-") {
-		h.Set(a.Key, a.Value)
+	if w.ce.Enabled && w.ce.Mode != CloudEventsStructured {
+		for _, a := range w.ce.binary(ev, HTTPBinding) {
+			h.Set(a.Key, a.Value)
+		}
 	}
 	if tp, ok := traceHeader(ev.Headers, "traceparent"); ok {
 		if validTraceparent(tp) {
@@ -219,6 +275,19 @@ func (w *Webhook) SendEvent(ctx context.Context, ev Event, token int64) error {
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
 	return classify(ev.ID, resp, snippet, time.Now())
+}
+
+// body is the request body and its media type: the contract's JSON
+// envelope, or in CloudEvents structured mode the event.
+func (w *Webhook) body(ev Event) ([]byte, string, error) {
+	if w.ce.Enabled && w.ce.Mode == CloudEventsStructured {
+		return w.ce.structured(ev), MediaTypeCloudEventsJSON, nil
+	}
+	if len(ev.Headers) == 0 {
+		ev.Headers = json.RawMessage(`{}`)
+	}
+	b, err := json.Marshal(ev)
+	return b, MediaTypeJSON, err
 }
 
 func classify(id int64, resp *http.Response, body []byte, now time.Time) error {

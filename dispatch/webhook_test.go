@@ -392,21 +392,3 @@ func TestReceiverTextIsQuoted(t *testing.T) {
 		}
 	}
 }
-
-// With CloudEvents on, the request carries the binary-mode ce- headers.
-func TestWebhookCloudEventsHeaders(t *testing.T) {
-	var got http.Header
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got = r.Header.Clone() }))
-	defer srv.Close()
-	w, _ := dispatch.NewWebhook(dispatch.WebhookConfig{URL: srv.URL, CloudEvents: dispatch.CloudEvents{Enabled: true, Source: "payments"}})
-	if err := w.SendEvent(context.Background(), event(), 1); err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]string{"ce-specversion": "1.0", "ce-id": "123", "ce-source": "payments",
-		"ce-type": "deal.funded", "ce-time": "2026-01-02T03:04:05Z"}
-	for k, v := range want {
-		if got.Get(k) != v {
-			t.Errorf("%s = %q, want %q", k, got.Get(k), v)
-		}
-	}
-}

@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -27,16 +26,11 @@ import (
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/app"
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/deadquery"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/internal/buildinfo"
 	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/lock"
 	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/store"
-)
-
-// Set by -ldflags "-X main.version=... -X main.commit=...".
-var (
-	version = "dev"
-	commit  = ""
 )
 
 // usageError marks errors that exit 2.
@@ -189,21 +183,8 @@ func versionCmd(stdout io.Writer) *cobra.Command {
 		Short: "Print version and commit",
 		Args:  noArgs,
 		Run: func(cmd *cobra.Command, _ []string) {
-			v, c := version, commit
-			if info, ok := debug.ReadBuildInfo(); ok {
-				for _, s := range info.Settings {
-					if s.Key == "vcs.revision" && c == "" {
-						c = s.Value
-					}
-				}
-				if v == "dev" && info.Main.Version != "" && info.Main.Version != "(devel)" {
-					v = info.Main.Version
-				}
-			}
-			if c == "" {
-				c = "unknown"
-			}
-			fmt.Fprintf(stdout, "outboxd %s (commit %s)\n", v, c)
+			b := buildinfo.Get()
+			fmt.Fprintf(stdout, "outboxd %s (commit %s, %s)\n", b.Version, b.Commit, b.GoVersion)
 		},
 	}
 }

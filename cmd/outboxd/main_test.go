@@ -62,6 +62,7 @@ func TestExitCodes(t *testing.T) {
 		{"replay without --dead", []string{"replay"}, 2, "--dead"},
 		{"bad aggregate", []string{"replay", "--dead", "--aggregate", "deal/"}, 2, "TYPE/ID"},
 		{"negative batch size", []string{"run", "--set", "poller.batch_size=-1"}, 2, "poller.batch_size"},
+		{"bad cloudevents mode", []string{"run", "--set", "dispatch.cloudevents=true", "--set", "dispatch.cloudevents_mode=batched"}, 2, "dispatch.cloudevents_mode"},
 		{"missing config file", []string{"migrate", "--config", "/nonexistent/outboxd.yaml"}, 2, "/nonexistent/outboxd.yaml"},
 		{"unknown flag", []string{"run", "--frobnicate"}, 2, "frobnicate"},
 		{"unknown command", []string{"frobnicate"}, 2, "frobnicate"},

@@ -56,9 +56,6 @@ const (
 	DefaultMaxMessageBytes = 1048588
 )
 
-// cePrefix is the CloudEvents Kafka binding's header prefix.
-const cePrefix = "ce_"
-
 // metadataMinAge is how soon franz-go may refresh metadata again when it
 // needs to (an unknown topic, a moved leader). Its default of 5 s made a
 // missing topic take about 10 s to report and a created one 5 s to be used;
@@ -79,7 +76,7 @@ type Config struct {
 	ClientID    string               // DefaultClientID when empty
 	SASL        SASL                 //
 	TLS         *tls.Config          // nil: plaintext
-	CloudEvents dispatch.CloudEvents // ce_ headers
+	CloudEvents dispatch.CloudEvents // dispatch.KafkaBinding: ce_ headers, content-type
 	Log         *slog.Logger         // optional
 	// Timeout bounds one Send (besides the batch's trust deadline);
 	// DefaultTimeout when 0.
@@ -318,20 +315,21 @@ func (s *Sink) blocked(b dispatch.Batch, dctx context.Context) []dispatch.Result
 }
 
 // record maps an event to its Kafka record: key = aggregate_id, value =
-// the payload as is, headers per dispatch.Headers. The timestamp is left to
+// the payload as is (or the structured CloudEvent), headers per
+// dispatch.Encode. The timestamp is left to
 // the producer (now): a row's created_at, which may be days old after a
 // replay, would put the record at once past the topic's retention.ms.
 func (s *Sink) record(ev dispatch.Event, topic string, token int64) (*kgo.Record, []string) {
-	hs, dropped := dispatch.Headers(ev, token, s.ce, cePrefix)
-	headers := make([]kgo.RecordHeader, len(hs))
-	for i, h := range hs {
+	m := dispatch.Encode(ev, token, s.ce, dispatch.KafkaBinding)
+	headers := make([]kgo.RecordHeader, len(m.Headers))
+	for i, h := range m.Headers {
 		headers[i] = kgo.RecordHeader{Key: h.Key, Value: []byte(h.Value)}
 	}
-	value := []byte(ev.Payload)
+	value := m.Body
 	if value == nil {
 		value = []byte{} // a record with a nil value is a tombstone on a compacted topic
 	}
-	return &kgo.Record{Topic: topic, Key: []byte(ev.AggregateID), Value: value, Headers: headers}, dropped
+	return &kgo.Record{Topic: topic, Key: []byte(ev.AggregateID), Value: value, Headers: headers}, m.Dropped
 }
 
 // classify turns a failed record's error into a Result; nil means the

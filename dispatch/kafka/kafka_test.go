@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/internal/cetest"
 	"github.com/outboxd/outboxd/internal/testkit"
 )
 
@@ -81,13 +82,14 @@ func TestMapping(t *testing.T) {
 
 		// CloudEvents: the Kafka binding's ce_ prefix, after the rest.
 		ce := headerPairs(dealRecs[1])
-		wantCE := [][2]string{{"ce_specversion", "1.0"}, {"ce_id", "44"}, {"ce_source", "billing"}, {"ce_type", "deal.funded"}, {"ce_time", "2025-03-04T05:06:07.891Z"}}
+		wantCE := [][2]string{{"ce_specversion", "1.0"}, {"ce_id", "44"}, {"ce_source", "billing"}, {"ce_type", "deal.funded"}, {"ce_time", "2025-03-04T05:06:07.891Z"},
+			{"ce_aggregatetype", "deal"}, {"ce_aggregateid", "42"}, {"content-type", "application/json"}}
 		if len(ce) < len(wantCE) || !slices.Equal(ce[len(ce)-len(wantCE):], wantCE) {
 			t.Errorf("CloudEvents headers: got %v, want them to end with %v", ce, wantCE)
 		}
 		for _, rec := range append(orderRecs, r) {
 			for _, h := range rec.Headers {
-				if strings.HasPrefix(h.Key, "ce") {
+				if strings.HasPrefix(h.Key, "ce") || h.Key == "content-type" {
 					t.Errorf("CloudEvents disabled, yet header %s", h.Key)
 				}
 			}
@@ -99,6 +101,41 @@ func TestMapping(t *testing.T) {
 		if warns != 1 || !strings.Contains(line, `"outbox_id":41`) || !strings.Contains(line, `"Event_Type"`) ||
 			!strings.Contains(line, `"id"`) || !strings.Contains(line, `"bad\nname"`) || !strings.Contains(line, `"other_events_with_dropped_headers":1`) {
 			t.Errorf("%d warnings; want one naming outbox_id 41 and its dropped headers, and one other event: %s", warns, line)
+		}
+	})
+}
+
+// TestCloudEventsDecodeWithTheSDK: in both modes the record that landed
+// decodes, as the Kafka binding defines it (ce_ headers, content-type for
+// datacontenttype or the event format), with the CloudEvents SDK to the
+// row's event; the key stays aggregate_id.
+func TestCloudEventsDecodeWithTheSDK(t *testing.T) {
+	clusters(t, func(t *testing.T, c *cluster) {
+		for _, mode := range []string{dispatch.CloudEventsBinary, dispatch.CloudEventsStructured} {
+			topic := c.topic("ce." + mode)
+			c.create(1, topic)
+			s := c.sink(topic, func(cfg *Config) {
+				cfg.CloudEvents = dispatch.CloudEvents{Enabled: true, Source: "urn:billing eu", Mode: mode}
+			})
+			ev := event(45, "deal", "42 €")
+			ev.EventType = "deal funded"
+			wantOutcomes(t, send(t, s, batch(ev)), dispatch.Delivered)
+			r := c.landed(topic)[0]
+			h := map[string]string{}
+			for _, x := range r.Headers {
+				h[x.Key] = string(x.Value)
+			}
+			got, err := cetest.Decode(cetest.Message{Prefix: "ce_", ContentType: h["content-type"], Headers: h, Body: r.Value})
+			if err != nil {
+				t.Fatalf("%s: the SDK cannot decode %v / %s: %v", mode, h, r.Value, err)
+			}
+			if err := cetest.Check(got, cetest.Want{ID: 45, Source: "urn:billing eu", Type: "deal funded",
+				Time: created, AggregateType: "deal", AggregateID: "42 €", Data: string(ev.Payload)}); err != nil {
+				t.Errorf("%s: decoded %s\n%v", mode, got, err)
+			}
+			if string(r.Key) != "42 €" || h["id"] != "45" {
+				t.Errorf("%s: key %q, headers %v: the contract's mapping is kept in every mode", mode, r.Key, h)
+			}
 		}
 	})
 }

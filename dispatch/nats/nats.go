@@ -89,15 +89,12 @@ const (
 	lookupRetry   = time.Minute
 )
 
-// cePrefix is the CloudEvents attribute prefix on NATS headers.
-const cePrefix = "ce-"
-
 // Config configures the sink.
 type Config struct {
 	URL         string               // DefaultURL when empty; a comma-separated list of servers works too
 	Subject     string               // template; DefaultSubject when empty
 	CredsFile   string               // optional user credentials file (JWT and NKey seed)
-	CloudEvents dispatch.CloudEvents // ce- headers
+	CloudEvents dispatch.CloudEvents // dispatch.NATSBinding: ce- headers, percent-encoded
 	Log         *slog.Logger         // optional
 	// RetryHorizon is how long the poller may keep retrying a row (its
 	// retry horizon's maximum). A stream found after start whose duplicate

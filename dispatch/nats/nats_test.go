@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/internal/cetest"
 	"github.com/outboxd/outboxd/internal/testkit"
 )
 
@@ -63,7 +64,8 @@ func TestMapping(t *testing.T) {
 			}
 			if ce {
 				for k, v := range map[string]string{"ce-specversion": "1.0", "ce-id": "41", "ce-source": "test-source",
-					"ce-type": "order.happened", "ce-time": created.Format(time.RFC3339Nano)} {
+					"ce-type": "order.happened", "ce-time": created.Format(time.RFC3339Nano), "ce-aggregatetype": "order",
+					"ce-aggregateid": "o-1", "ce-datacontenttype": "application/json"} {
 					want[k] = v
 				}
 			} else {
@@ -92,6 +94,43 @@ func TestMapping(t *testing.T) {
 				if !strings.Contains(line, name) {
 					t.Errorf("drop warning lacks %s: %s", name, line)
 				}
+			}
+		})
+	}
+}
+
+// TestCloudEventsDecodeWithTheSDK: in both modes the message JetStream
+// stored decodes, as the NATS binding defines it (ce- headers
+// percent-encoded; Content-Type application/cloudevents+json marks
+// structured mode), with the CloudEvents SDK to the row's event, values a
+// header cannot carry as they are included.
+func TestCloudEventsDecodeWithTheSDK(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{dispatch.CloudEventsBinary, dispatch.CloudEventsStructured} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			ts := newStream(t, sharedURL, nil)
+			s, _ := newSink(t, Config{URL: sharedURL, Subject: ts.prefix + ".{aggregate_type}",
+				CloudEvents: dispatch.CloudEvents{Enabled: true, Source: "urn:billing eu", Mode: mode}})
+			ev := event(42, "order", `o "1" 100%`)
+			ev.EventType = "order placed €"
+			wantOutcomes(t, s.Send(t.Context(), batch(ev)), dispatch.Delivered)
+			m := ts.messages(t)[0]
+			h := map[string]string{}
+			for k := range m.Header {
+				h[k] = m.Header.Get(k)
+			}
+			got, err := cetest.Decode(cetest.Message{Prefix: "ce-", PercentDecode: true,
+				ContentType: m.Header.Get("Content-Type"), Headers: h, Body: m.Data})
+			if err != nil {
+				t.Fatalf("the SDK cannot decode %v / %s: %v", h, m.Data, err)
+			}
+			if err := cetest.Check(got, cetest.Want{ID: 42, Source: "urn:billing eu", Type: ev.EventType,
+				Time: created, AggregateType: "order", AggregateID: ev.AggregateID, Data: string(ev.Payload)}); err != nil {
+				t.Errorf("decoded %s\n%v", got, err)
+			}
+			if h["id"] != "42" || h["aggregate_id"] != ev.AggregateID || h["Nats-Msg-Id"] != "42" {
+				t.Errorf("the contract's headers are kept in every mode: %v", h)
 			}
 		})
 	}

@@ -187,9 +187,10 @@ func (s *Sink) message(ev dispatch.Event, token int64) (*nats.Msg, []string, err
 		return nil, nil, &dispatch.Error{Permanent: true,
 			Err: fmt.Errorf("nats: event %d: %w: retrying cannot help; fix the row's aggregate_type/event_type or dispatch.nats.subject", ev.ID, err)}
 	}
-	hs, dropped := dispatch.Headers(ev, token, s.ce, cePrefix)
-	h := make(nats.Header, len(hs)+1)
-	for _, x := range hs {
+	m := dispatch.Encode(ev, token, s.ce, dispatch.NATSBinding)
+	dropped := m.Dropped
+	h := make(nats.Header, len(m.Headers)+1)
+	for _, x := range m.Headers {
 		if !carriable(x) {
 			dropped = append(dropped, x.Key)
 			continue
@@ -197,7 +198,7 @@ func (s *Sink) message(ev dispatch.Event, token int64) (*nats.Msg, []string, err
 		h[x.Key] = []string{x.Value}
 	}
 	h[jetstream.MsgIDHeader] = []string{strconv.FormatInt(ev.ID, 10)}
-	msg := &nats.Msg{Subject: subj, Data: ev.Payload, Header: h}
+	msg := &nats.Msg{Subject: subj, Data: m.Body, Header: h}
 	if err := checkHeaders(ev, msg); err != nil {
 		return nil, dropped, err
 	}

@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/internal/cetest"
 )
 
 // TestMessageMapping: the body is the payload's bytes as they are; the
@@ -59,8 +60,10 @@ func TestMessageMapping(t *testing.T) {
 	}
 }
 
-// TestCloudEvents: with CloudEvents on, the ce- attributes join the
-// headers; the routing key follows a template over both placeholders.
+// TestCloudEvents: with CloudEvents on, the attributes join the headers
+// with the AMQP binding's cloudEvents_ prefix (§3.1.3.1; datacontenttype is
+// the content_type property); the routing key follows a template over both
+// placeholders.
 func TestCloudEvents(t *testing.T) {
 	t.Parallel()
 	a := newAdmin(t)
@@ -81,8 +84,48 @@ func TestCloudEvents(t *testing.T) {
 	assertTable(t, ds[0].Headers, amqp.Table{
 		"id": "7", "aggregate_type": "invoice", "aggregate_id": "9", "event_type": "invoice.paid",
 		"created_at": "2026-03-04T05:06:07Z", "fencing_token": "7",
-		"ce-specversion": "1.0", "ce-id": "7", "ce-source": "billing", "ce-type": "invoice.paid", "ce-time": "2026-03-04T05:06:07Z",
+		"cloudEvents_specversion": "1.0", "cloudEvents_id": "7", "cloudEvents_source": "billing", "cloudEvents_type": "invoice.paid",
+		"cloudEvents_time": "2026-03-04T05:06:07Z", "cloudEvents_aggregatetype": "invoice", "cloudEvents_aggregateid": "9",
 	})
+	if ds[0].ContentType != "application/json" {
+		t.Errorf("content_type %q, want application/json (datacontenttype)", ds[0].ContentType)
+	}
+}
+
+// TestCloudEventsDecodeWithTheSDK: in both modes the message the broker
+// delivered decodes, as the AMQP binding defines it (cloudEvents_
+// headers, content_type for datacontenttype or the event format), with the
+// CloudEvents SDK to the row's event; message_id, type and the contract's
+// headers stay.
+func TestCloudEventsDecodeWithTheSDK(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{dispatch.CloudEventsBinary, dispatch.CloudEventsStructured} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			a := newAdmin(t)
+			a.declareExchange(amqp.ExchangeTopic)
+			q := a.queue("#", nil)
+			s := newSink(t, Config{Exchange: a.exchange, CloudEvents: dispatch.CloudEvents{Enabled: true, Source: "urn:billing eu", Mode: mode}})
+			e := ev(8, "invoice", "9 €", "invoice paid")
+			allDelivered(t, send(t, s, e))
+			d := a.drain(q)[0]
+			h := map[string]string{}
+			for k, v := range d.Headers {
+				h[k], _ = v.(string)
+			}
+			got, err := cetest.Decode(cetest.Message{Prefix: "cloudEvents_", ContentType: d.ContentType, Headers: h, Body: d.Body})
+			if err != nil {
+				t.Fatalf("the SDK cannot decode %v / %s: %v", h, d.Body, err)
+			}
+			if err := cetest.Check(got, cetest.Want{ID: 8, Source: "urn:billing eu", Type: "invoice paid",
+				Time: e.CreatedAt, AggregateType: "invoice", AggregateID: "9 €", Data: string(e.Payload)}); err != nil {
+				t.Errorf("decoded %s\n%v", got, err)
+			}
+			if d.MessageId != "8" || d.Type != "invoice paid" || h["id"] != "8" || h["aggregate_id"] != "9 €" {
+				t.Errorf("message_id %q type %q headers %v: the contract's mapping is kept in every mode", d.MessageId, d.Type, h)
+			}
+		})
+	}
 }
 
 func assertTable(t *testing.T, got, want amqp.Table) {

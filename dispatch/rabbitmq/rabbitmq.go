@@ -78,7 +78,7 @@ type Config struct {
 	URL         string               // DefaultURL when empty
 	Exchange    string               // DefaultExchange when empty
 	RoutingKey  string               // template; DefaultRoutingKey when empty
-	CloudEvents dispatch.CloudEvents // ce- headers
+	CloudEvents dispatch.CloudEvents // dispatch.AMQPBinding: cloudEvents_ headers
 	Log         *slog.Logger         // optional
 }
 
@@ -334,9 +334,10 @@ func (t *sending) publish(lo, hi int) (fl []inflight, more bool) {
 
 // message maps an event to an AMQP message (the contract's mapping).
 func (t *sending) message(ev dispatch.Event) amqp.Publishing {
-	hs, dropped := dispatch.Headers(ev, t.b.Token, t.s.ce, "ce-")
-	table := make(amqp.Table, len(hs))
-	for _, h := range hs {
+	m := dispatch.Encode(ev, t.b.Token, t.s.ce, dispatch.AMQPBinding)
+	dropped := m.Dropped
+	table := make(amqp.Table, len(m.Headers))
+	for _, h := range m.Headers {
 		if len(h.Key) > maxShortString {
 			dropped = append(dropped, h.Key) // a table key is a short string
 			continue
@@ -346,12 +347,12 @@ func (t *sending) message(ev dispatch.Event) amqp.Publishing {
 	t.noteDropped(ev.ID, dropped)
 	return amqp.Publishing{
 		Headers:      table,
-		ContentType:  "application/json",
+		ContentType:  m.ContentType, // datacontenttype in binary mode (AMQP binding §3.1.1)
 		DeliveryMode: amqp.Persistent,
 		MessageId:    strconv.FormatInt(ev.ID, 10),
 		Timestamp:    ev.CreatedAt,
 		Type:         ev.EventType,
-		Body:         ev.Payload,
+		Body:         m.Body,
 	}
 }
 

@@ -43,12 +43,9 @@ const (
 )
 
 // PayloadField is the stream entry field that carries the row's payload
-// JSON as is, beside the header fields.
+// JSON as is (in CloudEvents structured mode, the event), beside the
+// header fields.
 const PayloadField = "payload"
-
-// cePrefix is the CloudEvents attribute prefix on stream fields (as on
-// HTTP, NATS and AMQP).
-const cePrefix = "ce-"
 
 // Config configures the sink.
 type Config struct {
@@ -60,7 +57,7 @@ type Config struct {
 	// own keys (locks, fence counters, idempotency keys), from the wiring.
 	// An event whose stream would be one of them is Permanent, never sent.
 	Reserved    []string
-	CloudEvents dispatch.CloudEvents // ce- fields
+	CloudEvents dispatch.CloudEvents // dispatch.RedisStreamBinding: ce- fields
 	Log         *slog.Logger         // optional
 }
 
@@ -231,19 +228,21 @@ func delivered(out []dispatch.Result) int {
 }
 
 // fields are an entry's field-value pairs: the contract's headers (with
-// ce- attributes when enabled), then the payload JSON as is. A row header
+// the CloudEvents fields when enabled), then the payload JSON as is (or
+// the structured CloudEvent). A row header
 // named like the payload field is dropped, as Headers drops colliding ones.
 func (s *Sink) fields(ev dispatch.Event, token int64) ([]any, []string) {
-	hs, dropped := dispatch.Headers(ev, token, s.ce, cePrefix)
-	fields := make([]any, 0, 2*len(hs)+2)
-	for _, h := range hs {
+	m := dispatch.Encode(ev, token, s.ce, dispatch.RedisStreamBinding)
+	dropped := m.Dropped
+	fields := make([]any, 0, 2*len(m.Headers)+2)
+	for _, h := range m.Headers {
 		if strings.EqualFold(h.Key, PayloadField) {
 			dropped = append(dropped, h.Key)
 			continue
 		}
 		fields = append(fields, h.Key, h.Value)
 	}
-	return append(fields, PayloadField, []byte(ev.Payload)), dropped
+	return append(fields, PayloadField, m.Body), dropped
 }
 
 // result is one XADD's outcome.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/dispatch/redisstream"
+	"github.com/outboxd/outboxd/internal/cetest"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testkit"
 )
@@ -191,7 +192,8 @@ func TestCloudEvents(t *testing.T) {
 
 	got := xrange(t, c, prefix+"ce.on")[0]
 	for k, v := range map[string]string{"ce-specversion": "1.0", "ce-id": "5", "ce-source": "urn:billing",
-		"ce-type": "deal.changed", "ce-time": "2026-01-02T03:04:05.000006Z", "payload": `{"n":5}`} {
+		"ce-type": "deal.changed", "ce-time": "2026-01-02T03:04:05.000006Z", "ce-aggregatetype": "deal", "ce-aggregateid": "1",
+		"ce-datacontenttype": "application/json", "payload": `{"n":5}`} {
 		if g, ok := got.field(k); !ok || g != v {
 			t.Errorf("CloudEvents on: field %s = %q (present %v), want %q", k, g, ok, v)
 		}
@@ -199,6 +201,39 @@ func TestCloudEvents(t *testing.T) {
 	for _, f := range xrange(t, c, prefix+"ce.off")[0].Fields {
 		if strings.HasPrefix(f[0], "ce-") {
 			t.Errorf("CloudEvents off: field %s written", f[0])
+		}
+	}
+}
+
+// TestCloudEventsDecodeWithTheSDK: Redis Streams has no CloudEvents
+// binding; outboxd's follows the NATS one without percent-encoding (fields
+// are binary-safe): ce- fields with ce-datacontenttype, or a content-type
+// field naming the event format with the event in payload. In both modes
+// the entry decodes so with the CloudEvents SDK to the row's event.
+func TestCloudEventsDecodeWithTheSDK(t *testing.T) {
+	t.Parallel()
+	c, prefix := testenv.Redis(t)
+	for _, mode := range []string{dispatch.CloudEventsBinary, dispatch.CloudEventsStructured} {
+		s := newSink(t, c, redisstream.Config{Stream: "ce." + mode, KeyPrefix: prefix,
+			CloudEvents: dispatch.CloudEvents{Enabled: true, Source: "urn:billing eu", Mode: mode}}, nil)
+		ev := event(6, "deal", "1 €")
+		ev.EventType = "deal changed"
+		wantOutcomes(t, s.Send(context.Background(), batch(ev)), dispatch.Delivered)
+		h := map[string]string{}
+		for _, f := range xrange(t, c, prefix+"ce."+mode)[0].Fields {
+			h[f[0]] = f[1]
+		}
+		got, err := cetest.Decode(cetest.Message{Prefix: "ce-", ContentType: h["content-type"],
+			Headers: h, Body: []byte(h[redisstream.PayloadField])})
+		if err != nil {
+			t.Fatalf("%s: the SDK cannot decode %v: %v", mode, h, err)
+		}
+		if err := cetest.Check(got, cetest.Want{ID: 6, Source: "urn:billing eu", Type: "deal changed",
+			Time: ev.CreatedAt, AggregateType: "deal", AggregateID: "1 €", Data: string(ev.Payload)}); err != nil {
+			t.Errorf("%s: decoded %s\n%v", mode, got, err)
+		}
+		if h["id"] != "6" || h["aggregate_id"] != "1 €" {
+			t.Errorf("%s: fields %v: the contract's mapping is kept in every mode", mode, h)
 		}
 	}
 }

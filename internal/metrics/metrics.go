@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/outboxd/outboxd/internal/buildinfo"
 	"github.com/outboxd/outboxd/internal/keys"
 )
 
@@ -44,6 +45,8 @@ type Metrics struct {
 
 	ReconcileRuns  *prometheus.CounterVec // result: ok, skipped, failed
 	ReconcileSwept *prometheus.CounterVec // sweep: marked, purged, purged_dead
+
+	BuildInfo *prometheus.GaugeVec // 1, labelled with the running build (internal/buildinfo)
 }
 
 // New registers every collector, plus Go runtime and process collectors.
@@ -83,10 +86,15 @@ func New() *Metrics {
 	m.ReconcileRuns = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_reconcile_runs_total", Help: "Reconciliation fire times by result."}, []string{"result"})
 	m.ReconcileSwept = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_reconcile_rows_total", Help: "Rows changed by reconciliation sweeps."}, []string{"sweep"})
 
+	m.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outboxd_build_info", Help: "Always 1; the labels say which build runs (version, commit, go_version)."},
+		[]string{"version", "commit", "go_version"})
+	b := buildinfo.Get()
+	m.BuildInfo.WithLabelValues(b.Version, b.Commit, b.GoVersion).Set(1)
+
 	for _, c := range []prometheus.Collector{
 		m.Dispatched, m.DispatchFailures, m.DeadLettered, m.Duplicates, m.ClaimsTakenOver, m.IdempotencyForeign, m.SendsCut, m.LateCommits, m.GapsGivenUp, m.FenceRejections, m.DispatchLatency,
 		m.BatchSize, m.BatchDuration, m.LockHeld, m.LockAcquisitions, m.LockLosses, m.LockRenewFails, m.LockWait,
-		m.PendingEvents, m.OldestPendingAge, m.DeadEvents, m.ReconcileRuns, m.ReconcileSwept,
+		m.PendingEvents, m.OldestPendingAge, m.DeadEvents, m.ReconcileRuns, m.ReconcileSwept, m.BuildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	} {
 		f(c)

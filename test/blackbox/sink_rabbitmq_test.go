@@ -107,13 +107,13 @@ func header(d amqp.Delivery, k string) string {
 }
 
 // rabbitMQCase: routing key outbox.event.order, the AMQP properties
-// (message_id, type, content_type, persistent, timestamp), and the
-// connection's log line.
+// (message_id, type, content_type, persistent, timestamp), CloudEvents on
+// (the AMQP binding's cloudEvents_ prefix), and the connection's log line.
 func rabbitMQCase() sinkCase {
 	var rx *rabbitExchange
 	byID := map[string]amqp.Delivery{}
 	return sinkCase{
-		name: "rabbitmq",
+		name: "rabbitmq", cePrefix: "cloudEvents_",
 		setup: func(t *testing.T) (*env, func(int) []delivered) {
 			rx = newRabbitExchange(t)
 			q := rx.queue("#")
@@ -125,7 +125,8 @@ func rabbitMQCase() sinkCase {
 						h[k] = header(d, k)
 					}
 					byID[h["id"]] = d
-					out = append(out, delivered{where: "message with key " + d.RoutingKey, headers: h, key: h["aggregate_id"], body: string(d.Body)})
+					out = append(out, delivered{where: "message with key " + d.RoutingKey, headers: h, key: h["aggregate_id"], body: string(d.Body),
+						contentType: d.ContentType})
 				}
 				return out
 			}

@@ -13,6 +13,9 @@ type delivered struct {
 	headers map[string]string // the contract's headers (and the row's own) by name
 	key     string            // the ordering key as the broker carries it
 	body    string
+	// contentType is the protocol's content-type property where it is not
+	// a header (AMQP's content_type).
+	contentType string
 }
 
 // checkContract is the one check of the contract's mapping (docs/reference.md,

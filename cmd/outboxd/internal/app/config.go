@@ -96,6 +96,7 @@ func Defaults() map[string]any {
 		"dispatch.routes":                         []any{},
 		"dispatch.cloudevents":                    false,
 		"dispatch.cloudevents_source":             dispatch.DefaultCloudEventsSource,
+		"dispatch.cloudevents_mode":               dispatch.CloudEventsBinary,
 		"http.addr":                               DefaultHTTPAddr,
 		"http.pprof":                              false,
 		"log.level":                               "info",

@@ -10,6 +10,7 @@ import (
 
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/app"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/poller"
 )
 
@@ -98,6 +99,10 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{name: "bad level", sets: []string{"log.level=loud"}, key: "log.level"},
 		{name: "zero shutdown", sets: []string{"shutdown_timeout=0s"}, key: "shutdown_timeout"},
 		{name: "bad bool", sets: []string{"poller.notify=maybe"}, key: "poller.notify"},
+		{name: "bad cloudevents mode", sets: []string{"dispatch.cloudevents=true", "dispatch.cloudevents_mode=batch"}, key: "dispatch.cloudevents_mode"},
+		{name: "structured without cloudevents", sets: []string{"dispatch.cloudevents_mode=structured"}, key: "dispatch.cloudevents_mode"},
+		{name: "secret list entry not a string", file: "dispatch:\n  webhook:\n    secret: [whsec_AAAA, {a: 1}]\n", key: "dispatch.webhook.secret[1]"},
+		{name: "bad secret in a list", file: "dispatch:\n  webhook:\n    secret: [whsec_AAAA, whsec_!!]\n", key: "dispatch.webhook.secret"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if len(tc.env) == 0 {
@@ -459,5 +464,24 @@ func TestSecretFiles(t *testing.T) {
 		if !errors.As(err, &ke) || ke.Key != tc.key {
 			t.Errorf("%v: got %v, want a KeyError naming %s", tc.sets, err, tc.key)
 		}
+	}
+}
+
+// Several webhook secrets (rotation): a YAML list reaches the sink one per
+// line, the current first, and the redacted configuration shows none.
+func TestWebhookSecretList(t *testing.T) {
+	t.Parallel()
+	file := writeFile(t, "dispatch:\n  webhook:\n    secret:\n      - whsec_bmV3LXNlY3JldA==\n      - whsec_b2xkLXNlY3JldA==\n")
+	c, err := app.LoadConfig(file, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := dispatch.ParseSecrets(c.Dispatch.Webhook.Secret)
+	if err != nil || len(keys) != 2 || string(keys[0]) != "new-secret" || string(keys[1]) != "old-secret" {
+		t.Fatalf("secrets %q (%v), want new-secret then old-secret", keys, err)
+	}
+	out := strings.Join(flatten(c.Redacted()), " ")
+	if strings.Contains(out, "bmV3") || strings.Contains(out, "b2xk") {
+		t.Fatalf("redacted config shows a secret: %s", out)
 	}
 }

@@ -177,6 +177,9 @@ func checkDestination(cfg *config.Config, d destination) error {
 	if err != nil {
 		return err
 	}
+	if err := checkCloudEvents(d); err != nil {
+		return err
+	}
 	if k.templateKey != "" {
 		if err := checkTemplate(k.template(d.d), d.d.AllowRowPrefixedDestinations); err != nil {
 			return &config.KeyError{Key: d.key(k.section + "." + k.templateKey), Err: err}
@@ -189,7 +192,19 @@ func checkDestination(cfg *config.Config, d destination) error {
 }
 
 func cloudEvents(d destination) dispatch.CloudEvents {
-	return dispatch.CloudEvents{Enabled: d.d.CloudEvents, Source: d.d.CloudEventsSource}
+	return dispatch.CloudEvents{Enabled: d.d.CloudEvents, Source: d.d.CloudEventsSource, Mode: d.d.CloudEventsMode}
+}
+
+// checkCloudEvents: a known mode, and structured only with CloudEvents on
+// (asking for it with them off would silently send plain JSON).
+func checkCloudEvents(d destination) error {
+	if err := dispatch.CheckCloudEventsMode(d.d.CloudEventsMode); err != nil {
+		return &config.KeyError{Key: d.key("cloudevents_mode"), Err: err}
+	}
+	if d.d.CloudEventsMode == dispatch.CloudEventsStructured && !d.d.CloudEvents {
+		return &config.KeyError{Key: d.key("cloudevents_mode"), Err: fmt.Errorf("%s, but %s is false", dispatch.CloudEventsStructured, d.key("cloudevents"))}
+	}
+	return nil
 }
 
 // checkWebhook: the URL and the secret as the sink parses them, and a
@@ -199,7 +214,7 @@ func checkWebhook(cfg *config.Config, d destination) error {
 	if _, err := dispatch.ParseURL(w.URL); err != nil {
 		return &config.KeyError{Key: d.key("webhook.url"), Err: err}
 	}
-	if _, err := dispatch.ParseSecret(w.Secret); err != nil {
+	if _, err := dispatch.ParseSecrets(w.Secret); err != nil {
 		return &config.KeyError{Key: cfg.SourceKey(d.key("webhook.secret")), Err: err}
 	}
 	// 0 (the default) follows the lease: config.WebhookTimeout.
