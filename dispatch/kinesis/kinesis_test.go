@@ -58,7 +58,9 @@ func (c *callLog) Do(r *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		var in struct{ Records []struct{ PartitionKey string } }
+		var in struct {
+			Records []struct{ PartitionKey string }
+		}
 		if err := json.Unmarshal(body, &in); err != nil {
 			return nil, err
 		}
