@@ -103,11 +103,17 @@ func CheckConfig(cfg Config) error {
 	if _, err := ParseStream(cmp.Or(cfg.Stream, DefaultStream)); err != nil {
 		return err
 	}
-	if e := cfg.Endpoint; e != "" {
-		u, err := url.Parse(e)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
-			return fmt.Errorf("kinesis: endpoint %q: want http(s)://host[:port]", e)
-		}
+	return CheckEndpoint(cfg.Endpoint)
+}
+
+// CheckEndpoint checks an endpoint override: empty, or http(s)://host[:port].
+func CheckEndpoint(endpoint string) error {
+	if endpoint == "" {
+		return nil
+	}
+	u, err := url.Parse(endpoint)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
+		return fmt.Errorf("kinesis: endpoint %q: want http(s)://host[:port]", endpoint)
 	}
 	return nil
 }

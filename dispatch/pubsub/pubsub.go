@@ -111,7 +111,12 @@ func CheckConfig(cfg Config) error {
 	if _, err := ParseTopic(cmp.Or(cfg.Topic, DefaultTopic)); err != nil {
 		return err
 	}
-	_, err := endpointOptions(cfg.Endpoint)
+	return CheckEndpoint(cfg.Endpoint)
+}
+
+// CheckEndpoint checks an endpoint as New reads it.
+func CheckEndpoint(endpoint string) error {
+	_, err := endpointOptions(endpoint)
 	return err
 }
 
