@@ -151,11 +151,11 @@ func TestPublishesWithTheContractsMapping(t *testing.T) {
 	}
 }
 
-// TestMissingTopicIsRetriedThenResumed: events for a topic that does not
-// exist are Retryable with an error naming it, their aggregate's later
-// events NotAttempted, other topics' events Delivered; once the topic
-// exists, the same events go through: the paused ordering key was resumed.
-func TestMissingTopicIsRetriedThenResumed(t *testing.T) {
+// TestMissingTopicIsRetried: events for a topic that does not exist are
+// Retryable with an error naming it, their aggregate's later events
+// NotAttempted, other topics' events Delivered; once the topic exists, the
+// same events go through.
+func TestMissingTopicIsRetried(t *testing.T) {
 	e := newEmulator(t, "outbox.event.order")
 	s := e.sink(Config{})
 	evs := []dispatch.Event{event(1, "missing", "a"), event(2, "order", "a"), event(3, "missing", "a"), event(4, "missing", "b")}
@@ -173,7 +173,7 @@ func TestMissingTopicIsRetriedThenResumed(t *testing.T) {
 	e.createTopic("outbox.event.missing")
 	retry := []dispatch.Event{evs[0], evs[2], evs[3]}
 	if got := outcomes(s.Send(context.Background(), batch(retry...))); !slices.Equal(got, []dispatch.Outcome{dispatch.Delivered, dispatch.Delivered, dispatch.Delivered}) {
-		t.Fatalf("after the topic was created: %v, want all delivered (a paused key not resumed fails at once)", got)
+		t.Fatalf("after the topic was created: %v, want all delivered", got)
 	}
 	var got []string
 	for _, m := range e.messages("outbox.event.missing") {
@@ -185,8 +185,9 @@ func TestMissingTopicIsRetriedThenResumed(t *testing.T) {
 }
 
 // TestOversizeIsPermanentAndTheKeyFlowsOn: a message above Pub/Sub's
-// request limit is Permanent (dead-lettered) without reaching the service;
-// its aggregate's next event, in a later batch, is delivered.
+// request limit is Permanent (dead-lettered) without reaching the service,
+// its aggregate's later events NotAttempted, others Delivered; its
+// aggregate's next event, in a later batch, is delivered.
 func TestOversizeIsPermanentAndTheKeyFlowsOn(t *testing.T) {
 	e := newEmulator(t, "outbox.event.order")
 	s := e.sink(Config{})
@@ -200,7 +201,60 @@ func TestOversizeIsPermanentAndTheKeyFlowsOn(t *testing.T) {
 		t.Errorf("error %q does not say the message is too large", rs[0].Err)
 	}
 	if got := outcomes(s.Send(context.Background(), batch(event(2, "order", "a")))); got[0] != dispatch.Delivered {
-		t.Fatalf("the aggregate's next event after the oversize one: %v, want delivered (key resumed)", got)
+		t.Fatalf("the aggregate's next event after the oversize one: %v, want delivered", got)
+	}
+}
+
+// TestAnAggregateAcrossTopicsKeepsItsOrder: with {event_type} in the
+// template one aggregate's events go to several topics; when one of them
+// fails, none of the aggregate's later events is published, whatever its
+// topic (a request succeeds or fails whole, and a later event waits for the
+// earlier one's answer).
+func TestAnAggregateAcrossTopicsKeepsItsOrder(t *testing.T) {
+	e := newEmulator(t, "outbox.x")
+	s := e.sink(Config{Topic: "outbox.{event_type}"})
+	typed := func(id int64, agg, typ string) dispatch.Event {
+		ev := event(id, "order", agg)
+		ev.EventType = typ
+		return ev
+	}
+	rs := s.Send(context.Background(), batch(typed(1, "a", "x"), typed(2, "a", "y"), typed(3, "b", "x"), typed(4, "a", "x"), typed(5, "b", "x")))
+	want := []dispatch.Outcome{dispatch.Delivered, dispatch.Retryable, dispatch.Delivered, dispatch.NotAttempted, dispatch.Delivered}
+	if got := outcomes(rs); !slices.Equal(got, want) {
+		t.Fatalf("outcomes %v, want %v", got, want)
+	}
+	var got []string
+	for _, m := range e.messages("outbox.x") {
+		got = append(got, m.OrderingKey+":"+m.Attributes["id"])
+	}
+	if fmt.Sprint(got) != "[order/a:1 order/b:3 order/b:5]" {
+		t.Errorf("outbox.x holds %v: event 4 must not be published after event 2 failed", got)
+	}
+}
+
+// TestRequestsKeepPubSubsLimits: a request holds at most 1,000 messages
+// and 10 MB.
+func TestRequestsKeepPubSubsLimits(t *testing.T) {
+	var items []item
+	for range 2500 {
+		items = append(items, item{size: 100})
+	}
+	for range 5 {
+		items = append(items, item{size: 4_000_000})
+	}
+	var sizes []int
+	for _, r := range requestsOf(items) {
+		bytes := requestOverhead
+		for _, it := range r {
+			bytes += it.size
+		}
+		if len(r) > maxRequestMessages || bytes > maxRequestBytes {
+			t.Fatalf("a request of %d messages, %d bytes", len(r), bytes)
+		}
+		sizes = append(sizes, len(r))
+	}
+	if fmt.Sprint(sizes) != "[1000 1000 502 2 1]" {
+		t.Errorf("requests %v", sizes)
 	}
 }
 
