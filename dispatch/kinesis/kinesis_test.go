@@ -30,7 +30,7 @@ import (
 func TestMain(m *testing.M) { testkit.VerifyTestMain(m) }
 
 // newSink is a Sink on k with cfg's other fields.
-func newSink(t *testing.T, k *testenv.Kinesalite, cfg Config) *Sink {
+func newSink(t testing.TB, k *testenv.Kinesalite, cfg Config) *Sink {
 	t.Helper()
 	cfg.Region, cfg.Endpoint = "us-east-1", k.Endpoint
 	cfg.Log = slog.New(slog.NewJSONHandler(io.MultiWriter(testkit.Writer(t)), &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -75,7 +75,7 @@ func (c *callLog) Do(r *http.Request) (*http.Response, error) {
 	return http.DefaultClient.Do(r)
 }
 
-func createStream(t *testing.T, k *testenv.Kinesalite, name string, shards int32) {
+func createStream(t testing.TB, k *testenv.Kinesalite, name string, shards int32) {
 	t.Helper()
 	if err := k.CreateStream(context.Background(), name, shards); err != nil {
 		t.Fatalf("create stream %s: %v", name, err)

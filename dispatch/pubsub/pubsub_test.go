@@ -30,11 +30,11 @@ const project = "outboxd-test"
 
 // emulator is a pstest server with topics; it is closed at cleanup.
 type emulator struct {
-	t   *testing.T
+	t   testing.TB
 	srv *pstest.Server
 }
 
-func newEmulator(t *testing.T, topics ...string) *emulator {
+func newEmulator(t testing.TB, topics ...string) *emulator {
 	t.Helper()
 	e := &emulator{t: t, srv: pstest.NewServerWithAddress("127.0.0.1:0")}
 	t.Cleanup(func() { _ = e.srv.Close() })

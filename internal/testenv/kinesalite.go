@@ -141,7 +141,7 @@ func (k *Kinesalite) Stop() {
 // StartKinesalite runs kinesalite for t on a free port, stopped at
 // cleanup; it skips t when npm cannot install kinesalite. kinesalite
 // accepts any AWS credentials, but requests must be signed.
-func StartKinesalite(t *testing.T) *Kinesalite {
+func StartKinesalite(t testing.TB) *Kinesalite {
 	t.Helper()
 	k, err := RunKinesalite(context.Background(), FreePort(t))
 	if errors.Is(err, ErrNoNPM) {
