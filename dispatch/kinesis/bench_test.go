@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/internal/sinktest"
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
@@ -21,12 +22,12 @@ func BenchmarkSend(b *testing.B) {
 	const total, size = 10000, 1000
 	events := make([]dispatch.Event, total)
 	for i := range events {
-		events[i] = event(int64(i+1), "bench", strconv.Itoa(i%1000))
+		events[i] = sinktest.Event(int64(i+1), "bench", strconv.Itoa(i%1000))
 	}
 	b.ResetTimer()
 	for b.Loop() {
 		for off := 0; off < total; off += size {
-			for i, r := range s.Send(b.Context(), batch(events[off:off+size]...)) {
+			for i, r := range s.Send(b.Context(), sinktest.Batch(events[off:off+size]...)) {
 				if r.Outcome != dispatch.Delivered {
 					b.Fatalf("event %d: %s %v", events[off+i].ID, r.Outcome, r.Err)
 				}

@@ -20,6 +20,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/internal/sinktest"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testkit"
 )
@@ -107,25 +108,6 @@ type readRecord struct {
 	}
 }
 
-func event(id int64, typ, agg string) dispatch.Event {
-	return dispatch.Event{ID: id, AggregateType: typ, AggregateID: agg, EventType: typ + ".changed",
-		Payload: json.RawMessage(fmt.Sprintf(`{"n": %d}`, id)), Headers: json.RawMessage(`{"traceparent":"00-abc-def-01"}`),
-		CreatedAt: time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC)}
-}
-
-func batch(events ...dispatch.Event) dispatch.Batch {
-	until := time.Now().Add(time.Minute)
-	return dispatch.Batch{Events: events, Token: 7, Until: func() time.Time { return until }}
-}
-
-func outcomes(rs []dispatch.Result) []dispatch.Outcome {
-	out := make([]dispatch.Outcome, len(rs))
-	for i, r := range rs {
-		out[i] = r.Outcome
-	}
-	return out
-}
-
 // TestWritesTheEnvelopeInOrder: 1,200 events over 7 aggregates (more
 // than one PutRecords call per round, several rounds) are all Delivered
 // and read back once each: the envelope carries the contract's headers and
@@ -143,9 +125,9 @@ func TestWritesTheEnvelopeInOrder(t *testing.T) {
 		if i < 600 {
 			agg = "wide-" + strconv.Itoa(i) // 600 aggregates of one event: two calls in round 0
 		}
-		evs = append(evs, event(int64(i+1), "order", agg))
+		evs = append(evs, sinktest.Event(int64(i+1), "order", agg))
 	}
-	for i, r := range s.Send(context.Background(), batch(evs...)) {
+	for i, r := range s.Send(context.Background(), sinktest.Batch(evs...)) {
 		if r.Outcome != dispatch.Delivered || !strings.HasPrefix(r.Ref, "outbox.event.order/shardId-") {
 			t.Fatalf("event %d: %v %q %v", evs[i].ID, r.Outcome, r.Ref, r.Err)
 		}
@@ -182,10 +164,7 @@ func TestWritesTheEnvelopeInOrder(t *testing.T) {
 			t.Fatalf("record %s: id %q", r.Sequence, h["id"])
 		}
 		ev := evs[id-1]
-		want := map[string]string{"id": h["id"], "aggregate_type": "order", "aggregate_id": ev.AggregateID,
-			"event_type": "order.changed", "created_at": "2026-01-02T03:04:05.000006Z", "fencing_token": "7",
-			"traceparent": "00-abc-def-01", "ce-specversion": "1.0", "ce-id": h["id"], "ce-source": "outboxd",
-			"ce-type": "order.changed", "ce-time": "2026-01-02T03:04:05.000006Z"}
+		want := sinktest.Headers(ev, "ce-")
 		if fmt.Sprint(h) != fmt.Sprint(want) {
 			t.Errorf("record %s: headers %v, want %v", r.Sequence, h, want)
 		}
@@ -217,10 +196,10 @@ func TestMissingStreamIsRetried(t *testing.T) {
 	k := testenv.StartKinesalite(t)
 	createStream(t, k, "outbox.event.order", 1)
 	s := newSink(t, k, Config{})
-	evs := []dispatch.Event{event(1, "missing", "a"), event(2, "order", "a"), event(3, "missing", "a"), event(4, "missing", "b")}
-	rs := s.Send(context.Background(), batch(evs...))
+	evs := []dispatch.Event{sinktest.Event(1, "missing", "a"), sinktest.Event(2, "order", "a"), sinktest.Event(3, "missing", "a"), sinktest.Event(4, "missing", "b")}
+	rs := s.Send(context.Background(), sinktest.Batch(evs...))
 	want := []dispatch.Outcome{dispatch.Retryable, dispatch.Delivered, dispatch.NotAttempted, dispatch.Retryable}
-	if got := outcomes(rs); !slices.Equal(got, want) {
+	if got := sinktest.Outcomes(rs); !slices.Equal(got, want) {
 		t.Fatalf("outcomes %v, want %v (%v)", got, want, rs[0].Err)
 	}
 	if msg := rs[0].Err.Error(); !strings.Contains(msg, `"outbox.event.missing" does not exist`) {
@@ -228,7 +207,7 @@ func TestMissingStreamIsRetried(t *testing.T) {
 	}
 	t.Logf("last_error: %s", rs[0].Err)
 	createStream(t, k, "outbox.event.missing", 1)
-	if got := outcomes(s.Send(context.Background(), batch(evs[0], evs[2], evs[3]))); !slices.Equal(got,
+	if got := sinktest.Outcomes(s.Send(context.Background(), sinktest.Batch(evs[0], evs[2], evs[3]))); !slices.Equal(got,
 		[]dispatch.Outcome{dispatch.Delivered, dispatch.Delivered, dispatch.Delivered}) {
 		t.Fatalf("after the stream was created: %v", got)
 	}
@@ -243,11 +222,11 @@ func TestOversizeIsPermanentAndOthersFlow(t *testing.T) {
 	k := testenv.StartKinesalite(t)
 	createStream(t, k, "outbox.event.order", 1)
 	s := newSink(t, k, Config{})
-	big := event(2, "order", "a")
+	big := sinktest.Event(2, "order", "a")
 	big.Payload = json.RawMessage(`"` + strings.Repeat("x", 1<<20) + `"`)
-	rs := s.Send(context.Background(), batch(event(1, "order", "a"), big, event(3, "order", "a"), event(4, "order", "b")))
+	rs := s.Send(context.Background(), sinktest.Batch(sinktest.Event(1, "order", "a"), big, sinktest.Event(3, "order", "a"), sinktest.Event(4, "order", "b")))
 	want := []dispatch.Outcome{dispatch.Delivered, dispatch.Permanent, dispatch.NotAttempted, dispatch.Delivered}
-	if got := outcomes(rs); !slices.Equal(got, want) {
+	if got := sinktest.Outcomes(rs); !slices.Equal(got, want) {
 		t.Fatalf("outcomes %v, want %v (%v)", got, want, rs[1].Err)
 	}
 	if !strings.Contains(rs[1].Err.Error(), "Kinesis accepts 1048576") {
@@ -265,8 +244,8 @@ func TestRefusedStreamNameIsPermanent(t *testing.T) {
 	k := testenv.StartKinesalite(t)
 	createStream(t, k, "outbox.event.order", 1)
 	s := newSink(t, k, Config{})
-	rs := s.Send(context.Background(), batch(event(1, "bad type", "a"), event(2, "order", "a")))
-	if got := outcomes(rs); !slices.Equal(got, []dispatch.Outcome{dispatch.Permanent, dispatch.Delivered}) {
+	rs := s.Send(context.Background(), sinktest.Batch(sinktest.Event(1, "bad type", "a"), sinktest.Event(2, "order", "a")))
+	if got := sinktest.Outcomes(rs); !slices.Equal(got, []dispatch.Outcome{dispatch.Permanent, dispatch.Delivered}) {
 		t.Fatalf("outcomes %v", got)
 	}
 	if !errors.Is(rs[0].Err, dispatch.ErrDestination) {
@@ -282,7 +261,7 @@ func TestNothingIsWrittenPastTheTrustDeadline(t *testing.T) {
 	createStream(t, k, "outbox.event.order", 1)
 	s := newSink(t, k, Config{})
 	past := time.Now().Add(-time.Second)
-	rs := s.Send(context.Background(), dispatch.Batch{Events: []dispatch.Event{event(1, "order", "a")}, Token: 7,
+	rs := s.Send(context.Background(), dispatch.Batch{Events: []dispatch.Event{sinktest.Event(1, "order", "a")}, Token: 7,
 		Until: func() time.Time { return past }})
 	if rs[0].Outcome != dispatch.NotAttempted {
 		t.Fatalf("outcome %v", rs[0].Outcome)

@@ -17,6 +17,7 @@ import (
 	"cloud.google.com/go/pubsub/v2/pstest"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/internal/sinktest"
 	"github.com/outboxd/outboxd/internal/testkit"
 )
 
@@ -81,25 +82,6 @@ func (e *emulator) sink(cfg Config) *Sink {
 	return s
 }
 
-func event(id int64, typ, agg string) dispatch.Event {
-	return dispatch.Event{ID: id, AggregateType: typ, AggregateID: agg, EventType: typ + ".changed",
-		Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, id)), Headers: json.RawMessage(`{"traceparent":"00-abc-def-01"}`),
-		CreatedAt: time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC)}
-}
-
-func batch(events ...dispatch.Event) dispatch.Batch {
-	until := time.Now().Add(time.Minute)
-	return dispatch.Batch{Events: events, Token: 7, Until: func() time.Time { return until }}
-}
-
-func outcomes(rs []dispatch.Result) []dispatch.Outcome {
-	out := make([]dispatch.Outcome, len(rs))
-	for i, r := range rs {
-		out[i] = r.Outcome
-	}
-	return out
-}
-
 // TestPublishesWithTheContractsMapping: every event is Delivered and held
 // by the emulator once, with the payload as data, the contract's headers
 // and the row's as attributes, CloudEvents' ce- attributes, and the
@@ -109,9 +91,9 @@ func TestPublishesWithTheContractsMapping(t *testing.T) {
 	s := e.sink(Config{CloudEvents: dispatch.CloudEvents{Enabled: true}})
 	var evs []dispatch.Event
 	for i := range 30 {
-		evs = append(evs, event(int64(i+1), "order", strconv.Itoa(i%4)))
+		evs = append(evs, sinktest.Event(int64(i+1), "order", strconv.Itoa(i%4)))
 	}
-	rs := s.Send(context.Background(), batch(evs...))
+	rs := s.Send(context.Background(), sinktest.Batch(evs...))
 	for i, r := range rs {
 		if r.Outcome != dispatch.Delivered || !strings.HasPrefix(r.Ref, "outbox.event.order/") {
 			t.Fatalf("event %d: %v %q %v", evs[i].ID, r.Outcome, r.Ref, r.Err)
@@ -129,10 +111,7 @@ func TestPublishesWithTheContractsMapping(t *testing.T) {
 			t.Fatalf("message %s: id attribute %q", m.ID, a["id"])
 		}
 		ev := evs[id-1]
-		want := map[string]string{"id": a["id"], "aggregate_type": "order", "aggregate_id": ev.AggregateID,
-			"event_type": "order.changed", "created_at": "2026-01-02T03:04:05.000006Z", "fencing_token": "7",
-			"traceparent": "00-abc-def-01", "ce-specversion": "1.0", "ce-id": a["id"], "ce-source": "outboxd",
-			"ce-type": "order.changed", "ce-time": "2026-01-02T03:04:05.000006Z"}
+		want := sinktest.Headers(ev, "ce-")
 		if fmt.Sprint(a) != fmt.Sprint(want) {
 			t.Errorf("message %s: attributes %v, want %v", m.ID, a, want)
 		}
@@ -158,10 +137,10 @@ func TestPublishesWithTheContractsMapping(t *testing.T) {
 func TestMissingTopicIsRetried(t *testing.T) {
 	e := newEmulator(t, "outbox.event.order")
 	s := e.sink(Config{})
-	evs := []dispatch.Event{event(1, "missing", "a"), event(2, "order", "a"), event(3, "missing", "a"), event(4, "missing", "b")}
-	rs := s.Send(context.Background(), batch(evs...))
+	evs := []dispatch.Event{sinktest.Event(1, "missing", "a"), sinktest.Event(2, "order", "a"), sinktest.Event(3, "missing", "a"), sinktest.Event(4, "missing", "b")}
+	rs := s.Send(context.Background(), sinktest.Batch(evs...))
 	want := []dispatch.Outcome{dispatch.Retryable, dispatch.Delivered, dispatch.NotAttempted, dispatch.Retryable}
-	if got := outcomes(rs); !slices.Equal(got, want) {
+	if got := sinktest.Outcomes(rs); !slices.Equal(got, want) {
 		t.Fatalf("outcomes %v, want %v (errors %v, %v)", got, want, rs[0].Err, rs[3].Err)
 	}
 	msg := rs[0].Err.Error()
@@ -172,7 +151,7 @@ func TestMissingTopicIsRetried(t *testing.T) {
 
 	e.createTopic("outbox.event.missing")
 	retry := []dispatch.Event{evs[0], evs[2], evs[3]}
-	if got := outcomes(s.Send(context.Background(), batch(retry...))); !slices.Equal(got, []dispatch.Outcome{dispatch.Delivered, dispatch.Delivered, dispatch.Delivered}) {
+	if got := sinktest.Outcomes(s.Send(context.Background(), sinktest.Batch(retry...))); !slices.Equal(got, []dispatch.Outcome{dispatch.Delivered, dispatch.Delivered, dispatch.Delivered}) {
 		t.Fatalf("after the topic was created: %v, want all delivered", got)
 	}
 	var got []string
@@ -191,16 +170,16 @@ func TestMissingTopicIsRetried(t *testing.T) {
 func TestOversizeIsPermanentAndTheKeyFlowsOn(t *testing.T) {
 	e := newEmulator(t, "outbox.event.order")
 	s := e.sink(Config{})
-	big := event(1, "order", "a")
+	big := sinktest.Event(1, "order", "a")
 	big.Payload = json.RawMessage(`"` + strings.Repeat("x", 10_500_000) + `"`)
-	rs := s.Send(context.Background(), batch(big, event(2, "order", "a"), event(3, "order", "b")))
-	if got := outcomes(rs); !slices.Equal(got, []dispatch.Outcome{dispatch.Permanent, dispatch.NotAttempted, dispatch.Delivered}) {
+	rs := s.Send(context.Background(), sinktest.Batch(big, sinktest.Event(2, "order", "a"), sinktest.Event(3, "order", "b")))
+	if got := sinktest.Outcomes(rs); !slices.Equal(got, []dispatch.Outcome{dispatch.Permanent, dispatch.NotAttempted, dispatch.Delivered}) {
 		t.Fatalf("outcomes %v (%v)", got, rs[0].Err)
 	}
 	if !strings.Contains(rs[0].Err.Error(), "larger than") {
 		t.Errorf("error %q does not say the message is too large", rs[0].Err)
 	}
-	if got := outcomes(s.Send(context.Background(), batch(event(2, "order", "a")))); got[0] != dispatch.Delivered {
+	if got := sinktest.Outcomes(s.Send(context.Background(), sinktest.Batch(sinktest.Event(2, "order", "a")))); got[0] != dispatch.Delivered {
 		t.Fatalf("the aggregate's next event after the oversize one: %v, want delivered", got)
 	}
 }
@@ -214,13 +193,13 @@ func TestAnAggregateAcrossTopicsKeepsItsOrder(t *testing.T) {
 	e := newEmulator(t, "outbox.x")
 	s := e.sink(Config{Topic: "outbox.{event_type}"})
 	typed := func(id int64, agg, typ string) dispatch.Event {
-		ev := event(id, "order", agg)
+		ev := sinktest.Event(id, "order", agg)
 		ev.EventType = typ
 		return ev
 	}
-	rs := s.Send(context.Background(), batch(typed(1, "a", "x"), typed(2, "a", "y"), typed(3, "b", "x"), typed(4, "a", "x"), typed(5, "b", "x")))
+	rs := s.Send(context.Background(), sinktest.Batch(typed(1, "a", "x"), typed(2, "a", "y"), typed(3, "b", "x"), typed(4, "a", "x"), typed(5, "b", "x")))
 	want := []dispatch.Outcome{dispatch.Delivered, dispatch.Retryable, dispatch.Delivered, dispatch.NotAttempted, dispatch.Delivered}
-	if got := outcomes(rs); !slices.Equal(got, want) {
+	if got := sinktest.Outcomes(rs); !slices.Equal(got, want) {
 		t.Fatalf("outcomes %v, want %v", got, want)
 	}
 	var got []string
@@ -263,8 +242,8 @@ func TestRequestsKeepPubSubsLimits(t *testing.T) {
 func TestRefusedTopicNameIsPermanent(t *testing.T) {
 	e := newEmulator(t, "outbox.event.order")
 	s := e.sink(Config{})
-	rs := s.Send(context.Background(), batch(event(1, "bad/type", "a"), event(2, "order", "a")))
-	if got := outcomes(rs); !slices.Equal(got, []dispatch.Outcome{dispatch.Permanent, dispatch.Delivered}) {
+	rs := s.Send(context.Background(), sinktest.Batch(sinktest.Event(1, "bad/type", "a"), sinktest.Event(2, "order", "a")))
+	if got := sinktest.Outcomes(rs); !slices.Equal(got, []dispatch.Outcome{dispatch.Permanent, dispatch.Delivered}) {
 		t.Fatalf("outcomes %v", got)
 	}
 	if !errors.Is(rs[0].Err, dispatch.ErrDestination) {
@@ -278,7 +257,7 @@ func TestNothingIsPublishedPastTheTrustDeadline(t *testing.T) {
 	e := newEmulator(t, "outbox.event.order")
 	s := e.sink(Config{})
 	past := time.Now().Add(-time.Second)
-	rs := s.Send(context.Background(), dispatch.Batch{Events: []dispatch.Event{event(1, "order", "a")}, Token: 7,
+	rs := s.Send(context.Background(), dispatch.Batch{Events: []dispatch.Event{sinktest.Event(1, "order", "a")}, Token: 7,
 		Until: func() time.Time { return past }})
 	if rs[0].Outcome != dispatch.NotAttempted {
 		t.Fatalf("outcome %v, want not attempted", rs[0].Outcome)
@@ -293,9 +272,9 @@ func TestNothingIsPublishedPastTheTrustDeadline(t *testing.T) {
 func TestAttributesKeepPubSubsLimits(t *testing.T) {
 	e := newEmulator(t, "outbox.event.order")
 	s := e.sink(Config{})
-	ev := event(1, "order", "a")
+	ev := sinktest.Event(1, "order", "a")
 	ev.Headers = json.RawMessage(`{"big":"` + strings.Repeat("v", 1025) + `","googx":"1","ok":"yes"}`)
-	if rs := s.Send(context.Background(), batch(ev)); rs[0].Outcome != dispatch.Delivered {
+	if rs := s.Send(context.Background(), sinktest.Batch(ev)); rs[0].Outcome != dispatch.Delivered {
 		t.Fatalf("%v %v", rs[0].Outcome, rs[0].Err)
 	}
 	a := e.messages("outbox.event.order")[0].Attributes

@@ -3,7 +3,6 @@ package blackbox
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -78,55 +77,18 @@ func kinesisCase() sinkCase {
 	}
 }
 
-// TestKinesisSinkFailures: rows whose stream does not exist are retried
-// with a last_error naming it and saying to create it; a row above
-// Kinesis' 1 MiB record is dead-lettered; the other aggregates flow
-// meanwhile. Once the stream exists the retried rows go through, each
-// aggregate in order.
+// TestKinesisSinkFailures: a missing stream and a record above 1 MiB
+// (checkFailures).
 func TestKinesisSinkFailures(t *testing.T) {
 	t.Parallel()
 	k := testenv.StartKinesalite(t)
 	kinesisStream(t, k, "outbox.event.order", 1)
-	e := kinesisEnv(t, k).set("OUTBOXD_POLLER_MAX_ATTEMPTS", "1000",
-		"OUTBOXD_POLLER_MAX_PAYLOAD_BYTES", strconv.Itoa(2<<20), "OUTBOXD_POLLER_BATCH_MAX_BYTES", strconv.Itoa(8<<20))
-	var missing []int64
-	for i := range 6 {
-		missing = append(missing, e.insert("missing", strconv.Itoa(i%2), `{"m":`+strconv.Itoa(i)+`}`, ""))
-	}
-	big := e.insert("order", "big", `"`+strings.Repeat("x", 1_100_000)+`"`, "")
-	after := e.insert("order", "big", `{"after":1}`, "")
-	flowing := e.insertMany("order", 5, 4)
-	e.start()
-	waitFor(t, "the other aggregates' rows dispatched", func() bool {
-		return e.count("aggregate_type = 'order' AND aggregate_id <> 'big' AND dispatched_at IS NOT NULL") == len(flowing)
-	}, e.describeRows("aggregate_type = 'order'"))
-	waitFor(t, "the oversize row dead-lettered, the next of its aggregate dispatched", func() bool {
-		return e.row(big).Dead && e.row(after).Dispatched
-	}, e.describeRows("aggregate_id = 'big'"))
-	if w := e.row(big); !strings.Contains(w.LastError, "Kinesis accepts") {
-		t.Errorf("oversize row: %s", w)
-	}
-	waitFor(t, "the rows without a stream retried, saying so", func() bool {
-		return e.count(`aggregate_type = 'missing' AND attempts >= 2 AND last_error LIKE '%does not exist%'`) >= 2
-	}, e.describeRows("aggregate_type = 'missing'"))
-	for _, w := range e.rows("aggregate_type = 'missing'") {
-		if w.Dispatched || w.Dead {
-			t.Fatalf("row without a stream settled: %s", w)
-		}
-		if w.Attempts > 0 && (!strings.Contains(w.LastError, `stream "outbox.event.missing"`) || !strings.Contains(w.LastError, "create it")) {
-			t.Errorf("last_error does not name the stream and the fix: %s", w)
-		}
-	}
-	t.Logf("last_error: %s", e.rows("aggregate_type = 'missing' AND attempts > 0")[0].LastError)
-	t.Logf("oversize: %s", e.row(big).LastError)
-
-	kinesisStream(t, k, "outbox.event.missing", 2)
-	waitFor(t, "the rows dispatched once the stream exists", func() bool {
-		return e.count("aggregate_type = 'missing' AND dispatched_at IS NOT NULL") == len(missing)
-	}, e.describeRows("aggregate_type = 'missing'"))
-	order, _ := checkContract(t, kinesisDelivered(t, k, "outbox.event.missing"), "missing", e.payloads("true"), "")
-	want := map[string][]int64{"0": {missing[0], missing[2], missing[4]}, "1": {missing[1], missing[3], missing[5]}}
-	if fmt.Sprint(order) != fmt.Sprint(want) {
-		t.Errorf("stream holds per aggregate %v, want %v", order, want)
-	}
+	checkFailures(t, failureCase{
+		e: kinesisEnv(t, k).set("OUTBOXD_POLLER_MAX_PAYLOAD_BYTES", strconv.Itoa(2<<20),
+			"OUTBOXD_POLLER_BATCH_MAX_BYTES", strconv.Itoa(8<<20)),
+		kind:     "stream",
+		oversize: `"` + strings.Repeat("x", 1_100_000) + `"`, tooLarge: "Kinesis accepts 1048576",
+		create: func() { kinesisStream(t, k, "outbox.event.missing", 2) },
+		read:   func() []delivered { return kinesisDelivered(t, k, "outbox.event.missing") },
+	})
 }

@@ -2,7 +2,6 @@ package blackbox
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -93,54 +92,17 @@ func pubsubCase() sinkCase {
 	}
 }
 
-// TestPubSubSinkFailures: rows whose topic does not exist are retried
-// with a last_error naming it and saying to create it; a row above Pub/Sub's
-// message size is dead-lettered; the other aggregates flow meanwhile. Once
-// the topic exists the retried rows go through, each aggregate in order
-// (its ordering key was resumed after each failure).
+// TestPubSubSinkFailures: a missing topic and a message above 10 MB
+// (checkFailures).
 func TestPubSubSinkFailures(t *testing.T) {
 	t.Parallel()
 	srv := pubsubServer(t, "outbox.event.order")
-	e := pubsubEnv(t, srv).set("OUTBOXD_POLLER_MAX_ATTEMPTS", "1000",
-		"OUTBOXD_POLLER_MAX_PAYLOAD_BYTES", strconv.Itoa(12<<20), "OUTBOXD_POLLER_BATCH_MAX_BYTES", strconv.Itoa(24<<20))
-	var missing []int64
-	for i := range 6 {
-		missing = append(missing, e.insert("missing", strconv.Itoa(i%2), `{"m":`+strconv.Itoa(i)+`}`, ""))
-	}
-	big := e.insert("order", "big", `"`+strings.Repeat("x", 10_500_000)+`"`, "")
-	after := e.insert("order", "big", `{"after":1}`, "")
-	flowing := e.insertMany("order", 5, 4)
-	e.start()
-	waitFor(t, "the other aggregates' rows dispatched", func() bool {
-		return e.count("aggregate_type = 'order' AND aggregate_id <> 'big' AND dispatched_at IS NOT NULL") == len(flowing)
-	}, e.describeRows("aggregate_type = 'order'"))
-	waitFor(t, "the oversize row dead-lettered, the next of its aggregate dispatched", func() bool {
-		return e.row(big).Dead && e.row(after).Dispatched
-	}, e.describeRows("aggregate_id = 'big'"))
-	if w := e.row(big); !strings.Contains(w.LastError, "larger than") {
-		t.Errorf("oversize row: %s", w)
-	}
-	waitFor(t, "the rows without a topic retried, saying so", func() bool {
-		return e.count(`aggregate_type = 'missing' AND attempts >= 2 AND last_error LIKE '%does not exist%'`) >= 2
-	}, e.describeRows("aggregate_type = 'missing'"))
-	for _, w := range e.rows("aggregate_type = 'missing'") {
-		if w.Dispatched || w.Dead {
-			t.Fatalf("row without a topic settled: %s", w)
-		}
-		if w.Attempts > 0 && (!strings.Contains(w.LastError, `topic "outbox.event.missing"`) || !strings.Contains(w.LastError, "create it")) {
-			t.Errorf("last_error does not name the topic and the fix: %s", w)
-		}
-	}
-	t.Logf("last_error: %s", e.rows("aggregate_type = 'missing' AND attempts > 0")[0].LastError)
-	t.Logf("oversize: %s", e.row(big).LastError)
-
-	createPubSubTopic(t, srv, "outbox.event.missing")
-	waitFor(t, "the rows dispatched once the topic exists", func() bool {
-		return e.count("aggregate_type = 'missing' AND dispatched_at IS NOT NULL") == len(missing)
-	}, e.describeRows("aggregate_type = 'missing'"))
-	order, _ := checkContract(t, pubsubDelivered(pubsubMessages(srv, "outbox.event.missing")), "missing", e.payloads("true"), "")
-	want := map[string][]int64{"0": {missing[0], missing[2], missing[4]}, "1": {missing[1], missing[3], missing[5]}}
-	if fmt.Sprint(order) != fmt.Sprint(want) {
-		t.Errorf("topic holds per aggregate %v, want %v", order, want)
-	}
+	checkFailures(t, failureCase{
+		e: pubsubEnv(t, srv).set("OUTBOXD_POLLER_MAX_PAYLOAD_BYTES", strconv.Itoa(12<<20),
+			"OUTBOXD_POLLER_BATCH_MAX_BYTES", strconv.Itoa(24<<20)),
+		kind:     "topic",
+		oversize: `"` + strings.Repeat("x", 10_500_000) + `"`, tooLarge: "larger than a Pub/Sub publish request allows",
+		create: func() { createPubSubTopic(t, srv, "outbox.event.missing") },
+		read:   func() []delivered { return pubsubDelivered(pubsubMessages(srv, "outbox.event.missing")) },
+	})
 }
