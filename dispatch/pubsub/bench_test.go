@@ -1,10 +1,8 @@
 package pubsub
 
 import (
-	"strconv"
 	"testing"
 
-	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/internal/sinktest"
 )
 
@@ -16,21 +14,5 @@ import (
 //	go test -run '^$' -bench Send -benchtime 3x ./dispatch/pubsub/
 func BenchmarkSend(b *testing.B) {
 	e := newEmulator(b, "outbox.event.bench")
-	s := e.sink(Config{})
-	const total, size = 10000, 1000
-	events := make([]dispatch.Event, total)
-	for i := range events {
-		events[i] = sinktest.Event(int64(i+1), "bench", strconv.Itoa(i%1000))
-	}
-	b.ResetTimer()
-	for b.Loop() {
-		for off := 0; off < total; off += size {
-			for i, r := range s.Send(b.Context(), sinktest.Batch(events[off:off+size]...)) {
-				if r.Outcome != dispatch.Delivered {
-					b.Fatalf("event %d: %s %v", events[off+i].ID, r.Outcome, r.Err)
-				}
-			}
-		}
-	}
-	b.ReportMetric(float64(total*b.N)/b.Elapsed().Seconds(), "events/s")
+	sinktest.BenchSend(b, e.sink(Config{}), "bench")
 }

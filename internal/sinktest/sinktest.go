@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"testing"
 	"time"
 
 	"github.com/outboxd/outboxd/dispatch"
@@ -54,4 +55,26 @@ func Headers(ev dispatch.Event, cePrefix string) map[string]string {
 		}
 	}
 	return h
+}
+
+// BenchSend sends 10,000 events in batches of 1,000 over 1,000 aggregates
+// of type typ (the bench drain's shape) per iteration, fails b on any
+// event not Delivered, and reports events/s.
+func BenchSend(b *testing.B, s dispatch.Sink, typ string) {
+	const total, size = 10000, 1000
+	events := make([]dispatch.Event, total)
+	for i := range events {
+		events[i] = Event(int64(i+1), typ, strconv.Itoa(i%1000))
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		for off := 0; off < total; off += size {
+			for i, r := range s.Send(b.Context(), Batch(events[off:off+size]...)) {
+				if r.Outcome != dispatch.Delivered {
+					b.Fatalf("event %d: %s %v", events[off+i].ID, r.Outcome, r.Err)
+				}
+			}
+		}
+	}
+	b.ReportMetric(float64(total*b.N)/b.Elapsed().Seconds(), "events/s")
 }
