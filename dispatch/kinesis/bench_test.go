@@ -3,7 +3,7 @@ package kinesis
 import (
 	"testing"
 
-	"github.com/outboxd/outboxd/internal/sinktest"
+	"github.com/outboxd/outboxd/dispatch/internal/sinktest"
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 

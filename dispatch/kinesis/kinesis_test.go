@@ -20,7 +20,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 
 	"github.com/outboxd/outboxd/dispatch"
-	"github.com/outboxd/outboxd/internal/sinktest"
+	"github.com/outboxd/outboxd/dispatch/internal/sinktest"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testkit"
 )

@@ -3,7 +3,7 @@ package pubsub
 import (
 	"testing"
 
-	"github.com/outboxd/outboxd/internal/sinktest"
+	"github.com/outboxd/outboxd/dispatch/internal/sinktest"
 )
 
 // BenchmarkSend publishes 10,000 events in batches of 1,000 over 1,000

@@ -17,7 +17,7 @@ import (
 	"cloud.google.com/go/pubsub/v2/pstest"
 
 	"github.com/outboxd/outboxd/dispatch"
-	"github.com/outboxd/outboxd/internal/sinktest"
+	"github.com/outboxd/outboxd/dispatch/internal/sinktest"
 	"github.com/outboxd/outboxd/internal/testkit"
 )
 
