@@ -101,6 +101,8 @@ type Dispatch struct {
 	NATS              NATS        `mapstructure:"nats"`
 	RabbitMQ          RabbitMQ    `mapstructure:"rabbitmq"`
 	RedisStream       RedisStream `mapstructure:"redis_stream"`
+	PubSub            PubSub      `mapstructure:"pubsub"`
+	Kinesis           Kinesis     `mapstructure:"kinesis"`
 	CloudEvents       bool        `mapstructure:"cloudevents"`        // binary-mode CloudEvents attributes on every message
 	CloudEventsSource string      `mapstructure:"cloudevents_source"` // their "source"
 	CloudEventsMode   string      `mapstructure:"cloudevents_mode"`   // binary | structured
@@ -149,6 +151,18 @@ type RedisStream struct {
 	Addr   string `mapstructure:"addr"`   // "" = the lock's Redis
 	Stream string `mapstructure:"stream"` // template
 	MaxLen int64  `mapstructure:"maxlen"` // approximate trimming; 0 = none
+}
+
+type PubSub struct {
+	Project  string `mapstructure:"project"`
+	Topic    string `mapstructure:"topic"`    // template: the topic ID
+	Endpoint string `mapstructure:"endpoint"` // "" = Google's (or PUBSUB_EMULATOR_HOST); http:// = emulator
+}
+
+type Kinesis struct {
+	Stream   string `mapstructure:"stream"`   // template
+	Region   string `mapstructure:"region"`   // "" = the AWS default chain's
+	Endpoint string `mapstructure:"endpoint"` // "" = the region's
 }
 
 type Webhook struct {

@@ -14,10 +14,12 @@ const (
 	KafkaTopic                         // [A-Za-z0-9._-], at most 249 bytes
 	AMQPRoutingKey                     // an AMQP short string: at most 255 bytes
 	RedisStreamKey                     // a Redis key, outside the relay's own key space
+	PubSubTopic                        // a Pub/Sub topic ID: a letter, then [A-Za-z0-9-_.~+%], 3 to 255 bytes, not "goog..."
+	KinesisStream                      // a Kinesis stream name: [A-Za-z0-9_.-], 1 to 128 bytes
 )
 
 func (k NameKind) String() string {
-	return [...]string{"destination", "NATS subject", "Kafka topic", "AMQP routing key", "Redis stream key"}[k]
+	return [...]string{"destination", "NATS subject", "Kafka topic", "AMQP routing key", "Redis stream key", "Pub/Sub topic", "Kinesis stream"}[k]
 }
 
 // NameRules check a destination rendered from a row before anything is sent
@@ -52,7 +54,9 @@ var ErrDestination = errors.New("refused destination")
 //     protocol can carry);
 //   - Kafka topic: Kafka's legal characters and length, not "." or "..";
 //   - AMQP routing key: at most 255 bytes;
-//   - Redis stream key: none of the Reserved prefixes.
+//   - Redis stream key: none of the Reserved prefixes;
+//   - Pub/Sub topic ID and Kinesis stream name: their service's characters
+//     and lengths (Pub/Sub: starts with a letter, not with "goog").
 //
 // Starting a template with a literal prefix (checked at load) is what keeps
 // a row from choosing a destination outside the template's space.
@@ -111,12 +115,7 @@ func (r NameRules) check(name string, values []string) error {
 		if len(name) > 249 {
 			return fmt.Errorf("it is %d bytes long; Kafka allows 249", len(name))
 		}
-		for i := 0; i < len(name); i++ {
-			c := name[i]
-			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
-				return fmt.Errorf("it has %q; Kafka allows ASCII letters, digits, '.', '_' and '-'", string(rune(c)))
-			}
-		}
+		return charset(name, "._-", "Kafka allows ASCII letters, digits, '.', '_' and '-'")
 	case AMQPRoutingKey:
 		if len(name) > 255 {
 			return fmt.Errorf("it is %d bytes long; AMQP allows 255", len(name))
@@ -126,6 +125,34 @@ func (r NameRules) check(name string, values []string) error {
 			if strings.HasPrefix(name, p) {
 				return fmt.Errorf("it is in the relay's own key space (%s...)", p)
 			}
+		}
+	case PubSubTopic:
+		// https://cloud.google.com/pubsub/docs/create-topic#resource_names
+		switch c := name[0]; {
+		case !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'):
+			return errors.New("it does not start with a letter, as Pub/Sub requires")
+		case strings.HasPrefix(strings.ToLower(name), "goog"):
+			return errors.New(`it starts with "goog", which Pub/Sub reserves`)
+		case len(name) < 3 || len(name) > 255:
+			return fmt.Errorf("it is %d bytes long; Pub/Sub allows 3 to 255", len(name))
+		}
+		return charset(name, "-_.~+%", "Pub/Sub allows ASCII letters, digits and - _ . ~ + %")
+	case KinesisStream:
+		if len(name) > 128 {
+			return fmt.Errorf("it is %d bytes long; Kinesis allows 128", len(name))
+		}
+		return charset(name, "_.-", "Kinesis allows ASCII letters, digits, '_', '.' and '-'")
+	}
+	return nil
+}
+
+// charset checks that name holds only ASCII letters, digits and the bytes
+// of extra; allowed says what is allowed, for the error.
+func charset(name, extra, allowed string) error {
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte(extra, c) >= 0) {
+			return fmt.Errorf("it has %q; %s", string(rune(c)), allowed)
 		}
 	}
 	return nil

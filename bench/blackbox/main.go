@@ -81,7 +81,7 @@ var (
 	batches    = flag.String("batches", "1000,100", "drain: poller.batch_size values")
 	rows       = flag.Int("rows", 100000, "drain: backlog size")
 	withPeer   = flag.Bool("peer", true, "drain: alternate with watermill-sql's forwarder")
-	sinks      = flag.String("sink", "noop", "drain: dispatch.sink, or a comma list run in turn: noop, webhook, kafka, nats, rabbitmq, redis_stream")
+	sinks      = flag.String("sink", "noop", "drain: dispatch.sink, or a comma list run in turn: noop, webhook, kafka, nats, rabbitmq, redis_stream, pubsub, kinesis")
 	profile    = flag.String("profile", "", "drain: write relay CPU profiles, pg_stat_statements and Redis commandstats here")
 	runs       = flag.Int("runs", 5, "latency: runs")
 	rate       = flag.Int("rate", 1000, "latency: events/s")

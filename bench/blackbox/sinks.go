@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"cloud.google.com/go/pubsub/v2/pstest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -24,6 +26,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxd/outboxd/bench/benchenv"
+	"github.com/outboxd/outboxd/internal/testenv"
 )
 
 // drainTopic is where the default templates (topic, subject, routing key,
@@ -67,10 +70,10 @@ func sinkList() []string {
 	for _, s := range strings.Split(*sinks, ",") {
 		s = strings.TrimSpace(s)
 		switch s {
-		case "noop", "webhook", "kafka", "nats", "rabbitmq", "redis_stream":
+		case "noop", "webhook", "kafka", "nats", "rabbitmq", "redis_stream", "pubsub", "kinesis":
 			out = append(out, s)
 		default:
-			check(fmt.Errorf("unknown -sink %q (noop, webhook, kafka, nats, rabbitmq, redis_stream)", s))
+			check(fmt.Errorf("unknown -sink %q (noop, webhook, kafka, nats, rabbitmq, redis_stream, pubsub, kinesis)", s))
 		}
 	}
 	return out
@@ -91,6 +94,10 @@ func openDestination(ctx context.Context, sink, prefix string, rdb *redis.Client
 		return natsStream(ctx, name)
 	case "rabbitmq":
 		return rabbitQueue(name)
+	case "pubsub":
+		return pubsubEmulator(ctx)
+	case "kinesis":
+		return kinesisEmulator(ctx)
 	case "redis_stream":
 		// The sink puts redis.key_prefix before the stream, so the run's
 		// CleanKeys removes it with the lock's keys.
@@ -167,6 +174,60 @@ func kafkaEndOffsets(ctx context.Context, c *kfake.Cluster) int64 {
 		}
 	}
 	return n
+}
+
+// pubsubEmulator starts pstest, the Pub/Sub client library's emulator, in
+// this process on a loopback port (the relay reaches it over gRPC, as an
+// emulator), with the drain's topic. Its CPU is the bench's, not the
+// relay's.
+func pubsubEmulator(ctx context.Context) destination {
+	const project = "outboxd-bench"
+	srv := pstest.NewServerWithAddress("127.0.0.1:0")
+	topic := "projects/" + project + "/topics/" + drainTopic
+	_, err := srv.GServer.CreateTopic(ctx, &pubsubpb.Topic{Name: topic})
+	check(err)
+	return destination{
+		sets: []string{"dispatch.sink=pubsub", "dispatch.pubsub.project=" + project, "dispatch.pubsub.endpoint=http://" + srv.Addr},
+		received: func() int64 {
+			var n int64
+			for _, m := range srv.Messages() {
+				if m.Topic == topic {
+					n++
+				}
+			}
+			return n
+		},
+		close: func() { _ = srv.Close() },
+	}
+}
+
+// kinesisShards is how many shards the drain's stream has.
+const kinesisShards = 4
+
+// kinesisEmulator starts kinesalite (npm, installed on first use into
+// testenv.KinesaliteDir) on a free loopback port with the drain's stream.
+// kinesalite is a Node.js process of its own: its CPU is in no column.
+func kinesisEmulator(ctx context.Context) destination {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	check(err)
+	port := ln.Addr().(*net.TCPAddr).Port
+	check(ln.Close())
+	k, err := testenv.RunKinesalite(ctx, port)
+	check(err)
+	check(k.CreateStream(ctx, drainTopic, kinesisShards))
+	// The relay's AWS SDK reads its credentials from the environment;
+	// kinesalite accepts any.
+	check(os.Setenv("AWS_ACCESS_KEY_ID", "bench"))
+	check(os.Setenv("AWS_SECRET_ACCESS_KEY", "bench"))
+	return destination{
+		sets: []string{"dispatch.sink=kinesis", "dispatch.kinesis.region=us-east-1", "dispatch.kinesis.endpoint=" + k.Endpoint},
+		received: func() int64 {
+			recs, err := k.Records(ctx, drainTopic)
+			check(err)
+			return int64(len(recs))
+		},
+		close: k.Stop,
+	}
 }
 
 // natsStream creates a JetStream stream for the subjects "<name>.>" and

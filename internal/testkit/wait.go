@@ -53,6 +53,9 @@ var libraryGoroutines = []goleak.Option{
 	goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
 	goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
 	goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+	// OpenCensus (linked by the Pub/Sub client) starts its stats worker
+	// in an init function; it lives as long as the process.
+	goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
 	goleak.IgnoreAnyFunction("github.com/testcontainers/testcontainers-go.(*Reaper).connect.func1"),
 	// toxiproxy (the fault suite's in-process proxy) can leave a toxic's
 	// pipe blocked on a channel after its proxy stopped; seen once in CI.

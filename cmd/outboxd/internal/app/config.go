@@ -8,7 +8,9 @@ import (
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/dispatch/kafka"
+	"github.com/outboxd/outboxd/dispatch/kinesis"
 	"github.com/outboxd/outboxd/dispatch/nats"
+	"github.com/outboxd/outboxd/dispatch/pubsub"
 	"github.com/outboxd/outboxd/dispatch/rabbitmq"
 	"github.com/outboxd/outboxd/dispatch/redisstream"
 	"github.com/outboxd/outboxd/poller"
@@ -94,6 +96,12 @@ func Defaults() map[string]any {
 		"dispatch.redis_stream.maxlen":            redisstream.DefaultMaxLen,
 		"dispatch.destinations":                   map[string]any{}, // named destinations, each like dispatch (config.Destination)
 		"dispatch.routes":                         []any{},
+		"dispatch.pubsub.project":                 "",
+		"dispatch.pubsub.topic":                   pubsub.DefaultTopic,
+		"dispatch.pubsub.endpoint":                "",
+		"dispatch.kinesis.stream":                 kinesis.DefaultStream,
+		"dispatch.kinesis.region":                 "",
+		"dispatch.kinesis.endpoint":               "",
 		"dispatch.cloudevents":                    false,
 		"dispatch.cloudevents_source":             dispatch.DefaultCloudEventsSource,
 		"dispatch.cloudevents_mode":               dispatch.CloudEventsBinary,

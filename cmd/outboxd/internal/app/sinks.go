@@ -1,6 +1,7 @@
 package app
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -11,7 +12,9 @@ import (
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/dispatch/kafka"
+	"github.com/outboxd/outboxd/dispatch/kinesis"
 	"github.com/outboxd/outboxd/dispatch/nats"
+	"github.com/outboxd/outboxd/dispatch/pubsub"
 	"github.com/outboxd/outboxd/dispatch/rabbitmq"
 	"github.com/outboxd/outboxd/dispatch/redisstream"
 	"github.com/outboxd/outboxd/internal/keys"
@@ -155,6 +158,51 @@ var sinks = map[string]sinkKind{
 			return redisstream.New(redisstream.Config{Client: client, Stream: r.Stream, MaxLen: r.MaxLen,
 				KeyPrefix: a.Cfg.Redis.KeyPrefix, Reserved: keys.New(a.Cfg.Redis.KeyPrefix).Reserved(),
 				CloudEvents: cloudEvents(d), Log: a.Log})
+		},
+	},
+	"pubsub": {
+		section: "pubsub", templateKey: "topic", template: func(d config.Dispatch) string { return d.PubSub.Topic },
+		check: func(_ *config.Config, d destination) error {
+			p := d.d.PubSub
+			if p.Project == "" {
+				return &config.KeyError{Key: d.key("pubsub.project"), Err: errors.New("empty: name the Google Cloud project of the topics")}
+			}
+			if _, err := pubsub.ParseTopic(p.Topic); err != nil {
+				return &config.KeyError{Key: d.key("pubsub.topic"), Err: err}
+			}
+			if err := pubsub.CheckEndpoint(p.Endpoint); err != nil {
+				return &config.KeyError{Key: d.key("pubsub.endpoint"), Err: err}
+			}
+			return nil
+		},
+		build: func(a *App, d destination) (dispatch.Sink, error) {
+			p := d.d.PubSub
+			// Sets up the client (credentials, connections); not kept.
+			return pubsub.New(context.Background(), pubsub.Config{Project: p.Project, Topic: p.Topic, Endpoint: p.Endpoint,
+				CloudEvents: cloudEvents(d), Log: a.Log})
+		},
+	},
+	"kinesis": {
+		section: "kinesis", templateKey: "stream", template: func(d config.Dispatch) string { return d.Kinesis.Stream },
+		check: func(_ *config.Config, d destination) error {
+			k := d.d.Kinesis
+			if _, err := kinesis.ParseStream(k.Stream); err != nil {
+				return &config.KeyError{Key: d.key("kinesis.stream"), Err: err}
+			}
+			if err := kinesis.CheckEndpoint(k.Endpoint); err != nil {
+				return &config.KeyError{Key: d.key("kinesis.endpoint"), Err: err}
+			}
+			return nil
+		},
+		build: func(a *App, d destination) (dispatch.Sink, error) {
+			k := d.d.Kinesis
+			// Reads the AWS configuration (environment, files); not kept.
+			s, err := kinesis.New(context.Background(), kinesis.Config{Stream: k.Stream, Region: k.Region, Endpoint: k.Endpoint,
+				CloudEvents: cloudEvents(d), Log: a.Log})
+			if errors.Is(err, kinesis.ErrRegion) {
+				err = &config.KeyError{Key: d.key("kinesis.region"), Err: err}
+			}
+			return s, err
 		},
 	},
 }
