@@ -284,6 +284,9 @@ func Load(file string, sets []string, defaults map[string]any, sections ...Secti
 	v.SetEnvPrefix("OUTBOXD")
 	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
 	v.AutomaticEnv()
+	// Defaults of the destinations the file names go in before --set: a
+	// nested override set first hides defaults set after it (viper).
+	setDestinationDefaults(v, defaults)
 	for _, s := range sets {
 		k, val, ok := strings.Cut(s, "=")
 		if !ok {
