@@ -102,9 +102,9 @@ func TestSendSpansFollowTheRowsTraceAndAreInjected(t *testing.T) {
 		event(1, "a", `{"traceparent":"`+producer+`","tracestate":"`+state+`","x":"<kept>"}`),
 		event(2, "b", `{}`),
 		event(3, "c", `{"traceparent":"garbage","TraceState":"bogus=1"}`), // replaced, not forwarded
-		event(4, "d", `{"n": 3, "s": "x"}`),                              // no trace context: prepended
-		event(5, "e", `{"trac\u0065parent": "garbage"}`),                // an escaped name is still the header
-		event(6, "f", ``),                                                // no headers at all
+		event(4, "d", `{"n": 3, "s": "x"}`),                               // no trace context: prepended
+		event(5, "e", `{"trac\u0065parent": "garbage"}`),                  // an escaped name is still the header
+		event(6, "f", ``), // no headers at all
 	}
 	out := s.Send(ctx, dispatch.Batch{Events: evs, Token: 7, Until: until})
 	call.End()

@@ -50,7 +50,7 @@ func Headers(ev dispatch.Event, cePrefix string) map[string]string {
 		"traceparent": "00-abc-def-01"}
 	if cePrefix != "" {
 		for k, v := range map[string]string{"specversion": "1.0", "id": id, "source": "outboxd", "type": ev.EventType,
-			"time": "2026-01-02T03:04:05.000006Z"} {
+			"time": "2026-01-02T03:04:05.000006Z", "aggregatetype": ev.AggregateType, "aggregateid": ev.AggregateID} {
 			h[cePrefix+k] = v
 		}
 	}

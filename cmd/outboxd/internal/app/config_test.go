@@ -101,6 +101,8 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{name: "bad bool", sets: []string{"poller.notify=maybe"}, key: "poller.notify"},
 		{name: "bad cloudevents mode", sets: []string{"dispatch.cloudevents=true", "dispatch.cloudevents_mode=batch"}, key: "dispatch.cloudevents_mode"},
 		{name: "structured without cloudevents", sets: []string{"dispatch.cloudevents_mode=structured"}, key: "dispatch.cloudevents_mode"},
+		{name: "structured on a binary-only sink", sets: []string{"dispatch.sink=kinesis", "dispatch.cloudevents=true", "dispatch.cloudevents_mode=structured"}, key: "dispatch.cloudevents_mode"},
+		{name: "structured on a binary-only destination", file: "dispatch:\n  destinations:\n    q:\n      sink: pubsub\n      pubsub: {project: p}\n      cloudevents: true\n      cloudevents_mode: structured\n", key: "dispatch.destinations.q.cloudevents_mode"},
 		{name: "secret list entry not a string", file: "dispatch:\n  webhook:\n    secret: [whsec_AAAA, {a: 1}]\n", key: "dispatch.webhook.secret[1]"},
 		{name: "bad secret in a list", file: "dispatch:\n  webhook:\n    secret: [whsec_AAAA, whsec_!!]\n", key: "dispatch.webhook.secret"},
 	} {

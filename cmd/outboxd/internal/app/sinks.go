@@ -60,6 +60,9 @@ type sinkKind struct {
 	check func(cfg *config.Config, d destination) error
 	// build constructs the sink (a broker that is down does not fail it).
 	build func(a *App, d destination) (dispatch.Sink, error)
+	// binaryCloudEventsOnly: the sink sends CloudEvents in binary mode
+	// only; structured mode is refused at load rather than silently ignored.
+	binaryCloudEventsOnly bool
 	// warn logs the start-up warnings of this kind of sink beside the shared
 	// ones (the duplicate window, batch splitting). May be nil.
 	warn func(a *App, d destination)
@@ -161,7 +164,8 @@ var sinks = map[string]sinkKind{
 		},
 	},
 	"pubsub": {
-		section: "pubsub", templateKey: "topic", template: func(d config.Dispatch) string { return d.PubSub.Topic },
+		binaryCloudEventsOnly: true,
+		section:               "pubsub", templateKey: "topic", template: func(d config.Dispatch) string { return d.PubSub.Topic },
 		check: func(_ *config.Config, d destination) error {
 			p := d.d.PubSub
 			if p.Project == "" {
@@ -183,7 +187,8 @@ var sinks = map[string]sinkKind{
 		},
 	},
 	"kinesis": {
-		section: "kinesis", templateKey: "stream", template: func(d config.Dispatch) string { return d.Kinesis.Stream },
+		binaryCloudEventsOnly: true,
+		section:               "kinesis", templateKey: "stream", template: func(d config.Dispatch) string { return d.Kinesis.Stream },
 		check: func(_ *config.Config, d destination) error {
 			k := d.d.Kinesis
 			if _, err := kinesis.ParseStream(k.Stream); err != nil {
@@ -227,6 +232,9 @@ func checkDestination(cfg *config.Config, d destination) error {
 	}
 	if err := checkCloudEvents(d); err != nil {
 		return err
+	}
+	if k.binaryCloudEventsOnly && d.d.CloudEventsMode == dispatch.CloudEventsStructured {
+		return &config.KeyError{Key: d.key("cloudevents_mode"), Err: fmt.Errorf("sink %s sends CloudEvents in binary mode only", d.d.Sink)}
 	}
 	if k.templateKey != "" {
 		if err := checkTemplate(k.template(d.d), d.d.AllowRowPrefixedDestinations); err != nil {
