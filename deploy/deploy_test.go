@@ -383,6 +383,7 @@ func exported(t *testing.T) map[string]bool {
 	m.LockWait.WithLabelValues("x")
 	m.ReconcileRuns.WithLabelValues("x")
 	m.ReconcileSwept.WithLabelValues("x")
+	m.Destinations("x")
 	fams, err := m.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -150,11 +150,12 @@ func (r *Router) DestinationOf(ev Event) string {
 	return ""
 }
 
-// DestinationOf names the destination sink sends ev to: the router's
-// choice, or DefaultDestination for any other sink; "" when a router has
+// DestinationOf names the destination sink sends ev to: the choice of a
+// sink that routes (a Router, or a wrapper of one that has the same
+// method), or DefaultDestination for any other sink; "" when a router has
 // none for it.
 func DestinationOf(sink Sink, ev Event) string {
-	if r, ok := sink.(*Router); ok {
+	if r, ok := sink.(interface{ DestinationOf(Event) string }); ok {
 		return r.DestinationOf(ev)
 	}
 	return DefaultDestination

@@ -360,3 +360,16 @@ func TestRouterDoesNotWaitForASlowAggregate(t *testing.T) {
 		}
 	})
 }
+
+// DestinationOf: a plain sink is the destination "default"; a router names
+// its choice.
+func TestDestinationOf(t *testing.T) {
+	ev := dispatch.Event{AggregateType: "order", EventType: "order.notify"}
+	if got := dispatch.DestinationOf(dispatch.Noop{}, ev); got != dispatch.DefaultDestination {
+		t.Errorf("a plain sink: %q", got)
+	}
+	r := mustRouter(t, []dispatch.Destination{{Name: "hook", Sink: dispatch.Noop{}}}, hookAndStream[:1])
+	if got := dispatch.DestinationOf(r, ev); got != "hook" {
+		t.Errorf("a router: %q, want hook", got)
+	}
+}

@@ -196,13 +196,18 @@ dispatch:
 		t.Fatal(err)
 	}
 
-	leader := e.start("--config", cfg)
+	first := e.start("--config", cfg)
 	e.set("OUTBOXD_HTTP_ADDR", freeAddr(t))
-	standby := e.start("--config", cfg)
+	second := e.start("--config", cfg)
 	select {
 	case <-rr.holding:
 	case <-time.After(2 * time.Minute):
-		t.Fatalf("the webhook got %d of %d requests before the hold; leader's logs:\n%s", rr.count(), routedHoldAfter, leader.tail(20))
+		t.Fatalf("the webhook got %d of %d requests before the hold; first replica's logs:\n%s", rr.count(), routedHoldAfter, first.tail(20))
+	}
+	// Kill the one that leads now (the first, unless it lost its lease).
+	leader, standby := first, second
+	if leads(t, second) {
+		leader, standby = second, first
 	}
 	leader.kill() // mid-run: requests held at the webhook, stream writes done
 	close(rr.release)
@@ -278,6 +283,27 @@ dispatch:
 		st.Destinations[1].Name != "stream" || st.Destinations[1].Sink != "redis_stream" || st.Destinations[1].Ordering == "" {
 		t.Errorf("/status destinations: %v %s", err, trunc(status, 800))
 	}
+}
+
+// leads reports whether r's /status says it holds lock:outbox:poller.
+func leads(t *testing.T, r *replica) bool {
+	t.Helper()
+	_, body := httpGetText(t, "http://"+r.addr+"/status")
+	var st struct {
+		Locks []struct {
+			Name     string `json:"name"`
+			HeldByMe bool   `json:"held_by_this_replica"`
+		} `json:"locks"`
+	}
+	if err := json.Unmarshal([]byte(body), &st); err != nil {
+		t.Fatalf("/status: %v: %s", err, trunc(body, 300))
+	}
+	for _, l := range st.Locks {
+		if l.Name == "lock:outbox:poller" {
+			return l.HeldByMe
+		}
+	}
+	return false
 }
 
 func (rr *routedReceiver) count() int {
