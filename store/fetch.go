@@ -384,13 +384,15 @@ FROM (SELECT (SELECT cursor FROM outbox_cursor WHERE lock_name = $1 AND epoch = 
 // cursor is delivered, dead or backing off. A stale holder changes nothing
 // (ErrStaleFence).
 func (s *Store) SaveCursor(ctx context.Context, f Fence, cursor int64, epoch string) error {
-	return s.fenced(ctx, f, fenceCTE+`,
+	return s.fenced(ctx, f, saveCursorSQL, []*int64{new(int64)}, cursor, epoch)
+}
+
+const saveCursorSQL = fenceCTE + `,
 saved AS (
   INSERT INTO outbox_cursor AS c (lock_name, cursor, epoch) SELECT $1, $4, $5 WHERE EXISTS (SELECT 1 FROM fence)
   ON CONFLICT (lock_name) DO UPDATE SET cursor = EXCLUDED.cursor, epoch = EXCLUDED.epoch, updated_at = now()
   RETURNING 1)
-SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM saved)`, []*int64{new(int64)}, cursor, epoch)
-}
+SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM saved)`
 
 // PendingBetween returns the aggregates with pending rows not backing off
 // in (lo, hi], each with its lowest such id: the poller's slow rescan below
