@@ -7,4 +7,5 @@ var (
 	ReadArgs      = readArgs
 	CompleteSQL   = completeSQL
 	SaveCursorSQL = saveCursorSQL
+	StatsSQL      = statsSQL
 )

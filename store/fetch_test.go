@@ -380,7 +380,7 @@ func TestHotPathCostDoesNotGrowWithHistory(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Release()
-	for name, sql := range map[string]string{"rd": store.ReadSQL, "cp": store.CompleteSQL, "sc": store.SaveCursorSQL} {
+	for name, sql := range map[string]string{"rd": store.ReadSQL, "cp": store.CompleteSQL, "sc": store.SaveCursorSQL, "st": store.StatsSQL} {
 		if _, err := conn.Conn().Prepare(ctx, name, sql); err != nil {
 			t.Fatal(err)
 		}
@@ -413,7 +413,7 @@ func TestHotPathCostDoesNotGrowWithHistory(t *testing.T) {
 	// One probe per statement from the cursor on: ten pending rows above
 	// it, a watched gap below it (so every lookup by id runs), one row to
 	// mark delivered.
-	measure := func() (read, complete, save int64) {
+	measure := func() (read, complete, save, stats int64) {
 		cursor := maxID(t, st)
 		var evs []store.Event
 		for i := range 10 {
@@ -425,9 +425,10 @@ func TestHotPathCostDoesNotGrowWithHistory(t *testing.T) {
 		complete = explain(`EXECUTE cp($1, $2, $3, $4, $5, $6, $7, $8)`, fence.Lock, fence.Token, fence.Owner,
 			[]int64{cursor + 1}, []int64{}, []string{}, []time.Time{}, []bool{})
 		save = explain(`EXECUTE sc($1, $2, $3, $4, $5)`, fence.Lock, fence.Token, fence.Owner, cursor, epoch)
-		return read, complete, save
+		stats = explain(`EXECUTE st`)
+		return read, complete, save, stats
 	}
-	read0, complete0, save0 := measure()
+	read0, complete0, save0, stats0 := measure()
 
 	// A report's snapshot, held while 200k rows are written and delivered:
 	// most in one statement, and 2,000 batches written as the relay writes
@@ -460,16 +461,52 @@ func TestHotPathCostDoesNotGrowWithHistory(t *testing.T) {
 			}
 		}
 	}
-	read1, complete1, save1 := measure()
+	if err := st.SaveCursor(ctx, fence, top, epoch); err != nil {
+		t.Fatal(err)
+	}
+	read1, complete1, save1, stats1 := measure()
 
-	t.Logf("shared buffers, empty table → behind 200k rows delivered under a held snapshot: read %d → %d, complete %d → %d, save cursor %d → %d",
-		read0, read1, complete0, complete1, save0, save1)
+	t.Logf("shared buffers, empty table → behind 200k rows delivered under a held snapshot: read %d → %d, complete %d → %d, save cursor %d → %d, stats (each scrape) %d → %d",
+		read0, read1, complete0, complete1, save0, save1, stats0, stats1)
 	for _, c := range []struct {
 		what          string
 		before, after int64
-	}{{"the read", read0, read1}, {"the batch's fenced write", complete0, complete1}, {"the cursor save", save0, save1}} {
+	}{{"the read", read0, read1}, {"the batch's fenced write", complete0, complete1}, {"the cursor save", save0, save1}, {"the backlog stats", stats0, stats1}} {
 		if c.after > c.before+c.before/2+10 {
 			t.Errorf("%s touched %d buffers behind the history, %d on an empty table: it walks what was delivered", c.what, c.after, c.before)
 		}
+	}
+}
+
+// Stats counts from the saved cursor on (below it every row is delivered,
+// dead or backing off), and counts the same as a walk of every row: a row
+// backing off below the cursor is pending, and the oldest.
+func TestStatsCountsFromTheCursor(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	fence := store.Fence{Lock: "lock:outbox:poller", Token: 1, Owner: "a"}
+	enqueue(t, st, ev("deal", "A", 1))
+	exec(t, st, `UPDATE outbox SET created_at = now() - interval '1 hour', available_at = now() - interval '1 hour'`)
+	enqueue(t, st, ev("deal", "A", 2), ev("deal", "B", 3), ev("deal", "C", 4), ev("deal", "D", 5))
+	first := maxID(t, st) - 4
+	if _, _, err := st.Complete(ctx, fence, []int64{first + 1, first + 3}, []store.Failure{{ID: first, Error: "x", RetryAt: time.Now().Add(time.Hour)}}); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, st, `UPDATE outbox SET dead_at = now() WHERE id = $1`, first+2)
+	_, _, epoch, err := st.LoadCursor(ctx, fence.Lock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SaveCursor(ctx, fence, first+3, epoch); err != nil {
+		t.Fatal(err)
+	}
+	got, err := st.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Pending: the first row (backing off, below the cursor) and the last.
+	if got.Pending != 2 || got.Dead != 1 || got.OldestPendingAge < 3000 {
+		t.Fatalf("stats %+v; want 2 pending, 1 dead, the oldest an hour old", got)
 	}
 }
