@@ -374,16 +374,24 @@ type Stats struct {
 // poller's rescan has found them (poller.rescanEvery) and saved a cursor
 // below them. ORDER BY id makes outbox_pending_idx the plan for the walk
 // above the cursor whatever the estimates (outbox_pending_aggregate_idx
-// has the same predicate, and id is not its first column: walked whole).
+// has the same predicate, and id is not its first column: walked whole);
+// it reads the index alone (no heap access once vacuum marked the pages
+// visible), as the old count from 0 did: rows backing off are added as
+// all of them less those above the cursor, both small. The lowest of them
+// is taken from a subquery (OFFSET 0) so that min(id) is not planned as a
+// walk of outbox_pending_idx from its start.
 const statsSQL = `
 WITH c AS MATERIALIZED (
   SELECT COALESCE((SELECT min(cursor) FROM outbox_cursor WHERE epoch = ` + epochSQL + `), 0) AS lo)
 SELECT
   (SELECT count(*) FROM (SELECT id FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL
-     AND available_at <= created_at AND id > (SELECT lo FROM c) ORDER BY id) above)
-  + (SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL AND available_at > created_at),
+     AND id > (SELECT lo FROM c) ORDER BY id) above)
+  + (SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL AND available_at > created_at)
+  - (SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL AND available_at > created_at
+       AND id > (SELECT lo FROM c)),
   COALESCE((SELECT extract(epoch FROM now() - created_at)::float8 FROM outbox WHERE id = LEAST(
-    (SELECT min(id) FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL AND available_at > created_at),
+    (SELECT min(id) FROM (SELECT id FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL
+       AND available_at > created_at OFFSET 0) delayed),
     (SELECT id FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL AND id > (SELECT lo FROM c)
        ORDER BY id LIMIT 1))), 0),
   (SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL)`
