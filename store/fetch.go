@@ -233,14 +233,20 @@ const readColumnNames = `id, aggregate_type, aggregate_id, event_type, payload, 
 // readColumnsSQL: a candidate row as readSQL judges it. notdue: backing
 // off (far is poison: an available_at no retry could mean). blocked: an
 // earlier row of its aggregate backs off, so per-aggregate order holds.
+// Whether any row backs off at all is asked once per read (an InitPlan),
+// and the probe per row only when one does: without failures the probe
+// was half the read's buffer work in a drain (one per row).
 const readColumnsSQL = `o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload, o.headers, o.created_at, o.attempts,
     o.available_at > now() + interval '100 years' AS far,
     o.available_at > o.created_at AND o.available_at > now() AND o.available_at <= now() + interval '100 years' AS notdue,
-    EXISTS (SELECT 1 FROM outbox e
+    CASE WHEN EXISTS (SELECT 1 FROM outbox d
+      WHERE d.dispatched_at IS NULL AND d.dead_at IS NULL AND d.available_at > d.created_at AND d.available_at > now())
+    THEN EXISTS (SELECT 1 FROM outbox e
       WHERE e.aggregate_type = o.aggregate_type AND e.aggregate_id = o.aggregate_id
         AND e.id < o.id AND e.dispatched_at IS NULL AND e.dead_at IS NULL
         AND e.available_at > e.created_at -- lets the planner use outbox_delayed_idx
-        AND e.available_at > now()) AS blocked,
+        AND e.available_at > now())
+    ELSE false END AS blocked,
     ` + rowSizeSQL + ` AS size`
 
 // Read is the relay's fetch (readSQL): the due rows to send within lim,
