@@ -141,6 +141,12 @@ func (p *Poller) fetch(ctx context.Context, f store.Fence, lim store.FetchLimits
 		r.inflightLow = min(r.inflightLow, row.ID)
 	}
 	p.advance(r, res, time.Now())
+	// Taken rows count as sent from now on: a gap of their aggregate that
+	// becomes visible while they are in flight goes after them, a late
+	// commit (it was missed under load when only written results counted).
+	for _, row := range res.Rows {
+		r.noteSent(store.Aggregate{Type: row.AggregateType, ID: row.AggregateID}, row.ID)
+	}
 	for _, h := range res.Hot {
 		held = held || h.State == store.HotHeld
 	}
@@ -287,18 +293,23 @@ func (r *reader) sent(items []item) {
 		a := aggregateOf(it)
 		switch it.outcome {
 		case sent, duplicate:
-			if len(r.lastSent) >= maxLastSent {
-				clear(r.lastSent)
-				r.gen++
-			}
-			r.lastSent[a] = max(r.lastSent[a], it.row.ID)
-			r.maxSent = max(r.maxSent, it.row.ID)
+			r.noteSent(a, it.row.ID)
 		case pending, foreign:
 			if it.row.ID <= r.cursor {
 				r.park(a, it.row.ID)
 			}
 		}
 	}
+}
+
+// noteSent records that id of aggregate a is sent (or on its way).
+func (r *reader) noteSent(a store.Aggregate, id int64) {
+	if _, ok := r.lastSent[a]; !ok && len(r.lastSent) >= maxLastSent {
+		clear(r.lastSent)
+		r.gen++
+	}
+	r.lastSent[a] = max(r.lastSent[a], id)
+	r.maxSent = max(r.maxSent, id)
 }
 
 // unread brings rows fetched but not handled back above the cursor.

@@ -2,7 +2,10 @@ package store
 
 // Exported for the read path's cost test: it EXPLAINs the statements.
 var (
-	ReadSQL     = readSQL
-	FetchDueSQL = fetchDueSQL
-	ReadArgs    = readArgs
+	ReadSQL       = readSQL
+	FetchDueSQL   = fetchDueSQL
+	ReadArgs      = readArgs
+	CompleteSQL   = completeSQL
+	SaveCursorSQL = saveCursorSQL
+	StatsSQL      = statsSQL
 )

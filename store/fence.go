@@ -24,12 +24,29 @@ type Fence struct {
 // returns no row when Postgres already accepted a higher token, or the same
 // token from another owner. Every fenced statement starts with it and guards
 // its write with EXISTS (SELECT 1 FROM fence).
-const fenceCTE = `WITH fence AS (
-  INSERT INTO outbox_fence AS f (lock_name, token, owner) VALUES ($1, $2, $3)
+//
+// The row is written only to raise it (the first write of a term): a
+// holder's later writes carry the token already there and only lock the
+// row (FOR UPDATE writes no new row version). Updating it on every write,
+// as an upsert would, left one dead version per batch that a snapshot held
+// elsewhere keeps from vacuum, and every later write walked them all to
+// find the live one: 100 → 265 buffers per batch write within one minute
+// at 2k ev/s (pg_stat_statements), growing without bound.
+// A writer that waits for the lock sees the row as its holder left it
+// (READ COMMITTED re-reads a locked row), so it is refused if that holder
+// raised the token meanwhile.
+const fenceCTE = `WITH cur AS MATERIALIZED (
+  SELECT f.token, f.owner FROM outbox_fence f WHERE f.lock_name = $1::text FOR UPDATE),
+raised AS (
+  INSERT INTO outbox_fence AS f (lock_name, token, owner)
+  SELECT $1::text, $2::bigint, $3::text WHERE NOT EXISTS (SELECT 1 FROM cur WHERE cur.token >= $2::bigint)
   ON CONFLICT (lock_name) DO UPDATE SET token = EXCLUDED.token, owner = EXCLUDED.owner
   WHERE f.token < EXCLUDED.token
      OR (f.token = EXCLUDED.token AND f.owner IS NOT DISTINCT FROM EXCLUDED.owner)
-  RETURNING token)`
+  RETURNING token),
+fence AS (
+  SELECT cur.token FROM cur WHERE cur.token = $2::bigint AND cur.owner IS NOT DISTINCT FROM $3::text
+  UNION ALL SELECT token FROM raised)`
 
 // fenced runs a statement built on fenceCTE whose final SELECT returns the
 // fence's outcome first and then the write counts; ErrStaleFence when the

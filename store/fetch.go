@@ -233,14 +233,20 @@ const readColumnNames = `id, aggregate_type, aggregate_id, event_type, payload, 
 // readColumnsSQL: a candidate row as readSQL judges it. notdue: backing
 // off (far is poison: an available_at no retry could mean). blocked: an
 // earlier row of its aggregate backs off, so per-aggregate order holds.
+// Whether any row backs off at all is asked once per read (an InitPlan),
+// and the probe per row only when one does: without failures the probe
+// was half the read's buffer work in a drain (one per row).
 const readColumnsSQL = `o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload, o.headers, o.created_at, o.attempts,
     o.available_at > now() + interval '100 years' AS far,
     o.available_at > o.created_at AND o.available_at > now() AND o.available_at <= now() + interval '100 years' AS notdue,
-    EXISTS (SELECT 1 FROM outbox e
+    CASE WHEN EXISTS (SELECT 1 FROM outbox d
+      WHERE d.dispatched_at IS NULL AND d.dead_at IS NULL AND d.available_at > d.created_at AND d.available_at > now())
+    THEN EXISTS (SELECT 1 FROM outbox e
       WHERE e.aggregate_type = o.aggregate_type AND e.aggregate_id = o.aggregate_id
         AND e.id < o.id AND e.dispatched_at IS NULL AND e.dead_at IS NULL
         AND e.available_at > e.created_at -- lets the planner use outbox_delayed_idx
-        AND e.available_at > now()) AS blocked,
+        AND e.available_at > now())
+    ELSE false END AS blocked,
     ` + rowSizeSQL + ` AS size`
 
 // Read is the relay's fetch (readSQL): the due rows to send within lim,
@@ -384,13 +390,15 @@ FROM (SELECT (SELECT cursor FROM outbox_cursor WHERE lock_name = $1 AND epoch = 
 // cursor is delivered, dead or backing off. A stale holder changes nothing
 // (ErrStaleFence).
 func (s *Store) SaveCursor(ctx context.Context, f Fence, cursor int64, epoch string) error {
-	return s.fenced(ctx, f, fenceCTE+`,
+	return s.fenced(ctx, f, saveCursorSQL, []*int64{new(int64)}, cursor, epoch)
+}
+
+const saveCursorSQL = fenceCTE + `,
 saved AS (
   INSERT INTO outbox_cursor AS c (lock_name, cursor, epoch) SELECT $1, $4, $5 WHERE EXISTS (SELECT 1 FROM fence)
   ON CONFLICT (lock_name) DO UPDATE SET cursor = EXCLUDED.cursor, epoch = EXCLUDED.epoch, updated_at = now()
   RETURNING 1)
-SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM saved)`, []*int64{new(int64)}, cursor, epoch)
-}
+SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM saved)`
 
 // PendingBetween returns the aggregates with pending rows not backing off
 // in (lo, hi], each with its lowest such id: the poller's slow rescan below
