@@ -23,9 +23,11 @@ const DefaultConcurrency = 16
 // later events are NotAttempted. Each event's result goes to Batch.Done as
 // soon as it is known. It reads the trust deadline before every send,
 // starts none past it and bounds each by it; a send that fails after its
-// deadline or context ended is reported Cut.
+// deadline or context ended is reported Cut. Its Capabilities' Parallel is
+// the concurrency.
 func PerEvent(send SendFunc, concurrency int, caps Capabilities) Sink {
-	return &perEvent{send: send, slots: make(chan struct{}, cmp.Or(concurrency, DefaultConcurrency)), caps: caps}
+	caps.Parallel = cmp.Or(concurrency, DefaultConcurrency)
+	return &perEvent{send: send, slots: make(chan struct{}, caps.Parallel), caps: caps}
 }
 
 type perEvent struct {
