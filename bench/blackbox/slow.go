@@ -22,7 +22,7 @@ import (
 var (
 	receiverDelay = flag.Duration("receiver-delay", 20*time.Millisecond, "slow: how long the webhook receiver takes to answer each event")
 	slowAggs      = flag.Int("aggregates", 1000, "slow: aggregates the -rows events are spread over (round robin, by id)")
-	straggler     = flag.Duration("straggler", 0, "slow: the receiver takes this long for every event of one aggregate (\"0\"); 0: none. The run ends when every other aggregate's events are delivered")
+	stragglers    = flag.String("straggler", "0", "slow: the receiver takes this long for every event of one aggregate (\"0\"); 0: none; a comma list is run in turn (e.g. 0,500ms). A run ends when every other aggregate's events are delivered")
 	slowConc      = flag.String("concurrency", "", "slow: poller.concurrency values, a comma list run in turn (empty: the build's default)")
 	slowPad       = flag.Int("payload-bytes", payloadPad, "slow: padding per payload (about 50 bytes more each), for RSS with large payloads")
 	slowBatchMax  = flag.String("batch-max-bytes", "", "slow: poller.batch_max_bytes (empty: the build's default)")
@@ -41,30 +41,46 @@ func slowRounds(ctx context.Context, bins []build) {
 	if *slowConc != "" {
 		concs = strings.Split(*slowConc, ",")
 	}
-	type key struct{ bin, conc string }
+	var strags []time.Duration
+	for _, s := range strings.Split(*stragglers, ",") {
+		d, err := time.ParseDuration(strings.TrimSpace(s))
+		check(err)
+		strags = append(strags, d)
+	}
+	type key struct {
+		bin, conc string
+		strag     time.Duration
+	}
 	out := map[key][]slowResult{}
 	for r := range *rounds {
 		for _, c := range concs {
-			for _, bin := range bins {
-				c = strings.TrimSpace(c)
-				res := slowOnce(ctx, bin.path, c)
-				out[key{bin.label, c}] = append(out[key{bin.label, c}], res)
-				fmt.Printf("round %d %s concurrency %s: %s (load %s)\n", r+1, bin.label, concWord(c), res, res.load)
+			c = strings.TrimSpace(c)
+			for _, st := range strags {
+				for _, bin := range bins {
+					res := slowOnce(ctx, bin.path, c, st)
+					k := key{bin.label, c, st}
+					out[k] = append(out[k], res)
+					fmt.Printf("round %d %s concurrency %s%s: %s (load %s)\n", r+1, bin.label, concWord(c), stragglerWord(st), res.describe(st), res.load)
+				}
 			}
 		}
 	}
-	fmt.Printf("\n%d events over %d aggregates, receiver %v per event%s, %s payloads\n\n", *rows, *slowAggs, *receiverDelay, stragglerWord(), payloadWord())
-	fmt.Printf("| build | poller.concurrency | others ev/s min / median / max | others' per-aggregate finish p50 / max s (medians) | straggler events delivered by then | peak RSS MiB (max) | relay CPU s per 1k events (median) |\n|---|---|---|---|---|---|---|\n")
+	fmt.Printf("\n%d events over %d aggregates, receiver %v per event, %s payloads\n\n", *rows, *slowAggs, *receiverDelay, payloadWord())
+	fmt.Printf("| build | poller.concurrency | straggler | others ev/s min / median / max | others' per-aggregate finish p50 / max s (medians) | straggler events delivered by then | peak RSS MiB (max) | relay CPU s per 1k events (median) | received twice / out of order (sum) |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, c := range concs {
 		c = strings.TrimSpace(c)
-		for _, bin := range bins {
-			var evs, p50, pmax, rss, cpu, strag []float64
-			for _, x := range out[key{bin.label, c}] {
-				evs, p50, pmax = append(evs, x.perSec), append(p50, x.finishP50), append(pmax, x.finishMax)
-				rss, cpu, strag = append(rss, x.rssMiB), append(cpu, x.relayCPU), append(strag, float64(x.stragglerDone))
+		for _, st := range strags {
+			for _, bin := range bins {
+				var evs, p50, pmax, rss, cpu, strag []float64
+				twice, early := 0, 0
+				for _, x := range out[key{bin.label, c, st}] {
+					evs, p50, pmax = append(evs, x.perSec), append(p50, x.finishP50), append(pmax, x.finishMax)
+					rss, cpu, strag = append(rss, x.rssMiB), append(cpu, x.relayCPU), append(strag, float64(x.stragglerDone))
+					twice, early = twice+x.repeats, early+x.outOfOrder
+				}
+				fmt.Printf("| %s | %s | %s | %s | %.2f / %.2f | %.0f of %d | %.1f | %.4f | %d / %d |\n", bin.label, concWord(c), strings.TrimPrefix(stragglerWord(st), ", "),
+					mmm(evs), median(p50), median(pmax), median(strag), stragglerRows(st), slices.Max(rss), median(cpu), twice, early)
 			}
-			fmt.Printf("| %s | %s | %s | %.2f / %.2f | %.0f of %d | %.1f | %.4f |\n", bin.label, concWord(c), mmm(evs),
-				median(p50), median(pmax), median(strag), stragglerRows(), slices.Max(rss), median(cpu))
 		}
 	}
 }
@@ -76,18 +92,18 @@ func concWord(c string) string {
 	return c
 }
 
-func stragglerWord() string {
-	if *straggler == 0 {
+func stragglerWord(strag time.Duration) string {
+	if strag == 0 {
 		return ", no straggler"
 	}
-	return fmt.Sprintf(", aggregate %q %v per event", stragglerID, *straggler)
+	return fmt.Sprintf(", straggler %v per event", strag)
 }
 
 func payloadWord() string { return fmt.Sprintf("~%d-byte", *slowPad+50) }
 
 // stragglerRows is how many of the backlog's rows are the straggler's.
-func stragglerRows() int {
-	if *straggler == 0 {
+func stragglerRows(strag time.Duration) int {
+	if strag == 0 {
 		return 0
 	}
 	return (*rows + *slowAggs - 1) / *slowAggs
@@ -105,16 +121,16 @@ type slowResult struct {
 	relayCPU      float64 // CPU s per 1,000 events marked
 }
 
-func (r slowResult) String() string {
+func (r slowResult) describe(strag time.Duration) string {
 	s := fmt.Sprintf("others %.0f ev/s, per-aggregate finish p50 %.2f s max %.2f s, peak RSS %.1f MiB, relay CPU %.4f s/1k events, %d received twice, %d out of order",
 		r.perSec, r.finishP50, r.finishMax, r.rssMiB, r.relayCPU, r.repeats, r.outOfOrder)
-	if *straggler > 0 {
-		s += fmt.Sprintf(", straggler %d of %d delivered by then", r.stragglerDone, stragglerRows())
+	if strag > 0 {
+		s += fmt.Sprintf(", straggler %d of %d delivered by then", r.stragglerDone, stragglerRows(strag))
 	}
 	return s
 }
 
-func slowOnce(ctx context.Context, bin, conc string) slowResult {
+func slowOnce(ctx context.Context, bin, conc string, strag time.Duration) slowResult {
 	load := loadAvg()
 	r := newRun(ctx, bin)
 	defer r.done()
@@ -128,9 +144,9 @@ func slowOnce(ctx context.Context, bin, conc string) slowResult {
 	check(err)
 	_, err = pool.Exec(ctx, `VACUUM ANALYZE outbox`)
 	check(err)
-	others := *rows - stragglerRows()
+	others := *rows - stragglerRows(strag)
 
-	rcv := slowReceiver()
+	rcv := slowReceiver(strag)
 	defer rcv.close()
 	sets := []string{"dispatch.sink=webhook", "dispatch.webhook.url=" + rcv.url}
 	if conc != "" {
@@ -147,7 +163,7 @@ func slowOnce(ctx context.Context, bin, conc string) slowResult {
 	}
 	for {
 		var n int
-		check(pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE dispatched_at IS NOT NULL AND aggregate_id <> $1`, slowExcluded()).Scan(&n))
+		check(pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE dispatched_at IS NOT NULL AND aggregate_id <> $1`, slowExcluded(strag)).Scan(&n))
 		if n >= others {
 			break
 		}
@@ -158,7 +174,7 @@ func slowOnce(ctx context.Context, bin, conc string) slowResult {
 	res.repeats, res.outOfOrder = rcv.counts()
 	var finishes []float64
 	rws, err := pool.Query(ctx, `SELECT extract(epoch FROM max(dispatched_at))::float8 FROM outbox
-		WHERE aggregate_id <> $1 GROUP BY aggregate_id`, slowExcluded())
+		WHERE aggregate_id <> $1 GROUP BY aggregate_id`, slowExcluded(strag))
 	check(err)
 	started := float64(d.started.UnixMicro()) / 1e6
 	for rws.Next() {
@@ -173,7 +189,7 @@ func slowOnce(ctx context.Context, bin, conc string) slowResult {
 	var marked int
 	check(pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE aggregate_id = $1), count(*) FROM outbox WHERE dispatched_at IS NOT NULL`,
 		stragglerID).Scan(&res.stragglerDone, &marked))
-	if *straggler == 0 {
+	if strag == 0 {
 		res.stragglerDone = 0
 	}
 	res.relayCPU = d.cpuSeconds() / (float64(marked) / 1000)
@@ -185,8 +201,8 @@ func slowOnce(ctx context.Context, bin, conc string) slowResult {
 
 // slowExcluded is the aggregate left out of the others' figures: the
 // straggler's, or none.
-func slowExcluded() string {
-	if *straggler > 0 {
+func slowExcluded(strag time.Duration) string {
+	if strag > 0 {
 		return stragglerID
 	}
 	return "none" // no aggregate has this id
@@ -233,17 +249,17 @@ func aggregateIn(body []byte) string {
 	return string(agg)
 }
 
-// slowReceiver answers every event after -receiver-delay (the straggler's
-// after -straggler) with a 200.
-func slowReceiver() *slowRecv {
+// slowReceiver answers every event after -receiver-delay (the straggler's,
+// when strag is not 0, after strag) with a 200.
+func slowReceiver(strag time.Duration) *slowRecv {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	check(err)
 	rc := &slowRecv{url: "http://" + ln.Addr().String() + "/events", seen: map[int64]bool{}, last: map[string]int64{}}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		agg := aggregateIn(body)
-		if *straggler > 0 && agg == stragglerID {
-			time.Sleep(*straggler)
+		if strag > 0 && agg == stragglerID {
+			time.Sleep(strag)
 		} else {
 			time.Sleep(*receiverDelay)
 			rc.others.Add(1)
