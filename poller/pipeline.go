@@ -64,7 +64,7 @@ type pipeline struct {
 	sends   sync.WaitGroup
 	written chan struct{} // closed when the writer has returned
 	kick    chan struct{} // the writer: something may be writable
-	wake    chan struct{} // the lead: room in the pipeline, an error, or a flight's sends over
+	wake    chan struct{} // the lead: room in the pipeline, an error, or rows written
 	slots   chan struct{} // the lead: fewer aggregates sending than parallel
 	// parallel is how many aggregates the sink sends at once
 	// (Capabilities.Parallel); 0: it takes a batch as a whole.
@@ -144,9 +144,13 @@ func (pl *pipeline) limits() (lim store.FetchLimits, ok bool) {
 			}
 		}
 	}
-	rows := min(cfg.BatchSize, pl.maxRows-pl.unwritten)
+	// A whole batch or none: the read scans as many rows above its cursor
+	// as it is asked for, and a read asking for fewer than the last could
+	// move the cursor past rows it never looked at (up to the ids an earlier
+	// read classified).
+	rows := cfg.BatchSize
 	bytes := min(cfg.BatchMaxBytes, pipelineDepth*cfg.BatchMaxBytes-pl.bytes)
-	if rows <= 0 || bytes <= 0 || queued > cfg.BatchSize {
+	if pl.unwritten+rows > pl.maxRows || bytes <= 0 || queued > cfg.BatchSize {
 		pl.full = true
 		return lim, false
 	}
@@ -218,7 +222,6 @@ func (pl *pipeline) launch(items []item, claim string, start time.Time, tr batch
 		pl.mu.Unlock()
 		close(f.sent)
 		poke(pl.kick)
-		poke(pl.wake) // its aggregates are free: a lead that found all busy looks again
 	})
 	return f.sent
 }
@@ -388,6 +391,9 @@ func (pl *pipeline) writePieces(f *flight, pieces []piece) {
 		pl.full = true // the lead hears of it at once
 	}
 	pl.freed()
+	// Rows written: a lead that found every aggregate busy looks again, and
+	// its reader hears of these first (noteWritten).
+	poke(pl.wake)
 }
 
 // close waits for every send, then for every result to be written, and
