@@ -66,20 +66,21 @@ func slowRounds(ctx context.Context, bins []build) {
 		}
 	}
 	fmt.Printf("\n%d events over %d aggregates, receiver %v per event, %s payloads\n\n", *rows, *slowAggs, *receiverDelay, payloadWord())
-	fmt.Printf("| build | poller.concurrency | straggler | others ev/s min / median / max | others' per-aggregate finish p50 / max s (medians) | straggler events delivered by then | peak RSS MiB (max) | relay CPU s per 1k events (median) | received twice / out of order (sum) |\n|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Printf("| build | poller.concurrency | straggler | others ev/s min / median / max | others' per-aggregate finish p50 / max s (medians) | straggler events delivered by then | peak RSS MiB (max) | CPU s per 1k events relay / Postgres (medians) | received twice / out of order (sum) |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, c := range concs {
 		c = strings.TrimSpace(c)
 		for _, st := range strags {
 			for _, bin := range bins {
-				var evs, p50, pmax, rss, cpu, strag []float64
+				var evs, p50, pmax, rss, cpu, pg, strag []float64
 				twice, early := 0, 0
 				for _, x := range out[key{bin.label, c, st}] {
 					evs, p50, pmax = append(evs, x.perSec), append(p50, x.finishP50), append(pmax, x.finishMax)
 					rss, cpu, strag = append(rss, x.rssMiB), append(cpu, x.relayCPU), append(strag, float64(x.stragglerDone))
+					pg = append(pg, x.pgCPU)
 					twice, early = twice+x.repeats, early+x.outOfOrder
 				}
-				fmt.Printf("| %s | %s | %s | %s | %.2f / %.2f | %.0f of %d | %.1f | %.4f | %d / %d |\n", bin.label, concWord(c), strings.TrimPrefix(stragglerWord(st), ", "),
-					mmm(evs), median(p50), median(pmax), median(strag), stragglerRows(st), slices.Max(rss), median(cpu), twice, early)
+				fmt.Printf("| %s | %s | %s | %s | %.2f / %.2f | %.0f of %d | %.1f | %.4f / %.4f | %d / %d |\n", bin.label, concWord(c), strings.TrimPrefix(stragglerWord(st), ", "),
+					mmm(evs), median(p50), median(pmax), median(strag), stragglerRows(st), slices.Max(rss), median(cpu), median(pg), twice, early)
 			}
 		}
 	}
@@ -119,11 +120,12 @@ type slowResult struct {
 	outOfOrder    int     // events first received after a later one of their aggregate
 	rssMiB        float64
 	relayCPU      float64 // CPU s per 1,000 events marked
+	pgCPU         float64 // Postgres' (every backend; other databases' too), likewise
 }
 
 func (r slowResult) describe(strag time.Duration) string {
-	s := fmt.Sprintf("others %.0f ev/s, per-aggregate finish p50 %.2f s max %.2f s, peak RSS %.1f MiB, relay CPU %.4f s/1k events, %d received twice, %d out of order",
-		r.perSec, r.finishP50, r.finishMax, r.rssMiB, r.relayCPU, r.repeats, r.outOfOrder)
+	s := fmt.Sprintf("others %.0f ev/s, per-aggregate finish p50 %.2f s max %.2f s, peak RSS %.1f MiB, CPU s/1k events relay %.4f Postgres %.4f, %d received twice, %d out of order",
+		r.perSec, r.finishP50, r.finishMax, r.rssMiB, r.relayCPU, r.pgCPU, r.repeats, r.outOfOrder)
 	if strag > 0 {
 		s += fmt.Sprintf(", straggler %d of %d delivered by then", r.stragglerDone, stragglerRows(strag))
 	}
@@ -155,6 +157,7 @@ func slowOnce(ctx context.Context, bin, conc string, strag time.Duration) slowRe
 	if *slowBatchMax != "" {
 		sets = append(sets, "poller.batch_max_bytes="+*slowBatchMax)
 	}
+	pgBefore := processCPU("postgres")
 	d := startDaemon(ctx, bin, r.dsn, r.prefix, *latBatch, false, sets)
 	defer d.stop()
 	for rcv.others.Load() < int64(others) {
@@ -193,6 +196,7 @@ func slowOnce(ctx context.Context, bin, conc string, strag time.Duration) slowRe
 		res.stragglerDone = 0
 	}
 	res.relayCPU = d.cpuSeconds() / (float64(marked) / 1000)
+	res.pgCPU = (processCPU("postgres") - pgBefore) / (float64(marked) / 1000)
 	if logs := d.logs.String(); logs != "" {
 		fmt.Fprintf(os.Stderr, "outboxd said:\n%s", logs)
 	}
