@@ -127,6 +127,10 @@ func KeepPrefix(events []Event, out []Result) {
 type Capabilities struct {
 	// MaxBatch is the most events per Send; 0 means no limit.
 	MaxBatch int
+	// Parallel is how many aggregates the sink sends at once across all its
+	// Send calls (a per-event sink's concurrency); 0 when it takes a batch
+	// as a whole. The poller keeps about that many aggregates in flight.
+	Parallel int
 	// DedupeWindow is how long the destination drops a repeated event id
 	// (NATS JetStream's duplicate window); 0 means it does not, and
 	// consumers dedupe on the id. A retry after the window is a duplicate.

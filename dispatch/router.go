@@ -163,9 +163,10 @@ func DestinationOf(sink Sink, ev Event) string {
 
 // Capabilities implements Sink: MaxBatch is the smallest non-zero of the
 // destinations' (a batch fits each of them); DedupeWindow the smallest of
-// theirs, 0 if any has none (what holds for every event); Ordering says
-// how order is kept across destinations and within each. Asked anew each
-// time: a sink may learn its own from its server (NATS).
+// theirs, 0 if any has none (what holds for every event); Parallel the sum
+// of theirs (each per-event destination has slots of its own); Ordering
+// says how order is kept across destinations and within each. Asked anew
+// each time: a sink may learn its own from its server (NATS).
 func (r *Router) Capabilities() Capabilities {
 	var c Capabilities
 	var within []string
@@ -177,6 +178,7 @@ func (r *Router) Capabilities() Capabilities {
 		if i == 0 || dc.DedupeWindow < c.DedupeWindow {
 			c.DedupeWindow = dc.DedupeWindow
 		}
+		c.Parallel += dc.Parallel
 		within = append(within, d.Name+": "+dc.Ordering)
 	}
 	c.Ordering = "per aggregate across destinations (an aggregate's event waits for the delivery of its earlier ones, wherever they went); within each destination: " +

@@ -290,12 +290,12 @@ func TestRouterCapabilities(t *testing.T) {
 	j := &journal{}
 	r := mustRouter(t, []dispatch.Destination{
 		{Name: "a", Sink: &batchSink{j: j, caps: dispatch.Capabilities{MaxBatch: 0, DedupeWindow: time.Minute, Ordering: "A"}}},
-		{Name: "b", Sink: &batchSink{j: j, caps: dispatch.Capabilities{MaxBatch: 50, DedupeWindow: 2 * time.Minute, Ordering: "B"}}},
-		{Name: "c", Sink: &batchSink{j: j, caps: dispatch.Capabilities{MaxBatch: 10, DedupeWindow: 3 * time.Minute, Ordering: "C"}}},
+		{Name: "b", Sink: &batchSink{j: j, caps: dispatch.Capabilities{MaxBatch: 50, DedupeWindow: 2 * time.Minute, Ordering: "B", Parallel: 64}}},
+		{Name: "c", Sink: &batchSink{j: j, caps: dispatch.Capabilities{MaxBatch: 10, DedupeWindow: 3 * time.Minute, Ordering: "C", Parallel: 512}}},
 	}, nil)
 	c := r.Capabilities()
-	if c.MaxBatch != 10 || c.DedupeWindow != time.Minute {
-		t.Errorf("caps %+v: want MaxBatch 10 (smallest non-zero), DedupeWindow 1m (smallest)", c)
+	if c.MaxBatch != 10 || c.DedupeWindow != time.Minute || c.Parallel != 576 {
+		t.Errorf("caps %+v: want MaxBatch 10 (smallest non-zero), DedupeWindow 1m (smallest), Parallel 576 (the sum)", c)
 	}
 	r = mustRouter(t, []dispatch.Destination{
 		{Name: "a", Sink: &batchSink{j: j, caps: dispatch.Capabilities{DedupeWindow: time.Minute}}},

@@ -26,7 +26,7 @@ type WebhookConfig struct {
 	URL     string
 	Secret  string        // Standard Webhooks signing: one secret or several (rotation; ParseSecrets), the current first
 	Timeout time.Duration // per request; DefaultWebhookTimeout when 0
-	Client  *http.Client  // optional; default a keep-alive client sized for parallel delivery
+	Client  *http.Client  // optional; default a keep-alive client with Concurrency connections
 	Log     *slog.Logger  // optional; warns about event headers that were dropped
 	// Concurrency is how many aggregates are sent at once (poller.concurrency);
 	// DefaultConcurrency when 0.
@@ -87,8 +87,11 @@ func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 		client = *cfg.Client
 	} else {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
-		tr.MaxIdleConns = 256
-		tr.MaxIdleConnsPerHost = 256
+		// One connection per aggregate being sent, kept alive between its
+		// events: fewer idle ones than that would close and reopen
+		// connections at every event; more would only hold file descriptors.
+		conns := cmp.Or(cfg.Concurrency, DefaultConcurrency)
+		tr.MaxIdleConns, tr.MaxIdleConnsPerHost, tr.MaxConnsPerHost = conns, conns, conns
 		tr.ForceAttemptHTTP2 = false // one request per connection: the write deadline is per request
 		tr.DialContext = dialDeadlineConns((&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext)
 		client.Transport = tr

@@ -40,9 +40,10 @@ type batchResult struct {
 
 // batch fetches and claims one batch and hands it to the pipeline, which
 // sends it and writes its results beside the next batches (see pipeline).
-// It returns when the batch's sends are over, or after a poll interval of
-// them, whichever comes first: a slow aggregate holds only its own rows, and
-// a fast batch is not fetched behind (its aggregates would all look busy).
+// It returns when the batch's sends are over, when a per-event sink has a
+// slot free (pipeline.awaitSlots), or after a poll interval of them,
+// whichever comes first: a slow aggregate holds only its own rows, and a
+// fast batch is not fetched behind (its aggregates would all look busy).
 // The fetch is bounded by the lease's trust deadline; so is every send.
 // Errors of earlier batches' result writes are returned here.
 func (p *Poller) batch(ctx context.Context, pl *pipeline) (batchResult, error) {
@@ -92,12 +93,6 @@ func (p *Poller) batch(ctx context.Context, pl *pipeline) (batchResult, error) {
 	claimSpan.End()
 	fire(p.hooks.afterClaim)
 	sent := pl.launch(items, c.String(), start, tr)
-	t := time.NewTimer(p.cfg.PollInterval)
-	defer t.Stop()
-	select {
-	case <-sent:
-	case <-t.C:
-	case <-ctx.Done():
-	}
+	pl.awaitSlots(ctx, sent, p.cfg.PollInterval)
 	return batchResult{fetched: len(rows), more: more}, pl.takeErr()
 }

@@ -14,9 +14,11 @@ import (
 
 // pipelineDepth bounds the work in flight, so no slow aggregate needs a
 // batch-wide barrier and memory still does not grow with the backlog: at
-// most pipelineDepth × batch_size rows are fetched and not yet written, and
-// the sends in flight hold at most pipelineDepth × batch_max_bytes of loaded
-// rows (plus one row: a fetch always returns its first).
+// most pipelineDepth × batch_size rows (or 2 × the sink's Parallel, when
+// that is more: a per-event sink sending more aggregates at once than a
+// batch holds) are fetched and not yet written, and the sends in flight
+// hold at most pipelineDepth × batch_max_bytes of loaded rows (plus one
+// row: a fetch always returns its first).
 const pipelineDepth = 4
 
 // earlyWrite is how long a batch's settled aggregates wait for its slowest
@@ -43,6 +45,11 @@ const earlyWrite = time.Second
 //   - Bounded: see pipelineDepth. And no fetch runs ahead of the writer by
 //     more than a batch: while more than batch_size rows wait to be
 //     written, the next fetch waits.
+//   - The sink kept busy: a per-event sink (Capabilities.Parallel) sends
+//     aggregates of several batches at once; the lead fetches the next
+//     batch as soon as fewer aggregates than that are sending (slots), not
+//     when the last batch's sends are over, so a receiver's latency is not
+//     paid once per batch.
 //   - Shutdown: close waits for the sends (bounded by the term's work
 //     context and the trust deadline), then for every result to be written.
 //
@@ -57,12 +64,18 @@ type pipeline struct {
 	sends   sync.WaitGroup
 	written chan struct{} // closed when the writer has returned
 	kick    chan struct{} // the writer: something may be writable
-	wake    chan struct{} // the lead: room in the pipeline, or an error
+	wake    chan struct{} // the lead: room in the pipeline, an error, or rows written
+	slots   chan struct{} // the lead: fewer aggregates sending than parallel
+	// parallel is how many aggregates the sink sends at once
+	// (Capabilities.Parallel); 0: it takes a batch as a whole.
+	parallel int
+	maxRows  int // rows fetched and not yet written, at most
 
 	mu        sync.Mutex
 	flights   []*flight // launch order, until every row is written
 	busy      map[store.Aggregate]struct{}
 	unwritten int           // rows fetched, results not yet written
+	sending   int           // aggregates launched and not yet settled
 	writing   int           // rows being written
 	bytes     int64         // loaded bytes held by sends in flight
 	full      bool          // the lead waits for room
@@ -100,8 +113,10 @@ func (pl *pipeline) writable(f *flight) bool { return !f.sending || f.early || p
 
 func (p *Poller) newPipeline(work context.Context, fence store.Fence, trusted func() time.Time) *pipeline {
 	ctx, cancel := context.WithCancel(work)
+	parallel := max(p.sink.Capabilities().Parallel, 0)
 	pl := &pipeline{p: p, fence: fence, trusted: trusted, ctx: ctx, cancel: cancel,
 		written: make(chan struct{}), kick: make(chan struct{}, 1), wake: make(chan struct{}, 1),
+		slots: make(chan struct{}, 1), parallel: parallel, maxRows: max(pipelineDepth*p.cfg.BatchSize, 2*parallel),
 		busy: map[store.Aggregate]struct{}{}}
 	go pl.write()
 	return pl
@@ -129,9 +144,13 @@ func (pl *pipeline) limits() (lim store.FetchLimits, ok bool) {
 			}
 		}
 	}
-	rows := min(cfg.BatchSize, pipelineDepth*cfg.BatchSize-pl.unwritten)
+	// A whole batch or none: the read scans as many rows above its cursor
+	// as it is asked for, and a read asking for fewer than the last could
+	// move the cursor past rows it never looked at (up to the ids an earlier
+	// read classified).
+	rows := cfg.BatchSize
 	bytes := min(cfg.BatchMaxBytes, pipelineDepth*cfg.BatchMaxBytes-pl.bytes)
-	if rows <= 0 || bytes <= 0 || queued > cfg.BatchSize {
+	if pl.unwritten+rows > pl.maxRows || bytes <= 0 || queued > cfg.BatchSize {
 		pl.full = true
 		return lim, false
 	}
@@ -167,11 +186,16 @@ func (pl *pipeline) launch(items []item, claim string, start time.Time, tr batch
 			f.bytes += it.row.Size
 		}
 	}
-	pl.mu.Lock()
+	aggs := map[store.Aggregate]struct{}{}
 	for _, it := range items {
-		// No other flight holds these: the fetch left busy aggregates out.
-		pl.busy[aggregateOf(it)] = struct{}{}
+		aggs[aggregateOf(it)] = struct{}{}
 	}
+	pl.mu.Lock()
+	for a := range aggs {
+		// No other flight holds these: the fetch left busy aggregates out.
+		pl.busy[a] = struct{}{}
+	}
+	pl.sending += len(aggs) // settle counts each off once
 	pl.unwritten += len(items)
 	pl.bytes += f.bytes
 	pl.flights = append(pl.flights, f)
@@ -200,6 +224,33 @@ func (pl *pipeline) launch(items []item, claim string, start time.Time, tr batch
 		poke(pl.kick)
 	})
 	return f.sent
+}
+
+// awaitSlots returns once the lead may fetch the next batch: when sent
+// closes (the last batch's sends are over), when the sink sends fewer
+// aggregates than it can (Capabilities.Parallel), when d has passed, or
+// when ctx ends.
+func (pl *pipeline) awaitSlots(ctx context.Context, sent <-chan struct{}, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for !pl.slotFree() {
+		select {
+		case <-sent:
+			return
+		case <-t.C:
+			return
+		case <-ctx.Done():
+			return
+		case <-pl.slots:
+		}
+	}
+}
+
+// slotFree is whether a per-event sink has a slot for another aggregate.
+func (pl *pipeline) slotFree() bool {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	return pl.sending < pl.parallel
 }
 
 func aggregateOf(it item) store.Aggregate {
@@ -235,10 +286,15 @@ func (pl *pipeline) settle(f *flight, items []item, aggs [][]int) {
 	for _, a := range free {
 		delete(pl.busy, a)
 	}
+	pl.sending -= len(aggs)
+	slot := pl.sending < pl.parallel
 	writable := len(pc.stopped) > 0 || pl.writable(f)
 	pl.mu.Unlock()
 	if writable {
 		poke(pl.kick)
+	}
+	if slot {
+		poke(pl.slots)
 	}
 }
 
@@ -335,6 +391,9 @@ func (pl *pipeline) writePieces(f *flight, pieces []piece) {
 		pl.full = true // the lead hears of it at once
 	}
 	pl.freed()
+	// Rows written: a lead that found every aggregate busy looks again, and
+	// its reader hears of these first (noteWritten).
+	poke(pl.wake)
 }
 
 // close waits for every send, then for every result to be written, and

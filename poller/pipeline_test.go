@@ -108,3 +108,26 @@ func TestSettledAggregatesAreWrittenBesideTheSlowest(t *testing.T) {
 	e.waitAllDispatched(60 * time.Second)
 	e.checkOrder()
 }
+
+// A per-event sink with free slots gets the next batch while the last one
+// is still sending: with both events of a full batch held at the receiver
+// (and a poll interval no wait reaches), the next batch's aggregates are
+// delivered and marked. Before, the lead waited for the held batch's
+// sends to be over, or a poll interval.
+func TestNextBatchFillsFreeSlots(t *testing.T) {
+	e := newEnv(t)
+	release := e.rc.Hold(func(r testkit.Request) bool { return r.Agg == "deal/a" || r.Agg == "deal/b" })
+	defer release()
+	e.enqueue("a", "b", "c", "d")
+	r := e.slowPoller()
+	r.cfg.BatchSize, r.cfg.PollInterval = 2, time.Hour // [a b] then [c d]; concurrency 8
+	e.run(r)
+	e.waitFor("c and d marked while a and b are held", 60*time.Second, func() bool {
+		return e.count("aggregate_id IN ('c', 'd') AND dispatched_at IS NOT NULL") == 2
+	})
+	if held := e.rc.Held(); held != 2 {
+		t.Fatalf("%d requests held, want a's and b's", held)
+	}
+	release()
+	e.waitAllDispatched(60 * time.Second)
+}

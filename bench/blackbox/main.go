@@ -25,6 +25,10 @@
 //	         producing meanwhile; the order the webhook receiver saw, the
 //	         outboxd_late_commits_total count and whether "late commit" was
 //	         logged
+//	slow     a -rows backlog over -aggregates aggregates through the webhook
+//	         to a receiver answering in -receiver-delay (-straggler: one
+//	         aggregate's events take that long each), per -concurrency;
+//	         the other aggregates' ev/s and when each finished, peak RSS
 //
 // -bin takes a comma list of builds (label=path), alternated in every round
 // or run. -pg private-autovacuum runs everything on a private Postgres
@@ -46,6 +50,7 @@
 //	cd bench && go run ./blackbox -scenario backlog -rounds 3 -rows 1000000 -small 100000
 //	cd bench && go run ./blackbox -scenario latency -producers 8 -rate 5000 -per-tx 5 -for 30s -runs 3
 //	cd bench && go run ./blackbox -scenario order -runs 1 -late 2s,30s
+//	cd bench && go run ./blackbox -scenario slow -rounds 1 -rows 20000 -receiver-delay 20ms -aggregates 1000 [-straggler 500ms]
 package main
 
 import (
@@ -76,7 +81,7 @@ import (
 var (
 	pgDSN      = flag.String("dsn", benchenv.PostgresDSN(), "maintenance DSN (databases are created beside it)")
 	redisAddr  = flag.String("redis", benchenv.RedisAddr(), "Redis address")
-	scenario   = flag.String("scenario", "drain", "drain, latency, history, backlog or order")
+	scenario   = flag.String("scenario", "drain", "drain, latency, history, backlog, order or slow")
 	rounds     = flag.Int("rounds", 3, "drain: rounds (each runs every batch size for outboxd and the peer)")
 	batches    = flag.String("batches", "1000,100", "drain: poller.batch_size values")
 	rows       = flag.Int("rows", 100000, "drain: backlog size")
@@ -87,7 +92,7 @@ var (
 	rate       = flag.Int("rate", 1000, "latency: events/s")
 	perTx      = flag.Int("per-tx", 1, "latency: events per producer transaction")
 	steadyFor  = flag.Duration("for", 10*time.Second, "latency: measured duration (after a 1 s warm-up)")
-	latBatch   = flag.Int("batch", 500, "latency: poller.batch_size")
+	latBatch   = flag.Int("batch", 500, "latency, order, slow: poller.batch_size")
 	latDump    = flag.String("dump", "", "latency: write each event's commit time (s from start) and latency (ms) to this file prefix")
 	binPath    = flag.String("bin", "", "outboxd binaries to run, a comma list of path or label=path, alternated in every round or run (default: build ../cmd/outboxd)")
 	sets       = flag.String("set", "", "extra --set key=value pairs for outboxd run, comma-separated")
@@ -135,6 +140,8 @@ func main() {
 		backlogRounds(ctx, bins)
 	case "order":
 		orderProbes(ctx, bins)
+	case "slow":
+		slowRounds(ctx, bins)
 	default:
 		check(fmt.Errorf("unknown -scenario %q", *scenario))
 	}
