@@ -140,7 +140,7 @@ func (p *Poller) fetch(ctx context.Context, f store.Fence, lim store.FetchLimits
 	for _, row := range res.Rows {
 		r.inflightLow = min(r.inflightLow, row.ID)
 	}
-	p.advance(r, res, time.Now())
+	p.advance(r, res, lim.Rows, time.Now())
 	// Taken rows count as sent from now on: a gap of their aggregate that
 	// becomes visible while they are in flight goes after them, a late
 	// commit (it was missed under load when only written results counted).
@@ -175,7 +175,14 @@ func (r *reader) pos() store.ReadPos {
 
 // advance takes in what a read saw: gaps settled, committed or given up,
 // new gaps, the cursor moved past what is settled, rows passed parked.
-func (p *Poller) advance(r *reader, res store.ReadResult, now time.Time) {
+//
+// limit is the read's row limit, which also bounds its scan above the
+// cursor: a scan that stopped there saw nothing beyond its last row, so the
+// cursor may not pass that row, whatever an earlier, longer read classified
+// (the frontier). Without this a short read after a long one moved the
+// cursor over pending rows it never looked at, and they waited for the
+// rescan while later rows of their aggregates went first.
+func (p *Poller) advance(r *reader, res store.ReadResult, limit int, now time.Time) {
 	slices.SortFunc(res.Rows, func(a, b store.Row) int { return cmp.Compare(a.ID, b.ID) })
 	slices.SortFunc(res.Hot, func(a, b store.HotRow) int { return cmp.Compare(a.ID, b.ID) })
 
@@ -237,6 +244,18 @@ func (p *Poller) advance(r *reader, res store.ReadResult, now time.Time) {
 			c = min(c, h.ID-1)
 			break
 		}
+	}
+	scanned, last := 0, int64(0)
+	for _, h := range res.Hot {
+		scanned, last = scanned+1, max(last, h.ID)
+	}
+	for _, row := range res.Rows {
+		if row.ID > r.cursor { // taken from the scan, not from below the cursor
+			scanned, last = scanned+1, max(last, row.ID)
+		}
+	}
+	if limit > 0 && scanned >= limit {
+		c = min(c, last)
 	}
 	r.cursor = max(r.cursor, c)
 

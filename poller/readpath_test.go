@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/internal/metrics"
 	"github.com/outboxd/outboxd/internal/term"
 	"github.com/outboxd/outboxd/internal/testkit"
@@ -258,4 +259,38 @@ func TestFirstCursorWaitsForProducersInFlight(t *testing.T) {
 	e.waitFor("the visible row delivered", 20*time.Second, func() bool { return e.delivered(higher) })
 	lower.commit(t)
 	e.waitFor("the row in flight at the start delivered", 20*time.Second, func() bool { return e.delivered(lower.id) })
+}
+
+// A read with a smaller row limit than an earlier one stops its scan early:
+// the cursor must not pass the rows beyond what it scanned, though the
+// earlier read classified them (found by the slow-receiver work: the rows
+// waited for the rescan and went after later rows of their aggregates).
+func TestShortReadDoesNotPassUnreadRows(t *testing.T) {
+	e := newEnv(t)
+	e.enqueue("a1", "a2", "a3", "a4", "a5", "a6", "a7", "a8", "a9", "a10")
+	r := e.poller(testConfig(), "")
+	f := store.Fence{Lock: keys.PollerLock, Token: 1}
+	ctx := context.Background()
+	rows, _, err := r.fetch(ctx, f, store.FetchLimits{Rows: 10, Bytes: 1}) // byte budget: the first row only, the rest 'c'
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("read 1: %d rows, cursor %d frontier %d", len(rows), r.rd.cursor, r.rd.frontier)
+	skip := []int64{rows[0].ID}
+	rows, _, err = r.fetch(ctx, f, store.FetchLimits{Rows: 2, Skip: skip})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("read 2 (rows 2): %d rows, cursor %d frontier %d", len(rows), r.rd.cursor, r.rd.frontier)
+	for _, x := range rows {
+		skip = append(skip, x.ID)
+	}
+	rows, _, err = r.fetch(ctx, f, store.FetchLimits{Rows: 10, Skip: skip})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("read 3 (rows 10): %d rows, cursor %d", len(rows), r.rd.cursor)
+	if len(rows) != 7 {
+		t.Fatalf("read 3 returned %d rows, want the 7 not yet taken", len(rows))
+	}
 }
