@@ -3,7 +3,8 @@
 // as message attributes, and on a FIFO topic (its ARN ends in ".fifo")
 // MessageGroupId = {aggregate_type}/{aggregate_id} and
 // MessageDeduplicationId = the outbox id. Credentials and, unless set, the
-// region (else the topic ARN's) come from the AWS SDK's default chain.
+// region come from the AWS SDK's default chain; else the region is the
+// topic ARN's.
 //
 // What it promises: an event is Delivered only once SNS answered its entry
 // as published. One aggregate has at most one message in flight (see
@@ -18,7 +19,6 @@
 package sns
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -36,10 +36,6 @@ import (
 	"github.com/outboxd/outboxd/dispatch/internal/awsbatch"
 )
 
-// DedupeWindow is how long a FIFO topic drops a repeated
-// MessageDeduplicationId.
-const DedupeWindow = 5 * time.Minute
-
 // Config configures the sink.
 type Config struct {
 	TopicARN    string // arn:aws:sns:<region>:<account>:<name>
@@ -55,16 +51,8 @@ type Config struct {
 	Options []func(*config.LoadOptions) error
 }
 
-// Sink publishes batches to one SNS topic. Create with New.
-type Sink struct {
-	client *sns.Client
-	topic  string
-	fifo   bool
-	ce     dispatch.CloudEvents
-	sender *awsbatch.Sender
-
-	idle *awsbatch.Idle // the client's connections: Close drops them
-}
+// Sink publishes batches to one SNS topic. Create with New; Close when done.
+type Sink struct{ *awsbatch.Sink }
 
 // ErrNoRegion: no region set, none in the SDK's chain, none in the ARN.
 var ErrNoRegion = awsbatch.ErrNoRegion
@@ -93,72 +81,41 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := awsbatch.ParseEndpoint(cfg.Endpoint); err != nil {
-		return nil, fmt.Errorf("sns: %w", err)
-	}
-	awsCfg, idle, err := awsbatch.LoadConfig(ctx, cfg.Region, arnRegion, cmp.Or(cfg.Concurrency, dispatch.DefaultConcurrency), cfg.Options...)
+	s, err := awsbatch.NewSink(ctx, awsbatch.Spec{Service: "sns", Kind: "topic", Target: cfg.TopicARN, FIFO: fifo,
+		Region: cfg.Region, Fallback: arnRegion, Endpoint: cfg.Endpoint, CloudEvents: cfg.CloudEvents, Concurrency: cfg.Concurrency,
+		Timeout: cfg.Timeout, Log: cfg.Log, Options: cfg.Options, Permanent: permanent, Advice: advice},
+		func(awsCfg aws.Config, endpoint *string) awsbatch.Call {
+			client := sns.NewFromConfig(awsCfg, func(o *sns.Options) { o.BaseEndpoint = endpoint })
+			return func(ctx context.Context, msgs []awsbatch.Message) ([]awsbatch.Answer, error) {
+				return publish(ctx, client, cfg.TopicARN, msgs)
+			}
+		})
 	if err != nil {
-		return nil, fmt.Errorf("sns: %w", err)
+		return nil, err
 	}
-	client := sns.NewFromConfig(awsCfg, func(o *sns.Options) {
-		if cfg.Endpoint != "" {
-			o.BaseEndpoint = aws.String(cfg.Endpoint)
-		}
-	})
-	s := &Sink{client: client, topic: cfg.TopicARN, fifo: fifo, ce: cfg.CloudEvents, idle: idle}
-	s.sender = awsbatch.NewSender(awsbatch.Sender{Service: "sns", Target: fmt.Sprintf("topic %q", cfg.TopicARN),
-		Call: s.call, Permanent: permanent, Advice: advice, Timeout: cfg.Timeout, Log: cfg.Log}, cfg.Concurrency)
-	return s, nil
+	return &Sink{s}, nil
 }
 
-// Capabilities implements dispatch.Sink. MaxBatch 0: the sink cuts a
-// batch into calls itself.
-func (s *Sink) Capabilities() dispatch.Capabilities {
-	if s.fifo {
-		return dispatch.Capabilities{DedupeWindow: DedupeWindow,
-			Ordering: "per message group {aggregate_type}/{aggregate_id} (FIFO topic; one message per aggregate in flight)"}
-	}
-	return dispatch.Capabilities{Ordering: "none kept by a standard topic: published in id order per aggregate, each after the previous was acknowledged"}
-}
-
-// Close drops the client's idle connections. Sends after it open new ones.
-func (s *Sink) Close() error {
-	s.idle.Close()
-	return nil
-}
-
-// Send implements dispatch.Sink.
-func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
-	return s.sender.Send(ctx, b, func(ev dispatch.Event) (awsbatch.Message, []string) {
-		return awsbatch.NewMessage(ev, b.Token, s.ce, s.fifo)
-	})
-}
-
-// call is one PublishBatch.
-func (s *Sink) call(ctx context.Context, msgs []awsbatch.Message) ([]awsbatch.Answer, error) {
-	in := &sns.PublishBatchInput{TopicArn: aws.String(s.topic), PublishBatchRequestEntries: make([]types.PublishBatchRequestEntry, len(msgs))}
+// publish is one PublishBatch.
+func publish(ctx context.Context, client *sns.Client, topic string, msgs []awsbatch.Message) ([]awsbatch.Answer, error) {
+	in := &sns.PublishBatchInput{TopicArn: aws.String(topic), PublishBatchRequestEntries: make([]types.PublishBatchRequestEntry, len(msgs))}
 	for i, m := range msgs {
-		e := types.PublishBatchRequestEntry{Id: awsbatch.EntryID(i), Message: aws.String(m.Body),
-			MessageAttributes: make(map[string]types.MessageAttributeValue, len(m.Attributes))}
-		for _, a := range m.Attributes {
-			e.MessageAttributes[a.Key] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(a.Value)}
-		}
+		e := &in.PublishBatchRequestEntries[i]
+		e.Id, e.Message = awsbatch.EntryID(i), aws.String(m.Body)
+		e.MessageAttributes = awsbatch.AttributeMap(m.Attributes, func(v *string) types.MessageAttributeValue {
+			return types.MessageAttributeValue{DataType: aws.String("String"), StringValue: v}
+		})
 		if m.GroupID != "" {
 			e.MessageGroupId, e.MessageDeduplicationId = aws.String(m.GroupID), aws.String(m.DedupID)
 		}
-		in.PublishBatchRequestEntries[i] = e
 	}
-	out, err := s.client.PublishBatch(ctx, in)
+	out, err := client.PublishBatch(ctx, in)
 	if err != nil {
 		return nil, err
 	}
 	answers := awsbatch.NewAnswers(len(msgs))
 	for _, e := range out.Successful {
-		ref := aws.ToString(e.MessageId)
-		if e.SequenceNumber != nil {
-			ref += "@" + *e.SequenceNumber
-		}
-		answers.Accepted(e.Id, ref)
+		answers.Accepted(e.Id, awsbatch.Ref(e.MessageId, e.SequenceNumber))
 	}
 	for _, e := range out.Failed {
 		answers.Refused(e.Id, e.Code, e.Message, e.SenderFault)

@@ -4,7 +4,8 @@
 // MessageGroupId = {aggregate_type}/{aggregate_id} and
 // MessageDeduplicationId = the outbox id. Credentials and, unless set, the
 // region come from the AWS SDK's default chain (environment, shared config,
-// web identity, container and instance roles).
+// web identity, container and instance roles); else the region is the one
+// in the queue URL's host.
 //
 // What it promises: an event is Delivered only once SQS answered its entry
 // as successful. One aggregate has at most one message in flight (see
@@ -19,7 +20,6 @@
 package sqs
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -38,10 +38,6 @@ import (
 	"github.com/outboxd/outboxd/dispatch/internal/awsbatch"
 )
 
-// DedupeWindow is how long a FIFO queue drops a repeated
-// MessageDeduplicationId.
-const DedupeWindow = 5 * time.Minute
-
 // Config configures the sink.
 type Config struct {
 	QueueURL    string // https://sqs.<region>.amazonaws.com/<account>/<name>
@@ -57,16 +53,8 @@ type Config struct {
 	Options []func(*config.LoadOptions) error
 }
 
-// Sink sends batches to one SQS queue. Create with New.
-type Sink struct {
-	client *sqs.Client
-	queue  string
-	fifo   bool
-	ce     dispatch.CloudEvents
-	sender *awsbatch.Sender
-
-	idle *awsbatch.Idle // the client's connections: Close drops them
-}
+// Sink sends batches to one SQS queue. Create with New; Close when done.
+type Sink struct{ *awsbatch.Sink }
 
 // ErrNoRegion: no region set, none in the SDK's chain, none in the queue
 // URL's host.
@@ -80,16 +68,16 @@ var queueName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,75}(\.fifo|[A-Za-z0-9_-]{0,
 // and the legacy <region>.queue.amazonaws.com.
 var regionInHost = regexp.MustCompile(`^(?:sqs\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?|([a-z0-9-]+)\.queue\.amazonaws\.com(?:\.cn)?)$`)
 
-// ParseQueueURL checks a queue URL: http or https, a host, and a path whose
-// last segment is a queue name. fifo says whether it names a FIFO queue;
-// region is the one in an AWS host name, or "".
+// ParseQueueURL checks a queue URL: http or https, a host, no credentials,
+// and the path /<account>/<queue name>. fifo says whether it names a FIFO
+// queue; region is the one in an AWS host name, or "".
 func ParseQueueURL(s string) (fifo bool, region string, err error) {
 	if s == "" {
 		return false, "", errors.New("sqs: empty queue URL: set it to the queue's URL (https://sqs.<region>.amazonaws.com/<account>/<name>)")
 	}
 	u, err := url.Parse(s)
 	if err != nil {
-		return false, "", fmt.Errorf("sqs: queue URL: %w", err)
+		return false, "", errors.New("sqs: queue URL: not a URL") // url's error quotes it, credentials and all
 	}
 	if u.Scheme != "https" && u.Scheme != "http" || u.Host == "" || u.User != nil {
 		return false, "", fmt.Errorf("sqs: queue URL %q: want https://host/<account>/<name> without credentials", dispatch.Clip(u.Redacted(), 200))
@@ -112,72 +100,40 @@ func New(ctx context.Context, cfg Config) (*Sink, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := awsbatch.ParseEndpoint(cfg.Endpoint); err != nil {
-		return nil, fmt.Errorf("sqs: %w", err)
-	}
-	awsCfg, idle, err := awsbatch.LoadConfig(ctx, cfg.Region, urlRegion, cmp.Or(cfg.Concurrency, dispatch.DefaultConcurrency), cfg.Options...)
+	s, err := awsbatch.NewSink(ctx, awsbatch.Spec{Service: "sqs", Kind: "queue", Target: cfg.QueueURL, FIFO: fifo,
+		Region: cfg.Region, Fallback: urlRegion, Endpoint: cfg.Endpoint, CloudEvents: cfg.CloudEvents, Concurrency: cfg.Concurrency,
+		Timeout: cfg.Timeout, Log: cfg.Log, Options: cfg.Options, Permanent: permanent, Advice: advice},
+		func(awsCfg aws.Config, endpoint *string) awsbatch.Call {
+			client := sqs.NewFromConfig(awsCfg, func(o *sqs.Options) { o.BaseEndpoint = endpoint })
+			return func(ctx context.Context, msgs []awsbatch.Message) ([]awsbatch.Answer, error) {
+				return call(ctx, client, cfg.QueueURL, msgs)
+			}
+		})
 	if err != nil {
-		return nil, fmt.Errorf("sqs: %w", err)
+		return nil, err
 	}
-	client := sqs.NewFromConfig(awsCfg, func(o *sqs.Options) {
-		if cfg.Endpoint != "" {
-			o.BaseEndpoint = aws.String(cfg.Endpoint)
-		}
-	})
-	s := &Sink{client: client, queue: cfg.QueueURL, fifo: fifo, ce: cfg.CloudEvents, idle: idle}
-	s.sender = awsbatch.NewSender(awsbatch.Sender{Service: "sqs", Target: fmt.Sprintf("queue %q", cfg.QueueURL),
-		Call: s.call, Permanent: permanent, Advice: advice, Timeout: cfg.Timeout, Log: cfg.Log}, cfg.Concurrency)
-	return s, nil
-}
-
-// Capabilities implements dispatch.Sink. MaxBatch 0: the sink cuts a
-// batch into calls itself.
-func (s *Sink) Capabilities() dispatch.Capabilities {
-	if s.fifo {
-		return dispatch.Capabilities{DedupeWindow: DedupeWindow,
-			Ordering: "per message group {aggregate_type}/{aggregate_id} (FIFO queue; one message per aggregate in flight)"}
-	}
-	return dispatch.Capabilities{Ordering: "none kept by a standard queue: sent in id order per aggregate, each after the previous was acknowledged"}
-}
-
-// Close drops the client's idle connections. Sends after it open new ones.
-func (s *Sink) Close() error {
-	s.idle.Close()
-	return nil
-}
-
-// Send implements dispatch.Sink.
-func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
-	return s.sender.Send(ctx, b, func(ev dispatch.Event) (awsbatch.Message, []string) {
-		return awsbatch.NewMessage(ev, b.Token, s.ce, s.fifo)
-	})
+	return &Sink{s}, nil
 }
 
 // call is one SendMessageBatch.
-func (s *Sink) call(ctx context.Context, msgs []awsbatch.Message) ([]awsbatch.Answer, error) {
-	in := &sqs.SendMessageBatchInput{QueueUrl: aws.String(s.queue), Entries: make([]types.SendMessageBatchRequestEntry, len(msgs))}
+func call(ctx context.Context, client *sqs.Client, queue string, msgs []awsbatch.Message) ([]awsbatch.Answer, error) {
+	in := &sqs.SendMessageBatchInput{QueueUrl: aws.String(queue), Entries: make([]types.SendMessageBatchRequestEntry, len(msgs))}
 	for i, m := range msgs {
-		e := types.SendMessageBatchRequestEntry{Id: awsbatch.EntryID(i), MessageBody: aws.String(m.Body),
-			MessageAttributes: make(map[string]types.MessageAttributeValue, len(m.Attributes))}
-		for _, a := range m.Attributes {
-			e.MessageAttributes[a.Key] = types.MessageAttributeValue{DataType: aws.String("String"), StringValue: aws.String(a.Value)}
-		}
+		in.Entries[i] = types.SendMessageBatchRequestEntry{Id: awsbatch.EntryID(i), MessageBody: aws.String(m.Body),
+			MessageAttributes: awsbatch.AttributeMap(m.Attributes, func(v *string) types.MessageAttributeValue {
+				return types.MessageAttributeValue{DataType: aws.String("String"), StringValue: v}
+			})}
 		if m.GroupID != "" {
-			e.MessageGroupId, e.MessageDeduplicationId = aws.String(m.GroupID), aws.String(m.DedupID)
+			in.Entries[i].MessageGroupId, in.Entries[i].MessageDeduplicationId = aws.String(m.GroupID), aws.String(m.DedupID)
 		}
-		in.Entries[i] = e
 	}
-	out, err := s.client.SendMessageBatch(ctx, in)
+	out, err := client.SendMessageBatch(ctx, in)
 	if err != nil {
 		return nil, err
 	}
 	answers := awsbatch.NewAnswers(len(msgs))
 	for _, e := range out.Successful {
-		ref := aws.ToString(e.MessageId)
-		if e.SequenceNumber != nil {
-			ref += "@" + *e.SequenceNumber
-		}
-		answers.Accepted(e.Id, ref)
+		answers.Accepted(e.Id, awsbatch.Ref(e.MessageId, e.SequenceNumber))
 	}
 	for _, e := range out.Failed {
 		answers.Refused(e.Id, e.Code, e.Message, e.SenderFault)

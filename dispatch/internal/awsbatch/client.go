@@ -50,7 +50,9 @@ func LoadConfig(ctx context.Context, region, fallback string, conns int, opts ..
 }
 
 // Idle holds the transport the SDK's client built (on its first call).
-type Idle struct{ tr atomic.Pointer[http.Transport] }
+type Idle struct {
+	tr atomic.Pointer[http.Transport]
+}
 
 // Close drops the idle connections; later calls open new ones.
 func (i *Idle) Close() {
