@@ -74,6 +74,9 @@ func ParseTopicARN(s string) (fifo bool, region string, err error) {
 	return strings.HasSuffix(m[3], ".fifo"), m[1], nil
 }
 
+// ParseEndpoint checks an endpoint override: "" or an http(s) URL.
+func ParseEndpoint(s string) error { return awsbatch.ParseEndpoint(s) }
+
 // New checks cfg and builds the client. It contacts nothing: a topic that
 // is missing or unreachable makes sends fail, retryable, never New.
 func New(ctx context.Context, cfg Config) (*Sink, error) {

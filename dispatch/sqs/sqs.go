@@ -92,6 +92,9 @@ func ParseQueueURL(s string) (fifo bool, region string, err error) {
 	return strings.HasSuffix(name, ".fifo"), region, nil
 }
 
+// ParseEndpoint checks an endpoint override: "" or an http(s) URL.
+func ParseEndpoint(s string) error { return awsbatch.ParseEndpoint(s) }
+
 // New checks cfg and builds the client. It reads the SDK's configuration
 // (environment, shared files) and contacts nothing: a queue that is missing
 // or unreachable makes sends fail, retryable, never New.
