@@ -245,6 +245,10 @@ var secrets = []secret{
 	{key: "dispatch.webhook.url", section: DispatchSection, redact: RedactURL},
 	{key: "dispatch.nats.url", section: DispatchSection, redact: RedactURL},
 	{key: "dispatch.rabbitmq.url", section: DispatchSection, redact: RedactURL},
+	// Refused with credentials in them (exit 2), but shown redacted anyway.
+	{key: "dispatch.sqs.queue_url", section: DispatchSection, redact: RedactURL},
+	{key: "dispatch.sqs.endpoint", section: DispatchSection, redact: RedactURL},
+	{key: "dispatch.sns.endpoint", section: DispatchSection, redact: RedactURL},
 }
 
 // stringField returns the string field of c that key names.
