@@ -216,7 +216,7 @@ func TestMissingQueueIsRetried(t *testing.T) {
 }
 
 // TestMoreThanTenAttributesArePacked: contract six + six row headers +
-// CloudEvents five: nine attributes, the rest in outboxd-headers as JSON;
+// CloudEvents eight: nine attributes, the rest in outboxd-headers as JSON;
 // a header whose name an attribute cannot carry is left out.
 func TestMoreThanTenAttributesArePacked(t *testing.T) {
 	t.Parallel()
@@ -245,13 +245,13 @@ func TestMoreThanTenAttributesArePacked(t *testing.T) {
 	}
 	delete(all, "outboxd-headers")
 	for _, k := range []string{"id", "aggregate_type", "aggregate_id", "event_type", "created_at", "fencing_token",
-		"h1", "h2", "h3", "h4", "h5", "h6", "ce-specversion", "ce-id", "ce-source", "ce-type", "ce-time"} {
+		"h1", "h2", "h3", "h4", "h5", "h6", "ce-specversion", "ce-id", "ce-source", "ce-type", "ce-time", "ce-aggregatetype", "ce-aggregateid", "ce-datacontenttype"} {
 		if all[k] == "" {
 			t.Errorf("header %s lost: attributes %v, packed %v", k, a, packed)
 		}
 	}
-	if _, ok := all["bad name"]; ok || len(all) != 17 {
-		t.Errorf("want exactly the 17 headers, got %v", all)
+	if _, ok := all["bad name"]; ok || len(all) != 20 {
+		t.Errorf("want exactly the 20 headers, got %v", all)
 	}
 	for _, k := range []string{"id", "aggregate_type", "aggregate_id", "event_type", "created_at", "fencing_token"} {
 		if _, ok := a[k]; !ok {

@@ -20,19 +20,20 @@ const MaxAttributes = 10
 // the first MaxAttributes-1 when a message has more than MaxAttributes.
 const PackedAttribute = "outboxd-headers"
 
-// cePrefix is the CloudEvents attribute prefix: the CloudEvents
-// specification has no SQS or SNS binding, so the HTTP one's.
-const cePrefix = "ce-"
+// Binding is how SQS and SNS messages carry a CloudEvent. CloudEvents has
+// no SQS or SNS binding; outboxd's follows NATS' (as Redis streams do):
+// ce- attributes with ce-datacontenttype in binary mode, and a
+// content-type attribute marking structured mode.
+var Binding = dispatch.Binding{Prefix: "ce-", FormatHeader: "content-type"}
 
-// Attributes are ev's message attributes: dispatch.Headers in their order
-// (the contract's six, the row's own, the CloudEvents ones), each a String
+// Attributes are the message attributes of hs (dispatch.Encode's headers,
+// in their order: the contract's six, the row's own, the CloudEvents ones), each a String
 // attribute, leaving out those an attribute cannot carry (the name rules of
 // AttributeName, an empty value, characters SQS refuses). When more than
 // MaxAttributes remain, the first MaxAttributes-1 are attributes and the
 // rest are packed into PackedAttribute. dropped names what was left out.
-func Attributes(ev dispatch.Event, token int64, ce dispatch.CloudEvents) (attrs []dispatch.Header, dropped []string) {
-	hs, dropped := dispatch.Headers(ev, token, ce, cePrefix)
-	attrs = hs[:0]
+func Attributes(hs []dispatch.Header, dropped []string) (attrs []dispatch.Header, _ []string) {
+	attrs = make([]dispatch.Header, 0, len(hs))
 	for _, h := range hs {
 		if !AttributeName(h.Key) || strings.EqualFold(h.Key, PackedAttribute) || !textSafe(h.Value) {
 			dropped = append(dropped, h.Key)
@@ -113,11 +114,13 @@ func printableASCII(s string) bool {
 	return true
 }
 
-// NewMessage is ev's message: the payload as the body, Attributes, and on a
+// NewMessage is ev's message: the payload as the body (in CloudEvents'
+// structured mode the event in the JSON format), Attributes, and on a
 // FIFO destination GroupID and the id as the deduplication id.
 func NewMessage(ev dispatch.Event, token int64, ce dispatch.CloudEvents, fifo bool) (Message, []string) {
-	attrs, dropped := Attributes(ev, token, ce)
-	m := Message{Body: string(ev.Payload), Attributes: attrs}
+	enc := dispatch.Encode(ev, token, ce, Binding)
+	attrs, dropped := Attributes(enc.Headers, enc.Dropped)
+	m := Message{Body: string(enc.Body), Attributes: attrs}
 	if fifo {
 		m.GroupID, m.DedupID = GroupID(ev), strconv.FormatInt(ev.ID, 10)
 	}

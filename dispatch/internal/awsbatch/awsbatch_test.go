@@ -78,7 +78,8 @@ func TestAttributeNamesAndGroupIDs(t *testing.T) {
 func TestAttributesDropWhatAnAttributeCannotCarry(t *testing.T) {
 	ev := dispatch.Event{ID: 1, AggregateType: "t", AggregateID: "a", EventType: "e",
 		Headers: json.RawMessage(`{"ok":"v","empty":"","bad name":"v","odd":"\uffff","outboxd-headers":"x"}`)}
-	attrs, dropped := Attributes(ev, 1, dispatch.CloudEvents{})
+	m, dropped := NewMessage(ev, 1, dispatch.CloudEvents{}, false)
+	attrs := m.Attributes
 	if len(attrs) != 7 || attrs[6].Key != "ok" {
 		t.Errorf("attributes %v, want the contract's six and ok", attrs)
 	}
