@@ -103,6 +103,8 @@ type Dispatch struct {
 	RedisStream       RedisStream `mapstructure:"redis_stream"`
 	PubSub            PubSub      `mapstructure:"pubsub"`
 	Kinesis           Kinesis     `mapstructure:"kinesis"`
+	SQS               SQS         `mapstructure:"sqs"`
+	SNS               SNS         `mapstructure:"sns"`
 	CloudEvents       bool        `mapstructure:"cloudevents"`        // binary-mode CloudEvents attributes on every message
 	CloudEventsSource string      `mapstructure:"cloudevents_source"` // their "source"
 	CloudEventsMode   string      `mapstructure:"cloudevents_mode"`   // binary | structured
@@ -163,6 +165,20 @@ type Kinesis struct {
 	Stream   string `mapstructure:"stream"`   // template
 	Region   string `mapstructure:"region"`   // "" = the AWS default chain's
 	Endpoint string `mapstructure:"endpoint"` // "" = the region's
+}
+
+// SQS and SNS take credentials from the AWS SDK's default chain (no keys
+// here); Region "" is the chain's, else the queue URL's or topic ARN's.
+type SQS struct {
+	QueueURL string `mapstructure:"queue_url"`
+	Region   string `mapstructure:"region"`
+	Endpoint string `mapstructure:"endpoint"` // "" = AWS's; emulators, VPC endpoints
+}
+
+type SNS struct {
+	TopicARN string `mapstructure:"topic_arn"`
+	Region   string `mapstructure:"region"`
+	Endpoint string `mapstructure:"endpoint"`
 }
 
 type Webhook struct {
@@ -229,6 +245,10 @@ var secrets = []secret{
 	{key: "dispatch.webhook.url", section: DispatchSection, redact: RedactURL},
 	{key: "dispatch.nats.url", section: DispatchSection, redact: RedactURL},
 	{key: "dispatch.rabbitmq.url", section: DispatchSection, redact: RedactURL},
+	// Refused with credentials in them (exit 2), but shown redacted anyway.
+	{key: "dispatch.sqs.queue_url", section: DispatchSection, redact: RedactURL},
+	{key: "dispatch.sqs.endpoint", section: DispatchSection, redact: RedactURL},
+	{key: "dispatch.sns.endpoint", section: DispatchSection, redact: RedactURL},
 }
 
 // stringField returns the string field of c that key names.

@@ -43,6 +43,7 @@
 //
 //	cd bench && go run ./blackbox -rounds 3
 //	cd bench && go run ./blackbox -rounds 1 -peer=false -sink noop,webhook,kafka,nats,rabbitmq,redis_stream
+//	cd bench && go run ./blackbox -rounds 1 -peer=false -rows 100000 -sink sqs,sns
 //	cd bench && go run ./blackbox -scenario latency -runs 5 -rate 1000
 //	cd bench && go run ./blackbox -bin before=/tmp/bins/before,after=/tmp/bins/readpath \
 //	    -scenario latency -hold-snapshot -rate 2000 -for 3m -window 1m -runs 1 -pg private-autovacuum
@@ -86,7 +87,7 @@ var (
 	batches    = flag.String("batches", "1000,100", "drain: poller.batch_size values")
 	rows       = flag.Int("rows", 100000, "drain: backlog size")
 	withPeer   = flag.Bool("peer", true, "drain: alternate with watermill-sql's forwarder")
-	sinks      = flag.String("sink", "noop", "drain: dispatch.sink, or a comma list run in turn: noop, webhook, kafka, nats, rabbitmq, redis_stream, pubsub, kinesis")
+	sinks      = flag.String("sink", "noop", "drain: dispatch.sink, or a comma list run in turn: noop, webhook, kafka, nats, rabbitmq, redis_stream, pubsub, kinesis, sqs, sns")
 	profile    = flag.String("profile", "", "drain: write relay CPU profiles, pg_stat_statements and Redis commandstats here")
 	runs       = flag.Int("runs", 5, "latency: runs")
 	rate       = flag.Int("rate", 1000, "latency: events/s")

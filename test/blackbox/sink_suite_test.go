@@ -78,7 +78,7 @@ type sinkCase struct {
 // aggregate's first appearances are in id order.
 func TestSinks(t *testing.T) {
 	t.Parallel()
-	for _, c := range []sinkCase{kafkaCase(), natsCase(), rabbitMQCase(), redisStreamCase(), pubsubCase(), kinesisCase()} {
+	for _, c := range []sinkCase{kafkaCase(), natsCase(), rabbitMQCase(), redisStreamCase(), pubsubCase(), kinesisCase(), awsCase("sqs"), awsCase("sns")} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			e, read := c.setup(t)

@@ -96,6 +96,13 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{name: "bad topic template", sets: []string{"dispatch.sink=kafka", "dispatch.kafka.brokers=b:9092", "dispatch.kafka.topic=outbox.{aggregate}"}, key: "dispatch.kafka.topic"},
 		{name: "bad subject template", sets: []string{"dispatch.sink=nats", "dispatch.nats.subject=x.{nope}"}, key: "dispatch.nats.subject"},
 		{name: "negative maxlen", sets: []string{"dispatch.sink=redis_stream", "dispatch.redis_stream.maxlen=-1"}, key: "dispatch.redis_stream.maxlen"},
+		{name: "sqs without queue", sets: []string{"dispatch.sink=sqs"}, key: "dispatch.sqs.queue_url"},
+		{name: "bad sqs queue url", sets: []string{"dispatch.sink=sqs", "dispatch.sqs.queue_url=https://sqs.us-east-1.amazonaws.com/orders"}, key: "dispatch.sqs.queue_url"},
+		{name: "bad sqs region", sets: []string{"dispatch.sink=sqs", "dispatch.sqs.queue_url=https://sqs.us-east-1.amazonaws.com/123456789012/q", "dispatch.sqs.region=mars"}, key: "dispatch.sqs.region"},
+		{name: "bad sqs endpoint", sets: []string{"dispatch.sink=sqs", "dispatch.sqs.queue_url=https://sqs.us-east-1.amazonaws.com/123456789012/q", "dispatch.sqs.endpoint=localhost:4566"}, key: "dispatch.sqs.endpoint"},
+		{name: "sns without topic", sets: []string{"dispatch.sink=sns"}, key: "dispatch.sns.topic_arn"},
+		{name: "bad sns topic arn", sets: []string{"dispatch.sink=sns", "dispatch.sns.topic_arn=orders"}, key: "dispatch.sns.topic_arn"},
+		{name: "bad sns endpoint", sets: []string{"dispatch.sink=sns", "dispatch.sns.topic_arn=arn:aws:sns:us-east-1:123456789012:t", "dispatch.sns.endpoint=ftp://x"}, key: "dispatch.sns.endpoint"},
 		{name: "bad level", sets: []string{"log.level=loud"}, key: "log.level"},
 		{name: "zero shutdown", sets: []string{"shutdown_timeout=0s"}, key: "shutdown_timeout"},
 		{name: "bad bool", sets: []string{"poller.notify=maybe"}, key: "poller.notify"},
@@ -162,6 +169,7 @@ func TestRedactedCoversEverySecretKey(t *testing.T) {
 		"dispatch.kafka.sasl.password": {"canary", "canary"},
 		"dispatch.nats.url":            {"nats://u:canary@h:4222", "canary"},
 		"dispatch.rabbitmq.url":        {"amqp://guest:canary@h:5672/", "canary"},
+		"dispatch.sqs.queue_url":       {"https://u:canary@sqs.us-east-1.amazonaws.com/123456789012/q", "canary"},
 	}
 	for _, key := range config.Keys() {
 		if strings.HasSuffix(key, "_file") {

@@ -19,7 +19,7 @@ func TestSinkRegistry(t *testing.T) {
 		names = append(names, name)
 	}
 	slices.Sort(names)
-	if want := []string{"kafka", "kinesis", "nats", "noop", "pubsub", "rabbitmq", "redis_stream", "webhook"}; !slices.Equal(names, want) {
+	if want := []string{"kafka", "kinesis", "nats", "noop", "pubsub", "rabbitmq", "redis_stream", "sns", "sqs", "webhook"}; !slices.Equal(names, want) {
 		t.Fatalf("sinks %v, want %v", names, want)
 	}
 	keys := config.Keys()
@@ -45,7 +45,7 @@ func TestSinkRegistry(t *testing.T) {
 		}
 	}
 	_, err := LoadConfig("", []string{"dispatch.sink=carrier-pigeon"})
-	if err == nil || !strings.Contains(err.Error(), "dispatch.sink") || !strings.Contains(err.Error(), "kafka, kinesis, nats, noop, pubsub, rabbitmq, redis_stream, webhook") {
+	if err == nil || !strings.Contains(err.Error(), "dispatch.sink") || !strings.Contains(err.Error(), "kafka, kinesis, nats, noop, pubsub, rabbitmq, redis_stream, sns, sqs, webhook") {
 		t.Errorf("unknown sink: %v, want dispatch.sink named with the registry's names", err)
 	}
 }

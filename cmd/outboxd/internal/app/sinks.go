@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -17,6 +18,8 @@ import (
 	"github.com/outboxd/outboxd/dispatch/pubsub"
 	"github.com/outboxd/outboxd/dispatch/rabbitmq"
 	"github.com/outboxd/outboxd/dispatch/redisstream"
+	"github.com/outboxd/outboxd/dispatch/sns"
+	"github.com/outboxd/outboxd/dispatch/sqs"
 	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/poller"
 )
@@ -210,6 +213,70 @@ var sinks = map[string]sinkKind{
 			return s, err
 		},
 	},
+	"sqs": {
+		section: "sqs",
+		check: func(_ *config.Config, d destination) error {
+			q := d.d.SQS
+			if _, _, err := sqs.ParseQueueURL(q.QueueURL); err != nil {
+				return &config.KeyError{Key: d.key("sqs.queue_url"), Err: err}
+			}
+			return checkAWS(d, "sqs", q.Region, q.Endpoint)
+		},
+		build: func(a *App, d destination) (dispatch.Sink, error) {
+			q := d.d.SQS
+			// Loading reads the environment and files only; credentials
+			// are fetched per call, bounded by each send's context.
+			s, err := sqs.New(context.Background(), sqs.Config{QueueURL: q.QueueURL, Region: q.Region, Endpoint: q.Endpoint,
+				CloudEvents: cloudEvents(d), Concurrency: a.Cfg.Poller.Concurrency, Log: a.Log})
+			if err != nil {
+				return nil, awsRegionKey(d, "sqs", err)
+			}
+			return s, nil
+		},
+	},
+	"sns": {
+		section: "sns",
+		check: func(_ *config.Config, d destination) error {
+			n := d.d.SNS
+			if _, _, err := sns.ParseTopicARN(n.TopicARN); err != nil {
+				return &config.KeyError{Key: d.key("sns.topic_arn"), Err: err}
+			}
+			return checkAWS(d, "sns", n.Region, n.Endpoint)
+		},
+		build: func(a *App, d destination) (dispatch.Sink, error) {
+			n := d.d.SNS
+			s, err := sns.New(context.Background(), sns.Config{TopicARN: n.TopicARN, Region: n.Region, Endpoint: n.Endpoint,
+				CloudEvents: cloudEvents(d), Concurrency: a.Cfg.Poller.Concurrency, Log: a.Log})
+			if err != nil {
+				return nil, awsRegionKey(d, "sns", err)
+			}
+			return s, nil
+		},
+	},
+}
+
+// awsRegion is an AWS region name as a key may set it (us-east-1,
+// cn-north-1, us-gov-west-1, eu-isoe-west-1).
+var awsRegion = regexp.MustCompile(`^[a-z]{2}(-[a-z]+)+-[0-9]+$`)
+
+// checkAWS checks the region and endpoint keys of an AWS sink's section.
+func checkAWS(d destination, section, region, endpoint string) error {
+	if region != "" && !awsRegion.MatchString(region) {
+		return &config.KeyError{Key: d.key(section + ".region"), Err: fmt.Errorf("%q is not an AWS region name (e.g. us-east-1)", region)}
+	}
+	if err := sqs.ParseEndpoint(endpoint); err != nil { // the same rule for sns
+		return &config.KeyError{Key: d.key(section + ".endpoint"), Err: err}
+	}
+	return nil
+}
+
+// awsRegionKey names <section>.region in a constructor's error that says
+// no region was found anywhere.
+func awsRegionKey(d destination, section string, err error) error {
+	if errors.Is(err, sqs.ErrNoRegion) {
+		return &config.KeyError{Key: d.key(section + ".region"), Err: fmt.Errorf("%w: set it, or AWS_REGION, or a region in ~/.aws/config", err)}
+	}
+	return err
 }
 
 // sinkOf returns the registry entry of d, or a *config.KeyError naming

@@ -1,0 +1,321 @@
+package sqs
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/internal/testkit"
+)
+
+// Tests against moto_server (internal/testenv.StartMoto), started per test:
+// the sink sends, the test reads the queue back with its own client.
+
+// No Postgres or Redis here: plain TestMain, still leak-checked.
+func TestMain(m *testing.M) { testkit.VerifyTestMain(m) }
+
+// newSink is a sink for queueURL on m, closed at cleanup.
+func newSink(t *testing.T, m *testenv.Moto, queueURL string, ce bool) *Sink {
+	t.Helper()
+	s, err := New(t.Context(), Config{QueueURL: queueURL, Region: testenv.MotoRegion, Endpoint: m.Endpoint,
+		CloudEvents: dispatch.CloudEvents{Enabled: ce}, Log: testkit.Logger(t),
+		Options: []func(*config.LoadOptions) error{config.WithCredentialsProvider(m.Credentials())}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// events are n events per aggregate over aggs aggregates of type typ,
+// interleaved (a0 a1 a2 a0 a1 a2 ...), ids from first.
+func events(typ string, aggs, n int, first int64) []dispatch.Event {
+	var out []dispatch.Event
+	for k := range n {
+		for a := range aggs {
+			id := first + int64(len(out))
+			out = append(out, dispatch.Event{ID: id, AggregateType: typ, AggregateID: strconv.Itoa(a), EventType: "test.event",
+				Payload: json.RawMessage(fmt.Sprintf(`{"n":%d,"k":%d}`, id, k)), Headers: json.RawMessage(`{"traceparent":"00-abc-def-01"}`),
+				CreatedAt: time.Date(2026, 11, 24, 3, 0, 0, 0, time.UTC)})
+		}
+	}
+	return out
+}
+
+func batch(evs []dispatch.Event) dispatch.Batch {
+	return dispatch.Batch{Events: evs, Token: 7, Until: func() time.Time { return time.Now().Add(time.Minute) }}
+}
+
+// attrs are a message's string attributes by name.
+func attrs(m types.Message) map[string]string {
+	out := map[string]string{}
+	for k, v := range m.MessageAttributes {
+		out[k] = aws.ToString(v.StringValue)
+	}
+	return out
+}
+
+// TestStandardQueueGetsEveryEventWithItsAttributes: 45 events over 9
+// aggregates (five rounds, calls of ten) are each Delivered with a message
+// id, and the queue holds each once, the payload as the body and the
+// contract's headers as attributes; the row's traceparent too; every
+// result went to Done as well.
+func TestStandardQueueGetsEveryEventWithItsAttributes(t *testing.T) {
+	t.Parallel()
+	m := testenv.StartMoto(t)
+	url := m.CreateQueue(t, "std", nil)
+	s := newSink(t, m, url, false)
+	evs := events("order", 9, 5, 100)
+	b := batch(evs)
+	var done []int
+	b.Done = func(i int, r dispatch.Result) { done = append(done, i) } // the sink serialises Done per round
+	out := s.Send(t.Context(), b)
+	for i, r := range out {
+		if r.Outcome != dispatch.Delivered || r.Ref == "" {
+			t.Fatalf("event %d: %v %q (%v)", evs[i].ID, r.Outcome, r.Ref, r.Err)
+		}
+	}
+	slices.Sort(done)
+	if len(done) != len(evs) || done[0] != 0 || done[len(done)-1] != len(evs)-1 {
+		t.Errorf("Done told %d results, want one per event", len(done))
+	}
+	byID := map[string]types.Message{}
+	for _, msg := range m.Receive(t, url, len(evs)) {
+		id := attrs(msg)["id"]
+		if _, dup := byID[id]; dup {
+			t.Errorf("event %s in the queue twice", id)
+		}
+		byID[id] = msg
+	}
+	for _, ev := range evs {
+		msg, ok := byID[strconv.FormatInt(ev.ID, 10)]
+		if !ok {
+			t.Fatalf("event %d not in the queue", ev.ID)
+		}
+		a := attrs(msg)
+		want := map[string]string{"id": strconv.FormatInt(ev.ID, 10), "aggregate_type": "order", "aggregate_id": ev.AggregateID,
+			"event_type": "test.event", "created_at": "2026-11-24T03:00:00Z", "fencing_token": "7", "traceparent": "00-abc-def-01"}
+		if fmt.Sprint(a) != fmt.Sprint(want) || aws.ToString(msg.Body) != string(ev.Payload) {
+			t.Errorf("event %d: body %s attributes %v, want %s %v", ev.ID, aws.ToString(msg.Body), a, ev.Payload, want)
+		}
+		if _, ok := msg.Attributes["MessageGroupId"]; ok {
+			t.Errorf("event %d: a message group on a standard queue", ev.ID)
+		}
+	}
+}
+
+// TestFIFOQueueKeepsEachAggregateInOrder: on a FIFO queue each event's
+// group is {aggregate_type}/{aggregate_id} and its deduplication id the
+// outbox id; read back group by group, each aggregate's events are in id
+// order; the same batch sent again is Delivered and the queue drops it.
+func TestFIFOQueueKeepsEachAggregateInOrder(t *testing.T) {
+	t.Parallel()
+	m := testenv.StartMoto(t)
+	url := m.CreateQueue(t, "ordered.fifo", nil)
+	s := newSink(t, m, url, false)
+	evs := events("deal", 4, 6, 1)
+	for range 2 {
+		for i, r := range s.Send(t.Context(), batch(evs)) {
+			if r.Outcome != dispatch.Delivered {
+				t.Fatalf("event %d: %v (%v)", evs[i].ID, r.Outcome, r.Err)
+			}
+		}
+	}
+	got := map[string][]int64{}
+	for _, msg := range m.Receive(t, url, len(evs)) {
+		a := attrs(msg)
+		id, _ := strconv.ParseInt(a["id"], 10, 64)
+		if g, want := msg.Attributes["MessageGroupId"], "deal/"+a["aggregate_id"]; g != want {
+			t.Errorf("event %d: group %q, want %q", id, g, want)
+		}
+		if d := msg.Attributes["MessageDeduplicationId"]; d != a["id"] {
+			t.Errorf("event %d: deduplication id %q, want the id", id, d)
+		}
+		got[a["aggregate_id"]] = append(got[a["aggregate_id"]], id)
+	}
+	if n, err := m.Count(t.Context(), url); err != nil || n != 0 {
+		t.Errorf("after reading %d messages the queue still holds %d (%v): the repeat was not deduplicated", len(evs), n, err)
+	}
+	for agg, ids := range got {
+		if len(ids) != 6 || !slices.IsSorted(ids) {
+			t.Errorf("aggregate %s: %v, want its 6 ids in order", agg, ids)
+		}
+	}
+}
+
+// TestOversizeMessageIsDeadLetteredAlone: a queue that takes 1 KiB
+// messages refuses the call that holds a 2 KiB one (moto refuses the whole
+// call, as SQS may): that event is Permanent, its aggregate's next one
+// NotAttempted and never sent, and every other aggregate's events are
+// Delivered.
+func TestOversizeMessageIsDeadLetteredAlone(t *testing.T) {
+	t.Parallel()
+	m := testenv.StartMoto(t)
+	url := m.CreateQueue(t, "small", map[string]string{"MaximumMessageSize": "1024"})
+	s := newSink(t, m, url, false)
+	evs := events("order", 5, 2, 1)
+	evs[2].Payload = json.RawMessage(`"` + strings.Repeat("x", 2048) + `"`) // aggregate 2's first
+	out := s.Send(t.Context(), batch(evs))
+	for i, r := range out {
+		want := dispatch.Delivered
+		switch i {
+		case 2:
+			want = dispatch.Permanent
+		case 7: // aggregate 2's second
+			want = dispatch.NotAttempted
+		}
+		if r.Outcome != want {
+			t.Errorf("event %d: %v (%v), want %v", evs[i].ID, r.Outcome, r.Err, want)
+		}
+	}
+	if err := out[2].Err; err == nil || !strings.Contains(err.Error(), "shorter than") || !strings.Contains(err.Error(), "event 3") {
+		t.Errorf("last_error %v: want the service's reason and the event", err)
+	}
+	ids := map[string]bool{}
+	for _, msg := range m.Receive(t, url, 8) {
+		ids[attrs(msg)["id"]] = true
+	}
+	if ids["3"] || ids["8"] || len(ids) != 8 {
+		t.Errorf("queue holds ids %v, want the 8 of the other aggregates", ids)
+	}
+}
+
+// TestMissingQueueIsRetried: a queue that does not exist fails each
+// aggregate's first event as Retryable, saying so and naming the queue;
+// their later events are NotAttempted.
+func TestMissingQueueIsRetried(t *testing.T) {
+	t.Parallel()
+	m := testenv.StartMoto(t)
+	url := m.QueueURL("nowhere")
+	s := newSink(t, m, url, false)
+	evs := events("order", 3, 2, 1)
+	out := s.Send(t.Context(), batch(evs))
+	for i, r := range out {
+		want := dispatch.Retryable
+		if i >= 3 {
+			want = dispatch.NotAttempted
+		}
+		if r.Outcome != want {
+			t.Fatalf("event %d: %v (%v), want %v", evs[i].ID, r.Outcome, r.Err, want)
+		}
+	}
+	if msg := out[0].Err.Error(); !strings.Contains(msg, "does not exist") || !strings.Contains(msg, strconv.Quote(url)) {
+		t.Errorf("last_error %q: want it to say the queue does not exist and name it", msg)
+	}
+}
+
+// TestMoreThanTenAttributesArePacked: contract six + six row headers +
+// CloudEvents eight: nine attributes, the rest in outboxd-headers as JSON;
+// a header whose name an attribute cannot carry is left out.
+func TestMoreThanTenAttributesArePacked(t *testing.T) {
+	t.Parallel()
+	m := testenv.StartMoto(t)
+	url := m.CreateQueue(t, "many", nil)
+	s := newSink(t, m, url, true)
+	ev := events("order", 1, 1, 1)[0]
+	ev.Headers = json.RawMessage(`{"h1":"1","h2":"2","h3":"3","h4":"4","h5":"5","h6":"6","bad name":"x"}`)
+	if r := s.Send(t.Context(), batch([]dispatch.Event{ev})); r[0].Outcome != dispatch.Delivered {
+		t.Fatalf("%v (%v)", r[0].Outcome, r[0].Err)
+	}
+	a := attrs(m.Receive(t, url, 1)[0])
+	if len(a) != 10 {
+		t.Errorf("%d attributes, want 10: %v", len(a), a)
+	}
+	var packed map[string]string
+	if err := json.Unmarshal([]byte(a["outboxd-headers"]), &packed); err != nil {
+		t.Fatalf("outboxd-headers %q: %v", a["outboxd-headers"], err)
+	}
+	all := map[string]string{}
+	for k, v := range a {
+		all[k] = v
+	}
+	for k, v := range packed {
+		all[k] = v
+	}
+	delete(all, "outboxd-headers")
+	for _, k := range []string{"id", "aggregate_type", "aggregate_id", "event_type", "created_at", "fencing_token",
+		"h1", "h2", "h3", "h4", "h5", "h6", "ce-specversion", "ce-id", "ce-source", "ce-type", "ce-time", "ce-aggregatetype", "ce-aggregateid", "ce-datacontenttype"} {
+		if all[k] == "" {
+			t.Errorf("header %s lost: attributes %v, packed %v", k, a, packed)
+		}
+	}
+	if _, ok := all["bad name"]; ok || len(all) != 20 {
+		t.Errorf("want exactly the 20 headers, got %v", all)
+	}
+	for _, k := range []string{"id", "aggregate_type", "aggregate_id", "event_type", "created_at", "fencing_token"} {
+		if _, ok := a[k]; !ok {
+			t.Errorf("contract header %s is not an attribute of its own", k)
+		}
+	}
+}
+
+// TestNothingIsSentPastTheDeadline: a batch whose trust deadline has
+// passed is NotAttempted and the queue stays empty.
+func TestNothingIsSentPastTheDeadline(t *testing.T) {
+	t.Parallel()
+	m := testenv.StartMoto(t)
+	url := m.CreateQueue(t, "late", nil)
+	s := newSink(t, m, url, false)
+	b := batch(events("order", 3, 1, 1))
+	b.Until = func() time.Time { return time.Now().Add(-time.Second) }
+	for i, r := range s.Send(t.Context(), b) {
+		if r.Outcome != dispatch.NotAttempted {
+			t.Errorf("event %d: %v, want not attempted", i, r.Outcome)
+		}
+	}
+	if n, err := m.Count(t.Context(), url); err != nil || n != 0 {
+		t.Errorf("queue holds %d messages (%v), want none", n, err)
+	}
+}
+
+// TestUnreachableEndpointIsRetried: nothing listening fails the events as
+// Retryable (not Cut: the lease did not end), within the call timeout.
+func TestUnreachableEndpointIsRetried(t *testing.T) {
+	t.Parallel()
+	port := testenv.FreePort(t)
+	s, err := New(t.Context(), Config{QueueURL: "http://127.0.0.1:1/" + testenv.MotoAccount + "/q", Region: testenv.MotoRegion,
+		Endpoint: "http://127.0.0.1:" + strconv.Itoa(port), Timeout: 2 * time.Second,
+		Options: []func(*config.LoadOptions) error{config.WithCredentialsProvider(testenv.StaticAWSCredentials())}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for i, r := range s.Send(context.Background(), batch(events("order", 2, 1, 1))) {
+		if r.Outcome != dispatch.Retryable || r.Cut {
+			t.Errorf("event %d: %v cut=%v (%v), want retryable, not cut", i, r.Outcome, r.Cut, r.Err)
+		}
+	}
+}
+
+// TestBadConfigIsRefused: New refuses what cannot work, saying why.
+func TestBadConfigIsRefused(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ url, endpoint, want string }{
+		{"", "", "empty queue URL"},
+		{"sqs.us-east-1.amazonaws.com/123456789012/q", "", "want https://"},
+		{"https://sqs.us-east-1.amazonaws.com/q", "", "path must be"},
+		{"https://sqs.us-east-1.amazonaws.com/123456789012/bad.name", "", "path must be"},
+		{"https://user:secret@sqs.us-east-1.amazonaws.com/123456789012/q", "", "without credentials"},
+		{"https://sqs.us-east-1.amazonaws.com/123456789012/q", "localhost:4566", "endpoint"},
+	} {
+		_, err := New(t.Context(), Config{QueueURL: c.url, Endpoint: c.endpoint})
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "secret") {
+			t.Errorf("url %q endpoint %q: %v, want an error saying %q (and no secret)", c.url, c.endpoint, err, c.want)
+		}
+	}
+	fifo, region, err := ParseQueueURL("https://sqs.eu-west-3.amazonaws.com/123456789012/orders.fifo")
+	if err != nil || !fifo || region != "eu-west-3" {
+		t.Errorf("FIFO URL: fifo %v region %q err %v", fifo, region, err)
+	}
+}
