@@ -72,6 +72,10 @@ func (a *App) traced(d destination, s dispatch.Sink) dispatch.Sink {
 		}
 	case "redis_stream":
 		o.System = "redis"
+	case "pubsub", "sqs", "sns":
+		// The semantic conventions' names for the cloud queues.
+		o.System = map[string]string{"pubsub": semconv.MessagingSystemGCPPubSub.Value.AsString(),
+			"sqs": semconv.MessagingSystemAWSSQS.Value.AsString(), "sns": semconv.MessagingSystemAWSSNS.Value.AsString()}[d.d.Sink]
 	case "webhook":
 		// Host and path only: the URL's credentials and query stay out of spans.
 		if u, err := url.Parse(d.d.Webhook.URL); err == nil {
