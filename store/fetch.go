@@ -39,7 +39,7 @@ type Parked struct {
 // ReadPos is where the poller stands; see Read.
 type ReadPos struct {
 	// Cursor: every id at or below it is delivered, dead, backing off
-	// (found through outbox_delayed_idx when due), parked (Parked) or a
+	// (found through outbox_backoff_idx when due), parked (Parked) or a
 	// watched gap (Watch). The scan for new rows starts above it, so it never
 	// walks what was settled below, whatever vacuum managed to remove.
 	Cursor int64
@@ -62,7 +62,7 @@ type ReadPos struct {
 // Hot states: why a row read above the cursor was not returned.
 const (
 	HotHeld    = 'h' // above an unsettled gap, or beyond the ids classified in this read
-	HotDelayed = 'd' // not due; outbox_delayed_idx finds it when it is
+	HotDelayed = 'd' // not due; outbox_backoff_idx finds it when it is
 	HotBlocked = 'b' // an earlier row of its aggregate backs off
 	HotSkip    = 's' // in FetchLimits.Skip
 	HotBusy    = 'u' // its aggregate is in FetchLimits.Busy
@@ -119,8 +119,8 @@ const defaultSpan = 10_000
 //     the plan is primary-key probes whatever the estimates;
 //   - the hold: rows at or above the lowest unsettled gap, known or new,
 //     are not returned (its aggregate is unknown until it commits);
-//   - below the cursor: due rows of outbox_delayed_idx (backing off, or
-//     replayed), rows of parked aggregates whose first row is not blocked
+//   - below the cursor: due rows of outbox_backoff_idx (backing off, or
+//     replayed; see backingOff), rows of parked aggregates whose first row is not blocked
 //     (outbox_pending_aggregate_idx from that row), and watched gaps that
 //     committed late.
 //
@@ -161,8 +161,7 @@ parked AS MATERIALIZED (
   SELECT p.t, p.a, f.id AS first,
     EXISTS (SELECT 1 FROM outbox e
       WHERE e.aggregate_type = p.t AND e.aggregate_id = p.a AND e.id < f.id
-        AND e.dispatched_at IS NULL AND e.dead_at IS NULL
-        AND e.available_at > e.created_at AND e.available_at > now()) AS blocked
+        AND ` + backingOffE + ` AND e.available_at > now()) AS blocked
   FROM unnest($8::text[], $9::text[], $10::bigint[]) p(t, a, lo)
   LEFT JOIN LATERAL (
     SELECT o.id FROM outbox o
@@ -171,7 +170,7 @@ parked AS MATERIALIZED (
     ORDER BY o.id LIMIT 1) f ON true),
 lowids AS MATERIALIZED (
   SELECT e.id FROM outbox e, hold
-  WHERE e.dispatched_at IS NULL AND e.dead_at IS NULL AND e.available_at > e.created_at
+  WHERE ` + backingOffE + `
     AND (e.available_at <= now() OR e.available_at > now() + interval '100 years')
     AND (e.id <= $1::bigint OR e.id < hold.h) AND e.id NOT IN (SELECT id FROM hot)
   UNION SELECT o.id FROM parked p CROSS JOIN LATERAL (
@@ -239,13 +238,10 @@ const readColumnNames = `id, aggregate_type, aggregate_id, event_type, payload, 
 const readColumnsSQL = `o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload, o.headers, o.created_at, o.attempts,
     o.available_at > now() + interval '100 years' AS far,
     o.available_at > o.created_at AND o.available_at > now() AND o.available_at <= now() + interval '100 years' AS notdue,
-    CASE WHEN EXISTS (SELECT 1 FROM outbox d
-      WHERE d.dispatched_at IS NULL AND d.dead_at IS NULL AND d.available_at > d.created_at AND d.available_at > now())
+    CASE WHEN EXISTS (SELECT 1 FROM outbox d WHERE ` + backingOffD + ` AND d.available_at > now())
     THEN EXISTS (SELECT 1 FROM outbox e
       WHERE e.aggregate_type = o.aggregate_type AND e.aggregate_id = o.aggregate_id
-        AND e.id < o.id AND e.dispatched_at IS NULL AND e.dead_at IS NULL
-        AND e.available_at > e.created_at -- lets the planner use outbox_delayed_idx
-        AND e.available_at > now())
+        AND e.id < o.id AND ` + backingOffE + ` AND e.available_at > now())
     ELSE false END AS blocked,
     ` + rowSizeSQL + ` AS size`
 

@@ -241,9 +241,7 @@ FROM (
       AND NOT EXISTS (
         SELECT 1 FROM outbox e
         WHERE e.aggregate_type = o.aggregate_type AND e.aggregate_id = o.aggregate_id
-          AND e.id < o.id AND e.dispatched_at IS NULL AND e.dead_at IS NULL
-          AND e.available_at > e.created_at -- lets the planner use outbox_delayed_idx
-          AND e.available_at > now())
+          AND e.id < o.id AND ` + backingOffE + ` AND e.available_at > now())
     ORDER BY o.id
     LIMIT $1) d
   WINDOW w AS (ORDER BY d.id ROWS UNBOUNDED PRECEDING)
@@ -366,33 +364,35 @@ type Stats struct {
 // statsSQL counts from the poller's saved cursor (outbox_cursor, this
 // epoch) on: at or below it every row is delivered, dead or backing off,
 // so the pending index is walked only above it, and rows backing off are
-// counted through their own index (outbox_delayed_idx). From
+// counted through their own index (outbox_backoff_idx). From
 // id 0 each scrape walked the entry of every row delivered while a
 // snapshot was held elsewhere (vacuum cannot remove them): 1.7 s and 350k
 // buffers per scrape behind 180k such rows, growing without bound. Rows
 // an operator makes pending again below the cursor count once the
 // poller's rescan has found them (poller.rescanEvery) and saved a cursor
-// below them. ORDER BY id makes outbox_pending_idx the plan for the walk
-// above the cursor whatever the estimates (outbox_pending_aggregate_idx
-// has the same predicate, and id is not its first column: walked whole);
-// it reads the index alone (no heap access once vacuum marked the pages
-// visible), as the old count from 0 did: rows backing off are added as
-// all of them less those above the cursor, both small. The lowest of them
-// is taken from a subquery (OFFSET 0) so that min(id) is not planned as a
-// walk of outbox_pending_idx from its start.
+// below them. The walk above the cursor goes through the primary key from
+// the cursor on (so it reads the rows above the saved cursor: pending ones
+// and those delivered since the save, at most saveEvery's worth): the
+// pending condition is written opaquely (COALESCE, see backingOff) so that
+// neither pending index is a candidate. Both have the same predicate, and
+// once autovacuum had analyzed the table the planner walked
+// outbox_pending_aggregate_idx whole for "id > cursor" (id is not its first
+// column: 12 -> 2,289 buffers per scrape behind 200k rows delivered under a
+// held snapshot, growing with them); ORDER BY id no longer kept it on
+// outbox_pending_idx once both looked one row long. Rows backing off are
+// added as all of them less those above the cursor, both small, through
+// outbox_backoff_idx; the lowest of them is taken from a subquery (OFFSET 0)
+// so that min(id) is not planned as a walk of an index from its start.
 const statsSQL = `
 WITH c AS MATERIALIZED (
   SELECT COALESCE((SELECT min(cursor) FROM outbox_cursor WHERE epoch = ` + epochSQL + `), 0) AS lo)
 SELECT
-  (SELECT count(*) FROM (SELECT id FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL
-     AND id > (SELECT lo FROM c) ORDER BY id) above)
-  + (SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL AND available_at > created_at)
-  - (SELECT count(*) FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL AND available_at > created_at
-       AND id > (SELECT lo FROM c)),
+  (SELECT count(*) FROM outbox WHERE id > (SELECT lo FROM c) AND ` + pendingOpaque + `)
+  + (SELECT count(*) FROM outbox WHERE ` + backingOff + `)
+  - (SELECT count(*) FROM outbox WHERE ` + backingOff + ` AND id > (SELECT lo FROM c)),
   COALESCE((SELECT extract(epoch FROM now() - created_at)::float8 FROM outbox WHERE id = LEAST(
-    (SELECT min(id) FROM (SELECT id FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL
-       AND available_at > created_at OFFSET 0) delayed),
-    (SELECT id FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL AND id > (SELECT lo FROM c)
+    (SELECT min(id) FROM (SELECT id FROM outbox WHERE ` + backingOff + ` OFFSET 0) delayed),
+    (SELECT id FROM outbox WHERE id > (SELECT lo FROM c) AND ` + pendingOpaque + `
        ORDER BY id LIMIT 1))), 0),
   (SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL)`
 
