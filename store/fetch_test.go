@@ -354,6 +354,21 @@ func TestSessionsDoNotJIT(t *testing.T) {
 	}
 }
 
+// The relay's sessions start no parallel workers: the backlog count's
+// opaque conditions are estimated at half the table, and it started two
+// workers on every scrape. A DSN that sets it keeps its own.
+func TestSessionsDoNotGoParallel(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	var workers string
+	if err := st.Pool().QueryRow(context.Background(), "SHOW max_parallel_workers_per_gather").Scan(&workers); err != nil {
+		t.Fatal(err)
+	}
+	if workers != "0" {
+		t.Fatalf("max_parallel_workers_per_gather = %s in the relay's sessions, want 0", workers)
+	}
+}
+
 // The relay's hot-path statements (the read, the batch's fenced write, the
 // cursor save) cost the same behind 200k rows delivered while a snapshot
 // was held as on an empty table: shared buffers touched, a deterministic

@@ -80,8 +80,16 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 // jit_above_cost Postgres spent ~400 ms compiling a read that runs in
 // 16-24 ms (1M pending rows, EXPLAIN ANALYZE here; 2-3 s per read on a
 // loaded machine, a 1M backlog drained at ~200 ev/s).
+//
+// Nor do they start parallel workers (max_parallel_workers_per_gather = 0,
+// unless the config sets it): each statement here reads a bounded set of
+// rows through an index, and the conditions written opaquely (see
+// backingOff) are estimated at half the table, which made the backlog
+// count a parallel bitmap scan that started two workers on every scrape
+// (~35 ms of a 2-core machine to count no rows).
 func OpenConfig(ctx context.Context, cfg *pgxpool.Config) (*Store, error) {
-	for k, v := range map[string]string{"plan_cache_mode": "force_generic_plan", "jit": "off", "enable_seqscan": "off"} {
+	for k, v := range map[string]string{"plan_cache_mode": "force_generic_plan", "jit": "off", "enable_seqscan": "off",
+		"max_parallel_workers_per_gather": "0"} {
 		if _, set := cfg.ConnConfig.RuntimeParams[k]; !set {
 			cfg.ConnConfig.RuntimeParams[k] = v
 		}
@@ -362,39 +370,42 @@ type Stats struct {
 }
 
 // statsSQL counts from the poller's saved cursor (outbox_cursor, this
-// epoch) on: at or below it every row is delivered, dead or backing off,
-// so the pending index is walked only above it, and rows backing off are
-// counted through their own index (outbox_backoff_idx). From
-// id 0 each scrape walked the entry of every row delivered while a
+// epoch) on: at or below it every row is delivered, dead or backing off.
+// From id 0 each scrape walked the entry of every row delivered while a
 // snapshot was held elsewhere (vacuum cannot remove them): 1.7 s and 350k
 // buffers per scrape behind 180k such rows, growing without bound. Rows
 // an operator makes pending again below the cursor count once the
 // poller's rescan has found them (poller.rescanEvery) and saved a cursor
-// below them. The walk above the cursor goes through the primary key from
-// the cursor on (so it reads the rows above the saved cursor: pending ones
-// and those delivered since the save, at most saveEvery's worth): the
-// pending condition is written opaquely (COALESCE, see backingOff) so that
-// neither pending index is a candidate. Both have the same predicate, and
-// once autovacuum had analyzed the table the planner walked
-// outbox_pending_aggregate_idx whole for "id > cursor" (id is not its first
-// column: 12 -> 2,289 buffers per scrape behind 200k rows delivered under a
-// held snapshot, growing with them); ORDER BY id no longer kept it on
-// outbox_pending_idx once both looked one row long. Rows backing off are
-// added as all of them less those above the cursor, both small, through
-// outbox_backoff_idx; the lowest of them is taken from a subquery (OFFSET 0)
-// so that min(id) is not planned as a walk of an index from its start.
+// below them.
+//
+// Above the cursor it is one walk of the primary key from the cursor on
+// (the rows above the saved cursor: pending ones and those delivered since
+// the save, at most saveEvery's worth), counting pending rows, those of
+// them backing off, and the lowest. The pending condition is written
+// opaquely (COALESCE, see backingOff) so that neither pending index is a
+// candidate: both have the same predicate, and once autovacuum had
+// analyzed the table the planner walked outbox_pending_aggregate_idx whole
+// for "id > cursor" (id is not its first column: 12 -> 2,289 buffers per
+// scrape behind 200k rows delivered under a held snapshot, growing with
+// them). Below the cursor, rows backing off are all of them less those
+// above it, through outbox_backoff_idx; the lowest of them is taken from a
+// subquery (OFFSET 0) so that min(id) is not planned as a walk of an index
+// from its start.
 const statsSQL = `
 WITH c AS MATERIALIZED (
-  SELECT COALESCE((SELECT min(cursor) FROM outbox_cursor WHERE epoch = ` + epochSQL + `), 0) AS lo)
+  SELECT COALESCE((SELECT min(cursor) FROM outbox_cursor WHERE epoch = ` + epochSQL + `), 0) AS lo),
+above AS MATERIALIZED (
+  SELECT count(*) FILTER (WHERE ` + pendingOpaque + `) AS pending,
+    count(*) FILTER (WHERE ` + backingOff + `) AS backing_off,
+    min(id) FILTER (WHERE ` + pendingOpaque + `) AS first
+  FROM outbox WHERE id > (SELECT lo FROM c))
 SELECT
-  (SELECT count(*) FROM outbox WHERE id > (SELECT lo FROM c) AND ` + pendingOpaque + `)
-  + (SELECT count(*) FROM outbox WHERE ` + backingOff + `)
-  - (SELECT count(*) FROM outbox WHERE ` + backingOff + ` AND id > (SELECT lo FROM c)),
+  above.pending + (SELECT count(*) FROM outbox WHERE ` + backingOff + `) - above.backing_off,
   COALESCE((SELECT extract(epoch FROM now() - created_at)::float8 FROM outbox WHERE id = LEAST(
     (SELECT min(id) FROM (SELECT id FROM outbox WHERE ` + backingOff + ` OFFSET 0) delayed),
-    (SELECT id FROM outbox WHERE id > (SELECT lo FROM c) AND ` + pendingOpaque + `
-       ORDER BY id LIMIT 1))), 0),
-  (SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL)`
+    above.first)), 0),
+  (SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL)
+FROM above`
 
 // Stats counts pending and dead rows and the oldest pending row's age.
 func (s *Store) Stats(ctx context.Context) (Stats, error) {
