@@ -25,8 +25,3 @@ const (
 	backingOffD = `COALESCE(d.dispatched_at IS NULL AND d.dead_at IS NULL AND d.available_at > d.created_at, false)`
 	backingOffE = `COALESCE(e.dispatched_at IS NULL AND e.dead_at IS NULL AND e.available_at > e.created_at, false)`
 )
-
-// pendingOpaque is "pending" in the same opaque form, for a walk that must
-// go through the primary key from a cursor on (statsSQL): it proves no
-// partial index's predicate.
-const pendingOpaque = `COALESCE(dispatched_at IS NULL AND dead_at IS NULL, false)`

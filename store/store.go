@@ -381,13 +381,13 @@ type Stats struct {
 // Above the cursor it is one walk of the primary key from the cursor on
 // (the rows above the saved cursor: pending ones and those delivered since
 // the save, at most saveEvery's worth), counting pending rows, those of
-// them backing off, and the lowest. The pending condition is written
-// opaquely (COALESCE, see backingOff) so that neither pending index is a
-// candidate: both have the same predicate, and once autovacuum had
-// analyzed the table the planner walked outbox_pending_aggregate_idx whole
-// for "id > cursor" (id is not its first column: 12 -> 2,289 buffers per
-// scrape behind 200k rows delivered under a held snapshot, growing with
-// them). Below the cursor, rows backing off are all of them less those
+// them backing off, and the lowest. Its WHERE names id alone, the pending
+// conditions are aggregate FILTERs, so that neither pending index is a
+// candidate: a pending condition in the WHERE let the planner, once
+// autovacuum had analyzed the table, walk outbox_pending_aggregate_idx
+// whole for "id > cursor" (id is not its first column: 12 -> 2,289
+// buffers per scrape behind 200k rows delivered under a held snapshot,
+// growing with them). Below the cursor, rows backing off are all of them less those
 // above it, through outbox_backoff_idx; the lowest of them is taken from a
 // subquery (OFFSET 0) so that min(id) is not planned as a walk of an index
 // from its start.
@@ -395,9 +395,9 @@ const statsSQL = `
 WITH c AS MATERIALIZED (
   SELECT COALESCE((SELECT min(cursor) FROM outbox_cursor WHERE epoch = ` + epochSQL + `), 0) AS lo),
 above AS MATERIALIZED (
-  SELECT count(*) FILTER (WHERE ` + pendingOpaque + `) AS pending,
-    count(*) FILTER (WHERE ` + backingOff + `) AS backing_off,
-    min(id) FILTER (WHERE ` + pendingOpaque + `) AS first
+  SELECT count(*) FILTER (WHERE dispatched_at IS NULL AND dead_at IS NULL) AS pending,
+    count(*) FILTER (WHERE dispatched_at IS NULL AND dead_at IS NULL AND available_at > created_at) AS backing_off,
+    min(id) FILTER (WHERE dispatched_at IS NULL AND dead_at IS NULL) AS first
   FROM outbox WHERE id > (SELECT lo FROM c))
 SELECT
   above.pending + (SELECT count(*) FROM outbox WHERE ` + backingOff + `) - above.backing_off,
