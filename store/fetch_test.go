@@ -341,31 +341,20 @@ func TestBusyAggregatesAreLeftOut(t *testing.T) {
 
 // The relay's sessions never JIT-compile: with 1M pending rows the read's
 // estimated cost passed jit_above_cost and compiling took ~400 ms of a
-// 441 ms read. A DSN that sets jit keeps its own.
-func TestSessionsDoNotJIT(t *testing.T) {
-	t.Parallel()
-	st, _ := testenv.Store(t)
-	var jit string
-	if err := st.Pool().QueryRow(context.Background(), "SHOW jit").Scan(&jit); err != nil {
-		t.Fatal(err)
-	}
-	if jit != "off" {
-		t.Fatalf("jit = %s in the relay's sessions, want off", jit)
-	}
-}
-
-// The relay's sessions start no parallel workers: the backlog count's
+// 441 ms read. Nor do they start parallel workers: the backlog count's
 // opaque conditions are estimated at half the table, and it started two
-// workers on every scrape. A DSN that sets it keeps its own.
-func TestSessionsDoNotGoParallel(t *testing.T) {
+// workers on every scrape. A DSN that sets either keeps its own.
+func TestSessionsDoNotJITOrGoParallel(t *testing.T) {
 	t.Parallel()
 	st, _ := testenv.Store(t)
-	var workers string
-	if err := st.Pool().QueryRow(context.Background(), "SHOW max_parallel_workers_per_gather").Scan(&workers); err != nil {
-		t.Fatal(err)
-	}
-	if workers != "0" {
-		t.Fatalf("max_parallel_workers_per_gather = %s in the relay's sessions, want 0", workers)
+	for _, c := range []struct{ setting, want string }{{"jit", "off"}, {"max_parallel_workers_per_gather", "0"}} {
+		var got string
+		if err := st.Pool().QueryRow(context.Background(), "SHOW "+c.setting).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != c.want {
+			t.Errorf("%s = %s in the relay's sessions, want %s", c.setting, got, c.want)
+		}
 	}
 }
 
