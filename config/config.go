@@ -717,6 +717,11 @@ func (c *Config) Redacted() map[string]any {
 		}
 	}
 	flat[routesKey] = routesShown(c.Dispatch.Routes)
+	if !c.TopLevelDestination() {
+		// Routed, dispatch.sink unset: the top-level section is no
+		// destination, and its default sink would read as one.
+		delete(flat, "dispatch.sink")
+	}
 	out := map[string]any{}
 	for k, v := range flat {
 		parts := strings.Split(k, ".")

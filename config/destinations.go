@@ -30,6 +30,9 @@ const DefaultDestination = "default"
 const (
 	destinationsKey = "dispatch.destinations"
 	routesKey       = "dispatch.routes"
+	// destinationsEnv starts the environment variables of named
+	// destinations: OUTBOXD_DISPATCH_DESTINATIONS_<NAME>_<KEY>.
+	destinationsEnv = "OUTBOXD_DISPATCH_DESTINATIONS_"
 )
 
 // Destination is one named destination's settings: a sink and its section,
@@ -107,7 +110,21 @@ func typeKey(key string) (string, bool) {
 // decoding sees them and OUTBOXD_DISPATCH_DESTINATIONS_<NAME>_<KEY>
 // overrides a destination named in the file or a --set.
 func setDestinationDefaults(v *viper.Viper, defaults map[string]any) {
+	names := map[string]bool{}
 	for name := range v.GetStringMap(destinationsKey) {
+		names[name] = true
+	}
+	// A destination named only in the environment: viper reads a variable
+	// only for a key it knows, so the variable of its sink names it here.
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if mid, ok := strings.CutPrefix(k, destinationsEnv); ok {
+			if name, ok := strings.CutSuffix(mid, "_SINK"); ok && name != "" {
+				names[strings.ToLower(name)] = true
+			}
+		}
+	}
+	for name := range names {
 		for k, d := range defaults {
 			rest, ok := strings.CutPrefix(k, "dispatch.")
 			if !ok || slices.Contains(nested, strings.Split(rest, ".")[0]) {

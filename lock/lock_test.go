@@ -107,7 +107,11 @@ func TestTokensIncreaseOverManyAcquisitions(t *testing.T) {
 	ctx := context.Background()
 	var last int64
 	for i := range 1000 {
-		l, err := c.TryAcquire(ctx, "lock:seq", lock.Options{TTL: time.Second, RenewInterval: -1})
+		// Each lock is released at once, so its TTL only sets the time
+		// each Redis call may take (TTL/10): with a TTL of a second, an
+		// acquire or release past 100 ms failed 19 runs of 20 on a loaded
+		// 2-core machine.
+		l, err := c.TryAcquire(ctx, "lock:seq", lock.Options{TTL: time.Minute, RenewInterval: -1})
 		if err != nil {
 			t.Fatalf("acquisition %d: %v", i, err)
 		}
@@ -181,25 +185,28 @@ func TestExpiresWithoutRenewal(t *testing.T) {
 	t.Parallel()
 	c, rdb, prefix := newClient(t)
 	ctx := context.Background()
-	// TTLs of a second, not less: each Redis call gets TTL/10, and 30 ms was
-	// too little on a loaded 2-core CI machine.
-	a, err := c.TryAcquire(ctx, "lock:e", lock.Options{TTL: time.Second, RenewInterval: -1})
+	// Each Redis call may take TTL/10: 30 ms, then 100 ms (TTLs of a
+	// second) were too little on a loaded 2-core machine, for the
+	// acquisitions and the late release alike. Acquire, not TryAcquire:
+	// it tries again after an attempt that timed out.
+	const ttl = 5 * time.Second
+	a, err := c.Acquire(ctx, "lock:e", lock.Options{TTL: ttl, RenewInterval: -1, Wait: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case <-a.Context().Done():
-	case <-time.After(5 * time.Second):
+	case <-time.After(ttl + time.Minute):
 		t.Fatal("context not done after the lease ran out")
 	}
 	if !errors.Is(context.Cause(a.Context()), lock.ErrLost) {
 		t.Fatalf("cause %v, want ErrLost", context.Cause(a.Context()))
 	}
 	// Wait for Redis to expire the key, then someone else can take it.
-	testkit.WaitFor(t, 5*time.Second, "Redis to expire lock:e", func() bool {
+	testkit.WaitFor(t, time.Minute, "Redis to expire lock:e", func() bool {
 		return rdb.Exists(ctx, prefix+"lock:e").Val() == 0
 	}, nil)
-	b, err := c.TryAcquire(ctx, "lock:e", lock.Options{TTL: time.Second})
+	b, err := c.Acquire(ctx, "lock:e", lock.Options{TTL: time.Minute, Wait: time.Minute})
 	if err != nil {
 		t.Fatalf("acquire after expiry: %v", err)
 	}
@@ -213,8 +220,13 @@ func TestWatchdogKeepsLockPastThreeTTLs(t *testing.T) {
 	t.Parallel()
 	c, rdb, prefix := newClient(t)
 	ctx := context.Background()
-	ttl := time.Second // see TestExpiresWithoutRenewal
-	a, err := c.TryAcquire(ctx, "lock:r", lock.Options{TTL: ttl})
+	// Renewals every TTL/3, each call given TTL/10 (see
+	// TestExpiresWithoutRenewal): with a TTL of a second, Redis answering
+	// slower than 100 ms for half a second lost the lock, as it should,
+	// and a loaded 2-core machine did that. Now it takes calls slower than
+	// 500 ms for 2.8 s.
+	const ttl = 5 * time.Second
+	a, err := c.Acquire(ctx, "lock:r", lock.Options{TTL: ttl, Wait: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,8 +238,12 @@ func TestWatchdogKeepsLockPastThreeTTLs(t *testing.T) {
 	if v := rdb.Get(ctx, prefix+"lock:r").Val(); v != a.Owner() {
 		t.Fatalf("key holds %q after 3 TTLs, want the owner", v)
 	}
-	if _, err := c.TryAcquire(ctx, "lock:r", lock.Options{TTL: ttl}); !errors.Is(err, lock.ErrNotObtained) {
-		t.Fatalf("second holder got in: %v", err)
+	// A long TTL for the attempt: a Redis call that timed out would also
+	// say ErrNotObtained, but not name the holder.
+	_, err = c.TryAcquire(ctx, "lock:r", lock.Options{TTL: time.Minute})
+	var held *lock.HolderError
+	if !errors.As(err, &held) || held.Owner != a.Owner() {
+		t.Fatalf("second attempt: %v, want ErrNotObtained naming the holder %s", err, a.Owner())
 	}
 }
 

@@ -315,13 +315,26 @@ func TestSplitBrainRunnersNeverOverwriteEachOther(t *testing.T) {
 	cfg.BatchSize, cfg.Concurrency, cfg.LockTTL = 50, 4, 600*time.Millisecond
 	a := e.poller(cfg, "")
 	b := e.poller(cfg, e.prefix+"split:") // its own lock key: both hold "the" lock
-	e.run(a)
-	e.run(b)
-	e.waitAllDispatched(60 * time.Second)
+	refused := func(r *runner) float64 {
+		return testutil.ToFloat64(r.m.FenceRejections.WithLabelValues(keys.PollerLock))
+	}
+	stopA := e.run(a)
+	stopB := e.run(b)
+	// The split lasts until each runner was refused a few times (or the
+	// rows ran out); then one runner with a lease that holds under load
+	// delivers the rest. Both running to the last row took over a minute
+	// at load 25 (each new term waits a TTL before its first write, the
+	// two take turns, and 60 ms Redis calls lose leases), past the deadline.
+	e.waitFor("each runner refused 3 times, or every row dispatched", 5*time.Minute, func() bool {
+		return refused(a) >= 3 && refused(b) >= 3 || e.count("dispatched_at IS NULL") == 0
+	})
+	stopA()
+	stopB()
+	e.run(e.poller(testConfig(), ""))
+	e.waitAllDispatched(5 * time.Minute)
 	e.checkDelivered(ids)
 
-	rejections := testutil.ToFloat64(a.m.FenceRejections.WithLabelValues(keys.PollerLock)) +
-		testutil.ToFloat64(b.m.FenceRejections.WithLabelValues(keys.PollerLock))
+	rejections := refused(a) + refused(b)
 	if rejections == 0 {
 		t.Fatal("two leaders ran and the fence refused nothing")
 	}

@@ -43,7 +43,11 @@ import (
 // ids are then not allocated in time order across sessions), or when a
 // producer is descheduled for longer than one poll between taking its id
 // and its first write (it has no transaction id yet, so the read's snapshot
-// cannot name it; lateWatch and the rescan still deliver its row).
+// cannot name it; lateWatch and the rescan still deliver its row). Nor a
+// WARN for a late commit across a change of holder: the new one starts
+// from the saved cursor, below the gap, knowing nothing of what the last
+// one sent, so a gap that commits after the lease moved is delivered like
+// any row even when a later row of its aggregate went first.
 
 const (
 	// lateWatch: how long a gap is still looked up after its transactions

@@ -153,16 +153,20 @@ func TestHeldElsewhereIsNotAcquired(t *testing.T) {
 func TestWaitsOneTTLAfterDataLoss(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	const ttl = 600 * time.Millisecond
+	// The lock is renewed while the seat waits: each Redis call may take
+	// TTL/10, and 60 ms (a TTL of 600 ms) was too little on a loaded
+	// 2-core machine: the lease was lost, rightly, and the work never ran.
+	const ttl = 3 * time.Second
 	// Postgres accepted token 7; Redis' counter is gone.
 	if err := b.st.ClaimFence(context.Background(), store.Fence{Lock: name, Token: 7, Owner: "before"}); err != nil {
 		t.Fatal(err)
 	}
-	s := b.seat(term.Options{TTL: ttl, Wait: time.Second, WaitAfterDataLoss: true})
+	s := b.seat(term.Options{TTL: ttl, Wait: time.Minute, WaitAfterDataLoss: true})
 	start := time.Now()
 	var waited time.Duration
+	ran := false
 	err := s.Run(context.Background(), 0, func(_ context.Context, tm *term.Term) error {
-		waited = time.Since(start)
+		waited, ran = time.Since(start), true
 		if tm.Token() <= 7 {
 			t.Errorf("token %d, want above the floor 7", tm.Token())
 		}
@@ -170,6 +174,9 @@ func TestWaitsOneTTLAfterDataLoss(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !ran {
+		t.Fatalf("the work never ran (the lease was lost while waiting); log:\n%s", b.logs.String())
 	}
 	if waited < ttl {
 		t.Fatalf("work started %s after acquiring, want at least one TTL (%s)", waited, ttl)

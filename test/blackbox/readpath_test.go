@@ -18,7 +18,11 @@ func TestLateCommitIsWarnedAndCounted(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	rc := newRecorder(t, nil)
-	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL(), "OUTBOXD_POLLER_GAP_WAIT", "300ms")
+	// One term throughout: a new holder does not know what the last one
+	// sent, so a late commit across terms is not warned (poller
+	// readpath.go, "Not guaranteed"); a 2 s lease can move on a loaded
+	// machine.
+	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL(), "OUTBOXD_POLLER_GAP_WAIT", "300ms", "OUTBOXD_POLLER_LOCK_TTL", "30s")
 	rep := e.start()
 	ctx := context.Background()
 	// The relay reads before the race starts: one that computes its first
@@ -43,6 +47,11 @@ func TestLateCommitIsWarnedAndCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the late row delivered", func() bool { return rc.OKCounts()[lower] > 0 }, e.describeRows("true"))
+	if terms := rep.logsMatching(func(_ string, rec map[string]any) bool {
+		return rec["msg"] == "lock acquired" && rec["lock"] == "lock:outbox:poller"
+	}); len(terms) != 1 {
+		t.Fatalf("%d poller terms, want one (the test's premise); last lines:\n%s", len(terms), rep.tail(20))
+	}
 	if !rep.awaitLog(10*time.Second, func(_ string, rec map[string]any) bool {
 		return rec["msg"] == "late commit" && rec["level"] == "WARN" && rec["aggregate_type"] == "deal" &&
 			rec["aggregate_id"] == "A" && rec["outbox_id"] == float64(lower) && rec["after_id"] == float64(higher)

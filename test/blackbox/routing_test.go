@@ -69,9 +69,12 @@ func (rr *routedReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad body", http.StatusBadRequest)
 		return
 	}
-	// What the stream holds now, before this request is answered.
+	// What the stream holds now, before this request is answered. Not in
+	// the request's context: the relay gives up a request (its 1 s
+	// timeout, a killed leader) whose event counts as arrived all the same,
+	// and a cancelled XRANGE read as an empty stream (false violations).
 	inStream := map[int64]bool{}
-	for _, id := range rr.streamIDs(r.Context(), ev.AggregateType) {
+	for _, id := range rr.streamIDs(context.WithoutCancel(r.Context()), ev.AggregateType) {
 		inStream[id] = true
 	}
 	rr.mu.Lock()

@@ -161,6 +161,51 @@ func TestDestinationEnvAndSetOverride(t *testing.T) {
 	}
 }
 
+// The effective configuration of a routed setup names no top-level sink
+// unless dispatch.sink was set: the default one is no destination there.
+func TestRoutedConfigShowsNoDefaultSink(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		file string
+		want any
+	}{
+		{routedYAML, nil},
+		{routedYAML + "  sink: nats\n", "nats"},
+		{"", "webhook"},
+	} {
+		file := ""
+		if tc.file != "" {
+			file = writeFile(t, tc.file)
+		}
+		c, err := app.LoadConfig(file, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.Redacted()["dispatch"].(map[string]any)["sink"]; got != tc.want {
+			t.Errorf("dispatch.sink shown as %v, want %v, for:%s", got, tc.want, tc.file)
+		}
+	}
+}
+
+// A destination may be named in the environment alone, by its sink's
+// variable; its other keys come from the environment too. Not parallel: it
+// sets OUTBOXD_* variables.
+func TestDestinationFromTheEnvironmentAlone(t *testing.T) {
+	t.Setenv("OUTBOXD_DISPATCH_DESTINATIONS_AUDIT_LOG_SINK", "webhook")
+	t.Setenv("OUTBOXD_DISPATCH_DESTINATIONS_AUDIT_LOG_WEBHOOK_URL", "http://from-env/audit")
+	c, err := app.LoadConfig(writeFile(t, "dispatch:\n  routes:\n    - {aggregate_type: audit, to: audit_log}\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := c.Dispatch.Destinations["audit_log"]
+	if d == nil || d.Sink != "webhook" || d.Webhook.URL != "http://from-env/audit" || d.Webhook.Timeout != 10*time.Second {
+		t.Fatalf("destination audit_log %+v: want the environment's webhook with the section's defaults", d)
+	}
+	if ds := c.Destinations(); len(ds) != 1 || ds[0].Key != "dispatch.destinations.audit_log" {
+		t.Fatalf("destinations %+v: want audit_log alone", ds)
+	}
+}
+
 // A destination's secrets are read from their files and redacted exactly
 // like the top-level ones; an error about one names the destination's key.
 func TestDestinationSecretsAreRedacted(t *testing.T) {
