@@ -280,27 +280,39 @@ func (s *Store) ShowDead(ctx context.Context, id int64) (DeadEvent, error) {
 }
 
 // replaySQL requeues the next batch of f's dead rows after the cursor
-// ($1, $2: dead_at, id), at most $3, walking outbox_dead_list_idx like the
-// list (in the other direction). The rows are locked (SKIP LOCKED: a row
-// another replay or a purge holds is left to it) and the UPDATE re-checks
-// dead_at, so a row that stopped being dead meanwhile is not touched.
+// ($4, $5: dead_at, id), at most $6, walking outbox_dead_list_idx like the
+// list (in the other direction), as one fenced statement (fenceCTE: $1..$3).
+// The rows are locked (SKIP LOCKED: a row another replay or a purge holds
+// is left to it) and the UPDATE re-checks dead_at, so a row that stopped
+// being dead meanwhile is not touched. It returns the fence's outcome, how
+// many rows it requeued and the last of them (dead_at, id) as the next
+// cursor.
 func replaySQL(f DeadFilter) (string, []any) {
-	where, args := f.where([]any{pgtype.Timestamptz{}, int64(0), 0})
-	return `
-WITH picked AS (
+	where, args := f.where(make([]any, 6))
+	return fenceCTE + `,
+picked AS (
   SELECT id, dead_at FROM outbox
-  WHERE ` + where + ` AND (dead_at, id) > ($1::timestamptz, $2::bigint)
-  ORDER BY dead_at, id LIMIT $3
-  FOR UPDATE SKIP LOCKED)
-UPDATE outbox o SET dead_at = NULL, attempts = 0, available_at = now()
-FROM picked WHERE o.id = picked.id AND o.dead_at IS NOT NULL
-RETURNING o.id, picked.dead_at`, args
+  WHERE ` + where + ` AND (dead_at, id) > ($4::timestamptz, $5::bigint) AND EXISTS (SELECT 1 FROM fence)
+  ORDER BY dead_at, id LIMIT $6
+  FOR UPDATE SKIP LOCKED),
+requeued AS (
+  UPDATE outbox o SET dead_at = NULL, attempts = 0, available_at = now()
+  FROM picked WHERE o.id = picked.id AND o.dead_at IS NOT NULL AND EXISTS (SELECT 1 FROM fence)
+  RETURNING o.id, picked.dead_at),
+last AS (SELECT dead_at, id FROM requeued ORDER BY dead_at DESC, id DESC LIMIT 1)
+SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM requeued),
+  (SELECT dead_at FROM last), COALESCE((SELECT id FROM last), 0)`, args[3:]
 }
 
 // ReplayDead requeues dead rows (clears dead_at, resets attempts, due now;
 // last_error stays for the record) in batches of batchSize, calling progress
-// after each. The poller never writes dead rows, so this needs no fence.
-func (s *Store) ReplayDead(ctx context.Context, f ReplayFilter, batchSize int, progress func(done int64)) (int64, error) {
+// after each.
+//
+// Replays are fenced writes like every other: each batch is one statement
+// under fence (the holder of lock:reconciliation, which purges dead rows),
+// so a replay whose term was taken over changes nothing more: it returns
+// how many rows it requeued before, and ErrStaleFence.
+func (s *Store) ReplayDead(ctx context.Context, fence Fence, f ReplayFilter, batchSize int, progress func(done int64)) (int64, error) {
 	if batchSize <= 0 {
 		batchSize = 1000
 	}
@@ -311,28 +323,19 @@ func (s *Store) ReplayDead(ctx context.Context, f ReplayFilter, batchSize int, p
 	var total int64
 	for {
 		args[0], args[1] = cursor.DeadAt, cursor.ID
-		rows, err := s.pool.Query(ctx, sql, args...)
-		if err != nil {
+		var n int64
+		var last DeadCursor
+		if err := s.fencedScan(ctx, fence, sql, []any{&n, &last.DeadAt, &last.ID}, args...); err != nil {
 			return total, wrap("replay", err)
 		}
-		got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadCursor, error) {
-			var c DeadCursor
-			err := r.Scan(&c.ID, &c.DeadAt)
-			return c, err
-		})
-		if err != nil {
-			return total, wrap("replay", err)
+		if n > 0 && last.after(cursor) {
+			cursor = last
 		}
-		for _, c := range got {
-			if c.after(cursor) {
-				cursor = c
-			}
-		}
-		total += int64(len(got))
-		if progress != nil && len(got) > 0 {
+		total += n
+		if progress != nil && n > 0 {
 			progress(total)
 		}
-		if len(got) < batchSize {
+		if n < int64(batchSize) {
 			return total, nil
 		}
 	}

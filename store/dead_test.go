@@ -23,6 +23,10 @@ type deadRow struct {
 	delivered                            bool
 }
 
+// replayFence is the fence replays carry in these tests (a term of
+// lock:reconciliation; nothing else writes under that lock here).
+var replayFence = store.Fence{Lock: "lock:reconciliation", Token: 1, Owner: "test-replay"}
+
 // insertRows writes rows and returns their ids, in order.
 func insertRows(t *testing.T, st *store.Store, rows ...deadRow) []int64 {
 	t.Helper()
@@ -278,7 +282,7 @@ func TestDeadRowsWithInfiniteTimestamps(t *testing.T) {
 		t.Errorf("show: %s, %v; want created_at -infinity, available_at infinity", b, err)
 	}
 	// Replay passes them all (its cursor starts below -infinity).
-	if n, err := st.ReplayDead(ctx, store.ReplayFilter{}, 1, nil); err != nil || n != 3 {
+	if n, err := st.ReplayDead(ctx, replayFence, store.ReplayFilter{}, 1, nil); err != nil || n != 3 {
 		t.Errorf("replay: %d, %v; want 3", n, err)
 	}
 }
@@ -336,7 +340,7 @@ func TestReplayFollowsTheFilter(t *testing.T) {
 	if err != nil || dry != int64(len(want)) || len(want) == 0 {
 		t.Fatalf("dry run: %d, %v; want %d (> 0)", dry, err, len(want))
 	}
-	n, err := st.ReplayDead(ctx, f, 2, nil)
+	n, err := st.ReplayDead(ctx, replayFence, f, 2, nil)
 	if err != nil || n != dry {
 		t.Fatalf("replay: %d, %v; want %d", n, err, dry)
 	}
@@ -445,5 +449,67 @@ FROM generate_series(1, $1::int) g`, n)
 	slices.Sort(got)
 	if distinct := len(slices.Compact(got)); len(got) != n || distinct != n {
 		t.Errorf("walked %d rows, %d distinct; want %d", len(got), distinct, n)
+	}
+}
+
+// A replay holding an older token than the lock's newest holder changes
+// nothing: replays are fenced writes like every other (issue 20). One
+// whose token is current requeues, and its batches raise nothing.
+func TestReplayWithAStaleFenceChangesNothing(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	ids := insertRows(t, st, deadRow{"deal", "1", "deal.funded", "boom", time.Now().Add(-time.Minute), false},
+		deadRow{"deal", "2", "deal.funded", "boom", time.Now(), false})
+	newer := store.Fence{Lock: "lock:reconciliation", Token: 7, Owner: "owner-7"}
+	older := store.Fence{Lock: newer.Lock, Token: 6, Owner: "owner-6"}
+	twin := store.Fence{Lock: newer.Lock, Token: 7, Owner: "other-owner"}
+	if err := st.ClaimFence(ctx, newer); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []store.Fence{older, twin} {
+		progressed := false
+		n, err := st.ReplayDead(ctx, f, store.ReplayFilter{}, 1, func(int64) { progressed = true })
+		if !errors.Is(err, store.ErrStaleFence) || n != 0 || progressed {
+			t.Fatalf("replay with %+v after token 7: %d, %v (progress %v); want 0, ErrStaleFence", f, n, err, progressed)
+		}
+		if got := listAll(t, st, store.DeadFilter{}, 10); len(got) != 2 {
+			t.Fatalf("replay with %+v: dead rows %v, want both %v still dead", f, got, ids)
+		}
+	}
+	if tok, _ := st.FenceToken(ctx, newer.Lock); tok != 7 {
+		t.Fatalf("fence token %d after stale replays, want 7", tok)
+	}
+	if n, err := st.ReplayDead(ctx, newer, store.ReplayFilter{}, 1, nil); err != nil || n != 2 {
+		t.Fatalf("replay by the current holder: %d, %v; want 2", n, err)
+	}
+	if got := listAll(t, st, store.DeadFilter{}, 10); len(got) != 0 {
+		t.Errorf("dead after the current holder's replay: %v", got)
+	}
+}
+
+// A replay taken over between two batches stops at once: it reports the
+// rows it requeued and ErrStaleFence, and the rest stay dead.
+func TestReplayStopsWhenTakenOverMidway(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	t0 := time.Now().Add(-time.Hour)
+	insertRows(t, st, deadRow{"a", "1", "e", "x", t0, false}, deadRow{"a", "2", "e", "x", t0.Add(time.Second), false},
+		deadRow{"a", "3", "e", "x", t0.Add(2 * time.Second), false})
+	mine := store.Fence{Lock: "lock:reconciliation", Token: 3, Owner: "replay"}
+	next := store.Fence{Lock: mine.Lock, Token: 4, Owner: "reconcile"}
+	n, err := st.ReplayDead(ctx, mine, store.ReplayFilter{}, 1, func(done int64) {
+		if done == 1 {
+			if err := st.ClaimFence(ctx, next); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	if !errors.Is(err, store.ErrStaleFence) || n != 1 {
+		t.Fatalf("replay taken over after its first batch: %d, %v; want 1, ErrStaleFence", n, err)
+	}
+	if got := listAll(t, st, store.DeadFilter{}, 10); len(got) != 2 {
+		t.Errorf("dead rows %v, want the two the replay did not reach", got)
 	}
 }

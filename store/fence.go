@@ -52,14 +52,21 @@ fence AS (
 // fence's outcome first and then the write counts; ErrStaleFence when the
 // fence refused.
 func (s *Store) fenced(ctx context.Context, f Fence, sql string, counts []*int64, args ...any) error {
+	dest := make([]any, len(counts))
+	for i, c := range counts {
+		dest[i] = c
+	}
+	return s.fencedScan(ctx, f, sql, dest, args...)
+}
+
+// fencedScan is fenced with the write's results scanned into dest, of any
+// type (the fence's outcome still comes first).
+func (s *Store) fencedScan(ctx context.Context, f Fence, sql string, dest []any, args ...any) error {
 	if f.Token <= 0 {
 		return fmt.Errorf("store: fenced write for %q without a token", f.Lock)
 	}
 	var ok bool
-	dest := []any{&ok}
-	for _, c := range counts {
-		dest = append(dest, c)
-	}
+	dest = append([]any{&ok}, dest...)
 	if err := s.pool.QueryRow(ctx, sql, append([]any{f.Lock, f.Token, f.Owner}, args...)...).Scan(dest...); err != nil {
 		return fmt.Errorf("store: fenced write (%s token %d): %w", f.Lock, f.Token, err)
 	}

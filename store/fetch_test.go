@@ -204,7 +204,7 @@ func TestReadFindsRowsBelowTheCursor(t *testing.T) {
 		t.Fatalf("rows %+v, %v before anything re-entered", res.Rows, err)
 	}
 
-	if n, err := st.ReplayDead(ctx, store.ReplayFilter{IDs: []int64{dead}}, 10, nil); err != nil || n != 1 {
+	if n, err := st.ReplayDead(ctx, replayFence, store.ReplayFilter{IDs: []int64{dead}}, 10, nil); err != nil || n != 1 {
 		t.Fatalf("replay: %d, %v", n, err)
 	}
 	res, err := st.Read(ctx, lim, pos)

@@ -11,8 +11,9 @@
 //	         events of the relay, Postgres and Redis
 //	latency  producers commit -rate events/s (-per-tx per transaction) for
 //	         -for while the binary runs; commit → marked delivered
-//	         (dispatched_at) p50/p95/p99 per run, and per -window of commit
-//	         time; -hold-snapshot keeps a REPEATABLE READ transaction open in
+//	         (dispatched_at) p50/p95/p99 and relay CPU per run, and per
+//	         -window of commit time; -tracing off,on alternates runs with
+//	         tracing off and on (OTLP/HTTP to a receiver in the bench); -hold-snapshot keeps a REPEATABLE READ transaction open in
 //	         the database all along; -producers K makes K racing producers
 //	         (BEGIN, INSERT, [-tx-hold], COMMIT: ids taken in one order,
 //	         visible in another)
@@ -105,6 +106,7 @@ var (
 	holdSnapshot = flag.Bool("hold-snapshot", false, "latency: hold a REPEATABLE READ transaction (snapshot taken) open in the run's database for the whole run")
 	producers    = flag.Int("producers", 0, "latency: racing producers, each BEGIN, INSERT, COMMIT on its own connection (0: one-statement transactions, up to 16 at once)")
 	txHold       = flag.Duration("tx-hold", 0, "latency with -producers: time between a producer's INSERT and its COMMIT")
+	tracing      = flag.String("tracing", "", "latency: off, on, or off,on (each run once per mode): on exports every span over OTLP/HTTP to a receiver in the bench (OTEL_* set for the relay), off clears OTEL_*; empty: the environment as it is")
 )
 
 // payloadPad makes a row's payload about 220 bytes, like the issue's figures.
@@ -333,19 +335,50 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch, rows int, tag st
 // ---- latency ----
 
 func latencyRuns(ctx context.Context, bins []build) {
+	modes := tracingModes(*tracing)
+	var sink *otlpSink
+	if slices.Contains(modes, "on") {
+		sink = startOTLPSink()
+	}
+	cpu := map[string][]float64{} // relay CPU s/1k events per label
+	var labels []string
 	for r := range *runs {
 		for _, bin := range bins {
-			q := latencyOnce(ctx, bin.path)
-			recv := ""
-			if *latWebhook {
-				recv = fmt.Sprintf("; commit → received p50 %.2f p99 %.2f max %.2f ms", q.recvP50, q.recvP99, q.recvMax)
+			for _, mode := range modes {
+				label, env := bin.label, []string(nil)
+				if mode != "" {
+					label, env = bin.label+" tracing "+mode, tracingEnv(mode, sink)
+				}
+				var spans0, bad0 int64
+				if sink != nil {
+					spans0, bad0 = sink.spans.Load(), sink.bad.Load()
+				}
+				q := latencyOnce(ctx, bin.path, env)
+				recv, traced := "", ""
+				if *latWebhook {
+					recv = fmt.Sprintf("; commit → received p50 %.2f p99 %.2f max %.2f ms", q.recvP50, q.recvP99, q.recvMax)
+				}
+				if mode == "on" {
+					spans := sink.spans.Load() - spans0
+					traced = fmt.Sprintf("; spans received %d (%.2f per event, %d bad exports)", spans, float64(spans)/float64(q.events), sink.bad.Load()-bad0)
+				}
+				fmt.Printf("run %d %s: %d ev/s x%d per tx, %s (achieved %.0f ev/s), commit → marked p50 %.2f ms  p95 %.2f ms  p99 %.2f ms  max %.2f ms (%d events); producer tx p50 %.2f p99 %.2f max %.2f ms%s; relay CPU s/1k events %.4f%s; load %s; outbox indexes %.1f MiB at the end\n",
+					r+1, label, *rate, *perTx, latencyShape(), q.achieved, q.p50, q.p95, q.p99, q.max, q.n, q.prodP50, q.prodP99, q.prodMax, recv, q.relayCPU, traced, q.load, q.indexMiB)
+				for i, w := range q.windows {
+					fmt.Printf("    %s window %d (%v–%v): commit → marked p50 %.2f  p95 %.2f  p99 %.2f  max %.2f ms (%d events)\n",
+						label, i+1, time.Duration(i)**window, time.Duration(i+1)**window, w.p50, w.p95, w.p99, w.max, w.n)
+				}
+				if _, seen := cpu[label]; !seen {
+					labels = append(labels, label)
+				}
+				cpu[label] = append(cpu[label], q.relayCPU)
 			}
-			fmt.Printf("run %d %s: %d ev/s x%d per tx, %s (achieved %.0f ev/s), commit → marked p50 %.2f ms  p95 %.2f ms  p99 %.2f ms  max %.2f ms (%d events); producer tx p50 %.2f p99 %.2f max %.2f ms%s; relay CPU s/1k events %.4f; load %s; outbox indexes %.1f MiB at the end\n",
-				r+1, bin.label, *rate, *perTx, latencyShape(), q.achieved, q.p50, q.p95, q.p99, q.max, q.n, q.prodP50, q.prodP99, q.prodMax, recv, q.relayCPU, q.load, q.indexMiB)
-			for i, w := range q.windows {
-				fmt.Printf("    %s window %d (%v–%v): commit → marked p50 %.2f  p95 %.2f  p99 %.2f  max %.2f ms (%d events)\n",
-					bin.label, i+1, time.Duration(i)**window, time.Duration(i+1)**window, w.p50, w.p95, w.p99, w.max, w.n)
-			}
+		}
+	}
+	if len(modes) > 1 {
+		for _, l := range labels {
+			xs := cpu[l]
+			fmt.Printf("relay CPU s/1k events, %s: %.4f / %.4f / %.4f (min/median/max over %d runs)\n", l, slices.Min(xs), median(xs), slices.Max(xs), len(xs))
 		}
 	}
 }
@@ -403,6 +436,7 @@ type latency struct {
 	load     string
 	indexMiB float64 // the outbox table's indexes when the run ended
 	relayCPU float64 // the relay's CPU seconds per 1,000 events, start-up included
+	events   int     // events produced (warm-up included)
 }
 
 // commit is one producer transaction: its ids, when COMMIT returned, and
@@ -413,7 +447,9 @@ type commit struct {
 	took time.Duration
 }
 
-func latencyOnce(ctx context.Context, bin string) latency {
+// latencyOnce is one latency run of bin; env, when not nil, is the relay's
+// environment (tracingEnv).
+func latencyOnce(ctx context.Context, bin string, env []string) latency {
 	load := loadAvg()
 	r := newRun(ctx, bin)
 	defer r.done()
@@ -439,7 +475,7 @@ func latencyOnce(ctx context.Context, bin string) latency {
 		got, sink, stop = arrivalReceiver()
 		defer stop()
 	}
-	d := startDaemon(ctx, bin, dsn, prefix, *latBatch, false, sink)
+	d := startDaemon(ctx, bin, dsn, prefix, *latBatch, false, sink, env...)
 	defer d.stop()
 	d.waitLeader()
 
@@ -501,7 +537,7 @@ func latencyOnce(ctx context.Context, bin string) latency {
 	}
 	all, p, rv := quantilesOf(lat), quantilesOf(prod), quantilesOf(recv)
 	out := latency{achieved: achieved, p50: all.p50, p95: all.p95, p99: all.p99, max: all.max, n: all.n,
-		prodP50: p.p50, prodP99: p.p99, prodMax: p.max, load: load, indexMiB: float64(indexBytes) / (1 << 20), relayCPU: relayCPU}
+		prodP50: p.p50, prodP99: p.p99, prodMax: p.max, load: load, indexMiB: float64(indexBytes) / (1 << 20), relayCPU: relayCPU, events: n * k}
 	if len(recv) > 0 {
 		out.recvP50, out.recvP99, out.recvMax = rv.p50, rv.p99, rv.max
 	}
@@ -585,7 +621,9 @@ type daemon struct {
 
 // startDaemon runs `outboxd run` as a user would, with the sink that the
 // --set pairs in sink select, and returns once its HTTP port answers.
-func startDaemon(ctx context.Context, bin, dsn, prefix string, batch int, pprof bool, sink []string) *daemon {
+// startDaemon runs `outboxd run` on the run's database and prefix; env,
+// when given, is its whole environment (default: the bench's).
+func startDaemon(ctx context.Context, bin, dsn, prefix string, batch int, pprof bool, sink []string, env ...string) *daemon {
 	addr := freePort()
 	args := []string{"run",
 		"--set", "postgres.dsn=" + dsn + dsnSuffix(), "--set", "redis.addrs=" + *redisAddr, "--set", "redis.key_prefix=" + prefix,
@@ -602,6 +640,7 @@ func startDaemon(ctx context.Context, bin, dsn, prefix string, batch int, pprof 
 		}
 	}
 	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = env // nil: the bench's environment
 	logs := &tail{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	d := &daemon{cmd: cmd, addr: addr, exited: make(chan struct{}), logs: logs}

@@ -9,10 +9,14 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 
+	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/lock"
 	"github.com/outboxd/outboxd/store"
 )
 
@@ -41,6 +45,12 @@ func cli(dsn string, args ...string) (code int, stdout, stderr string) {
 	var out, errb bytes.Buffer
 	code = run(append(args, "--set", "postgres.dsn="+dsn), &out, &errb)
 	return code, out.String(), errb.String()
+}
+
+// withRedis adds the test Redis and a key prefix to args: a replay holds
+// lock:reconciliation.
+func withRedis(prefix string, args ...string) []string {
+	return append(args, "--set", "redis.addrs="+testenv.RedisAddr(), "--set", "redis.key_prefix="+prefix)
 }
 
 func TestDeadListPagesAndFilters(t *testing.T) {
@@ -147,7 +157,7 @@ func TestReplayDryRunAndFilters(t *testing.T) {
 	if got := deadIDs(); len(got) != 12 {
 		t.Fatalf("the dry run changed rows: %d dead, want 12", len(got))
 	}
-	if code, _, errs := cli(dsn, append([]string{"replay", "--dead"}, filter...)...); code != 0 {
+	if code, _, errs := cli(dsn, withRedis(testenv.Prefix(t), append([]string{"replay", "--dead"}, filter...)...)...); code != 0 {
 		t.Fatalf("replay: exit %d %s", code, errs)
 	}
 	if got, want := deadIDs(), []int64{2, 3, 4, 6, 8, 9, 10, 11, 12}; !slices.Equal(got, want) {
@@ -215,5 +225,73 @@ func TestDeadBinaryExitCodes(t *testing.T) {
 		if code != tc.code {
 			t.Errorf("outboxd %v: exit %d, want %d\n%s", tc.args, code, tc.code, out)
 		}
+	}
+}
+
+// A replay waits for lock:reconciliation while a reconciliation holds it:
+// past --lock-wait it fails naming the lock and its holder and requeues
+// nothing; once the holder releases, it takes the lock with a higher token
+// (its writes are fenced) and requeues. A dry run takes no lock.
+func TestReplayWaitsForTheReconciliationLock(t *testing.T) {
+	t.Parallel()
+	dsn, st := deadDB(t)
+	rdb, prefix := testenv.Redis(t)
+	ctx := context.Background()
+	locks := lock.New([]redis.UniversalClient{rdb}, lock.WithKeyPrefix(prefix))
+	held, err := locks.Acquire(ctx, keys.ReconcileLock, lock.Options{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := store.Fence{Lock: keys.ReconcileLock, Token: held.Token(), Owner: held.Owner()}
+	if err := st.ClaimFence(ctx, holder); err != nil {
+		t.Fatal(err)
+	}
+	dead := func() int64 {
+		n, err := st.CountDead(ctx, store.DeadFilter{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	code, _, errs := cli(dsn, withRedis(prefix, "replay", "--dead", "--lock-wait", "300ms")...)
+	if code != 1 || !strings.Contains(errs, "lock:reconciliation is held by owner "+held.Owner()) ||
+		!strings.Contains(errs, "nothing was requeued") || !strings.Contains(errs, "--lock-wait") {
+		t.Fatalf("replay while the lock is held: exit %d, stderr %q; want 1 naming the lock, its holder and --lock-wait", code, errs)
+	}
+	if n := dead(); n != 12 {
+		t.Fatalf("%d dead after a replay that did not get the lock, want 12", n)
+	}
+	if code, out, errs := cli(dsn, withRedis(prefix, "replay", "--dead", "--dry-run")...); code != 0 || !strings.Contains(out, "would requeue 12 ") {
+		t.Fatalf("dry run while the lock is held: exit %d %q %s", code, out, errs)
+	}
+
+	type result struct {
+		code      int
+		out, errs string
+	}
+	done := make(chan result, 1)
+	go func() {
+		code, out, errs := cli(dsn, withRedis(prefix, "replay", "--dead", "--lock-wait", "1m")...)
+		done <- result{code, out, errs}
+	}()
+	// Not a timing threshold: released early or late, the replay must end
+	// up holding a later term than the holder's and requeue everything.
+	time.Sleep(300 * time.Millisecond)
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.code != 0 {
+		t.Fatalf("replay after the holder released: exit %d, stderr %q", r.code, r.errs)
+	}
+	if n := dead(); n != 0 {
+		t.Errorf("%d dead after the replay, want 0", n)
+	}
+	if tok, _ := st.FenceToken(ctx, keys.ReconcileLock); tok <= holder.Token {
+		t.Errorf("fence token %d after the replay, want above the holder's %d: the replay wrote under its own term", tok, holder.Token)
+	}
+	if !strings.Contains(r.out, `"msg":"lock acquired"`) || !strings.Contains(r.out, `"msg":"replay finished"`) {
+		t.Errorf("replay log lacks lock acquired / replay finished:\n%s", r.out)
 	}
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/lock"
 	"github.com/outboxd/outboxd/migrations"
+	"github.com/outboxd/outboxd/reconcile"
 	"github.com/outboxd/outboxd/store"
 )
 
@@ -269,13 +270,17 @@ func configCmd(g *globals, stdout io.Writer) *cobra.Command {
 func replayCmd(g *globals, stdout io.Writer) *cobra.Command {
 	var dead, dryRun bool
 	var ids []int64
+	var lockWait time.Duration
 	cmd := &cobra.Command{
-		Use:   "replay --dead [--id N ...] [filters] [--dry-run]",
-		Short: "Requeue dead-lettered events (all, by id, or those the filters of `dead list` select)",
+		Use:   "replay --dead [--id N ...] [filters] [--dry-run] [--lock-wait D]",
+		Short: "Requeue dead-lettered events (all, by id, or those the filters of `dead list` select), fenced under lock:reconciliation",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if !dead {
 				return usageError{errors.New("replay needs --dead (only dead-lettered rows can be replayed)")}
+			}
+			if lockWait <= 0 {
+				return usageError{fmt.Errorf("--lock-wait: want a positive duration, got %s", lockWait)}
 			}
 			q, err := parseDeadQuery(cmd)
 			if err != nil {
@@ -283,28 +288,39 @@ func replayCmd(g *globals, stdout io.Writer) *cobra.Command {
 			}
 			f := q.Filter
 			f.IDs = ids
-			s, err := g.start(stdout, config.PostgresSection)
+			if dryRun {
+				return replayDryRun(g, stdout, f)
+			}
+			// The replay writes under lock:reconciliation (Redis) with its
+			// fencing token, in batches of reconcile.batch_size.
+			s, err := g.start(stdout, config.PostgresSection, config.RedisSection, config.ReconcileSection)
 			if err != nil {
 				return err
 			}
 			defer s.stop()
-			st, err := store.Open(s.ctx, s.cfg.Postgres.DSN)
+			a, err := s.app()
 			if err != nil {
 				return err
 			}
-			defer st.Close()
-			if dryRun {
-				n, err := st.CountDead(s.ctx, f)
-				if err != nil {
-					return err
-				}
-				fmt.Fprintf(stdout, "would requeue %d dead-lettered events (dry run: nothing changed)\n", n)
-				return nil
+			defer a.Close()
+			rec, err := a.Reconciler()
+			if err != nil {
+				return err
 			}
-			n, err := st.ReplayDead(s.ctx, f, 1000, func(done int64) {
+			n, err := rec.Replay(s.ctx, f, lockWait, func(done int64) {
 				s.log.Info("replay progress", "requeued", done)
 			})
-			if err != nil {
+			var held *lock.HolderError
+			switch {
+			case errors.As(err, &held):
+				return fmt.Errorf("%s is held by owner %s for %s more (a reconciliation is running); nothing was requeued: try again later or with a longer --lock-wait (waited %s)",
+					keys.ReconcileLock, held.Owner, held.TTL.Round(time.Second), lockWait)
+			case errors.Is(err, store.ErrStaleFence):
+				return fmt.Errorf("replay stopped after requeuing %d events: %s was taken over by a newer holder, whose fence refused the replay's next write; the other rows are still dead: run the replay again: %w",
+					n, keys.ReconcileLock, err)
+			case err != nil && n > 0:
+				return fmt.Errorf("replay stopped after requeuing %d events; the other rows are still dead: %w", n, err)
+			case err != nil:
 				return err
 			}
 			s.log.Info("replay finished", "requeued", n)
@@ -313,9 +329,30 @@ func replayCmd(g *globals, stdout io.Writer) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&dead, "dead", false, "requeue dead-lettered rows")
 	cmd.Flags().Int64SliceVar(&ids, "id", nil, "only these outbox ids (repeatable or comma-separated)")
-	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "print how many rows would be requeued and change nothing")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "print how many rows would be requeued and change nothing (takes no lock)")
+	cmd.Flags().DurationVar(&lockWait, "lock-wait", reconcile.DefaultReplayLockWait, "how long to wait for lock:reconciliation while a reconciliation holds it")
 	deadquery.AddFlags(cmd.Flags(), deadquery.Filters...)
 	return cmd
+}
+
+// replayDryRun prints how many dead rows f selects: Postgres only, no lock.
+func replayDryRun(g *globals, stdout io.Writer, f store.ReplayFilter) error {
+	s, err := g.start(stdout, config.PostgresSection)
+	if err != nil {
+		return err
+	}
+	defer s.stop()
+	st, err := store.Open(s.ctx, s.cfg.Postgres.DSN)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	n, err := st.CountDead(s.ctx, f)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "would requeue %d dead-lettered events (dry run: nothing changed)\n", n)
+	return nil
 }
 
 // parseDeadQuery reads the dead-letter filters (and paging) set on cmd; an

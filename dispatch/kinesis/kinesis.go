@@ -9,6 +9,14 @@
 // row's own headers, and the ce- CloudEvents attributes when enabled);
 // "payload" is the row's payload JSON as is.
 //
+// CloudEvents has no Kinesis binding; outboxd's (Binding) is: binary mode
+// is the envelope above with the attributes among its headers, as NATS'
+// binding puts them in headers (ce- names, ce-datacontenttype); structured
+// mode is the event alone in the JSON event format as the record's data
+// (what a CloudEvents consumer of a header-less stream unmarshals), so the
+// headers that are no CloudEvents attribute (fencing_token, the row's own,
+// and with them the relay's trace context) are not carried.
+//
 // What it promises: an event is Delivered only once Kinesis answered its
 // record with a sequence number; the events of one aggregate share a
 // partition key ("<aggregate_type>/<aggregate_id>", dispatch.OrderingKey),
@@ -62,8 +70,10 @@ const (
 	maxPartitionKey = 256
 )
 
-// cePrefix is the CloudEvents attributes' prefix among the envelope's headers.
-const cePrefix = "ce-"
+// Binding is how a record carries a CloudEvent in binary mode: ce-
+// attributes and ce-datacontenttype among the envelope's headers. In
+// structured mode the record is the event (see the package doc).
+var Binding = dispatch.Binding{Prefix: "ce-", FormatHeader: "content-type"}
 
 // Config configures the sink.
 type Config struct {
@@ -74,7 +84,7 @@ type Config struct {
 	// Endpoint overrides the service URL (an emulator, a VPC endpoint);
 	// empty: the region's Kinesis endpoint.
 	Endpoint    string
-	CloudEvents dispatch.CloudEvents // ce- headers in the envelope
+	CloudEvents dispatch.CloudEvents // binary: ce- headers in the envelope; structured: the event as the record
 	Log         *slog.Logger         // optional
 	// Timeout bounds one Send (besides the batch's trust deadline);
 	// DefaultTimeout when 0.
@@ -263,15 +273,22 @@ func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
 	return out
 }
 
-// record maps event i to its Kinesis record, or a Permanent error: a
-// refused stream name, a record above the maximum size.
+// record maps event i to its Kinesis record (the envelope, or in
+// structured mode the CloudEvent), or a Permanent error: a refused stream
+// name, a record above the maximum size.
 func (s *Sink) record(i int, ev dispatch.Event, token int64) (record, []string, error) {
 	stream, err := s.stream.Render(ev, dispatch.NameRules{Kind: dispatch.KinesisStream})
 	if err != nil {
 		return record{i: i}, nil, fmt.Errorf("kinesis: %w: fix dispatch.kinesis.stream or the row's aggregate_type/event_type, then replay it", err)
 	}
-	hs, dropped := dispatch.Headers(ev, token, s.ce, cePrefix)
-	data, err := envelope(hs, ev.Payload)
+	m := dispatch.Encode(ev, token, s.ce, Binding)
+	dropped := m.Dropped
+	var data []byte
+	if m.ContentType == dispatch.MediaTypeCloudEventsJSON {
+		data, dropped = m.Body, nil // the event alone: no header is carried (see the package doc)
+	} else {
+		data, err = envelope(m.Headers, m.Body)
+	}
 	if err != nil {
 		return record{i: i}, dropped, &dispatch.Error{Permanent: true, Err: fmt.Errorf("kinesis: event %d: encode the record: %w", ev.ID, err)}
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/dispatch/internal/sinktest"
+	"github.com/outboxd/outboxd/internal/cetest"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testkit"
 )
@@ -165,6 +166,7 @@ func TestWritesTheEnvelopeInOrder(t *testing.T) {
 		}
 		ev := evs[id-1]
 		want := sinktest.Headers(ev, "ce-")
+		want["ce-datacontenttype"] = "application/json"
 		if fmt.Sprint(h) != fmt.Sprint(want) {
 			t.Errorf("record %s: headers %v, want %v", r.Sequence, h, want)
 		}
@@ -183,6 +185,52 @@ func TestWritesTheEnvelopeInOrder(t *testing.T) {
 	for key, ids := range perKey {
 		if !slices.IsSorted(ids) {
 			t.Errorf("partition key %s: %v, want id order", key, ids)
+		}
+	}
+}
+
+// TestCloudEventsDecodeWithTheSDK: in both modes, every record the stream
+// holds decodes with the CloudEvents SDK to its row's event, read as
+// outboxd's Kinesis binding says (docs/sinks/kinesis.md): binary, the
+// envelope's ce- headers (ce-datacontenttype) and payload; structured, the
+// record's data is the event in the JSON event format, nothing else.
+func TestCloudEventsDecodeWithTheSDK(t *testing.T) {
+	t.Parallel()
+	k := testenv.StartKinesalite(t)
+	for _, mode := range []string{dispatch.CloudEventsBinary, dispatch.CloudEventsStructured} {
+		stream := "outbox.event." + mode
+		createStream(t, k, stream, 1)
+		s := newSink(t, k, Config{Stream: stream, CloudEvents: dispatch.CloudEvents{Enabled: true, Mode: mode}})
+		evs := []dispatch.Event{sinktest.Event(1, "order", "1"), sinktest.Event(2, "order", `42 "x" 100% €`), sinktest.Event(3, "order", "1")}
+		for i, r := range s.Send(context.Background(), sinktest.Batch(evs...)) {
+			if r.Outcome != dispatch.Delivered {
+				t.Fatalf("%s: event %d: %v %v", mode, evs[i].ID, r.Outcome, r.Err)
+			}
+		}
+		recs, err := k.Records(context.Background(), stream)
+		if err != nil || len(recs) != len(evs) {
+			t.Fatalf("%s: read %d records (%v), want %d", mode, len(recs), err, len(evs))
+		}
+		for _, r := range recs {
+			var rec struct { // the event (structured) or the envelope (binary)
+				ID      string            `json:"id"`
+				Headers map[string]string `json:"headers"`
+				Payload json.RawMessage   `json:"payload"`
+			}
+			if err := json.Unmarshal(r.Data, &rec); err != nil {
+				t.Fatalf("%s: record %s: %q is not JSON: %v", mode, r.Sequence, r.Data, err)
+			}
+			msg, id := cetest.Message{ContentType: "application/cloudevents+json", Body: r.Data}, rec.ID
+			if mode == dispatch.CloudEventsBinary {
+				msg, id = cetest.Message{Prefix: "ce-", Headers: rec.Headers, Body: rec.Payload}, rec.Headers["id"]
+			}
+			n, _ := strconv.Atoi(id)
+			if n < 1 || n > len(evs) {
+				t.Fatalf("%s: record %s: no event id in %s", mode, r.Sequence, r.Data)
+			}
+			if err := cetest.CheckEvent(msg, mode == dispatch.CloudEventsStructured, ceWant(evs[n-1])); err != nil {
+				t.Errorf("%s: record %s (%s): %v", mode, r.Sequence, r.Data, err)
+			}
 		}
 	}
 }
@@ -314,4 +362,10 @@ func TestChunksKeepKinesisLimits(t *testing.T) {
 	if fmt.Sprint(sizes) != "[a500 a500 a203 b5 b5 b2]" {
 		t.Errorf("calls %v", sizes)
 	}
+}
+
+// ceWant is ev's CloudEvent as outboxd maps a row (source outboxd).
+func ceWant(ev dispatch.Event) cetest.Want {
+	return cetest.Want{ID: ev.ID, Source: "outboxd", Type: ev.EventType, Time: ev.CreatedAt,
+		AggregateType: ev.AggregateType, AggregateID: ev.AggregateID, Data: string(ev.Payload)}
 }

@@ -69,8 +69,13 @@ const (
 	maxOrderingKey    = 1024
 )
 
-// cePrefix is the CloudEvents Pub/Sub binding's attribute prefix.
-const cePrefix = "ce-"
+// Binding is the CloudEvents Pub/Sub protocol binding (§3): binary mode
+// puts each attribute in a ce- message attribute and datacontenttype in
+// Content-Type (§3.1.1, as sdk-go's protocol/pubsub writes and reads it);
+// structured mode sets Content-Type to application/cloudevents+json, which
+// is how a receiver tells the modes apart, and sends no ce- attributes
+// (sdk-go reads a message with ce-specversion as binary).
+var Binding = dispatch.Binding{Prefix: "ce-", ContentTypeHeader: "Content-Type"}
 
 // Pub/Sub's limits on a publish request: 1,000 messages, 10 MB; the client
 // library's own constants.
@@ -93,7 +98,7 @@ type Config struct {
 	// or regional endpoint (TLS, application default credentials). Empty:
 	// Google's endpoint, or PUBSUB_EMULATOR_HOST when that is set.
 	Endpoint    string
-	CloudEvents dispatch.CloudEvents // ce- attributes
+	CloudEvents dispatch.CloudEvents // Binding, binary or structured
 	Log         *slog.Logger         // optional
 	// Timeout bounds one Send (besides the batch's trust deadline);
 	// DefaultTimeout when 0.
@@ -336,8 +341,9 @@ func requestsOf(items []item) [][]item {
 	return out
 }
 
-// item maps event i to its message: data = the payload as is, attributes
-// = dispatch.Headers (what Pub/Sub's limits let through), ordering key =
+// item maps event i to its message (dispatch.Encode in Binding): data =
+// the payload as is (the CloudEvent in structured mode), attributes = the
+// message's headers (what Pub/Sub's limits let through), ordering key =
 // the aggregate; or a Permanent error: a refused topic ID, a message no
 // request can hold.
 func (s *Sink) item(i int, ev dispatch.Event, token int64) (item, []string, error) {
@@ -347,9 +353,10 @@ func (s *Sink) item(i int, ev dispatch.Event, token int64) (item, []string, erro
 		return it, nil, fmt.Errorf("pubsub: %w: fix dispatch.pubsub.topic or the row's aggregate_type/event_type, then replay it", err)
 	}
 	it.topic = topic
-	hs, dropped := dispatch.Headers(ev, token, s.ce, cePrefix)
-	attrs := make(map[string]string, len(hs))
-	for _, h := range hs {
+	m := dispatch.Encode(ev, token, s.ce, Binding)
+	dropped := m.Dropped
+	attrs := make(map[string]string, len(m.Headers))
+	for _, h := range m.Headers {
 		// The contract's headers come first and always fit; the row's may not.
 		if len(attrs) == maxAttributes || len(h.Key) > maxAttrKeyBytes || len(h.Value) > maxAttrValueBytes ||
 			strings.HasPrefix(strings.ToLower(h.Key), "goog") {
@@ -358,7 +365,7 @@ func (s *Sink) item(i int, ev dispatch.Event, token int64) (item, []string, erro
 		}
 		attrs[h.Key] = h.Value
 	}
-	data := []byte(ev.Payload)
+	data := m.Body
 	if data == nil {
 		data = []byte{}
 	}

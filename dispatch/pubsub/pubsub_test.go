@@ -18,6 +18,7 @@ import (
 
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/dispatch/internal/sinktest"
+	"github.com/outboxd/outboxd/internal/cetest"
 	"github.com/outboxd/outboxd/internal/testkit"
 )
 
@@ -112,6 +113,7 @@ func TestPublishesWithTheContractsMapping(t *testing.T) {
 		}
 		ev := evs[id-1]
 		want := sinktest.Headers(ev, "ce-")
+		want["Content-Type"] = "application/json" // datacontenttype (binding §3.1.1)
 		if fmt.Sprint(a) != fmt.Sprint(want) {
 			t.Errorf("message %s: attributes %v, want %v", m.ID, a, want)
 		}
@@ -127,6 +129,45 @@ func TestPublishesWithTheContractsMapping(t *testing.T) {
 		if !slices.IsSorted(ids) {
 			t.Errorf("ordering key %s: %v, want id order", k, ids)
 		}
+	}
+}
+
+// TestCloudEventsDecodeWithTheSDK: in both modes, every message the
+// emulator holds decodes with the CloudEvents SDK, read as the Pub/Sub
+// binding says (ce- attributes, Content-Type; structured when Content-Type
+// is the event format), to its row's event, values as they are (no
+// percent-encoding in attributes). A structured message has no ce-
+// attribute: sdk-go's Pub/Sub protocol reads one with ce-specversion as
+// binary.
+func TestCloudEventsDecodeWithTheSDK(t *testing.T) {
+	for _, mode := range []string{dispatch.CloudEventsBinary, dispatch.CloudEventsStructured} {
+		t.Run(mode, func(t *testing.T) {
+			e := newEmulator(t, "outbox.event.order")
+			s := e.sink(Config{CloudEvents: dispatch.CloudEvents{Enabled: true, Mode: mode}})
+			evs := []dispatch.Event{sinktest.Event(1, "order", "1"), sinktest.Event(2, "order", `42 "x" 100% €`), sinktest.Event(3, "order", "1")}
+			for i, r := range s.Send(context.Background(), sinktest.Batch(evs...)) {
+				if r.Outcome != dispatch.Delivered {
+					t.Fatalf("event %d: %v %v", evs[i].ID, r.Outcome, r.Err)
+				}
+			}
+			msgs := e.messages("outbox.event.order")
+			if len(msgs) != len(evs) {
+				t.Fatalf("emulator holds %d messages, want %d", len(msgs), len(evs))
+			}
+			for _, m := range msgs {
+				id, _ := strconv.ParseInt(m.Attributes["id"], 10, 64)
+				if id < 1 || id > int64(len(evs)) {
+					t.Fatalf("message %s: id attribute %q", m.ID, m.Attributes["id"])
+				}
+				if _, ok := m.Attributes["ce-specversion"]; ok && mode == dispatch.CloudEventsStructured {
+					t.Errorf("message %s: structured, with ce- attributes %v", m.ID, m.Attributes)
+				}
+				msg := cetest.Message{Prefix: "ce-", ContentType: m.Attributes["Content-Type"], Headers: m.Attributes, Body: m.Data}
+				if err := cetest.CheckEvent(msg, mode == dispatch.CloudEventsStructured, ceWant(evs[id-1])); err != nil {
+					t.Errorf("message %s (%s): %v", m.ID, m.Data, err)
+				}
+			}
+		})
 	}
 }
 
@@ -303,4 +344,10 @@ func TestBadConfigIsRefused(t *testing.T) {
 	if err := CheckConfig(Config{Project: "p", Endpoint: "https://europe-west1-pubsub.googleapis.com"}); err != nil {
 		t.Errorf("https endpoint: %v", err)
 	}
+}
+
+// ceWant is ev's CloudEvent as outboxd maps a row (source outboxd).
+func ceWant(ev dispatch.Event) cetest.Want {
+	return cetest.Want{ID: ev.ID, Source: "outboxd", Type: ev.EventType, Time: ev.CreatedAt,
+		AggregateType: ev.AggregateType, AggregateID: ev.AggregateID, Data: string(ev.Payload)}
 }

@@ -13,6 +13,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/config"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/dispatch/internal/sinktest"
+	"github.com/outboxd/outboxd/internal/cetest"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testkit"
 )
@@ -28,6 +30,12 @@ func TestMain(m *testing.M) { testkit.VerifyTestMain(m) }
 // returns a sink publishing to it (closed at cleanup) and the queue's URL.
 func setup(t *testing.T, topic string) (*testenv.Moto, *Sink, string) {
 	t.Helper()
+	return setupCE(t, topic, dispatch.CloudEvents{})
+}
+
+// setupCE is setup with CloudEvents as ce says.
+func setupCE(t *testing.T, topic string, ce dispatch.CloudEvents) (*testenv.Moto, *Sink, string) {
+	t.Helper()
 	m := testenv.StartMoto(t)
 	queue := "sub"
 	if strings.HasSuffix(topic, ".fifo") {
@@ -38,7 +46,7 @@ func setup(t *testing.T, topic string) (*testenv.Moto, *Sink, string) {
 	if topic != "missing" {
 		arn = m.CreateTopic(t, topic, url)
 	}
-	s, err := New(t.Context(), Config{TopicARN: arn, Endpoint: m.Endpoint, Log: testkit.Logger(t),
+	s, err := New(t.Context(), Config{TopicARN: arn, Endpoint: m.Endpoint, Log: testkit.Logger(t), CloudEvents: ce,
 		Options: []func(*config.LoadOptions) error{config.WithCredentialsProvider(m.Credentials())}})
 	if err != nil {
 		t.Fatal(err)
@@ -62,6 +70,45 @@ func publishEvents(t *testing.T, s *Sink, aggs, n int, payload func(id int64) st
 }
 
 func small(id int64) string { return fmt.Sprintf(`{"n":%d}`, id) }
+
+// TestCloudEventsDecodeWithTheSDK: in both modes, every message published
+// (read from the raw-delivery subscription) decodes with the CloudEvents
+// SDK to its row's event, read as docs/sinks/sqs.md tells a consumer
+// (attributes, then those packed in outboxd-headers; ce- names, structured
+// when content-type is the event format).
+func TestCloudEventsDecodeWithTheSDK(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{dispatch.CloudEventsBinary, dispatch.CloudEventsStructured} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			m, s, url := setupCE(t, "ce", dispatch.CloudEvents{Enabled: true, Mode: mode})
+			evs, rs := publishEvents(t, s, 3, 2, small)
+			for i, r := range rs {
+				if r.Outcome != dispatch.Delivered {
+					t.Fatalf("event %d: %v %v", evs[i].ID, r.Outcome, r.Err)
+				}
+			}
+			for _, msg := range m.Receive(t, url, len(evs)) {
+				own := map[string]string{}
+				for k, v := range msg.MessageAttributes {
+					own[k] = aws.ToString(v.StringValue)
+				}
+				a, err := sinktest.Unpacked(own)
+				if err != nil {
+					t.Fatal(err)
+				}
+				id, _ := strconv.Atoi(a["id"])
+				if id < 1 || id > len(evs) {
+					t.Fatalf("message attributes %v: no event id", a)
+				}
+				ce := cetest.Message{Prefix: "ce-", ContentType: a["content-type"], Headers: a, Body: []byte(aws.ToString(msg.Body))}
+				if err := cetest.CheckEvent(ce, mode == dispatch.CloudEventsStructured, ceWant(evs[id-1])); err != nil {
+					t.Errorf("event %d (body %s, attributes %v): %v", id, aws.ToString(msg.Body), a, err)
+				}
+			}
+		})
+	}
+}
 
 // TestFIFOTopicKeepsEachAggregateInOrder: 30 events over 5 aggregates are
 // published; the subscribed FIFO queue holds each once with the payload as
@@ -170,4 +217,10 @@ func TestBadTopicARNIsRefused(t *testing.T) {
 	if err != nil || !fifo || region != "cn-north-1" {
 		t.Errorf("FIFO ARN: fifo %v region %q err %v", fifo, region, err)
 	}
+}
+
+// ceWant is ev's CloudEvent as outboxd maps a row (source outboxd).
+func ceWant(ev dispatch.Event) cetest.Want {
+	return cetest.Want{ID: ev.ID, Source: "outboxd", Type: ev.EventType, Time: ev.CreatedAt,
+		AggregateType: ev.AggregateType, AggregateID: ev.AggregateID, Data: string(ev.Payload)}
 }

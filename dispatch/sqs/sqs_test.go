@@ -15,6 +15,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/dispatch/internal/sinktest"
+	"github.com/outboxd/outboxd/internal/cetest"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testkit"
 )
@@ -28,8 +30,14 @@ func TestMain(m *testing.M) { testkit.VerifyTestMain(m) }
 // newSink is a sink for queueURL on m, closed at cleanup.
 func newSink(t *testing.T, m *testenv.Moto, queueURL string, ce bool) *Sink {
 	t.Helper()
+	return newSinkCE(t, m, queueURL, dispatch.CloudEvents{Enabled: ce})
+}
+
+// newSinkCE is newSink with CloudEvents as ce says.
+func newSinkCE(t *testing.T, m *testenv.Moto, queueURL string, ce dispatch.CloudEvents) *Sink {
+	t.Helper()
 	s, err := New(t.Context(), Config{QueueURL: queueURL, Region: testenv.MotoRegion, Endpoint: m.Endpoint,
-		CloudEvents: dispatch.CloudEvents{Enabled: ce}, Log: testkit.Logger(t),
+		CloudEvents: ce, Log: testkit.Logger(t),
 		Options: []func(*config.LoadOptions) error{config.WithCredentialsProvider(m.Credentials())}})
 	if err != nil {
 		t.Fatal(err)
@@ -111,6 +119,41 @@ func TestStandardQueueGetsEveryEventWithItsAttributes(t *testing.T) {
 		}
 		if _, ok := msg.Attributes["MessageGroupId"]; ok {
 			t.Errorf("event %d: a message group on a standard queue", ev.ID)
+		}
+	}
+}
+
+// TestCloudEventsDecodeWithTheSDK: in both modes, every message the queue
+// holds decodes with the CloudEvents SDK to its row's event, read as
+// docs/sinks/sqs.md tells a consumer (attributes, then those packed in
+// outboxd-headers; ce- names, structured when content-type is the event
+// format).
+func TestCloudEventsDecodeWithTheSDK(t *testing.T) {
+	t.Parallel()
+	m := testenv.StartMoto(t)
+	for _, mode := range []string{dispatch.CloudEventsBinary, dispatch.CloudEventsStructured} {
+		url := m.CreateQueue(t, "ce-"+mode, nil)
+		s := newSinkCE(t, m, url, dispatch.CloudEvents{Enabled: true, Mode: mode})
+		evs := events("order", 3, 2, 1)
+		evs[1].AggregateID = `42 "x" 100% €`
+		for i, r := range s.Send(t.Context(), batch(evs)) {
+			if r.Outcome != dispatch.Delivered {
+				t.Fatalf("%s: event %d: %v %v", mode, evs[i].ID, r.Outcome, r.Err)
+			}
+		}
+		for _, msg := range m.Receive(t, url, len(evs)) {
+			a, err := sinktest.Unpacked(attrs(msg))
+			if err != nil {
+				t.Fatalf("%s: %v", mode, err)
+			}
+			id, _ := strconv.Atoi(a["id"])
+			if id < 1 || id > len(evs) {
+				t.Fatalf("%s: message attributes %v: no event id", mode, a)
+			}
+			ce := cetest.Message{Prefix: "ce-", ContentType: a["content-type"], Headers: a, Body: []byte(aws.ToString(msg.Body))}
+			if err := cetest.CheckEvent(ce, mode == dispatch.CloudEventsStructured, ceWant(evs[id-1])); err != nil {
+				t.Errorf("%s: event %d (body %s, attributes %v): %v", mode, id, aws.ToString(msg.Body), a, err)
+			}
 		}
 	}
 }
@@ -318,4 +361,10 @@ func TestBadConfigIsRefused(t *testing.T) {
 	if err != nil || !fifo || region != "eu-west-3" {
 		t.Errorf("FIFO URL: fifo %v region %q err %v", fifo, region, err)
 	}
+}
+
+// ceWant is ev's CloudEvent as outboxd maps a row (source outboxd).
+func ceWant(ev dispatch.Event) cetest.Want {
+	return cetest.Want{ID: ev.ID, Source: "outboxd", Type: ev.EventType, Time: ev.CreatedAt,
+		AggregateType: ev.AggregateType, AggregateID: ev.AggregateID, Data: string(ev.Payload)}
 }

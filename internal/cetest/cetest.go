@@ -144,6 +144,21 @@ func (r *ceReader) GetExtension(name string) any {
 
 func (r *ceReader) Finish(error) error { return nil }
 
+// CheckEvent decodes m (Decode) and compares the event with w (Check),
+// after checking m's mode: structured exactly when its content type is the
+// JSON event format (a sink that sent binary when asked for structured
+// would decode too).
+func CheckEvent(m Message, structured bool, w Want) error {
+	if got := m.ContentType == "application/cloudevents+json"; got != structured {
+		return fmt.Errorf("content type %q, want structured mode %v", m.ContentType, structured)
+	}
+	ev, err := Decode(m)
+	if err != nil {
+		return fmt.Errorf("the CloudEvents SDK does not decode it: %w", err)
+	}
+	return Check(ev, w)
+}
+
 // Want is what the CloudEvent of an outbox row must say.
 type Want struct {
 	ID            int64

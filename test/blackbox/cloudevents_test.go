@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/outboxd/outboxd/internal/cetest"
+	"github.com/outboxd/outboxd/internal/testenv"
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 )
 
@@ -91,7 +92,7 @@ func TestCloudEventsStructuredEverySink(t *testing.T) {
 			t.Errorf("%d distinct events decoded, want %d", len(seen), n)
 		}
 	}
-	for _, c := range []sinkCase{kafkaCase(), natsCase(), rabbitMQCase(), redisStreamCase()} {
+	for _, c := range []sinkCase{kafkaCase(), natsCase(), rabbitMQCase(), redisStreamCase(), pubsubCase(), awsCase("sqs"), awsCase("sns")} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			e, read := c.setup(t)
@@ -103,6 +104,29 @@ func TestCloudEventsStructuredEverySink(t *testing.T) {
 			check(t, e, read(len(ids)), len(ids))
 		})
 	}
+	// Kinesis records have no headers: in structured mode the record is the
+	// event alone, in the JSON event format (docs/sinks/kinesis.md).
+	t.Run("kinesis", func(t *testing.T) {
+		t.Parallel()
+		k := testenv.StartKinesalite(t)
+		kinesisStream(t, k, "outbox.event.order", 2)
+		e := kinesisEnv(t, k)
+		ceEnv(e)
+		ids := e.insertMany("order", 3, 2)
+		e.start()
+		waitFor(t, "all rows dispatched", func() bool { return e.count("dispatched_at IS NOT NULL") == len(ids) },
+			e.describeRows("dispatched_at IS NULL"))
+		recs, err := k.Records(context.Background(), "outbox.event.order")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var msgs []delivered
+		for _, r := range recs {
+			msgs = append(msgs, delivered{where: "record " + r.Shard + "@" + r.Sequence, body: string(r.Data),
+				contentType: "application/cloudevents+json"})
+		}
+		check(t, e, msgs, len(ids))
+	})
 	t.Run("webhook", func(t *testing.T) {
 		t.Parallel()
 		rc := newRecorder(t, nil)

@@ -108,8 +108,6 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{name: "bad bool", sets: []string{"poller.notify=maybe"}, key: "poller.notify"},
 		{name: "bad cloudevents mode", sets: []string{"dispatch.cloudevents=true", "dispatch.cloudevents_mode=batch"}, key: "dispatch.cloudevents_mode"},
 		{name: "structured without cloudevents", sets: []string{"dispatch.cloudevents_mode=structured"}, key: "dispatch.cloudevents_mode"},
-		{name: "structured on a binary-only sink", sets: []string{"dispatch.sink=kinesis", "dispatch.cloudevents=true", "dispatch.cloudevents_mode=structured"}, key: "dispatch.cloudevents_mode"},
-		{name: "structured on a binary-only destination", file: "dispatch:\n  destinations:\n    q:\n      sink: pubsub\n      pubsub: {project: p}\n      cloudevents: true\n      cloudevents_mode: structured\n", key: "dispatch.destinations.q.cloudevents_mode"},
 		{name: "secret list entry not a string", file: "dispatch:\n  webhook:\n    secret: [whsec_AAAA, {a: 1}]\n", key: "dispatch.webhook.secret[1]"},
 		{name: "bad secret in a list", file: "dispatch:\n  webhook:\n    secret: [whsec_AAAA, whsec_!!]\n", key: "dispatch.webhook.secret"},
 	} {
@@ -493,5 +491,25 @@ func TestWebhookSecretList(t *testing.T) {
 	out := strings.Join(flatten(c.Redacted()), " ")
 	if strings.Contains(out, "bmV3") || strings.Contains(out, "b2xk") {
 		t.Fatalf("redacted config shows a secret: %s", out)
+	}
+}
+
+// Every sink sends CloudEvents in both modes: structured loads for each,
+// also on a named destination (Pub/Sub and Kinesis refused it before).
+func TestStructuredCloudEventsLoadForEverySink(t *testing.T) {
+	t.Parallel()
+	for _, sets := range [][]string{
+		{"dispatch.sink=kinesis"},
+		{"dispatch.sink=pubsub", "dispatch.pubsub.project=p"},
+		{"dispatch.sink=sqs", "dispatch.sqs.queue_url=https://sqs.us-east-1.amazonaws.com/123456789012/q"},
+		{"dispatch.sink=sns", "dispatch.sns.topic_arn=arn:aws:sns:us-east-1:123456789012:t"},
+	} {
+		if _, err := app.LoadConfig("", append(sets, "dispatch.cloudevents=true", "dispatch.cloudevents_mode=structured")); err != nil {
+			t.Errorf("%v, structured: %v", sets, err)
+		}
+	}
+	file := writeFile(t, "dispatch:\n  destinations:\n    q:\n      sink: pubsub\n      pubsub: {project: p}\n      cloudevents: true\n      cloudevents_mode: structured\n")
+	if _, err := app.LoadConfig(file, nil); err != nil {
+		t.Errorf("a pubsub destination in structured mode: %v", err)
 	}
 }

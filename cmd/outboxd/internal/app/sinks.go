@@ -63,9 +63,6 @@ type sinkKind struct {
 	check func(cfg *config.Config, d destination) error
 	// build constructs the sink (a broker that is down does not fail it).
 	build func(a *App, d destination) (dispatch.Sink, error)
-	// binaryCloudEventsOnly: the sink sends CloudEvents in binary mode
-	// only; structured mode is refused at load rather than silently ignored.
-	binaryCloudEventsOnly bool
 	// warn logs the start-up warnings of this kind of sink beside the shared
 	// ones (the duplicate window, batch splitting). May be nil.
 	warn func(a *App, d destination)
@@ -167,8 +164,7 @@ var sinks = map[string]sinkKind{
 		},
 	},
 	"pubsub": {
-		binaryCloudEventsOnly: true,
-		section:               "pubsub", templateKey: "topic", template: func(d config.Dispatch) string { return d.PubSub.Topic },
+		section: "pubsub", templateKey: "topic", template: func(d config.Dispatch) string { return d.PubSub.Topic },
 		check: func(_ *config.Config, d destination) error {
 			p := d.d.PubSub
 			if p.Project == "" {
@@ -190,8 +186,7 @@ var sinks = map[string]sinkKind{
 		},
 	},
 	"kinesis": {
-		binaryCloudEventsOnly: true,
-		section:               "kinesis", templateKey: "stream", template: func(d config.Dispatch) string { return d.Kinesis.Stream },
+		section: "kinesis", templateKey: "stream", template: func(d config.Dispatch) string { return d.Kinesis.Stream },
 		check: func(_ *config.Config, d destination) error {
 			k := d.d.Kinesis
 			if _, err := kinesis.ParseStream(k.Stream); err != nil {
@@ -211,6 +206,11 @@ var sinks = map[string]sinkKind{
 				err = &config.KeyError{Key: d.key("kinesis.region"), Err: err}
 			}
 			return s, err
+		},
+		warn: func(a *App, d destination) {
+			if d.d.CloudEvents && d.d.CloudEventsMode == dispatch.CloudEventsStructured {
+				a.Log.Warn(d.key("cloudevents_mode") + " structured on kinesis: each record is the CloudEvent alone; fencing_token and the rows' own headers (the trace context among them) are not carried (binary mode keeps them)")
+			}
 		},
 	},
 	"sqs": {
@@ -299,9 +299,6 @@ func checkDestination(cfg *config.Config, d destination) error {
 	}
 	if err := checkCloudEvents(d); err != nil {
 		return err
-	}
-	if k.binaryCloudEventsOnly && d.d.CloudEventsMode == dispatch.CloudEventsStructured {
-		return &config.KeyError{Key: d.key("cloudevents_mode"), Err: fmt.Errorf("sink %s sends CloudEvents in binary mode only", d.d.Sink)}
 	}
 	if k.templateKey != "" {
 		if err := checkTemplate(k.template(d.d), d.d.AllowRowPrefixedDestinations); err != nil {
