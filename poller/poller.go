@@ -74,9 +74,21 @@ const (
 	DefaultMaxPayloadBytes = 1 << 20  // fits the Kubernetes manifest's 256 Mi with a full batch in flight
 	DefaultBatchMaxBytes   = 16 << 20 // likewise
 	// DefaultGapWait bounds how long rows wait behind an id a producer took
-	// earlier and has not committed (see readpath.go; chosen by
-	// measurement, README "Order when producers race").
-	DefaultGapWait = 50 * time.Millisecond
+	// earlier and has not committed (see readpath.go; README "Order when
+	// producers race"). Measured (BENCHMARKS.md, "Session 4"): 4-16 racing
+	// producers holding their transactions 0-20 ms after the INSERT, at 1k
+	// and up to 5k ev/s on a 2-core box at load 15-45, had no late commit
+	// and no gap given up at 200 ms in any of 30 runs; 50 ms had 8 late
+	// commits in 4 runs (all above 1k ev/s at load 24-45, which stretched
+	// some transactions past 50 ms), 10 ms had some in 20 runs, 1 ms in 28.
+	// Rows behind a short transaction wait for its commit, not for
+	// gap_wait, so the larger value costs ordinary producers nothing
+	// measurable. What it costs: every row above an id whose transaction
+	// stays open longer (a producer that keeps its transaction open after
+	// the INSERT; a rollback while a long writing transaction elsewhere
+	// holds the snapshot xmin back) waits this long, once per such id; and
+	// it keeps order for such a transaction only if it ends within the wait.
+	DefaultGapWait = 200 * time.Millisecond
 )
 
 // Config tunes the runner. Zero fields get the Default* values.
