@@ -264,19 +264,20 @@ func (s *Store) Read(ctx context.Context, lim FetchLimits, pos ReadPos) (ReadRes
 		return ReadResult{}, wrap("read", err)
 	}
 	defer res.Close()
-	out := ReadResult{Parked: map[Aggregate]int64{}}
+	out := ReadResult{Parked: map[Aggregate]int64{}, Rows: make([]Row, 0, min(max(lim.Rows, 0), 10_000))}
+	var ( // declared once: per row they were allocated per row
+		kind          string
+		id            int64
+		typ, aid, evt pgtype.Text
+		payload, hdrs []byte
+		created       pgtype.Timestamptz
+		attempts      pgtype.Int4
+		size          pgtype.Int8
+		far           pgtype.Bool
+		state         pgtype.Text
+	)
 	for res.Next() {
-		var (
-			kind          string
-			id            int64
-			typ, aid, evt pgtype.Text
-			payload, hdrs []byte
-			created       pgtype.Timestamptz
-			attempts      pgtype.Int4
-			size          pgtype.Int8
-			far           pgtype.Bool
-			state         pgtype.Text
-		)
+		payload, hdrs = nil, nil // the row keeps its own: never reuse them
 		if err := res.Scan(&kind, &id, &typ, &aid, &evt, &payload, &hdrs, &created, &attempts, &size, &far, &state); err != nil {
 			return ReadResult{}, fmt.Errorf("store: read: %w", err)
 		}
