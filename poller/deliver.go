@@ -28,7 +28,7 @@ func (p *Poller) deliver(ctx context.Context, items []item, token int64, trusted
 	answered := make([]bool, len(items))
 	var mu sync.Mutex // the slices above, and items' outcomes: results come from the sink's goroutines
 	var queue []int   // rows to send, id order
-	number := map[store.Aggregate]int{}
+	number := make(map[store.Aggregate]int, len(items))
 	for i := range items {
 		k := aggregateOf(items[i])
 		a, ok := number[k]

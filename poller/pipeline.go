@@ -262,8 +262,14 @@ func aggregateOf(it item) store.Aggregate {
 // is free at once: its later rows may be fetched, its own stay skipped
 // until written.
 func (pl *pipeline) settle(f *flight, items []item, aggs [][]int) {
-	var pc piece
-	var free []store.Aggregate
+	n := 0
+	for _, idx := range aggs {
+		n += len(idx)
+	}
+	// Sized once: grown by append, the copies of a 1,000-row batch were
+	// a fifth of the relay's allocations in a drain.
+	pc := piece{idx: make([]int, 0, n), items: make([]item, 0, n)}
+	free := make([]store.Aggregate, 0, len(aggs))
 	for _, idx := range aggs {
 		stops := false
 		for _, i := range idx {
@@ -356,7 +362,11 @@ func (pl *pipeline) take() (*flight, []piece, bool) {
 // aggregates go, whether the write succeeded or not (a failed write leaves
 // the rows due: the next fetch finds their keys, as after a crash).
 func (pl *pipeline) writePieces(f *flight, pieces []piece) {
-	var items []item
+	n := 0
+	for _, pc := range pieces {
+		n += len(pc.items)
+	}
+	items := make([]item, 0, n) // settle's copies: without payloads, never changed again
 	for _, pc := range pieces {
 		items = append(items, pc.items...)
 	}
@@ -379,7 +389,7 @@ func (pl *pipeline) writePieces(f *flight, pieces []piece) {
 	}
 	pl.writing -= len(items)
 	pl.unwritten -= len(items)
-	pl.notes = append(pl.notes, writtenNote{items: settledOnly(items), failed: err != nil})
+	pl.notes = append(pl.notes, writtenNote{items: items, failed: err != nil})
 	if f.left -= len(items); f.left == 0 && !f.sending {
 		pl.drop(f)
 	}
@@ -413,16 +423,6 @@ func (pl *pipeline) close() error {
 type writtenNote struct {
 	items  []item // without payloads
 	failed bool
-}
-
-// settledOnly copies items without their payloads, for the reader's notes.
-func settledOnly(items []item) []item {
-	out := make([]item, len(items))
-	for i, it := range items {
-		out[i] = it
-		out[i].row.Payload, out[i].row.Headers = nil, nil
-	}
-	return out
 }
 
 // noteWritten tells the term's reader, on the lead goroutine (the reader's

@@ -99,6 +99,7 @@ var (
 	withPeer   = flag.Bool("peer", true, "drain: alternate with watermill-sql's forwarder")
 	sinks      = flag.String("sink", "noop", "drain: dispatch.sink, or a comma list run in turn: noop, webhook, kafka, nats, rabbitmq, redis_stream, pubsub, kinesis, sqs, sns")
 	profile    = flag.String("profile", "", "drain: write relay CPU profiles, pg_stat_statements and Redis commandstats here")
+	profileFor = flag.Duration("profile-for", 3*time.Second, "drain: length of the relay CPU profile (from the relay's start; make it cover the drain)")
 	runs       = flag.Int("runs", 5, "latency: runs")
 	rate       = flag.Int("rate", 1000, "latency: events/s")
 	perTx      = flag.Int("per-tx", 1, "latency: events per producer transaction")
@@ -189,7 +190,7 @@ func drainRounds(ctx context.Context, bins []build) {
 		for _, b := range sizes {
 			for _, bin := range bins {
 				for _, s := range names {
-					res := drainOutboxd(ctx, bin.path, s, b, *rows, fmt.Sprintf("r%d-b%d-%s", r+1, b, s), nil)
+					res := drainOutboxd(ctx, bin.path, s, b, *rows, fmt.Sprintf("r%d-b%d-%s-%s", r+1, b, s, bin.label), nil)
 					ours[key{bin.label, s, b}] = append(ours[key{bin.label, s, b}], res)
 					fmt.Printf("round %d batch %4d outboxd %s %-12s %8.0f ev/s  RSS %5.1f MiB  CPU s/1k events: relay %.4f  postgres %.4f  redis %.4f  (load %s)\n",
 						r+1, b, bin.label, s, res.perSec, res.rssMiB, res.relayCPU, res.pgCPU, res.rCPU, res.load)
@@ -906,7 +907,7 @@ func (d *daemon) cpuProfile(path string) *profileFetch {
 	p := &profileFetch{done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
-		resp, err := http.Get("http://" + d.addr + "/debug/pprof/profile?seconds=3")
+		resp, err := http.Get("http://" + d.addr + "/debug/pprof/profile?seconds=" + strconv.Itoa(max(1, int(profileFor.Seconds()))))
 		check(err)
 		defer resp.Body.Close()
 		f, err := os.Create(path)

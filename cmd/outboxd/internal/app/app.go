@@ -43,6 +43,7 @@ type App struct {
 
 	extra   []redis.UniversalClient // a redis_stream sink's own Redis
 	tracing *tracing.Provider       // set by Run (startTracing)
+	backlog backlogGate             // spaces out slow backlog counts (backlog.go)
 }
 
 // New connects lazily: it does not wait for Postgres or Redis to be up.
@@ -381,14 +382,17 @@ func (a *App) pingRedis(ctx context.Context) error {
 	return nil
 }
 
-// refreshBacklog sets the backlog gauges from Postgres; on error they keep
-// their last values (and /readyz reports Postgres).
+// refreshBacklog sets the backlog gauges from Postgres, at most as often
+// as backlogGate allows; on error they keep their last values (and /readyz
+// reports Postgres).
 func (a *App) refreshBacklog(ctx context.Context) {
-	st, err := a.Store.Stats(ctx)
-	if err != nil {
-		return
-	}
-	a.Metrics.SetBacklog(st.Pending, st.OldestPendingAge, st.Dead)
+	a.backlog.run(ctx, time.Now, func(ctx context.Context) {
+		st, err := a.Store.Stats(ctx)
+		if err != nil {
+			return
+		}
+		a.Metrics.SetBacklog(st.Pending, st.OldestPendingAge, st.Dead)
+	})
 }
 
 // LockStatus is one lock as /status and `outboxd status` show it.
