@@ -76,17 +76,22 @@ func (c *cluster) flowAfter(killAt time.Time, dead int64, aggs int, timeout time
 // events over 50 aggregates, with the default batch (500) and claim TTL
 // (60 s): the standby takes over the dead leader's claims at once, so every
 // aggregate flows again, and the backlog is drained, within about one lock
-// TTL of the kill, not claim_ttl. Not parallel: it times what a user
-// sees, so it runs before this package's parallel cases, not among them.
+// TTL of the kill, not claim_ttl. The assertion tells the two mechanisms
+// apart (half of claim_ttl), not how fast this machine is: the time itself
+// is a benchmark figure (OUTBOXD_FAULT_REPORT, BENCHMARKS.md), and a
+// threshold of TTL + 2 s failed at 5.3 s on a loaded machine. Not parallel:
+// it times what a user sees, so it runs before this package's parallel
+// cases, not among them.
 func TestKillLeaderTimeToFlow(t *testing.T) {
 	const (
 		ttl      = 3 * time.Second
 		events   = 3000
 		aggs     = 50
-		maxDelay = ttl + 2*time.Second
+		claimTTL = 60 * time.Second
+		maxDelay = claimTTL / 2 // waiting out the claims takes claimTTL
 	)
 	c := newCluster(t, options{plain: true, batch: 500, env: []string{
-		"OUTBOXD_POLLER_LOCK_TTL=" + ttl.String(), "OUTBOXD_POLLER_CLAIM_TTL=60s",
+		"OUTBOXD_POLLER_LOCK_TTL=" + ttl.String(), "OUTBOXD_POLLER_CLAIM_TTL=" + claimTTL.String(),
 		"OUTBOXD_POLLER_CONCURRENCY=16", "OUTBOXD_DISPATCH_WEBHOOK_TIMEOUT=1s",
 	}})
 	c.backlog(events, aggs)
@@ -113,7 +118,7 @@ func TestKillLeaderTimeToFlow(t *testing.T) {
 		t.Error("no duplicate: the kill did not hit a batch between send and mark")
 	}
 	if flowing > maxDelay || drained > maxDelay {
-		t.Errorf("time to flow %s, to drain %s; want both within lock TTL + 2 s (%s), not claim_ttl",
+		t.Errorf("time to flow %s, to drain %s; want both within half of claim_ttl (%s): the claims were waited out",
 			flowing.Round(time.Millisecond), drained.Round(time.Millisecond), maxDelay)
 	}
 	if f := os.Getenv("OUTBOXD_FAULT_REPORT"); f != "" { // for BENCHMARKS.md
