@@ -31,7 +31,15 @@ import (
 //     GapWait is still looked up by primary key until its transactions end
 //     (and for lateWatch after that); when it commits after a later row of
 //     its aggregate was sent, it is delivered with a WARN "late commit" and
-//     counted in outboxd_late_commits_total.
+//     counted in outboxd_late_commits_total. Across a change of holder as
+//     well: each holder saves, beside its cursor, the highest id it and the
+//     holders before it handed on (sent); a new holder checks each row it
+//     takes above the cursor it loaded and at or below that mark once
+//     (store.LaterSent, one primary-key walk up to the mark per read that
+//     takes such rows, none for reads above it) and warns and counts it the
+//     same way when a later row of its aggregate was already dispatched.
+//     Rows the last holder never sent (it stopped first), and rows tried
+//     before (retries, replayed dead rows), are not warned.
 //   - A new holder starts at the cursor its predecessor saved (fenced,
 //     conservative: parked aggregates and watched gaps folded in), and a slow
 //     rescan below the cursor (at term start, then every rescanEvery, span
@@ -44,10 +52,11 @@ import (
 // producer is descheduled for longer than one poll between taking its id
 // and its first write (it has no transaction id yet, so the read's snapshot
 // cannot name it; lateWatch and the rescan still deliver its row). Nor a
-// WARN for a late commit across a change of holder: the new one starts
-// from the saved cursor, below the gap, knowing nothing of what the last
-// one sent, so a gap that commits after the lease moved is delivered like
-// any row even when a later row of its aggregate went first.
+// WARN across a change of holder for a late row at or below the cursor the
+// new holder loaded (the last holder stopped watching its gap, see
+// lateWatch), or for a late row whose later sibling was sent above the
+// saved sent mark by a holder that lost the lease before saving it (at
+// most saveEvery of sends).
 
 const (
 	// lateWatch: how long a gap is still looked up after its transactions
@@ -75,17 +84,18 @@ type gapState struct {
 // reader is one term's place in the outbox. It is used by the lead
 // goroutine only (batch runs serially), so it needs no lock.
 type reader struct {
-	fence    store.Fence
-	loaded   bool
-	cursor   int64
-	frontier int64
-	gaps     map[int64]*gapState
-	parked   map[store.Aggregate]int64 // lowest id
-	lastSent map[store.Aggregate]int64 // highest id sent, this term
-	gen      int                       // bumped when lastSent is cleared
-	maxSent  int64
-	saved    int64
-	savedAt  time.Time
+	fence     store.Fence
+	loaded    bool
+	cursor    int64
+	frontier  int64
+	gaps      map[int64]*gapState
+	parked    map[store.Aggregate]int64 // lowest id
+	lastSent  map[store.Aggregate]int64 // highest id sent, this term
+	gen       int                       // bumped when lastSent is cleared
+	maxSent   int64
+	saved     int64
+	savedSent int64
+	savedAt   time.Time
 	// rescan below the cursor: (rescanLo, rescanTo] left to look at.
 	rescanLo, rescanTo int64
 	rescanAt, stepAt   time.Time
@@ -95,15 +105,21 @@ type reader struct {
 	// it is found once it commits. 0: settled.
 	coldTo      int64
 	coldHorizon uint64
-	epoch       string // the ids' epoch (store.ReadResult.Epoch) the cursor belongs to
-	inflightLow int64  // lowest id fetched and not yet written, as of the last read
+	// Late commits across a change of holder: rows taken in (inheritLo,
+	// inherited] are checked once (store.LaterSent) for a later row of
+	// their aggregate the holders before this one dispatched. lateDone
+	// holds the ids checked or already warned in this term.
+	inheritLo, inherited int64
+	lateDone             map[int64]struct{}
+	epoch                string // the ids' epoch (store.ReadResult.Epoch) the cursor belongs to
+	inflightLow          int64  // lowest id fetched and not yet written, as of the last read
 }
 
 // readerFor returns the term's reader, a new one when the term changed.
 func (p *Poller) readerFor(f store.Fence) *reader {
 	if p.rd == nil || p.rd.fence != f {
 		p.rd = &reader{fence: f, gaps: map[int64]*gapState{}, parked: map[store.Aggregate]int64{},
-			lastSent: map[store.Aggregate]int64{}}
+			lastSent: map[store.Aggregate]int64{}, lateDone: map[int64]struct{}{}}
 	}
 	return p.rd
 }
@@ -113,15 +129,16 @@ func (p *Poller) readerFor(f store.Fence) *reader {
 func (p *Poller) fetch(ctx context.Context, f store.Fence, lim store.FetchLimits) (rows []store.Row, held bool, err error) {
 	r := p.readerFor(f)
 	if !r.loaded {
-		c, horizon, epoch, err := p.store.LoadCursor(ctx, f.Lock)
+		c, sent, horizon, epoch, err := p.store.LoadCursor(ctx, f.Lock)
 		if err != nil {
 			return nil, false, err
 		}
 		r.coldTo, r.coldHorizon, r.epoch = c, horizon, epoch
+		r.inheritLo, r.inherited, r.savedSent = c, sent, sent
 		r.cursor, r.frontier, r.saved, r.loaded = c, c, c, true
 		r.rescanLo, r.rescanTo = 0, c
 		r.rescanAt = time.Now()
-		p.log.Info("read path starts", "cursor", c)
+		p.log.Info("read path starts", "cursor", c, "sent", sent)
 	}
 	res, err := p.store.Read(ctx, lim, r.pos())
 	if err != nil {
@@ -145,6 +162,10 @@ func (p *Poller) fetch(ctx context.Context, f store.Fence, lim store.FetchLimits
 		r.inflightLow = min(r.inflightLow, row.ID)
 	}
 	p.advance(r, res, lim.Rows, time.Now())
+	if err := p.inheritedLate(ctx, r, res.Rows); err != nil {
+		// The rows are delivered all the same; only a WARN may be missing.
+		p.log.Warn("late commit check failed", "error", err)
+	}
 	// Taken rows count as sent from now on: a gap of their aggregate that
 	// becomes visible while they are in flight goes after them, a late
 	// commit (it was missed under load when only written results counted).
@@ -303,9 +324,44 @@ func (p *Poller) lateCommit(r *reader, g *gapState, id int64, a store.Aggregate,
 	if !known {
 		after = r.maxSent
 	}
+	if id <= r.inherited {
+		r.lateDone[id] = struct{}{} // warned once, not again by inheritedLate
+	}
 	p.m.LateCommits.Inc()
 	p.log.Warn("late commit", "aggregate_type", a.Type, "aggregate_id", a.ID, "outbox_id", id, "after_id", after,
 		"waited_ms", now.Sub(g.seen).Milliseconds())
+}
+
+// inheritedLate warns for and counts each row taken in (r.inheritLo,
+// r.inherited] that committed after an earlier holder dispatched a later
+// row of its aggregate: a late commit the in-term watch (lateCommit) cannot
+// see, since the gap was given up by the holder before this one. Each id
+// is checked once a term; reads that take no such row cost nothing.
+func (p *Poller) inheritedLate(ctx context.Context, r *reader, rows []store.Row) error {
+	var check []store.Row
+	for _, row := range rows {
+		if _, done := r.lateDone[row.ID]; !done && row.ID > r.inheritLo && row.ID <= r.inherited {
+			check = append(check, row)
+		}
+	}
+	if len(check) == 0 {
+		return nil
+	}
+	later, err := p.store.LaterSent(ctx, check, r.inherited)
+	if err != nil {
+		return fmt.Errorf("late commit check: %w", err)
+	}
+	for _, row := range check {
+		r.lateDone[row.ID] = struct{}{}
+		after, ok := later[row.ID]
+		if !ok {
+			continue
+		}
+		p.m.LateCommits.Inc()
+		p.log.Warn("late commit", "aggregate_type", row.AggregateType, "aggregate_id", row.AggregateID,
+			"outbox_id", row.ID, "after_id", after, "waited_ms", time.Since(row.CreatedAt).Milliseconds())
+	}
+	return nil
 }
 
 // sent records what a batch delivered and parks what it left pending below
@@ -377,11 +433,15 @@ func (p *Poller) maintain(ctx context.Context, r *reader, idle bool, xmin uint64
 			r.rescanLo, r.rescanTo = 0, r.coldTo
 		}
 	}
-	if c := r.saveable(); c != r.saved && now.Sub(r.savedAt) >= saveEvery {
-		if err := p.store.SaveCursor(ctx, r.fence, c, r.epoch); err != nil {
+	// The sent mark is saved when it moves too: while a given-up gap holds
+	// the cursor still, rows of its aggregate above it go out, and a
+	// successor needs the mark to warn when the gap commits.
+	c, sentTo := r.saveable(), max(r.inherited, r.maxSent)
+	if (c != r.saved || sentTo != r.savedSent) && now.Sub(r.savedAt) >= saveEvery {
+		if err := p.store.SaveCursor(ctx, r.fence, c, sentTo, r.epoch); err != nil {
 			return fmt.Errorf("save cursor: %w", err)
 		}
-		r.saved, r.savedAt = c, now
+		r.saved, r.savedSent, r.savedAt = c, sentTo, now
 	}
 	if r.rescanLo >= r.rescanTo && now.Sub(r.rescanAt) >= p.rescanEvery {
 		r.rescanLo, r.rescanTo, r.rescanAt = 0, r.cursor, now

@@ -372,34 +372,80 @@ const epochSQL = `pg_relation_filenode('outbox'::regclass)::text || '/' ||
 // below it may belong to a producer transaction in progress when it was
 // computed, so it comes with horizon, that snapshot's xmax; until a
 // snapshot's xmin reaches it the caller keeps rescanning below the cursor.
-func (s *Store) LoadCursor(ctx context.Context, lock string) (cursor int64, horizon uint64, epoch string, err error) {
+//
+// sent is the highest id the earlier holders handed on (SaveCursor), at
+// least cursor; with none known (no cursor saved, or saved before
+// migration 00008) the table's highest id, which is at least as high.
+func (s *Store) LoadCursor(ctx context.Context, lock string) (cursor, sent int64, horizon uint64, epoch string, err error) {
 	var h int64
 	err = s.pool.QueryRow(ctx, `SELECT COALESCE(saved.cursor, LEAST(
     COALESCE((SELECT min(id) - 1 FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL), top.id),
     GREATEST(top.id - $2, 0))),
+  CASE WHEN saved.sent > 0 THEN GREATEST(saved.sent, saved.cursor) ELSE top.id END,
   CASE WHEN saved.cursor IS NULL THEN pg_snapshot_xmax(pg_current_snapshot())::text::bigint ELSE 0 END,
   `+epochSQL+`
-FROM (SELECT (SELECT cursor FROM outbox_cursor WHERE lock_name = $1 AND epoch = `+epochSQL+`) AS cursor) saved,
-  (SELECT COALESCE((SELECT max(id) FROM outbox), 0) AS id) top`, lock, int64(defaultSpan)).Scan(&cursor, &h, &epoch)
+FROM (SELECT (SELECT cursor FROM outbox_cursor WHERE lock_name = $1 AND epoch = `+epochSQL+`) AS cursor,
+    (SELECT sent FROM outbox_cursor WHERE lock_name = $1 AND epoch = `+epochSQL+`) AS sent) saved,
+  (SELECT COALESCE((SELECT max(id) FROM outbox), 0) AS id) top`, lock, int64(defaultSpan)).Scan(&cursor, &sent, &h, &epoch)
 	if err != nil {
-		return 0, 0, "", wrap("load cursor", err)
+		return 0, 0, 0, "", wrap("load cursor", err)
 	}
-	return cursor, uint64(max(h, 0)), epoch, nil
+	return cursor, max(sent, cursor), uint64(max(h, 0)), epoch, nil
 }
 
 // SaveCursor stores where f's holder stands, fenced: every id at or below
-// cursor is delivered, dead or backing off. A stale holder changes nothing
-// (ErrStaleFence).
-func (s *Store) SaveCursor(ctx context.Context, f Fence, cursor int64, epoch string) error {
-	return s.fenced(ctx, f, saveCursorSQL, []*int64{new(int64)}, cursor, epoch)
+// cursor is delivered, dead or backing off, and no id above sent was handed
+// on to a sink by this holder or the ones before it. A stale holder changes
+// nothing (ErrStaleFence).
+func (s *Store) SaveCursor(ctx context.Context, f Fence, cursor, sent int64, epoch string) error {
+	return s.fenced(ctx, f, saveCursorSQL, []*int64{new(int64)}, cursor, epoch, sent)
 }
 
 const saveCursorSQL = fenceCTE + `,
 saved AS (
-  INSERT INTO outbox_cursor AS c (lock_name, cursor, epoch) SELECT $1, $4, $5 WHERE EXISTS (SELECT 1 FROM fence)
-  ON CONFLICT (lock_name) DO UPDATE SET cursor = EXCLUDED.cursor, epoch = EXCLUDED.epoch, updated_at = now()
+  INSERT INTO outbox_cursor AS c (lock_name, cursor, epoch, sent) SELECT $1, $4, $5, $6 WHERE EXISTS (SELECT 1 FROM fence)
+  ON CONFLICT (lock_name) DO UPDATE SET cursor = EXCLUDED.cursor, epoch = EXCLUDED.epoch, sent = EXCLUDED.sent, updated_at = now()
   RETURNING 1)
 SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM saved)`
+
+// LaterSent returns, for each of rows (pending rows a new holder read at
+// or below the sent mark its predecessors saved, LoadCursor), the highest
+// id of its aggregate in (row, sent] that is already dispatched: the row
+// committed after a later row of its aggregate was handed on by an earlier
+// holder (a late commit). Rows with none are absent, and so are rows
+// attempted or due later than written (a retry, a replayed dead row): a
+// late commit is a row no holder has tried yet. One primary-key range
+// walk over (lowest row id, sent]: no index covers dispatched rows by
+// aggregate, and the range is the earlier holders' last few reads.
+func (s *Store) LaterSent(ctx context.Context, rows []Row, sent int64) (map[int64]int64, error) {
+	if len(rows) == 0 {
+		return nil, nil
+	}
+	ids, types, aggs := make([]int64, len(rows)), make([]string, len(rows)), make([]string, len(rows))
+	lo := rows[0].ID
+	for i, r := range rows {
+		ids[i], types[i], aggs[i] = r.ID, r.AggregateType, r.AggregateID
+		lo = min(lo, r.ID)
+	}
+	q, err := s.pool.Query(ctx, `SELECT c.id, max(o.id)
+FROM unnest($1::bigint[], $2::text[], $3::text[]) AS c(id, aggregate_type, aggregate_id)
+JOIN outbox r ON r.id = c.id AND r.attempts = 0 AND r.available_at <= r.created_at
+JOIN outbox o ON o.aggregate_type = c.aggregate_type AND o.aggregate_id = c.aggregate_id AND o.id > c.id
+WHERE o.id > $4 AND o.id <= $5 AND o.dispatched_at IS NOT NULL
+GROUP BY c.id`, ids, types, aggs, lo, sent)
+	if err != nil {
+		return nil, wrap("later sent", err)
+	}
+	out := map[int64]int64{}
+	var id, after int64
+	if _, err := pgx.ForEachRow(q, []any{&id, &after}, func() error {
+		out[id] = after
+		return nil
+	}); err != nil {
+		return nil, wrap("later sent", err)
+	}
+	return out, nil
+}
 
 // PendingBetween returns the aggregates with pending rows not backing off
 // in (lo, hi], each with its lowest such id: the poller's slow rescan below

@@ -257,25 +257,60 @@ func TestSaveCursorIsFenced(t *testing.T) {
 	st, _ := testenv.Store(t)
 	ctx := context.Background()
 	lock := "lock:outbox:poller"
-	c, _, epoch, err := st.LoadCursor(ctx, lock)
+	c, _, _, epoch, err := st.LoadCursor(ctx, lock)
 	if err != nil || c != 0 || epoch == "" {
 		t.Fatalf("no cursor saved: %d, epoch %q, %v", c, epoch, err)
 	}
-	if err := st.SaveCursor(ctx, store.Fence{Lock: lock, Token: 2, Owner: "b"}, 42, epoch); err != nil {
+	if err := st.SaveCursor(ctx, store.Fence{Lock: lock, Token: 2, Owner: "b"}, 42, 50, epoch); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.SaveCursor(ctx, store.Fence{Lock: lock, Token: 1, Owner: "a"}, 7, epoch); err == nil {
+	if err := st.SaveCursor(ctx, store.Fence{Lock: lock, Token: 1, Owner: "a"}, 7, 90, epoch); err == nil {
 		t.Fatal("a stale holder saved its cursor")
 	}
-	if c, h, _, _ := st.LoadCursor(ctx, lock); c != 42 || h != 0 {
-		t.Fatalf("cursor %d, horizon %d; want the saved 42, settled (horizon 0)", c, h)
+	if c, sent, h, _, _ := st.LoadCursor(ctx, lock); c != 42 || sent != 50 || h != 0 {
+		t.Fatalf("cursor %d, sent %d, horizon %d; want the saved 42 and 50, settled (horizon 0)", c, sent, h)
 	}
 	// Ids start again: the saved cursor is of the old ids, and not used.
 	if _, err := st.Pool().Exec(ctx, `TRUNCATE outbox RESTART IDENTITY`); err != nil {
 		t.Fatal(err)
 	}
-	if c, _, e2, _ := st.LoadCursor(ctx, lock); c != 0 || e2 == epoch {
+	if c, _, _, e2, _ := st.LoadCursor(ctx, lock); c != 0 || e2 == epoch {
 		t.Fatalf("after TRUNCATE ... RESTART IDENTITY: cursor %d (epoch %q, was %q), want 0 in a new epoch", c, e2, epoch)
+	}
+}
+
+// LaterSent names, for each row given, the highest dispatched row of its
+// aggregate above it and at or below the sent mark, and nothing for rows
+// with none (a later row still pending, or dispatched above the mark).
+func TestLaterSentFindsDispatchedLaterRowsOfTheAggregate(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	enqueue(t, st, ev("deal", "A", 1), ev("deal", "B", 2), ev("deal", "A", 3), ev("deal", "A", 4),
+		ev("deal", "B", 5), ev("deal", "C", 6), ev("deal", "C", 7))
+	// 3 and 4 (A) and 7 (C) dispatched; 5 (B) pending; 1, 2 and 6 the rows asked about.
+	if _, err := st.Pool().Exec(ctx, `UPDATE outbox SET dispatched_at = now() WHERE id IN (3, 4, 7)`); err != nil {
+		t.Fatal(err)
+	}
+	rows := []store.Row{{ID: 1, AggregateType: "deal", AggregateID: "A"}, {ID: 2, AggregateType: "deal", AggregateID: "B"},
+		{ID: 6, AggregateType: "deal", AggregateID: "C"}}
+	got, err := st.LaterSent(ctx, rows, 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[1] != 4 {
+		t.Fatalf("LaterSent up to 6: %v, want only 1 -> 4 (2's later row is pending, 6's is above the mark)", got)
+	}
+	if got, err := st.LaterSent(ctx, rows, 7); err != nil || len(got) != 2 || got[6] != 7 {
+		t.Fatalf("LaterSent up to 7: %v, %v; want 1 -> 4 and 6 -> 7", got, err)
+	}
+	// A replayed or retried row is no late commit: it was tried before.
+	if _, err := st.Pool().Exec(ctx, `UPDATE outbox SET available_at = now() + interval '1 hour' WHERE id = 1;
+		UPDATE outbox SET attempts = 1 WHERE id = 6`); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := st.LaterSent(ctx, rows, 7); err != nil || len(got) != 0 {
+		t.Fatalf("LaterSent after a replay and a retry: %v, %v; want none", got, err)
 	}
 }
 
@@ -291,20 +326,21 @@ func TestLoadCursorWithoutOneSavedSkipsTheSettledHistory(t *testing.T) {
 		SELECT 'deal', g::text, 'x', '{}', now() FROM generate_series(1, 20500) g`); err != nil {
 		t.Fatal(err)
 	}
-	if c, h, _, err := st.LoadCursor(ctx, lock); err != nil || c != 10500 || h == 0 {
-		t.Fatalf("nothing pending: cursor %d, horizon %d, %v; want a span below the highest id, 10500, with a horizon", c, h, err)
+	if c, sent, h, _, err := st.LoadCursor(ctx, lock); err != nil || c != 10500 || sent != 20500 || h == 0 {
+		t.Fatalf("nothing pending: cursor %d, sent %d, horizon %d, %v; want a span below the highest id, 10500, "+
+			"the highest id as the sent mark (none known), with a horizon", c, sent, h, err)
 	}
 	enqueue(t, st, ev("deal", "A", 1), ev("deal", "B", 2))
 	if _, err := st.Pool().Exec(ctx, `UPDATE outbox SET dispatched_at = NULL WHERE id = 300`); err != nil {
 		t.Fatal(err)
 	}
-	if c, _, _, err := st.LoadCursor(ctx, lock); err != nil || c != 299 {
+	if c, _, _, _, err := st.LoadCursor(ctx, lock); err != nil || c != 299 {
 		t.Fatalf("row 300 pending: cursor %d, %v; want 299", c, err)
 	}
 	if _, err := st.Pool().Exec(ctx, `UPDATE outbox SET dispatched_at = now() WHERE id = 300`); err != nil {
 		t.Fatal(err)
 	}
-	if c, _, _, err := st.LoadCursor(ctx, lock); err != nil || c != 10502 {
+	if c, _, _, _, err := st.LoadCursor(ctx, lock); err != nil || c != 10502 {
 		t.Fatalf("two pending at the top: cursor %d, %v; want a span below the highest id (10502)", c, err)
 	}
 }
@@ -376,7 +412,7 @@ func TestHotPathCostDoesNotGrowWithHistory(t *testing.T) {
 	if err := st.ClaimFence(ctx, fence); err != nil {
 		t.Fatal(err)
 	}
-	_, _, epoch, err := st.LoadCursor(ctx, fence.Lock)
+	_, _, _, epoch, err := st.LoadCursor(ctx, fence.Lock)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -429,7 +465,7 @@ func TestHotPathCostDoesNotGrowWithHistory(t *testing.T) {
 		read = explain(`EXECUTE rd($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`, args...)
 		complete = explain(`EXECUTE cp($1, $2, $3, $4, $5, $6, $7, $8)`, fence.Lock, fence.Token, fence.Owner,
 			[]int64{cursor + 1}, []int64{}, []string{}, []time.Time{}, []bool{})
-		save = explain(`EXECUTE sc($1, $2, $3, $4, $5)`, fence.Lock, fence.Token, fence.Owner, cursor, epoch)
+		save = explain(`EXECUTE sc($1, $2, $3, $4, $5, $6)`, fence.Lock, fence.Token, fence.Owner, cursor, epoch, cursor)
 		stats = explain(`EXECUTE st`)
 		return read, complete, save, stats
 	}
@@ -465,12 +501,12 @@ func TestHotPathCostDoesNotGrowWithHistory(t *testing.T) {
 			t.Fatal(err)
 		}
 		if id%100 == 0 { // the relay saves at most once a second, past many batches
-			if err := st.SaveCursor(ctx, fence, id, epoch); err != nil {
+			if err := st.SaveCursor(ctx, fence, id, id, epoch); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	if err := st.SaveCursor(ctx, fence, top, epoch); err != nil {
+	if err := st.SaveCursor(ctx, fence, top, top, epoch); err != nil {
 		t.Fatal(err)
 	}
 	read1, complete1, save1, stats1 := measure()
@@ -519,7 +555,7 @@ func TestHotPathCostDoesNotGrowWithHistory(t *testing.T) {
 	}
 	for _, r := range regimes {
 		r.setup()
-		if err := st.SaveCursor(ctx, fence, maxID(t, st), epoch); err != nil {
+		if err := st.SaveCursor(ctx, fence, maxID(t, st), maxID(t, st), epoch); err != nil {
 			t.Fatal(err)
 		}
 		read2, complete2, save2, stats2 := measure()
@@ -543,11 +579,11 @@ func TestStatsCountsFromTheCursor(t *testing.T) {
 		t.Fatal(err)
 	}
 	exec(t, st, `UPDATE outbox SET dead_at = now() WHERE id = $1`, first+2)
-	_, _, epoch, err := st.LoadCursor(ctx, fence.Lock)
+	_, _, _, epoch, err := st.LoadCursor(ctx, fence.Lock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.SaveCursor(ctx, fence, first+3, epoch); err != nil {
+	if err := st.SaveCursor(ctx, fence, first+3, first+3, epoch); err != nil {
 		t.Fatal(err)
 	}
 	got, err := st.Stats(ctx)
