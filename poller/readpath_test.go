@@ -159,11 +159,18 @@ func TestLateCommitIsDeliveredWarnedAndCounted(t *testing.T) {
 	if n := logs.Count(`"msg":"lock acquired"`); n != 1 {
 		t.Fatalf("%d terms, want one (the test's premise); last lines:\n%s", n, logs.Tail(20))
 	}
+	expectLateCommit(t, logs, r, lower.id, higher)
+}
+
+// expectLateCommit waits for r's one "late commit" WARN naming aggregate
+// deal/A, the late id and the id sent before it, and checks r's counter.
+func expectLateCommit(t *testing.T, logs *testkit.Logs, r *runner, late, after int64) {
+	t.Helper()
 	line := logs.WaitLines(t, 10*time.Second, "the late commit WARN", 1, func(l string) bool {
 		return strings.Contains(l, `"msg":"late commit"`)
 	})[0]
 	for _, want := range []string{`"level":"WARN"`, `"aggregate_type":"deal"`, `"aggregate_id":"A"`,
-		`"outbox_id":` + itoa(lower.id), `"after_id":` + itoa(higher)} {
+		`"outbox_id":` + itoa(late), `"after_id":` + itoa(after)} {
 		if !strings.Contains(line, want) {
 			t.Errorf("late commit line %s lacks %s", line, want)
 		}
@@ -176,7 +183,9 @@ func TestLateCommitIsDeliveredWarnedAndCounted(t *testing.T) {
 // savedSent is the sent mark in outbox_cursor (0 if none saved).
 func (e *env) savedSent() int64 {
 	var n int64
-	_ = e.st.Pool().QueryRow(context.Background(), `SELECT COALESCE(max(sent), 0) FROM outbox_cursor`).Scan(&n)
+	if err := e.st.Pool().QueryRow(context.Background(), `SELECT COALESCE(max(sent), 0) FROM outbox_cursor`).Scan(&n); err != nil {
+		e.t.Fatalf("read the sent mark: %v", err)
+	}
 	return n
 }
 
@@ -210,18 +219,7 @@ func TestLateCommitAfterTheLeaseMovedIsWarnedAndCounted(t *testing.T) {
 	if n := logs2.Count(`"msg":"lock acquired"`); n != 1 {
 		t.Fatalf("%d terms of the second runner, want one (the test's premise); last lines:\n%s", n, logs2.Tail(20))
 	}
-	line := logs2.WaitLines(t, 10*time.Second, "the late commit WARN", 1, func(l string) bool {
-		return strings.Contains(l, `"msg":"late commit"`)
-	})[0]
-	for _, want := range []string{`"level":"WARN"`, `"aggregate_type":"deal"`, `"aggregate_id":"A"`,
-		`"outbox_id":` + itoa(lower.id), `"after_id":` + itoa(higher)} {
-		if !strings.Contains(line, want) {
-			t.Errorf("late commit line %s lacks %s", line, want)
-		}
-	}
-	if n := testutil.ToFloat64(r2.m.LateCommits); n != 1 {
-		t.Fatalf("outboxd_late_commits_total %v, want 1", n)
-	}
+	expectLateCommit(t, logs2, r2, lower.id, higher)
 }
 
 // Rows the last holder took but never delivered (here its sink refused

@@ -24,6 +24,13 @@ func buffers(t *testing.T, st *store.Store, sql string, args ...any) int64 {
 	if err := st.Pool().QueryRow(context.Background(), "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&raw); err != nil {
 		t.Fatal(err)
 	}
+	return planBuffers(t, raw)
+}
+
+// planBuffers reads the whole plan's shared blocks touched (hit + read)
+// from EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) output.
+func planBuffers(t *testing.T, raw []byte) int64 {
+	t.Helper()
 	var plan []struct {
 		Plan struct {
 			Hit  int64 `json:"Shared Hit Blocks"`
@@ -439,16 +446,7 @@ func TestHotPathCostDoesNotGrowWithHistory(t *testing.T) {
 		if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&raw); err != nil {
 			t.Fatal(err)
 		}
-		var plan []struct {
-			Plan struct {
-				Hit  int64 `json:"Shared Hit Blocks"`
-				Read int64 `json:"Shared Read Blocks"`
-			} `json:"Plan"`
-		}
-		if err := json.Unmarshal(raw, &plan); err != nil || len(plan) != 1 {
-			t.Fatalf("explain: %v %s", err, raw)
-		}
-		return plan[0].Plan.Hit + plan[0].Plan.Read
+		return planBuffers(t, raw)
 	}
 	lim := store.FetchLimits{Rows: 100, RowBytes: 1 << 20, Bytes: 16 << 20}
 	// One probe per statement from the cursor on: ten pending rows above
