@@ -104,6 +104,7 @@ func selectPostgres() {
 	case "private-autovacuum":
 		s := testenv.StartPostgresServer(exitTB{})
 		*pgDSN = s.DSN
+		privateLog = s.LogPath()
 		fmt.Printf("blackbox: private Postgres at %s\n", s.DSN)
 	default:
 		check(fmt.Errorf("unknown -pg %q (shared, private-autovacuum)", *pgMode))
@@ -111,6 +112,7 @@ func selectPostgres() {
 	conn, err := pgx.Connect(context.Background(), *pgDSN)
 	check(err)
 	defer conn.Close(context.Background())
+	applyPgSets(context.Background(), *pgDSN)
 	var av, fsync string
 	check(conn.QueryRow(context.Background(), `SELECT current_setting('autovacuum'), current_setting('fsync')`).Scan(&av, &fsync))
 	fmt.Printf("blackbox: server autovacuum %s, fsync %s, table autovacuum %v\n", av, fsync, *tableAV)

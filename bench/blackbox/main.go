@@ -44,6 +44,13 @@
 // outbox table there. Every result line carries /proc/loadavg at its start:
 // the machine is shared.
 //
+// Correlating a latency tail with the server (pokes.go): -dump PREFIX
+// writes each event's commit time and latency, and beside it the times of
+// -poke statements run at known offsets (CHECKPOINT, ANALYZE outbox, ...),
+// -sample-waits samples of the relay's sessions in pg_stat_activity, and
+// the private server's log (-pg-set log_checkpoints=on;... applied by
+// ALTER SYSTEM on a -pg private-autovacuum server).
+//
 // With -profile DIR, each outboxd drain also writes a CPU profile of the
 // relay (http.pprof), Postgres' pg_stat_statements (when the extension is
 // loaded) and Redis' INFO commandstats into DIR.
@@ -57,6 +64,8 @@
 //	cd bench && go run ./blackbox -scenario history -rounds 3 -rows 100000 -history 1000000
 //	cd bench && go run ./blackbox -scenario backlog -rounds 3 -rows 1000000 -small 100000
 //	cd bench && go run ./blackbox -scenario latency -producers 8 -rate 5000 -per-tx 5 -for 30s -runs 3
+//	cd bench && go run ./blackbox -scenario latency -hold-snapshot -rate 2000 -for 2m -window 20s -runs 1 -pg private-autovacuum \
+//	    -set 'reconcile.schedule=@every 20s' -pg-set 'log_min_duration_statement=15' -poke '20s/30s=ANALYZE outbox' -sample-waits 10ms -dump /tmp/tail/r
 //	cd bench && go run ./blackbox -scenario latency -producers 8 -rate 1000 -tx-hold 5ms -aggregates 100 -gap-wait 1ms,10ms,50ms,200ms -runs 2
 //	cd bench && go run ./blackbox -scenario latency -producers 8 -rate 1000 -long-tx 2s -aggregates 100 -gap-wait 10ms,50ms,200ms,1s -runs 2
 //	cd bench && go run ./blackbox -scenario order -runs 1 -late 2s,30s
@@ -556,6 +565,7 @@ func latencyOnce(ctx context.Context, bin string, extra, env []string) latency {
 	n := warm + int(steadyFor.Seconds()*float64(*rate))/k
 	commits := make([]commit, n)
 	start := time.Now()
+	obs := observe(ctx, dsn, start)
 	longCtx, stopLong := context.WithCancel(ctx)
 	var long []commit
 	var longWG sync.WaitGroup
@@ -568,6 +578,7 @@ func latencyOnce(ctx context.Context, bin string, extra, env []string) latency {
 		oneStatementProducers(ctx, pool, commits, start, interval, k)
 	}
 	achieved := float64(n*k) / time.Since(start).Seconds()
+	obs.stop()
 	stopLong()
 	longWG.Wait()
 	for d.dispatched() < float64(n*k+len(long)) {
@@ -611,7 +622,9 @@ func latencyOnce(ctx context.Context, bin string, extra, env []string) latency {
 		}
 	}
 	if *latDump != "" {
-		check(os.WriteFile(fmt.Sprintf("%s.%d.txt", *latDump, time.Now().UnixNano()), []byte(dump.String()), 0o644))
+		stem := fmt.Sprintf("%s.%d", *latDump, time.Now().UnixNano())
+		check(os.WriteFile(stem+".txt", []byte(dump.String()), 0o644))
+		obs.write(stem)
 	}
 	all, p, rv := quantilesOf(lat), quantilesOf(prod), quantilesOf(recv)
 	out := latency{achieved: achieved, p50: all.p50, p95: all.p95, p99: all.p99, max: all.max, n: all.n,

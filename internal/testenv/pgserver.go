@@ -146,3 +146,8 @@ func (s *PostgresServer) CrashRestart() {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// LogPath is the server's log file (removed with the server at cleanup):
+// a bench that sets log_checkpoints or log_autovacuum_min_duration copies
+// it before then.
+func (s *PostgresServer) LogPath() string { return filepath.Join(s.dir, "log") }
