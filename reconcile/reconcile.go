@@ -426,7 +426,8 @@ func legacyAges(ctx context.Context, rdb redis.UniversalClient, names, vals []st
 
 func (r *Reconciler) purge(ctx context.Context, fence store.Fence, kind store.PurgeKind, cutoff time.Time) (int64, error) {
 	label := map[store.PurgeKind]string{store.PurgeDelivered: "purged", store.PurgeDead: "purged_dead"}[kind]
-	var cursor, total int64
+	var cursor store.PurgeCursor
+	var total int64
 	for {
 		if err := ctx.Err(); err != nil {
 			return total, context.Cause(ctx)

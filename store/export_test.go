@@ -8,4 +8,8 @@ var (
 	CompleteSQL   = completeSQL
 	SaveCursorSQL = saveCursorSQL
 	StatsSQL      = statsSQL
+
+	PendingRowsSQL       = pendingRowsSQL
+	PendingByAttemptsSQL = pendingByAttemptsSQL
+	PurgeSQL             = purgeSQL
 )

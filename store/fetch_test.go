@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/migrations"
@@ -25,6 +26,45 @@ func buffers(t *testing.T, st *store.Store, sql string, args ...any) int64 {
 		t.Fatal(err)
 	}
 	return planBuffers(t, raw)
+}
+
+// explainUndone runs EXPLAIN (ANALYZE, BUFFERS) of sql (an EXECUTE of a
+// statement prepared on conn) in a transaction it rolls back, so writes are
+// measured and undone, and returns the shared blocks it touched.
+func explainUndone(t *testing.T, conn *pgxpool.Conn, sql string, args ...any) int64 {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var raw []byte
+	// EXECUTE's arguments as literals: the prepared statement is run.
+	args = append([]any{pgx.QueryExecModeSimpleProtocol}, args...)
+	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&raw); err != nil {
+		t.Fatal(err)
+	}
+	return planBuffers(t, raw)
+}
+
+// holdSnapshot opens a REPEATABLE READ transaction and takes its snapshot,
+// as a report would: until the test ends, no row version live now can be
+// vacuumed, nor its index entries.
+func holdSnapshot(t *testing.T, st *store.Store) {
+	t.Helper()
+	ctx := context.Background()
+	holder, err := st.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = holder.Rollback(ctx) })
+	if _, err := holder.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Exec(ctx, `SELECT count(*) FROM outbox_fence`); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // planBuffers reads the whole plan's shared blocks touched (hit + read)
@@ -435,18 +475,7 @@ func TestHotPathCostDoesNotGrowWithHistory(t *testing.T) {
 	}
 	explain := func(sql string, args ...any) int64 {
 		t.Helper()
-		tx, err := conn.Begin(ctx) // the writes are measured, then undone
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = tx.Rollback(ctx) }()
-		var raw []byte
-		// EXECUTE's arguments as literals: the prepared statement is run.
-		args = append([]any{pgx.QueryExecModeSimpleProtocol}, args...)
-		if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&raw); err != nil {
-			t.Fatal(err)
-		}
-		return planBuffers(t, raw)
+		return explainUndone(t, conn, sql, args...)
 	}
 	lim := store.FetchLimits{Rows: 100, RowBytes: 1 << 20, Bytes: 16 << 20}
 	// One probe per statement from the cursor on: ten pending rows above
@@ -475,17 +504,7 @@ func TestHotPathCostDoesNotGrowWithHistory(t *testing.T) {
 	// save leaves one dead version of the cursor row (a few buffers per
 	// thousand saves, at most one save a second), which is not what this
 	// test looks for.
-	holder, err := st.Pool().Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = holder.Rollback(ctx) }()
-	if _, err := holder.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := holder.Exec(ctx, `SELECT count(*) FROM outbox_fence`); err != nil {
-		t.Fatal(err)
-	}
+	holdSnapshot(t, st)
 	history := 200_000
 	if n, err := strconv.Atoi(os.Getenv("OUTBOXD_HISTORY_ROWS")); err == nil && n > 2000 {
 		history = n // docs/testing.md: the same probe behind 1M or 10M rows

@@ -60,10 +60,18 @@ type Pending struct {
 	EventType     string
 }
 
-// PendingRows returns up to limit undelivered, not dead rows above cursor, in id order.
+// PendingRows returns up to limit undelivered, not dead rows above cursor,
+// in id order, as Stats counts them: every such row above the lowest cursor
+// a poller saved (SaveCursor), and those backing off at or below it (by
+// SaveCursor's rule, nothing else pending is there). It never walks the
+// delivered history below that cursor: behind rows delivered while a
+// snapshot was held (whose index entries vacuum cannot remove) a walk from
+// id 0 touched a buffer per delivered row, each sweep (200k rows: ~200k
+// buffers), and competed with the relay for the server. A row left out
+// (re-pended below the cursor by an operator) costs no repair: the poller
+// finds its delivered mark when it claims it, and marks it.
 func (s *Store) PendingRows(ctx context.Context, cursor int64, limit int) ([]Pending, error) {
-	rows, err := s.pool.Query(ctx, `SELECT id, created_at, aggregate_type, aggregate_id, event_type FROM outbox
-		WHERE dispatched_at IS NULL AND dead_at IS NULL AND id > $1 ORDER BY id LIMIT $2`, cursor, limit)
+	rows, err := s.pool.Query(ctx, pendingRowsSQL, cursor, limit)
 	if err != nil {
 		return nil, fmt.Errorf("store: pending rows: %w", err)
 	}
@@ -80,6 +88,43 @@ func (s *Store) PendingRows(ctx context.Context, cursor int64, limit int) ([]Pen
 	return out, nil
 }
 
+// sweepFloorCTE is lowcur(lo): the lowest cursor a poller saved in this
+// epoch (0 with none), below which every row is delivered, dead or backing
+// off (SaveCursor).
+const sweepFloorCTE = `lowcur AS MATERIALIZED (
+  SELECT COALESCE((SELECT min(cursor) FROM outbox_cursor WHERE epoch = ` + epochSQL + `), 0) AS lo)`
+
+// pendingRowsSQL is PendingRows': the pending index from above both
+// cursors (never the history below the saved one), and the rows backing
+// off below it through their own index (outbox_backoff_idx, the only
+// index for a condition alone behind OFFSET 0; with the id range beside it
+// the planner walked the primary key over the whole history instead).
+const pendingRowsSQL = `WITH ` + sweepFloorCTE + `
+SELECT id, created_at, aggregate_type, aggregate_id, event_type FROM (
+  (SELECT id, created_at, aggregate_type, aggregate_id, event_type FROM outbox
+   WHERE dispatched_at IS NULL AND dead_at IS NULL AND id > GREATEST($1::bigint, (SELECT lo FROM lowcur))
+   ORDER BY id LIMIT $2::int)
+  UNION ALL
+  (SELECT * FROM (SELECT id, created_at, aggregate_type, aggregate_id, event_type FROM outbox
+     WHERE ` + backingOff + ` OFFSET 0) b
+   WHERE id > $1::bigint AND id <= (SELECT lo FROM lowcur))) p
+ORDER BY id LIMIT $2::int`
+
+// pendingByAttemptsSQL: the rows above the cursor through the primary key
+// (the pending condition behind OFFSET 0: with it beside the range, a plan
+// made on a small table walked outbox_pending_aggregate_idx whole, its
+// history's entries included), and those backing off below it as in
+// pendingRowsSQL.
+const pendingByAttemptsSQL = `WITH ` + sweepFloorCTE + `
+SELECT attempts, count(*) FROM (
+  SELECT attempts FROM (SELECT attempts, dispatched_at IS NULL AND dead_at IS NULL AS pending FROM outbox
+    WHERE id > (SELECT lo FROM lowcur) OFFSET 0) a
+  WHERE pending
+  UNION ALL
+  SELECT attempts FROM (SELECT id, attempts FROM outbox WHERE ` + backingOff + ` OFFSET 0) b
+  WHERE id <= (SELECT lo FROM lowcur)) p
+GROUP BY attempts`
+
 // PurgeKind selects what Purge deletes.
 type PurgeKind int
 
@@ -88,29 +133,58 @@ const (
 	PurgeDead                       // dead_at before the cutoff
 )
 
-// Purge deletes one batch (up to limit rows, ids above cursor) of delivered
-// or dead rows older than cutoff, fenced. It returns how many it deleted and
-// the highest id deleted (the next cursor). Pending rows are never touched.
-func (s *Store) Purge(ctx context.Context, f Fence, kind PurgeKind, cutoff time.Time, cursor int64, limit int) (n, last int64, err error) {
+// PurgeCursor is where a purge sweep stands: the last row it deleted, in
+// the order it deletes them (oldest first). The zero value starts a sweep.
+type PurgeCursor struct {
+	at pgtype.Timestamptz
+	id int64
+}
+
+// Purge deletes one batch (up to limit rows after cursor, oldest first) of
+// delivered or dead rows older than cutoff, fenced. It returns how many it
+// deleted and the cursor of the next batch. Pending rows are never touched.
+//
+// It walks the rows older than cutoff through the index on their time
+// (outbox_dispatched_idx, outbox_dead_list_idx), never the table: the walk
+// by id it replaced read every row of the table on each sweep when
+// nothing was old enough (every 5 minutes by default; 200k rows: ~286k
+// buffers), and with a snapshot held that grew with each row delivered.
+func (s *Store) Purge(ctx context.Context, f Fence, kind PurgeKind, cutoff time.Time, cursor PurgeCursor, limit int) (n int64, next PurgeCursor, err error) {
+	from := cursor.at
+	if !from.Valid {
+		from = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	}
+	next = cursor
+	err = s.fencedScan(ctx, f, purgeSQL(kind), []any{&n, &next.at, &next.id}, cutoff, from, cursor.id, limit)
+	return n, next, err
+}
+
+// purgeSQL is Purge's statement for kind. Rows are taken in (time, id)
+// order; the cursor's own time is walked again only for the ids after it
+// (one batch's marks share a time).
+func purgeSQL(kind PurgeKind) string {
 	col := "dispatched_at"
 	if kind == PurgeDead {
 		col = "dead_at"
 	}
-	sql := fenceCTE + `,
+	return fenceCTE + `,
 del AS (
-  DELETE FROM outbox WHERE id IN (
-    SELECT id FROM outbox WHERE ` + col + ` < $4 AND id > $5 ORDER BY id LIMIT $6)
+  DELETE FROM outbox WHERE id = ANY (ARRAY(
+    SELECT id FROM outbox WHERE ` + col + ` < $4 AND ` + col + ` >= $5 AND (` + col + ` > $5 OR id > $6)
+    ORDER BY ` + col + `, id LIMIT $7))
   AND EXISTS (SELECT 1 FROM fence)
-  RETURNING id)
-SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM del), (SELECT COALESCE(max(id), 0) FROM del)`
-	err = s.fenced(ctx, f, sql, []*int64{&n, &last}, cutoff, cursor, limit)
-	return n, last, err
+  RETURNING id, ` + col + ` AS at),
+lastrow AS (SELECT at, id FROM del ORDER BY at DESC, id DESC LIMIT 1)
+SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM del),
+  COALESCE((SELECT at FROM lastrow), $5), COALESCE((SELECT id FROM lastrow), $6)`
 }
 
-// PendingByAttempts counts undelivered rows per attempts value.
+// PendingByAttempts counts undelivered rows per attempts value, the rows
+// Stats counts (see PendingRows): a count over the whole pending index
+// walked every entry vacuum had not removed, the delivered history of a
+// held snapshot included.
 func (s *Store) PendingByAttempts(ctx context.Context) (map[int]int64, error) {
-	rows, err := s.pool.Query(ctx, `SELECT attempts, count(*) FROM outbox
-		WHERE dispatched_at IS NULL AND dead_at IS NULL GROUP BY attempts`)
+	rows, err := s.pool.Query(ctx, pendingByAttemptsSQL)
 	if err != nil {
 		return nil, fmt.Errorf("store: attempts histogram: %w", err)
 	}
