@@ -35,8 +35,9 @@ import (
 //     well: each holder saves, beside its cursor, the highest id it and the
 //     holders before it handed on (sent); a new holder checks each row it
 //     takes above the cursor it loaded and at or below that mark once
-//     (store.LaterSent, one primary-key walk up to the mark per read that
-//     takes such rows, none for reads above it) and warns and counts it the
+//     (what was dispatched there is read once a term, store.DispatchedAbove;
+//     store.LaterSent only for a row with a later dispatched row of its
+//     aggregate; see inheritedLate) and warns and counts it the
 //     same way when a later row of its aggregate was already dispatched.
 //     Rows the last holder never sent (it stopped first), and rows tried
 //     before (retries, replayed dead rows), are not warned.
@@ -113,6 +114,13 @@ type reader struct {
 	lateDone             map[int64]struct{}
 	epoch                string // the ids' epoch (store.ReadResult.Epoch) the cursor belongs to
 	inflightLow          int64  // lowest id fetched and not yet written, as of the last read
+
+	// inheritSent: per aggregate, the highest id dispatched in (inheritLo,
+	// inherited] when the term first took a row there
+	// (store.DispatchedAbove); nil while not loaded or when too many
+	// aggregates (then each read's rows go to store.LaterSent).
+	inheritSent   map[store.Aggregate]int64
+	inheritLoaded bool
 }
 
 // readerFor returns the term's reader, a new one when the term changed.
@@ -337,6 +345,14 @@ func (p *Poller) lateCommit(r *reader, g *gapState, id int64, a store.Aggregate,
 // row of its aggregate: a late commit the in-term watch (lateCommit) cannot
 // see, since the gap was given up by the holder before this one. Each id
 // is checked once a term; reads that take no such row cost nothing.
+//
+// Cost: what was dispatched in that range is read once a term
+// (store.DispatchedAbove, r.inheritSent); a row is then checked in
+// memory, and only a row with a later dispatched row of its aggregate
+// goes to store.LaterSent (which leaves out retried and replayed rows).
+// A walk per read up to the mark, with no cursor saved the table's
+// highest id, made the reads of a 1M-row backlog drain walk the backlog
+// once each (test: TestBacklogDrainChecksInheritedRowsOnce).
 func (p *Poller) inheritedLate(ctx context.Context, r *reader, rows []store.Row) error {
 	var check []store.Row
 	for _, row := range rows {
@@ -346,6 +362,27 @@ func (p *Poller) inheritedLate(ctx context.Context, r *reader, rows []store.Row)
 	}
 	if len(check) == 0 {
 		return nil
+	}
+	if !r.inheritLoaded {
+		sent, complete, err := p.store.DispatchedAbove(ctx, r.inheritLo, r.inherited, maxLastSent)
+		if err != nil {
+			return fmt.Errorf("late commit check: %w", err)
+		}
+		r.inheritLoaded = true
+		if complete {
+			r.inheritSent = sent
+		}
+	}
+	if r.inheritSent != nil {
+		// Only rows with a later row of their aggregate dispatched before
+		// this term can be late; the rest need no query (and no lateDone
+		// entry: the same answer comes from memory if taken again).
+		check = slices.DeleteFunc(check, func(row store.Row) bool {
+			return r.inheritSent[store.Aggregate{Type: row.AggregateType, ID: row.AggregateID}] <= row.ID
+		})
+		if len(check) == 0 {
+			return nil
+		}
 	}
 	later, err := p.store.LaterSent(ctx, check, r.inherited)
 	if err != nil {

@@ -447,6 +447,36 @@ GROUP BY c.id`, ids, types, aggs, lo, sent)
 	return out, nil
 }
 
+// DispatchedAbove returns, per aggregate, the highest dispatched id in
+// (lo, hi], for at most limit aggregates; complete is false when there are
+// more. A new holder asks once for (the cursor it loaded, the sent mark):
+// what the holders before it dispatched above where it starts, so each row
+// it takes there is checked for a late commit in memory (LaterSent only
+// for the few that may be one). One walk per term, not one per read: with
+// no cursor saved the mark is the table's highest id, and a walk per read
+// over (lowest row taken, mark] made a 1M-row drain quadratic.
+func (s *Store) DispatchedAbove(ctx context.Context, lo, hi int64, limit int) (sent map[Aggregate]int64, complete bool, err error) {
+	rows, err := s.pool.Query(ctx, `SELECT aggregate_type, aggregate_id, max(id) FROM outbox
+		WHERE id > $1 AND id <= $2 AND dispatched_at IS NOT NULL
+		GROUP BY 1, 2 LIMIT $3`, lo, hi, limit+1)
+	if err != nil {
+		return nil, false, wrap("dispatched above", err)
+	}
+	sent = map[Aggregate]int64{}
+	var a Aggregate
+	var id int64
+	if _, err := pgx.ForEachRow(rows, []any{&a.Type, &a.ID, &id}, func() error {
+		sent[a] = id
+		return nil
+	}); err != nil {
+		return nil, false, wrap("dispatched above", err)
+	}
+	if len(sent) > limit {
+		return nil, false, nil
+	}
+	return sent, true, nil
+}
+
 // PendingBetween returns the aggregates with pending rows not backing off
 // in (lo, hi], each with its lowest such id: the poller's slow rescan below
 // its cursor, for rows that re-entered the pending set there (an operator's

@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"os"
 	"strconv"
 	"strings"
@@ -326,19 +327,26 @@ func TestSaveCursorIsFenced(t *testing.T) {
 	}
 }
 
-// LaterSent names, for each row given, the highest dispatched row of its
-// aggregate above it and at or below the sent mark, and nothing for rows
-// with none (a later row still pending, or dispatched above the mark).
-func TestLaterSentFindsDispatchedLaterRowsOfTheAggregate(t *testing.T) {
+// sevenRows is a fresh outbox of ids 1-7 over aggregates A (1, 3, 4), B
+// (2, 5) and C (6, 7), with the ids given dispatched.
+func sevenRows(t *testing.T, dispatched ...int64) (*store.Store, context.Context) {
 	t.Parallel()
 	st, _ := testenv.Store(t)
 	ctx := context.Background()
 	enqueue(t, st, ev("deal", "A", 1), ev("deal", "B", 2), ev("deal", "A", 3), ev("deal", "A", 4),
 		ev("deal", "B", 5), ev("deal", "C", 6), ev("deal", "C", 7))
-	// 3 and 4 (A) and 7 (C) dispatched; 5 (B) pending; 1, 2 and 6 the rows asked about.
-	if _, err := st.Pool().Exec(ctx, `UPDATE outbox SET dispatched_at = now() WHERE id IN (3, 4, 7)`); err != nil {
+	if _, err := st.Pool().Exec(ctx, `UPDATE outbox SET dispatched_at = now() WHERE id = ANY ($1)`, dispatched); err != nil {
 		t.Fatal(err)
 	}
+	return st, ctx
+}
+
+// LaterSent names, for each row given, the highest dispatched row of its
+// aggregate above it and at or below the sent mark, and nothing for rows
+// with none (a later row still pending, or dispatched above the mark).
+func TestLaterSentFindsDispatchedLaterRowsOfTheAggregate(t *testing.T) {
+	// 3 and 4 (A) and 7 (C) dispatched; 5 (B) pending; 1, 2 and 6 the rows asked about.
+	st, ctx := sevenRows(t, 3, 4, 7)
 	rows := []store.Row{{ID: 1, AggregateType: "deal", AggregateID: "A"}, {ID: 2, AggregateType: "deal", AggregateID: "B"},
 		{ID: 6, AggregateType: "deal", AggregateID: "C"}}
 	got, err := st.LaterSent(ctx, rows, 6)
@@ -358,6 +366,20 @@ func TestLaterSentFindsDispatchedLaterRowsOfTheAggregate(t *testing.T) {
 	}
 	if got, err := st.LaterSent(ctx, rows, 7); err != nil || len(got) != 0 {
 		t.Fatalf("LaterSent after a replay and a retry: %v, %v; want none", got, err)
+	}
+}
+
+// DispatchedAbove names, per aggregate, the highest dispatched id in the
+// range asked, and says so when there are more aggregates than the limit.
+func TestDispatchedAboveNamesTheHighestDispatchedRowPerAggregate(t *testing.T) {
+	st, ctx := sevenRows(t, 1, 3, 4, 7)
+	got, complete, err := st.DispatchedAbove(ctx, 1, 6, 10)
+	want := map[store.Aggregate]int64{{Type: "deal", ID: "A"}: 4}
+	if err != nil || !complete || !maps.Equal(got, want) {
+		t.Fatalf("DispatchedAbove(1, 6): %v, %v, %v; want %v, complete (1 is below, 7 above the range, B and C have none dispatched in it)", got, complete, err, want)
+	}
+	if got, complete, err := st.DispatchedAbove(ctx, 0, 7, 1); err != nil || complete || got != nil {
+		t.Fatalf("DispatchedAbove(0, 7) with limit 1: %v, %v, %v; want incomplete (A and C)", got, complete, err)
 	}
 }
 
