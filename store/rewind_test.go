@@ -1,0 +1,50 @@
+package store_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/store"
+)
+
+// The read's checks for reused ids (store/rewind.go: the server's
+// incarnation and the id sequence's last value) cost one shared buffer per
+// read, the sequence's page: the read without them, side by side, touches
+// one fewer, idle and with 100 rows pending. The sequence is looked up once
+// per read (idSeqSQL); inlined into each use it cost 10 buffers more.
+func TestRewindChecksCostOneBuffer(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	lim := store.FetchLimits{Rows: 100, RowBytes: 1 << 20, Bytes: 16 << 20}
+	without := store.ReadSQL
+	i := strings.Index(without, ",\n    pg_postmaster_start_time()")
+	j := strings.Index(without, " AS seqlast")
+	if i < 0 || j < i {
+		t.Fatal("the read's snap row changed: adapt the test")
+	}
+	without = without[:i] + without[j+len(" AS seqlast"):]
+	without = strings.Replace(without, "snap.incarnation", "NULL", 1)
+	without = strings.Replace(without, "UNION ALL\nSELECT 'q', snap.seqlast, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM snap WHERE snap.seqlast IS NOT NULL\n", "", 1)
+	if strings.Contains(without, "seqlast") || strings.Contains(without, "incarnation") {
+		t.Fatalf("the checks were not all taken out:\n%s", without)
+	}
+	compare := func(what string) {
+		c := maxID(t, st)
+		args, _ := store.ReadArgs(lim, store.ReadPos{Cursor: max(c-100, 0), Frontier: max(c-100, 0)})
+		buffers(t, st, without, args...) // warm the caches of both
+		buffers(t, st, store.ReadSQL, args...)
+		b0, b1 := buffers(t, st, without, args...), buffers(t, st, store.ReadSQL, args...)
+		t.Logf("%s: %d shared buffers without the checks, %d with", what, b0, b1)
+		if b1 > b0+1 {
+			t.Errorf("%s: the checks cost %d buffers per read (%d → %d), want at most 1", what, b1-b0, b0, b1)
+		}
+	}
+	compare("idle")
+	var evs []store.Event
+	for i := range 100 {
+		evs = append(evs, ev("deal", string(rune('a'+i%10)), i))
+	}
+	enqueue(t, st, evs...)
+	compare("100 pending")
+}
