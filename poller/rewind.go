@@ -37,6 +37,11 @@ import (
 // between a term's LoadCursor and its first read (the first read's server
 // is the reference); a crash restart of backends only (restart_after_crash:
 // the postmaster, and so the incarnation, stays) that lost unflushed WAL.
+// Nor rows of batches in flight across a failover: their results are
+// written to the new server by id (store.Complete), so a new row there that
+// took such an id before the write is marked delivered unsent (or given
+// the failure); the fetch's check cannot help, the write would have to
+// match the row (e.g. its created_at).
 
 // Reasons for outboxd_read_restarts_total.
 const (
