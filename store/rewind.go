@@ -7,14 +7,14 @@ import "context"
 // and SeqLast; the poller acts on them, see poller/rewind.go). Both are
 // columns of readSQL's snap row: no extra round trip.
 
-// incarnationSQL names the server the read ran on: its start time and
-// timeline. A failover (the promoted replica started at another time; its
-// timeline is new), a restored backup or data directory started in place,
-// or any restart changes it. Every function is executable by PUBLIC (no
-// privilege beyond connecting). pg_walfile_name fails during recovery, so a
-// standby reports "standby" instead (the relay cannot write there anyway).
-const incarnationSQL = `pg_postmaster_start_time()::text || '/' ||
-    CASE WHEN pg_is_in_recovery() THEN 'standby' ELSE left(pg_walfile_name(pg_current_wal_lsn()), 8) END`
+// incarnationSQL names the server the read ran on: its start time. A
+// failover (the promoted replica is another postmaster), a restored backup
+// or data directory started in place, or any restart changes it; a backend
+// crash that the postmaster recovers from in place (restart_after_crash)
+// does not. PUBLIC may call it, and it touches no buffer. (The WAL
+// timeline adds nothing: every rewind it shows comes with another
+// postmaster, and pg_walfile_name fails on a standby.)
+const incarnationSQL = `pg_postmaster_start_time()::text`
 
 // seqLastSQL is the id sequence's last value (0 when none was handed out
 // since it was created or set with is_called false), or NULL when the role
