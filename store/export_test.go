@@ -2,10 +2,11 @@ package store
 
 // Exported for the read path's cost test: it EXPLAINs the statements.
 var (
-	ReadSQL       = readSQL
-	FetchDueSQL   = fetchDueSQL
-	ReadArgs      = readArgs
-	CompleteSQL   = completeSQL
-	SaveCursorSQL = saveCursorSQL
-	StatsSQL      = statsSQL
+	ReadSQL        = readSQL
+	FetchDueSQL    = fetchDueSQL
+	ReadArgs       = readArgs
+	CompleteSQL    = completeSQL
+	SaveCursorSQL  = saveCursorSQL
+	StatsSQL       = statsSQL
+	IncarnationSQL = incarnationSQL
 )

@@ -13,8 +13,10 @@ import "context"
 // crash that the postmaster recovers from in place (restart_after_crash)
 // does not. PUBLIC may call it, and it touches no buffer. (The WAL
 // timeline adds nothing: every rewind it shows comes with another
-// postmaster, and pg_walfile_name fails on a standby.)
-const incarnationSQL = `pg_postmaster_start_time()::text`
+// postmaster, and pg_walfile_name fails on a standby.) As seconds since
+// 1970, so that no session setting (TimeZone, DateStyle) changes the text:
+// connections set differently would otherwise read as servers changing.
+const incarnationSQL = `extract(epoch FROM pg_postmaster_start_time())::text`
 
 // seqLastSQL is the id sequence's last value (0 when none was handed out
 // since it was created or set with is_called false), or NULL when the role

@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -18,7 +19,7 @@ func TestRewindChecksCostOneBuffer(t *testing.T) {
 	st, _ := testenv.Store(t)
 	lim := store.FetchLimits{Rows: 100, RowBytes: 1 << 20, Bytes: 16 << 20}
 	without := store.ReadSQL
-	i := strings.Index(without, ",\n    pg_postmaster_start_time()")
+	i := strings.Index(without, ",\n    "+store.IncarnationSQL)
 	j := strings.Index(without, " AS seqlast")
 	if i < 0 || j < i {
 		t.Fatal("the read's snap row changed: adapt the test")
@@ -47,4 +48,33 @@ func TestRewindChecksCostOneBuffer(t *testing.T) {
 	}
 	enqueue(t, st, evs...)
 	compare("100 pending")
+}
+
+// The incarnation names the server, not the session: a connection with
+// other TimeZone and DateStyle settings reads the same name (the pool's
+// connections may differ, e.g. after ALTER ROLE ... SET timezone).
+func TestIncarnationIgnoresSessionSettings(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	name := func(settings string) string {
+		conn, err := st.Pool().Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		if _, err := conn.Exec(ctx, settings); err != nil {
+			t.Fatal(err)
+		}
+		var s string
+		if err := conn.QueryRow(ctx, `SELECT `+store.IncarnationSQL).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	a := name(`SET TimeZone = 'UTC'; SET DateStyle = 'ISO, MDY'`)
+	b := name(`SET TimeZone = 'Asia/Kathmandu'; SET DateStyle = 'SQL, DMY'`)
+	if a != b {
+		t.Errorf("one server, two names: %q and %q", a, b)
+	}
 }
