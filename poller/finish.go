@@ -20,7 +20,7 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 	if span.IsRecording() {
 		span.SetAttributes(AttrBatchSize.Int(len(items)))
 	}
-	var delivered []int64
+	var delivered []store.Delivered
 	var failures []store.Failure
 	var names []string
 	var ops []byte     // finish.lua's letter per key
@@ -29,10 +29,10 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 	for _, it := range items {
 		switch it.outcome {
 		case sent:
-			delivered = append(delivered, it.row.ID)
+			delivered = append(delivered, store.Delivered{ID: it.row.ID, CreatedAt: it.row.CreatedAt})
 			names, ops, marks = append(names, p.keys.Idempotency(it.row.ID)), append(ops, 'd'), append(marks, keys.Delivered(it.fp))
 		case duplicate:
-			delivered = append(delivered, it.row.ID)
+			delivered = append(delivered, store.Delivered{ID: it.row.ID, CreatedAt: it.row.CreatedAt})
 		case pending:
 			names, ops, marks = append(names, p.keys.Idempotency(it.row.ID)), append(ops, 'u'), append(marks, "")
 		case failed:

@@ -78,3 +78,28 @@ func TestIncarnationIgnoresSessionSettings(t *testing.T) {
 		t.Errorf("one server, two names: %q and %q", a, b)
 	}
 }
+
+// Complete marks a row delivered only if it is still the row that was
+// read: a row that took its id since (ids handed out again: a failover to
+// a replica that lagged, a restore, setval) stays pending, to be sent.
+func TestCompleteLeavesARowThatTookTheIdSince(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	enqueue(t, st, ev("deal", "1", 1))
+	id := maxID(t, st)
+	read := done(t, st, id)
+	exec(t, st, `DELETE FROM outbox WHERE id = $1`, id)
+	exec(t, st, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, created_at)
+		OVERRIDING SYSTEM VALUE VALUES ($1, 'deal', '2', 'deal.funded', '{}', now() + interval '1 second')`, id)
+	f := store.Fence{Lock: "lock:outbox:poller", Token: 1, Owner: "o"}
+	if err := st.ClaimFence(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	if n, _, err := st.Complete(ctx, f, read, nil); err != nil || n != 0 {
+		t.Fatalf("Complete of the row read: %d marked, %v; want 0: the row with its id now is another", n, err)
+	}
+	if n, _, err := st.Complete(ctx, f, done(t, st, id), nil); err != nil || n != 1 {
+		t.Fatalf("Complete of the row there now: %d marked, %v; want 1", n, err)
+	}
+}
