@@ -37,11 +37,11 @@ import (
 // between a term's LoadCursor and its first read (the first read's server
 // is the reference); a crash restart of backends only (restart_after_crash:
 // the postmaster, and so the incarnation, stays) that lost unflushed WAL.
-// Nor rows of batches in flight across a failover: their results are
-// written to the new server by id (store.Complete), so a new row there that
-// took such an id before the write is marked delivered unsent (or given
-// the failure); the fetch's check cannot help, the write would have to
-// match the row (e.g. its created_at).
+// Batches in flight across the change write their results to the new
+// server: a delivery only to the row read (store.Delivered matches its
+// created_at), so a new row that took the id is not marked delivered
+// unsent; a failure, though, by id alone (a reused id's new row may get its
+// attempt, backoff or dead-letter: delayed or dead, never marked sent).
 
 // Reasons for outboxd_read_restarts_total.
 const (
