@@ -40,7 +40,9 @@ import (
 // Batches in flight across the change write their results to the new
 // server: a delivery only to the row read (store.Delivered matches its
 // created_at), so a new row that took the id is not marked delivered
-// unsent; a failure, though, by id alone (a reused id's new row may get its
+// unsent, and a write that left a delivered row unmarked has its rows read
+// again (finish, writtenNote), so that new row is sent; a failure, though,
+// is written by id alone (a reused id's new row may get its
 // attempt, backoff or dead-letter: delayed or dead, never marked sent).
 
 // Reasons for outboxd_read_restarts_total.
