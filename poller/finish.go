@@ -13,14 +13,18 @@ import (
 // finish turns claims into delivered marks or releases them (finish.lua,
 // one call per batch; per key in Redis Cluster, whose scripts cannot span
 // slots), then writes every outcome to Postgres in one fenced statement.
-func (p *Poller) finish(ctx context.Context, items []item, ours string, fence store.Fence, start time.Time) error {
+// unmarked says some delivered rows were not marked: already marked by
+// someone, or no longer there, their ids taken by new rows (a failover or
+// restore while the batch was in flight; see rewind.go), which the reader
+// must read again.
+func (p *Poller) finish(ctx context.Context, items []item, ours string, fence store.Fence, start time.Time) (unmarked bool, err error) {
 	fire(p.hooks.beforeFinish)
 	ctx, span := p.stage(ctx, SpanFinish)
 	defer span.End()
 	if span.IsRecording() {
 		span.SetAttributes(AttrBatchSize.Int(len(items)))
 	}
-	var delivered []int64
+	var delivered []store.Delivered
 	var failures []store.Failure
 	var names []string
 	var ops []byte     // finish.lua's letter per key
@@ -29,10 +33,10 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 	for _, it := range items {
 		switch it.outcome {
 		case sent:
-			delivered = append(delivered, it.row.ID)
+			delivered = append(delivered, store.Delivered{ID: it.row.ID, CreatedAt: it.row.CreatedAt})
 			names, ops, marks = append(names, p.keys.Idempotency(it.row.ID)), append(ops, 'd'), append(marks, keys.Delivered(it.fp))
 		case duplicate:
-			delivered = append(delivered, it.row.ID)
+			delivered = append(delivered, store.Delivered{ID: it.row.ID, CreatedAt: it.row.CreatedAt})
 		case pending:
 			names, ops, marks = append(names, p.keys.Idempotency(it.row.ID)), append(ops, 'u'), append(marks, "")
 		case failed:
@@ -52,7 +56,7 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 	nd, _, err := p.store.Complete(ctx, fence, delivered, failures)
 	if err != nil {
 		fail(span, err)
-		return err
+		return false, err
 	}
 	if span.IsRecording() {
 		span.SetAttributes(AttrDelivered.Int64(nd), AttrFailed.Int(len(failures)))
@@ -82,7 +86,7 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 	p.m.BatchDuration.Observe(time.Since(start).Seconds())
 	p.log.Debug("batch done", "batch_size", len(items), "delivered", nd, "failed", len(failures),
 		"duration_ms", time.Since(start).Milliseconds())
-	return nil
+	return nd < int64(len(delivered)), nil
 }
 
 // destination names the destination of row's event (the metrics' label).

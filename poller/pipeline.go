@@ -374,7 +374,7 @@ func (pl *pipeline) writePieces(f *flight, pieces []piece) {
 	// Written even if the lease was lost meanwhile: the fence, not the
 	// lease, decides whether they land, and landing them saves duplicates.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(pl.ctx), queryTimeout(pl.p.cfg))
-	err := pl.p.finish(f.trace.in(wctx), items, f.claim, pl.fence, f.start)
+	unmarked, err := pl.p.finish(f.trace.in(wctx), items, f.claim, pl.fence, f.start)
 	cancel()
 
 	pl.mu.Lock()
@@ -389,7 +389,7 @@ func (pl *pipeline) writePieces(f *flight, pieces []piece) {
 	}
 	pl.writing -= len(items)
 	pl.unwritten -= len(items)
-	pl.notes = append(pl.notes, writtenNote{items: items, failed: err != nil})
+	pl.notes = append(pl.notes, writtenNote{items: items, failed: err != nil || unmarked})
 	if f.left -= len(items); f.left == 0 && !f.sending {
 		pl.drop(f)
 	}
@@ -422,7 +422,7 @@ func (pl *pipeline) close() error {
 // writtenNote is a write the reader has not heard of yet (noteWritten).
 type writtenNote struct {
 	items  []item // without payloads
-	failed bool
+	failed bool   // the write failed, or left delivered rows unmarked: read them again
 }
 
 // noteWritten tells the term's reader, on the lead goroutine (the reader's

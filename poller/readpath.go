@@ -121,6 +121,12 @@ type reader struct {
 	// aggregates (then each read's rows go to store.LaterSent).
 	inheritSent   map[store.Aggregate]int64
 	inheritLoaded bool
+
+	// See rewind.go: the server the reads run on ("" before the first),
+	// the lowest sequence value a read may see, and whether to load cold.
+	incarnation string
+	seqFloor    int64
+	cold        bool
 }
 
 // readerFor returns the term's reader, a new one when the term changed.
@@ -137,7 +143,11 @@ func (p *Poller) readerFor(f store.Fence) *reader {
 func (p *Poller) fetch(ctx context.Context, f store.Fence, lim store.FetchLimits) (rows []store.Row, held bool, err error) {
 	r := p.readerFor(f)
 	if !r.loaded {
-		c, sent, horizon, epoch, err := p.store.LoadCursor(ctx, f.Lock)
+		load := p.store.LoadCursor
+		if r.cold {
+			load = p.store.ColdCursor
+		}
+		c, sent, horizon, epoch, err := load(ctx, f.Lock)
 		if err != nil {
 			return nil, false, err
 		}
@@ -152,11 +162,12 @@ func (p *Poller) fetch(ctx context.Context, f store.Fence, lim store.FetchLimits
 	if err != nil {
 		return nil, false, err
 	}
-	if res.Epoch != r.epoch {
-		// TRUNCATE or an id RESTART: new rows reuse ids at or below the
-		// cursor, where the scan would never look. Start again (cold).
-		p.log.Warn("outbox ids started again (TRUNCATE, id RESTART): reading from the start", "cursor", r.cursor)
+	if reason, cold := p.idsReused(r, res); reason != "" {
+		// New rows reuse ids at or below the cursor, where the scan would
+		// never look: start again (see rewind.go).
+		p.m.ReadRestarts.WithLabelValues(reason).Inc()
 		p.rd = nil
+		p.readerFor(f).cold = cold
 		return nil, true, nil
 	}
 	// Rows not written yet (in flight, or just taken) must stay above any

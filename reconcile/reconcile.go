@@ -332,7 +332,7 @@ func (r *Reconciler) markFromRedis(ctx context.Context, fence store.Fence) (int6
 			return marked, err
 		}
 		now := time.Now()
-		var delivered []int64
+		var delivered []store.Delivered
 		foreign := 0
 		for i, row := range rows {
 			if vals[i] == "" || !row.Finite {
@@ -341,7 +341,7 @@ func (r *Reconciler) markFromRedis(ctx context.Context, fence store.Fence) (int6
 			fp := keys.Fingerprint(row.CreatedAt, row.AggregateType, row.AggregateID, row.EventType)
 			switch keys.Judge(vals[i], pttls[i], fp, row.CreatedAt, now) {
 			case keys.ThisRow:
-				delivered = append(delivered, row.ID)
+				delivered = append(delivered, store.Delivered{ID: row.ID, CreatedAt: row.CreatedAt})
 			case keys.OtherRow:
 				foreign++
 			}

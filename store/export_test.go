@@ -2,12 +2,13 @@ package store
 
 // Exported for the read path's cost test: it EXPLAINs the statements.
 var (
-	ReadSQL       = readSQL
-	FetchDueSQL   = fetchDueSQL
-	ReadArgs      = readArgs
-	CompleteSQL   = completeSQL
-	SaveCursorSQL = saveCursorSQL
-	StatsSQL      = statsSQL
+	ReadSQL        = readSQL
+	FetchDueSQL    = fetchDueSQL
+	ReadArgs       = readArgs
+	CompleteSQL    = completeSQL
+	SaveCursorSQL  = saveCursorSQL
+	StatsSQL       = statsSQL
+	IncarnationSQL = incarnationSQL
 
 	PendingRowsSQL       = pendingRowsSQL
 	PendingByAttemptsSQL = pendingByAttemptsSQL

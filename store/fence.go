@@ -135,7 +135,8 @@ const completeSQL = fenceCTE + `,
 async AS (SELECT set_config('synchronous_commit', 'off', true)),
 delivered AS (
   UPDATE outbox SET dispatched_at = now(), last_error = NULL
-  WHERE id = ANY($4::bigint[]) AND dispatched_at IS NULL AND EXISTS (SELECT 1 FROM fence)
+  WHERE id = ANY($4::bigint[]) AND (id, created_at) IN (SELECT * FROM unnest($4::bigint[], $9::timestamptz[]))
+    AND dispatched_at IS NULL AND EXISTS (SELECT 1 FROM fence)
   RETURNING 1),
 failed AS (
   UPDATE outbox o SET attempts = LEAST(GREATEST(o.attempts, 0), 2147483646) + 1, last_error = x.err,
@@ -146,7 +147,17 @@ failed AS (
   RETURNING 1)
 SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM delivered), (SELECT count(*) FROM failed) FROM async`
 
-// Complete writes a batch's outcome in one fenced statement: delivered ids
+// Delivered is a row whose delivery Complete records. CreatedAt is its
+// created_at as read: only a row that still has it is marked, so a row that
+// took the same id since it was read (ids handed out again under the
+// leader: a failover to a replica that lagged, a restore, setval) is not
+// marked delivered without being sent.
+type Delivered struct {
+	ID        int64
+	CreatedAt time.Time
+}
+
+// Complete writes a batch's outcome in one fenced statement: delivered rows
 // get dispatched_at, failures bump attempts and get last_error plus either a
 // new available_at or dead_at. A negative attempts (an operator's edit)
 // counts from 0, and the count stops at the largest int, so no stored value
@@ -170,7 +181,7 @@ SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM delivered), (SELECT c
 // the rest of the batch. The statement is then split: the deliveries alone,
 // then each failure alone; a failure still refused is stored with a
 // last_error saying so and retried at once, so its attempts keep counting.
-func (s *Store) Complete(ctx context.Context, f Fence, delivered []int64, failures []Failure) (nDelivered, nFailed int64, err error) {
+func (s *Store) Complete(ctx context.Context, f Fence, delivered []Delivered, failures []Failure) (nDelivered, nFailed int64, err error) {
 	if len(delivered) == 0 && len(failures) == 0 {
 		return 0, 0, nil
 	}
@@ -202,7 +213,7 @@ func (s *Store) Complete(ctx context.Context, f Fence, delivered []int64, failur
 	return nDelivered, nFailed, nil
 }
 
-func (s *Store) complete(ctx context.Context, f Fence, delivered []int64, failures []Failure) (nDelivered, nFailed int64, err error) {
+func (s *Store) complete(ctx context.Context, f Fence, delivered []Delivered, failures []Failure) (nDelivered, nFailed int64, err error) {
 	if len(delivered) == 0 && len(failures) == 0 {
 		return 0, 0, nil
 	}
@@ -214,10 +225,11 @@ func (s *Store) complete(ctx context.Context, f Fence, delivered []int64, failur
 			at[i] = time.Now()
 		}
 	}
-	if delivered == nil {
-		delivered = []int64{}
+	done, created := make([]int64, len(delivered)), make([]time.Time, len(delivered))
+	for i, d := range delivered {
+		done[i], created[i] = d.ID, d.CreatedAt
 	}
-	err = s.fenced(ctx, f, completeSQL, []*int64{&nDelivered, &nFailed}, delivered, ids, errs, at, dead)
+	err = s.fenced(ctx, f, completeSQL, []*int64{&nDelivered, &nFailed}, done, ids, errs, at, dead, created)
 	return nDelivered, nFailed, err
 }
 

@@ -94,7 +94,13 @@ type ReadResult struct {
 	// (epochSQL): it changes when TRUNCATE or an id RESTART reuses ids,
 	// and a cursor of the old ids means nothing then.
 	Epoch string
-	Hot   []HotRow // every pending row read above the cursor, id order
+	// Incarnation names the server the read ran on (incarnationSQL): it
+	// changes on a failover, a restore started in place, or a restart.
+	Incarnation string
+	// SeqLast is the id sequence's last value (seqLastSQL), -1 when the
+	// role may not read it.
+	SeqLast int64
+	Hot     []HotRow // every pending row read above the cursor, id order
 	// Classified is the highest id now known visible or a gap (>= Frontier).
 	Classified int64
 	NewGaps    []int64 // ids in (Frontier, Classified] not visible
@@ -137,8 +143,9 @@ const defaultSpan = 10_000
 // visible watched ids and the parked aggregates' first rows.
 const readSQL = `
 WITH snap AS MATERIALIZED (
-  SELECT pg_snapshot_xmin(s)::text::bigint AS xmin, pg_snapshot_xmax(s)::text::bigint AS xmax, ` + epochSQL + ` AS epoch
-  FROM pg_current_snapshot() s),
+  SELECT pg_snapshot_xmin(s)::text::bigint AS xmin, pg_snapshot_xmax(s)::text::bigint AS xmax, ` + epochOfSQL + ` AS epoch,
+    ` + incarnationSQL + ` AS incarnation, ` + seqLastSQL + ` AS seqlast
+  FROM pg_current_snapshot() s, ` + idSeqSQL + `),
 hot AS MATERIALIZED (
   SELECT ` + readColumnsSQL + `
   FROM outbox o
@@ -220,7 +227,9 @@ SELECT 'h', hot.id, hot.aggregate_type, hot.aggregate_id, NULL, NULL, NULL, NULL
        ELSE 'c' END
 FROM hot, hold WHERE hot.id NOT IN (SELECT id FROM out)
 UNION ALL
-SELECT 's', snap.xmin, snap.epoch, NULL, NULL, NULL, NULL, NULL, NULL, snap.xmax, NULL, NULL FROM snap
+SELECT 's', snap.xmin, snap.epoch, snap.incarnation, NULL, NULL, NULL, NULL, NULL, snap.xmax, NULL, NULL FROM snap
+UNION ALL
+SELECT 'q', snap.seqlast, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM snap WHERE snap.seqlast IS NOT NULL
 UNION ALL
 SELECT 'c', span.top, NULL, NULL, NULL, NULL, NULL, NULL, NULL, span.top, NULL, NULL FROM span
 UNION ALL
@@ -260,7 +269,7 @@ func (s *Store) Read(ctx context.Context, lim FetchLimits, pos ReadPos) (ReadRes
 		return ReadResult{}, wrap("read", err)
 	}
 	defer res.Close()
-	out := ReadResult{Parked: map[Aggregate]int64{}, Rows: make([]Row, 0, min(max(lim.Rows, 0), 10_000))}
+	out := ReadResult{SeqLast: -1, Parked: map[Aggregate]int64{}, Rows: make([]Row, 0, min(max(lim.Rows, 0), 10_000))}
 	var ( // declared once: per row they were allocated per row
 		kind          string
 		id            int64
@@ -297,7 +306,9 @@ func (s *Store) Read(ctx context.Context, lim FetchLimits, pos ReadPos) (ReadRes
 			}
 			out.Hot = append(out.Hot, HotRow{ID: id, Aggregate: Aggregate{typ.String, aid.String}, State: st})
 		case "s":
-			out.XMin, out.XMax, out.Epoch = uint64(id), uint64(size.Int64), typ.String
+			out.XMin, out.XMax, out.Epoch, out.Incarnation = uint64(id), uint64(size.Int64), typ.String, aid.String
+		case "q":
+			out.SeqLast = id
 		case "c":
 			out.Classified = size.Int64
 		case "g":
@@ -356,9 +367,17 @@ func readArgs(lim FetchLimits, pos ReadPos) ([]any, int64) {
 // get new storage when ids start again (TRUNCATE ... RESTART IDENTITY,
 // ALTER TABLE ... ALTER COLUMN id RESTART, ALTER SEQUENCE ... RESTART), and
 // on VACUUM FULL or CLUSTER, where starting afresh costs one cold start.
-// setval() keeps the storage: a rewind by setval is found by the rescan.
-const epochSQL = `pg_relation_filenode('outbox'::regclass)::text || '/' ||
-    COALESCE(pg_relation_filenode(pg_get_serial_sequence('outbox', 'id')::regclass)::text, '')`
+// setval() keeps the storage: a rewind by setval is found through the
+// sequence's last value (seqLastSQL, poller/rewind.go) or by the rescan.
+const epochSQL = `(SELECT ` + epochOfSQL + ` FROM ` + idSeqSQL + `)`
+
+// epochOfSQL is epochSQL in a query that has idSeqSQL among its FROM items.
+const epochOfSQL = `pg_relation_filenode('outbox'::regclass)::text || '/' || COALESCE(pg_relation_filenode(idseq.seq)::text, '')`
+
+// idSeqSQL is a FROM item naming the outbox id sequence idseq.seq (NULL
+// without one). OFFSET 0 keeps it one lookup (a pg_depend scan, 3 buffers)
+// however often the query uses it; inlined, each use was a lookup.
+const idSeqSQL = `(SELECT pg_get_serial_sequence('outbox', 'id')::regclass AS seq OFFSET 0) idseq`
 
 // LoadCursor returns where a new holder's reads start: the cursor the last
 // holder of lock saved (SaveCursor) in this epoch (ReadResult.Epoch), with

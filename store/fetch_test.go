@@ -512,8 +512,8 @@ func TestHotPathCostDoesNotGrowWithHistory(t *testing.T) {
 		enqueue(t, st, evs...)
 		args, _ := store.ReadArgs(lim, store.ReadPos{Cursor: cursor, Frontier: cursor, Watch: []int64{max(cursor-5, 1)}})
 		read = explain(`EXECUTE rd($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`, args...)
-		complete = explain(`EXECUTE cp($1, $2, $3, $4, $5, $6, $7, $8)`, fence.Lock, fence.Token, fence.Owner,
-			[]int64{cursor + 1}, []int64{}, []string{}, []time.Time{}, []bool{})
+		complete = explain(`EXECUTE cp($1, $2, $3, $4, $5, $6, $7, $8, $9)`, fence.Lock, fence.Token, fence.Owner,
+			[]int64{cursor + 1}, []int64{}, []string{}, []time.Time{}, []bool{}, []time.Time{done(t, st, cursor+1)[0].CreatedAt})
 		save = explain(`EXECUTE sc($1, $2, $3, $4, $5, $6)`, fence.Lock, fence.Token, fence.Owner, cursor, epoch, cursor)
 		stats = explain(`EXECUTE st`)
 		return read, complete, save, stats
@@ -536,7 +536,7 @@ func TestHotPathCostDoesNotGrowWithHistory(t *testing.T) {
 	exec(t, st, `UPDATE outbox SET dispatched_at = now() WHERE dispatched_at IS NULL AND id <= $1 - 2000`, maxID(t, st))
 	top := maxID(t, st)
 	for id := top - 2000 + 1; id <= top; id++ {
-		if _, _, err := st.Complete(ctx, fence, []int64{id}, nil); err != nil {
+		if _, _, err := st.Complete(ctx, fence, done(t, st, id), nil); err != nil {
 			t.Fatal(err)
 		}
 		if id%100 == 0 { // the relay saves at most once a second, past many batches
@@ -614,7 +614,7 @@ func TestStatsCountsFromTheCursor(t *testing.T) {
 	exec(t, st, `UPDATE outbox SET created_at = now() - interval '1 hour', available_at = now() - interval '1 hour'`)
 	enqueue(t, st, ev("deal", "A", 2), ev("deal", "B", 3), ev("deal", "C", 4), ev("deal", "D", 5))
 	first := maxID(t, st) - 4
-	if _, _, err := st.Complete(ctx, fence, []int64{first + 1, first + 3}, []store.Failure{{ID: first, Error: "x", RetryAt: time.Now().Add(time.Hour)}}); err != nil {
+	if _, _, err := st.Complete(ctx, fence, done(t, st, first+1, first+3), []store.Failure{{ID: first, Error: "x", RetryAt: time.Now().Add(time.Hour)}}); err != nil {
 		t.Fatal(err)
 	}
 	exec(t, st, `UPDATE outbox SET dead_at = now() WHERE id = $1`, first+2)

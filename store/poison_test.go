@@ -131,7 +131,7 @@ func TestCompleteStoresAnyText(t *testing.T) {
 		failures = append(failures, store.Failure{ID: rows[i].ID, Error: s, RetryAt: time.Now().Add(time.Hour)})
 	}
 	f := store.Fence{Lock: "lock:outbox:poller", Token: 1, Owner: "o"}
-	nd, nf, err := st.Complete(ctx, f, []int64{rows[3].ID}, failures)
+	nd, nf, err := st.Complete(ctx, f, done(t, st, rows[3].ID), failures)
 	if err != nil || nd != 1 || nf != 3 {
 		t.Fatalf("delivered %d failed %d err %v, want 1 and 3", nd, nf, err)
 	}
@@ -158,7 +158,7 @@ func TestCompleteFallsBackWhenOneValueIsRefused(t *testing.T) {
 	rows, _ := st.FetchDue(ctx, store.FetchLimits{Rows: 10})
 	f := store.Fence{Lock: "lock:outbox:poller", Token: 1, Owner: "o"}
 	far := time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC) // beyond timestamptz
-	nd, nf, err := st.Complete(ctx, f, []int64{rows[0].ID}, []store.Failure{
+	nd, nf, err := st.Complete(ctx, f, done(t, st, rows[0].ID), []store.Failure{
 		{ID: rows[1].ID, Error: "503", RetryAt: far},
 		{ID: rows[2].ID, Error: "503", RetryAt: time.Now().Add(time.Hour)},
 	})

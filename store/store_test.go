@@ -19,6 +19,19 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
+// done names rows by id for Complete, with their created_at as stored.
+func done(t *testing.T, st *store.Store, ids ...int64) []store.Delivered {
+	t.Helper()
+	out := make([]store.Delivered, len(ids))
+	for i, id := range ids {
+		out[i].ID = id
+		if err := st.Pool().QueryRow(context.Background(), `SELECT created_at FROM outbox WHERE id = $1`, id).Scan(&out[i].CreatedAt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
 func enqueue(t *testing.T, st *store.Store, events ...store.Event) {
 	t.Helper()
 	ctx := context.Background()
@@ -117,11 +130,11 @@ func TestStaleFenceIsRejectedAndChangesNothing(t *testing.T) {
 	}
 	// The same token from another holder (a lost counter handed it out twice).
 	twin := store.Fence{Lock: newer.Lock, Token: 7, Owner: "other-owner"}
-	if _, _, err := st.Complete(ctx, twin, []int64{a}, nil); !errors.Is(err, store.ErrStaleFence) {
+	if _, _, err := st.Complete(ctx, twin, done(t, st, a), nil); !errors.Is(err, store.ErrStaleFence) {
 		t.Fatalf("equal token, other owner: %v, want ErrStaleFence", err)
 	}
 
-	_, _, err := st.Complete(ctx, older, []int64{a}, []store.Failure{{ID: b, Error: "boom", Dead: true}})
+	_, _, err := st.Complete(ctx, older, done(t, st, a), []store.Failure{{ID: b, Error: "boom", Dead: true}})
 	if !errors.Is(err, store.ErrStaleFence) {
 		t.Fatalf("write with token 6 after 7: %v, want ErrStaleFence", err)
 	}
@@ -139,7 +152,7 @@ func TestStaleFenceIsRejectedAndChangesNothing(t *testing.T) {
 	}
 
 	// The current holder (and a newer one) may write; the fence only rises.
-	nd, nf, err := st.Complete(ctx, newer, []int64{a}, []store.Failure{{ID: b, Error: "boom", RetryAt: time.Now().Add(time.Hour)}})
+	nd, nf, err := st.Complete(ctx, newer, done(t, st, a), []store.Failure{{ID: b, Error: "boom", RetryAt: time.Now().Add(time.Hour)}})
 	if err != nil || nd != 1 || nf != 1 {
 		t.Fatalf("current holder: delivered %d failed %d err %v", nd, nf, err)
 	}
@@ -308,7 +321,7 @@ func TestCompleteLeavesSynchronousCommitOn(t *testing.T) {
 	defer st.Close()
 	enqueue(t, st, ev("deal", "A", 1))
 	rows, _ := st.FetchDue(ctx, store.FetchLimits{Rows: 1})
-	if n, _, err := st.Complete(ctx, store.Fence{Lock: "lock:outbox:poller", Token: 1}, []int64{rows[0].ID}, nil); err != nil || n != 1 {
+	if n, _, err := st.Complete(ctx, store.Fence{Lock: "lock:outbox:poller", Token: 1}, done(t, st, rows[0].ID), nil); err != nil || n != 1 {
 		t.Fatalf("complete: %d, %v", n, err)
 	}
 	var v string

@@ -28,10 +28,13 @@ type Metrics struct {
 	SendsCut           prometheus.Counter // sends cut short by the lease's trust deadline
 	LateCommits        prometheus.Counter // rows committed after poller.gap_wait, behind a later row of their aggregate
 	GapsGivenUp        prometheus.Counter // gaps whose wait reached poller.gap_wait
-	FenceRejections    *prometheus.CounterVec
-	DispatchLatency    *prometheus.HistogramVec // by destination
-	BatchSize          prometheus.Histogram
-	BatchDuration      prometheus.Histogram
+	// ReadRestarts counts read states dropped because ids were reused under
+	// the leader, by reason: ids_restarted, server_changed, sequence_rewound.
+	ReadRestarts    *prometheus.CounterVec
+	FenceRejections *prometheus.CounterVec
+	DispatchLatency *prometheus.HistogramVec // by destination
+	BatchSize       prometheus.Histogram
+	BatchDuration   prometheus.Histogram
 
 	LockHeld         *prometheus.GaugeVec
 	LockAcquisitions *prometheus.CounterVec
@@ -83,6 +86,10 @@ func New() *Metrics {
 	m.OldestPendingAge = prometheus.NewGauge(prometheus.GaugeOpts{Name: "outboxd_oldest_pending_age_seconds", Help: "Age of the oldest undelivered row."})
 	m.DeadEvents = prometheus.NewGauge(prometheus.GaugeOpts{Name: "outboxd_dead_events", Help: "Dead-lettered rows in the table."})
 
+	m.ReadRestarts = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_read_restarts_total", Help: "Read states the leader dropped because outbox ids may be reused below its cursor, by reason: ids_restarted (TRUNCATE, RESTART), server_changed (failover, restore, restart: the saved cursor is reloaded), sequence_rewound (setval back: read from the start)."}, []string{"reason"})
+	for _, r := range []string{"ids_restarted", "server_changed", "sequence_rewound"} {
+		m.ReadRestarts.WithLabelValues(r)
+	}
 	m.ReconcileRuns = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_reconcile_runs_total", Help: "Reconciliation fire times by result."}, []string{"result"})
 	m.ReconcileSwept = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_reconcile_rows_total", Help: "Rows changed by reconciliation sweeps."}, []string{"sweep"})
 
@@ -92,7 +99,7 @@ func New() *Metrics {
 	m.BuildInfo.WithLabelValues(b.Version, b.Commit, b.GoVersion).Set(1)
 
 	for _, c := range []prometheus.Collector{
-		m.Dispatched, m.DispatchFailures, m.DeadLettered, m.Duplicates, m.ClaimsTakenOver, m.IdempotencyForeign, m.SendsCut, m.LateCommits, m.GapsGivenUp, m.FenceRejections, m.DispatchLatency,
+		m.Dispatched, m.DispatchFailures, m.DeadLettered, m.Duplicates, m.ClaimsTakenOver, m.IdempotencyForeign, m.SendsCut, m.LateCommits, m.GapsGivenUp, m.ReadRestarts, m.FenceRejections, m.DispatchLatency,
 		m.BatchSize, m.BatchDuration, m.LockHeld, m.LockAcquisitions, m.LockLosses, m.LockRenewFails, m.LockWait,
 		m.PendingEvents, m.OldestPendingAge, m.DeadEvents, m.ReconcileRuns, m.ReconcileSwept, m.BuildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

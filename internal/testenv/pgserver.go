@@ -151,3 +151,41 @@ func (s *PostgresServer) CrashRestart() {
 // a bench that sets log_checkpoints or log_autovacuum_min_duration copies
 // it before then.
 func (s *PostgresServer) LogPath() string { return filepath.Join(s.dir, "log") }
+
+// Stop shuts the server down cleanly (a checkpoint first), so its data
+// directory can be copied.
+func (s *PostgresServer) Stop() {
+	s.t.Helper()
+	if err := s.pgctl("stop", "-m", "fast"); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// Start starts a stopped server on its port again.
+func (s *PostgresServer) Start() {
+	s.t.Helper()
+	if err := s.pgctl("start"); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// SaveData copies the stopped server's data directory aside as name.
+func (s *PostgresServer) SaveData(name string) {
+	s.t.Helper()
+	if out, err := s.run("cp", "-a", filepath.Join(s.dir, "data"), filepath.Join(s.dir, "copy-"+name)).CombinedOutput(); err != nil {
+		s.t.Fatalf("testenv: copy the data directory: %v\n%s", err, out)
+	}
+}
+
+// RestoreData puts the copy SaveData made back in place of the stopped
+// server's data directory: the server goes back in time when started.
+func (s *PostgresServer) RestoreData(name string) {
+	s.t.Helper()
+	data := filepath.Join(s.dir, "data")
+	if err := os.RemoveAll(data); err != nil {
+		s.t.Fatal(err)
+	}
+	if out, err := s.run("cp", "-a", filepath.Join(s.dir, "copy-"+name), data).CombinedOutput(); err != nil {
+		s.t.Fatalf("testenv: restore the data directory: %v\n%s", err, out)
+	}
+}

@@ -1,0 +1,251 @@
+package poller
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/outboxd/outboxd/internal/testkit"
+	"github.com/outboxd/outboxd/store"
+)
+
+// Ids reused under a running relay (rewind.go). The rescan is set to an
+// hour, so only the detection can deliver the reused ids within the test.
+
+// produceAs commits one event per aggregate id given, in one transaction,
+// through st, and returns their ids in order.
+func produceAs(t *testing.T, st *store.Store, aggs ...string) []int64 {
+	t.Helper()
+	ctx := context.Background()
+	var ids []int64
+	err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
+		for _, a := range aggs {
+			if err := store.Enqueue(ctx, tx, event(a)); err != nil {
+				return err
+			}
+			var id int64
+			if err := tx.QueryRow(ctx, `SELECT currval(pg_get_serial_sequence('outbox', 'id'))`).Scan(&id); err != nil {
+				return err
+			}
+			ids = append(ids, id)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// deliveredAs reports whether id was delivered as an event of aggregate
+// "deal/"+agg: ids come round again here, so the id alone says nothing.
+func (e *env) deliveredAs(id int64, agg string) bool {
+	for _, r := range e.rc.Requests() {
+		if r.ID == id && r.Agg == "deal/"+agg && r.OK() {
+			return true
+		}
+	}
+	return false
+}
+
+// waitDeliveredAs waits until every ids[i] was delivered as aggs[i].
+func (e *env) waitDeliveredAs(what string, ids []int64, aggs []string) {
+	e.t.Helper()
+	e.waitFor(what, 20*time.Second, func() bool {
+		for i, id := range ids {
+			if !e.deliveredAs(id, aggs[i]) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// checkOrderOf asserts that the aggregates whose id starts with prefix got
+// their events first delivered in id order.
+func (e *env) checkOrderOf(prefix string) {
+	e.t.Helper()
+	var reqs []testkit.Request
+	for _, r := range e.rc.Requests() {
+		if strings.HasPrefix(r.Agg, "deal/"+prefix) {
+			reqs = append(reqs, r)
+		}
+	}
+	if v := testkit.OrderViolations(reqs); len(v) > 0 {
+		e.t.Fatalf("order broken: %s", strings.Join(v, "; "))
+	}
+}
+
+// waitSaved waits until the saved cursor reached id.
+func (e *env) waitSaved(st *store.Store, id int64) {
+	e.t.Helper()
+	e.waitFor(fmt.Sprintf("the cursor saved at %d", id), 20*time.Second, func() bool {
+		var c int64
+		_ = st.Pool().QueryRow(context.Background(), `SELECT COALESCE(max(cursor), 0) FROM outbox_cursor`).Scan(&c)
+		return c >= id
+	})
+}
+
+func aggs(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s%d", prefix, i%2)
+	}
+	return out
+}
+
+// setval() back after a DELETE, under a running relay: the new rows, whose
+// ids are at or below its cursor, are delivered (without the detection
+// only the rescan, an hour away here, would find them), and in id order
+// per aggregate with the rows that follow them above the old ids.
+func TestSetvalRewindUnderARunningRelay(t *testing.T) {
+	e := newEnv(t)
+	cfg := testConfig()
+	r, logs := e.loggedRunner(cfg)
+	r.rescanEvery = time.Hour
+	e.run(r)
+	ids := e.insert(20, 2)
+	e.waitAllDispatched(20 * time.Second)
+	e.waitSaved(e.st, ids[19])
+
+	ctx := context.Background()
+	if _, err := e.st.Pool().Exec(ctx, `DELETE FROM outbox WHERE id > $1`, ids[9]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.st.Pool().Exec(ctx, `SELECT setval(pg_get_serial_sequence('outbox', 'id'), $1)`, ids[9]); err != nil {
+		t.Fatal(err)
+	}
+	first := aggs("after", 8)
+	reused := produceAs(t, e.st, first...)
+	if reused[0] != ids[10] {
+		t.Fatalf("the first new id is %d, want %d (reused)", reused[0], ids[10])
+	}
+	e.waitDeliveredAs("the rows with reused ids delivered", reused, first)
+	// More of the same aggregates, passing the old ids.
+	more := aggs("after", 6)
+	above := produceAs(t, e.st, more...)
+	e.waitDeliveredAs("the rows after them delivered", above, more)
+	e.checkOrderOf("after")
+
+	logs.WaitLine(t, 5*time.Second, `"msg":"outbox id sequence went back (setval): reading from the start"`)
+	if got := testutil.ToFloat64(r.m.ReadRestarts.WithLabelValues(restartSequence)); got != 1 {
+		t.Errorf("outboxd_read_restarts_total{reason=sequence_rewound} = %v, want 1", got)
+	}
+}
+
+// waitUp waits until st answers again after its server restarted.
+func waitUp(t *testing.T, st *store.Store) {
+	t.Helper()
+	testkit.WaitFor(t, 30*time.Second, "postgres back", func() bool {
+		_, err := st.Pool().Exec(context.Background(), `SELECT 1`)
+		return err == nil
+	}, nil)
+}
+
+// The database goes back in time under a running relay: its data directory
+// is copied, the relay delivers more (its cursor moves on), then the copy
+// is put back and started on the same port. The relay (same DSN) delivers
+// the new rows whose ids it had already passed. It runs as a role with
+// table privileges only (no right to read the id sequence): the read must
+// work for it, and a new server is still seen.
+func TestDatabaseBackInTimeUnderARunningRelay(t *testing.T) {
+	e := newEnv(t)
+	pg, super := e.privatePostgres()
+	ctx := context.Background()
+	if _, err := super.Pool().Exec(ctx, `CREATE ROLE relay LOGIN;
+GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO relay`); err != nil {
+		t.Fatal(err)
+	}
+	var may bool
+	if err := super.Pool().QueryRow(ctx, `SELECT has_sequence_privilege('relay', pg_get_serial_sequence('outbox', 'id'), 'SELECT,USAGE')`).Scan(&may); err != nil || may {
+		t.Fatalf("the relay role may read the id sequence (%v, %v): the test needs it not to", may, err)
+	}
+	relaySt, err := store.Open(ctx, strings.Replace(pg.DSN, "postgres@", "relay@", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(relaySt.Close)
+	if res, err := relaySt.Read(ctx, store.FetchLimits{Rows: 1}, store.ReadPos{}); err != nil || res.SeqLast != -1 || res.Incarnation == "" {
+		t.Fatalf("a read as the relay role: sequence %d, incarnation %q, %v; want -1, a name, no error", res.SeqLast, res.Incarnation, err)
+	}
+
+	e.st = relaySt
+	cfg := testConfig()
+	r, logs := e.loggedRunner(cfg)
+	e.st = super
+	r.rescanEvery = time.Hour
+	e.run(r)
+
+	// round produces six rows of prefix, waits until they are delivered
+	// and the cursor saved past them, and runs offline with the server
+	// stopped.
+	round := func(prefix string, offline func()) []int64 {
+		names := aggs(prefix, 6)
+		ids := produceAs(t, super, names...)
+		e.waitDeliveredAs("the "+prefix+" rows delivered", ids, names)
+		e.waitSaved(super, ids[len(ids)-1])
+		pg.Stop()
+		offline()
+		pg.Start()
+		waitUp(t, super)
+		return ids
+	}
+	round("before", func() { pg.SaveData("then") })
+	passed := round("between", func() { pg.RestoreData("then") })
+
+	after := aggs("after", 6)
+	reused := produceAs(t, super, after...)
+	if reused[0] > passed[len(passed)-1] {
+		t.Fatalf("no id reused: the first new id is %d, the relay passed %d", reused[0], passed[len(passed)-1])
+	}
+	e.waitDeliveredAs("the rows with reused ids delivered", reused, after)
+	e.checkOrderOf("after")
+	logs.WaitLine(t, 5*time.Second, `"msg":"database server changed (failover, restore or restart): reloading the saved cursor"`)
+	if got := testutil.ToFloat64(r.m.ReadRestarts.WithLabelValues(restartIncarnation)); got < 1 {
+		t.Errorf("outboxd_read_restarts_total{reason=server_changed} = %v, want at least 1", got)
+	}
+}
+
+// A batch in flight while the database goes back in time writes its result
+// to the restored server, where a new row may have taken the sent row's id:
+// that row is not marked delivered by it, and goes out itself.
+func TestBatchInFlightAcrossARestoreLeavesTheNewRow(t *testing.T) {
+	e := newEnv(t)
+	pg, _ := e.privatePostgres()
+	cfg := testConfig()
+	cfg.LockTTL = 30 * time.Second // the held send must outlive the restore
+	r, _ := e.loggedRunner(cfg)
+	r.rescanEvery = time.Hour
+	e.run(r)
+
+	before := aggs("before", 2)
+	ids := produceAs(t, e.st, before...)
+	e.waitDeliveredAs("the first rows delivered", ids, before)
+	e.waitSaved(e.st, ids[len(ids)-1])
+	pg.Stop()
+	pg.SaveData("then")
+	pg.Start()
+	waitUp(t, e.st)
+
+	release := e.rc.Hold(testkit.HoldAggregate("deal/held"))
+	defer release()
+	inFlight := produceAs(t, e.st, "held")[0]
+	e.rc.WaitHeld(t, 20*time.Second, 1)
+	pg.Stop()
+	pg.RestoreData("then")
+	pg.Start()
+	waitUp(t, e.st)
+	after := aggs("after", 4)
+	reused := produceAs(t, e.st, after...)
+	if !slices.Contains(reused, inFlight) {
+		t.Fatalf("the restored server handed out %v, not the id in flight (%d)", reused, inFlight)
+	}
+	release()
+	e.waitDeliveredAs("the rows with reused ids delivered", reused, after)
+}
