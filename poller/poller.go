@@ -154,6 +154,7 @@ type Poller struct {
 	health       fetchHealth   // for FetchFailure
 	rd           *reader       // the term's place in the outbox; the lead goroutine's only
 	rescanEvery  time.Duration // how often the slow rescan below the cursor starts; tests shorten it
+	rescanned    atomic.Int64  // ids the rescan steps below the cursor spanned, this process; tests read it
 	earlyWrite   time.Duration // see the constant
 
 	cutMu sync.Mutex

@@ -47,6 +47,13 @@ import (
 //     ids per step) finds rows that re-entered the pending set there by
 //     hand. Replayed rows (available_at = now()) are backing off by
 //     definition and come through the delayed index at once.
+//   - A holder with no saved cursor computes one (store.LoadCursor); a
+//     producer in flight then whose id fell below it is found by one pass
+//     over (0, computed cursor] once every transaction in flight at the
+//     computation has ended (a read's xmin reached its horizon), and, while
+//     one still runs, by a pass every rescanEvery. Never by passes back to
+//     back: each walks the whole settled history, every dead index entry
+//     of it while a snapshot is held elsewhere (see maintain).
 //
 // Not guaranteed: order when an identity sequence caches values (CACHE > 1:
 // ids are then not allocated in time order across sessions), or when a
@@ -101,11 +108,12 @@ type reader struct {
 	rescanLo, rescanTo int64
 	rescanAt, stepAt   time.Time
 	// A cursor computed, not saved (store.LoadCursor): (0, coldTo] is
-	// rescanned again and again until a read's snapshot xmin reaches
-	// coldHorizon, so a producer in flight at the start whose id fell below
-	// it is found once it commits. 0: settled.
+	// rescanned once a read's snapshot xmin reaches coldHorizon (and every
+	// rescanEvery from coldAt before that), so a producer in flight at the
+	// start whose id fell below it is found once it commits. 0: settled.
 	coldTo      int64
 	coldHorizon uint64
+	coldAt      time.Time
 	// Late commits across a change of holder: rows taken in (inheritLo,
 	// inherited] are checked once (store.LaterSent) for a later row of
 	// their aggregate the holders before this one dispatched. lateDone
@@ -155,7 +163,12 @@ func (p *Poller) fetch(ctx context.Context, f store.Fence, lim store.FetchLimits
 		r.inheritLo, r.inherited, r.savedSent = c, sent, sent
 		r.cursor, r.frontier, r.saved, r.loaded = c, c, c, true
 		r.rescanLo, r.rescanTo = 0, c
-		r.rescanAt = time.Now()
+		if horizon != 0 {
+			// LoadCursor's own walk saw every row visible at the start: a
+			// pass now would find nothing new (see maintain).
+			r.rescanTo = 0
+		}
+		r.rescanAt, r.coldAt = time.Now(), time.Now()
 		p.log.Info("read path starts", "cursor", c, "sent", sent)
 	}
 	res, err := p.store.Read(ctx, lim, r.pos())
@@ -474,11 +487,20 @@ func (r *reader) saveable() int64 {
 // at most every rescanPause.
 func (p *Poller) maintain(ctx context.Context, r *reader, idle bool, xmin uint64) error {
 	now := time.Now()
+	// The cold pass. A computed cursor is right for every row visible in
+	// LoadCursor's snapshot; only a producer in flight then can still add
+	// a row below it. Once they all ended (xmin >= coldHorizon), one pass
+	// finds what they left. Before that a pass runs at most every
+	// rescanEvery (a long transaction must not hide a row for ever): back
+	// to back, passes walked the whole history (under a held snapshot, each
+	// of its dead index entries, ~2,600 buffers per 50k ids) for as long as
+	// any transaction of the cluster that was open at the start ran.
 	if r.coldHorizon != 0 && r.rescanLo >= r.rescanTo {
-		if xmin >= r.coldHorizon {
-			r.coldHorizon = 0 // every producer in flight at the start has ended
-		} else {
-			r.rescanLo, r.rescanTo = 0, r.coldTo
+		switch {
+		case xmin >= r.coldHorizon:
+			r.rescanLo, r.rescanTo, r.coldHorizon = 0, r.coldTo, 0 // the last cold pass
+		case now.Sub(r.coldAt) >= p.rescanEvery:
+			r.rescanLo, r.rescanTo, r.coldAt = 0, r.coldTo, now
 		}
 	}
 	// The sent mark is saved when it moves too: while a given-up gap holds
@@ -505,6 +527,7 @@ func (p *Poller) maintain(ctx context.Context, r *reader, idle bool, xmin uint64
 	for _, f := range found {
 		r.park(f.Aggregate, f.MinID)
 	}
+	p.rescanned.Add(hi - r.rescanLo)
 	r.rescanLo, r.stepAt = hi, now
 	return nil
 }

@@ -352,6 +352,68 @@ func TestFirstCursorWaitsForProducersInFlight(t *testing.T) {
 	e.waitFor("the row in flight at the start delivered", 20*time.Second, func() bool { return e.delivered(lower.id) })
 }
 
+// A holder that computed its cursor walks the settled history below it in
+// one pass, once every producer in flight at the start has ended: not pass
+// after pass while one still runs (each pass walks every dead index entry
+// of the history a held snapshot keeps), and not at once (LoadCursor just
+// looked). The producer in flight below the cursor is still delivered.
+// Counted in ids the rescan spanned, not in time.
+func TestColdStartWalksTheHistoryOnce(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	lower := e.race("A") // in flight before the runner starts, below the cursor it computes
+	if _, err := e.st.Pool().Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+		SELECT 'deal', (i % 1000)::text, 'deal.funded', '{}' FROM generate_series(1, 60000) i`); err != nil {
+		t.Fatal(err)
+	}
+	// A report's snapshot, held while the history is delivered: every old
+	// version and its pending-index entry stays.
+	holder, err := e.st.Pool().BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Rollback(ctx) }()
+	if _, err := holder.Exec(ctx, `SELECT count(*) FROM outbox`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.st.Pool().Exec(ctx, `UPDATE outbox SET dispatched_at = now(), attempts = 1`); err != nil {
+		t.Fatal(err)
+	}
+	higher := e.produce("B")
+	r, logs := e.loggedRunner(testConfig())
+	e.run(r)
+	line := logs.WaitLine(t, 20*time.Second, `"msg":"read path starts"`)
+	var start struct{ Cursor int64 }
+	if err := json.Unmarshal([]byte(line), &start); err != nil || start.Cursor <= lower.id {
+		t.Fatalf("read path starts: %s (%v); want a cursor above the row in flight, %d", line, err, lower.id)
+	}
+	e.waitFor("the visible row delivered", 20*time.Second, func() bool { return e.delivered(higher) })
+	e.waitFor("the cursor saved past it", 20*time.Second, func() bool { return e.savedCursor() >= higher })
+	if n := r.rescanned.Load(); n != 0 {
+		t.Fatalf("the rescan spanned %d ids while the producer in flight at the start still ran: "+
+			"it walks the history before anything below the cursor can have changed", n)
+	}
+	lower.commit(t)
+	e.waitFor("the row in flight at the start delivered", 20*time.Second, func() bool { return e.delivered(lower.id) })
+	e.waitFor("the cold pass done", 20*time.Second, func() bool { return r.rescanned.Load() >= start.Cursor })
+	after := e.produce("C")
+	e.waitFor("a later row delivered", 20*time.Second, func() bool { return e.delivered(after) })
+	e.waitFor("the cursor saved past it", 20*time.Second, func() bool { return e.savedCursor() >= after })
+	if n := r.rescanned.Load(); n != start.Cursor {
+		t.Fatalf("the rescan spanned %d ids, want one pass over the %d below the computed cursor", n, start.Cursor)
+	}
+}
+
+// savedCursor is the highest cursor saved, 0 if none.
+func (e *env) savedCursor() int64 {
+	e.t.Helper()
+	var c int64
+	if err := e.st.Pool().QueryRow(context.Background(), `SELECT COALESCE(max(cursor), 0) FROM outbox_cursor`).Scan(&c); err != nil {
+		e.t.Fatal(err)
+	}
+	return c
+}
+
 // A read with a smaller row limit than an earlier one stops its scan early:
 // the cursor must not pass the rows beyond what it scanned, though the
 // earlier read classified them (found by the slow-receiver work: the rows

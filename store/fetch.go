@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 
 	"github.com/jackc/pgx/v5"
@@ -436,7 +437,13 @@ SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM saved)`
 // late commit is a row no holder has tried yet. One primary-key range
 // walk over (lowest row id, sent]: no index covers dispatched rows by
 // aggregate, and the range is the earlier holders' last few reads.
+//
+// Rows at or above sent have no such id and are not looked up: the query
+// for them alone was planned as a walk of the aggregates' whole history
+// (104k buffers behind 1M settled rows under a held snapshot, at the first
+// read of a holder that computed its cursor, LoadCursor).
 func (s *Store) LaterSent(ctx context.Context, rows []Row, sent int64) (map[int64]int64, error) {
+	rows = slices.DeleteFunc(slices.Clone(rows), func(r Row) bool { return r.ID >= sent })
 	if len(rows) == 0 {
 		return nil, nil
 	}

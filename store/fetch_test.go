@@ -383,6 +383,24 @@ func TestDispatchedAboveNamesTheHighestDispatchedRowPerAggregate(t *testing.T) {
 	}
 }
 
+// Rows at or above the sent mark cannot have a later dispatched row at or
+// below it, and LaterSent does not ask Postgres about them: a holder's
+// first rows above a computed cursor cost no query (planned, it walked the
+// aggregates' whole history). A cancelled context shows whether it asked.
+func TestLaterSentAsksNothingForRowsAtOrAboveTheMark(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	rows := []store.Row{{ID: 10, AggregateType: "deal", AggregateID: "A"}, {ID: 11, AggregateType: "deal", AggregateID: "B"}}
+	if got, err := st.LaterSent(ctx, rows, 10); err != nil || len(got) != 0 {
+		t.Fatalf("LaterSent of rows at or above the mark: %v, %v; want nothing, without a query", got, err)
+	}
+	if _, err := st.LaterSent(ctx, rows, 11); err == nil {
+		t.Fatal("LaterSent of a row below the mark did not query (the cancelled context should have failed it)")
+	}
+}
+
 // With no cursor saved, a holder starts below the lowest pending row (or at
 // the highest id when none is pending), not at 0: a first start onto a table
 // with history must not walk it a span at a time.
