@@ -134,9 +134,9 @@ const MaxErrorBytes = 1000
 const completeSQL = fenceCTE + `,
 async AS (SELECT set_config('synchronous_commit', 'off', true)),
 delivered AS (
-  UPDATE outbox SET dispatched_at = now(), last_error = NULL
-  WHERE id = ANY($4::bigint[]) AND (id, created_at) IN (SELECT * FROM unnest($4::bigint[], $9::timestamptz[]))
-    AND dispatched_at IS NULL AND EXISTS (SELECT 1 FROM fence)
+  UPDATE outbox o SET dispatched_at = now(), last_error = NULL
+  FROM unnest($4::bigint[], $9::timestamptz[]) AS d(id, created_at)
+  WHERE o.id = d.id AND o.created_at = d.created_at AND o.dispatched_at IS NULL AND EXISTS (SELECT 1 FROM fence)
   RETURNING 1),
 failed AS (
   UPDATE outbox o SET attempts = LEAST(GREATEST(o.attempts, 0), 2147483646) + 1, last_error = x.err,
