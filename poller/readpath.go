@@ -43,9 +43,11 @@ import (
 //     before (retries, replayed dead rows), are not warned.
 //   - A new holder starts at the cursor its predecessor saved (fenced,
 //     conservative: parked aggregates and watched gaps folded in), and a slow
-//     rescan below the cursor (at term start, then every rescanEvery, span
-//     ids per step) finds rows that re-entered the pending set there by
-//     hand. Replayed rows (available_at = now()) are backing off by
+//     rescan below the cursor (at term start, then every rescanEvery, in
+//     steps paced by their own cost: none sooner than stepSpacing times the
+//     last one's duration, ids per step adapted to about stepTarget, so the
+//     reads it shares the loop with are never held for long whatever the
+//     history) finds rows that re-entered the pending set there by hand. Replayed rows (available_at = now()) are backing off by
 //     definition and come through the delayed index at once.
 //   - A holder with no saved cursor computes one (store.LoadCursor); a
 //     producer in flight then whose id fell below it is found by one pass
@@ -75,6 +77,19 @@ const (
 	rescanSpan  = 50_000
 	// rescanPause: while busy, at most one rescan step per this.
 	rescanPause = time.Second
+	// A rescan step runs in the read loop, so it is paced by its own cost
+	// too: after a step that took d, none before stepSpacing × d, idle or
+	// not, and the ids per step (rescanFirst at first, then between
+	// rescanMin and rescanSpan) adapt so that a step takes about
+	// stepTarget. Steps used to run back to back on every idle read: under
+	// a held snapshot a 50k-id step walks as many dead index entries, and a
+	// pass over 1.2M ids stalled the read loop for about a second every
+	// rescanEvery (p99 spikes in minutes 5 and 10 of a 10-minute run,
+	// growing with history).
+	stepSpacing = 20
+	stepTarget  = 2 * time.Millisecond
+	rescanFirst = 5_000
+	rescanMin   = 500
 	// saveEvery: how often the cursor is saved while it moves.
 	saveEvery = time.Second
 	// maxLastSent bounds the per-aggregate memory of the highest id sent.
@@ -107,6 +122,8 @@ type reader struct {
 	// rescan below the cursor: (rescanLo, rescanTo] left to look at.
 	rescanLo, rescanTo int64
 	rescanAt, stepAt   time.Time
+	stepSpan           int64         // ids the next step covers (0: rescanFirst)
+	stepTook           time.Duration // the last step's duration
 	// A cursor computed, not saved (store.LoadCursor): (0, coldTo] is
 	// rescanned once a read's snapshot xmin reaches coldHorizon (and every
 	// rescanEvery from coldAt before that), so a producer in flight at the
@@ -516,10 +533,14 @@ func (p *Poller) maintain(ctx context.Context, r *reader, idle bool, xmin uint64
 	if r.rescanLo >= r.rescanTo && now.Sub(r.rescanAt) >= p.rescanEvery {
 		r.rescanLo, r.rescanTo, r.rescanAt = 0, r.cursor, now
 	}
-	if r.rescanLo >= r.rescanTo || (!idle && now.Sub(r.stepAt) < rescanPause) {
+	if r.rescanLo >= r.rescanTo || now.Sub(r.stepAt) < stepSpacing*r.stepTook ||
+		(!idle && now.Sub(r.stepAt) < rescanPause) {
 		return nil
 	}
-	hi := min(r.rescanLo+rescanSpan, r.rescanTo)
+	if r.stepSpan == 0 {
+		r.stepSpan = rescanFirst
+	}
+	hi := min(r.rescanLo+r.stepSpan, r.rescanTo)
 	found, err := p.store.PendingBetween(ctx, r.rescanLo, hi)
 	if err != nil {
 		return err
@@ -528,6 +549,14 @@ func (p *Poller) maintain(ctx context.Context, r *reader, idle bool, xmin uint64
 		r.park(f.Aggregate, f.MinID)
 	}
 	p.rescanned.Add(hi - r.rescanLo)
-	r.rescanLo, r.stepAt = hi, now
+	r.stepAt = time.Now()
+	r.stepTook = r.stepAt.Sub(now)
+	switch {
+	case r.stepTook > 2*stepTarget:
+		r.stepSpan = max(r.stepSpan/2, rescanMin)
+	case r.stepTook < stepTarget/2:
+		r.stepSpan = min(r.stepSpan*2, rescanSpan)
+	}
+	r.rescanLo = hi
 	return nil
 }

@@ -1,0 +1,41 @@
+package poller
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outboxd/store"
+)
+
+// A rescan step runs in the read loop, so it is paced by its own cost,
+// idle reads or not: after a step that took d, the next starts no sooner
+// than stepSpacing × d later. Steps used to run back to back on every idle
+// read; under a held snapshot a pass over 1.2M ids then stalled the reads
+// for about a second every rescanEvery (the p99 spikes in minutes 5 and 10
+// of a 10-minute run).
+func TestRescanStepsArePacedByTheirCost(t *testing.T) {
+	e := newEnv(t)
+	e.insert(2000, 10)
+	p := e.poller(testConfig(), "")
+	r := &reader{rescanTo: 1 << 40, rescanAt: time.Now(), inflightLow: math.MaxInt64, parked: map[store.Aggregate]int64{}}
+	ctx := context.Background()
+	steps := 0
+	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); {
+		lo, prevAt, prevTook := r.rescanLo, r.stepAt, r.stepTook
+		if err := p.maintain(ctx, r, true, 0); err != nil {
+			t.Fatal(err)
+		}
+		if r.rescanLo == lo {
+			continue
+		}
+		steps++
+		if began := r.stepAt.Add(-r.stepTook); !prevAt.IsZero() && began.Sub(prevAt) < stepSpacing*prevTook {
+			t.Fatalf("rescan step %d began %v after the last one ended, which took %v: want at least %d× that", steps, began.Sub(prevAt), prevTook, stepSpacing)
+		}
+	}
+	if steps < 2 {
+		t.Fatalf("%d rescan steps in 300 ms of idle reads, want several", steps)
+	}
+}
