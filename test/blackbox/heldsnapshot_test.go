@@ -48,8 +48,9 @@ func TestHeldSnapshotCostDoesNotGrowWithHistory(t *testing.T) {
 	e.start()
 
 	// buffers: what the outbox table, its indexes and TOAST were asked for
-	// so far. A backend reports its counts at most once a second, and when
-	// idle within about a second; the caller lets two seconds pass.
+	// so far. A backend reports its counts at most once a second; one that
+	// goes idle within a second of its last report holds the rest for up to
+	// 10 s (PGSTAT_IDLE_INTERVAL), so the caller lets reported settle.
 	buffers := func() int64 {
 		var n int64
 		if err := e.pool.QueryRow(ctx, `SELECT COALESCE(heap_blks_hit, 0) + COALESCE(heap_blks_read, 0)
@@ -76,16 +77,17 @@ func TestHeldSnapshotCostDoesNotGrowWithHistory(t *testing.T) {
 		}, nil)
 	}
 	const batch = 20_000
+	const reported = 11 * time.Second
 	measure := func() float64 {
-		time.Sleep(2 * time.Second) // what came before is reported first
 		before := buffers()
 		deliver(batch)
-		time.Sleep(2 * time.Second) // the relay's backends report their counts
+		time.Sleep(reported)
 		return float64(buffers()-before) / batch
 	}
 
 	fresh := measure()
 	deliver(200_000)
+	time.Sleep(reported) // the history's own counts are not the next phase's
 	behind := measure()
 	if n := e.count("dispatched_at IS NULL AND dead_at IS NULL"); n != 0 {
 		t.Fatalf("%d events still pending", n)
