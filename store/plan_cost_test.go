@@ -58,24 +58,24 @@ type planCost struct {
 // relay, a small table. That plan is kept while the table grows, until an
 // ANALYZE or DDL invalidates it (autovacuum is off on the CI machines and
 // may be off or slow in production). With plan_cache_mode = auto (an
-// operator's DSN) Postgres would switch to that same generic plan from the
-// sixth execution whenever it does not price it worse than the custom ones,
-// which on a small table it rarely does. So the test drives the real Store
-// methods through a one-connection pool six times on a small table (their
-// statements prepared by pgx, generic plans made), checks that Postgres
-// says the plans are generic, then grows the table under a held snapshot
-// and runs EXPLAIN (ANALYZE, BUFFERS) EXECUTE of those same prepared
-// statements: behind 20k and 200k rows, each with a batch of 1,000 rows
-// pending.
+// operator's DSN) Postgres switches to the generic plan made then from the
+// sixth execution when it does not price it above the custom ones (here
+// six of the eight statements did; the read and the batch write stayed
+// custom). So the test drives the real Store methods through a
+// one-connection pool six times on a small table (their statements
+// prepared by pgx, plans made), checks with pg_prepared_statements that
+// the plans are generic (force_generic_plan; auto measures what Postgres
+// chose), then grows the table under a held snapshot and runs EXPLAIN
+// (ANALYZE, BUFFERS) EXECUTE of those same prepared statements: behind
+// 20k and 200k rows, each with a batch of 1,000 rows pending. Then once
+// more after ANALYZE saw the history (autovacuum, where it is on): the
+// plans made again from those statistics, behind 220k and 400k rows.
 //
 // The existing TestHotPathCostDoesNotGrowWithHistory ran one row per
 // batch and counted buffers only, and passed with the delivery write of
 // a734dbf, whose generic plan rescanned the batch's unnest() once per row:
 // 500k rows compared per batch of 1,000, no more buffers; a running relay
 // drained a 100k burst at 12.5k ev/s instead of 62k.
-//
-// Then once more after ANALYZE saw the history: the plans are made again
-// from those statistics (autovacuum, where it is on).
 func TestHotPathPlansMadeOnASmallTableStayFlat(t *testing.T) {
 	t.Parallel()
 	// force_generic_plan is the relay's own setting; auto is what an
