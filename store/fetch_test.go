@@ -34,6 +34,12 @@ func buffers(t *testing.T, st *store.Store, sql string, args ...any) int64 {
 // measured and undone, and returns the shared blocks it touched.
 func explainUndone(t *testing.T, conn *pgxpool.Conn, sql string, args ...any) int64 {
 	t.Helper()
+	return planBuffers(t, explainUndoneJSON(t, conn, sql, args...))
+}
+
+// explainUndoneJSON is explainUndone's EXPLAIN output (FORMAT JSON).
+func explainUndoneJSON(t *testing.T, conn *pgxpool.Conn, sql string, args ...any) []byte {
+	t.Helper()
 	ctx := context.Background()
 	tx, err := conn.Begin(ctx)
 	if err != nil {
@@ -46,7 +52,7 @@ func explainUndone(t *testing.T, conn *pgxpool.Conn, sql string, args ...any) in
 	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&raw); err != nil {
 		t.Fatal(err)
 	}
-	return planBuffers(t, raw)
+	return raw
 }
 
 // holdSnapshot opens a REPEATABLE READ transaction and takes its snapshot,
