@@ -541,6 +541,10 @@ func (p *Poller) maintain(ctx context.Context, r *reader, idle bool, xmin uint64
 		r.stepSpan = rescanFirst
 	}
 	hi := min(r.rescanLo+r.stepSpan, r.rescanTo)
+	// The step's own cost: not the cursor save above, which a busy read
+	// loop makes beside nearly every step (counted in, it pinned the span
+	// at rescanMin; TestRescanStepIsJudgedByItsOwnCost).
+	start := time.Now()
 	found, err := p.store.PendingBetween(ctx, r.rescanLo, hi)
 	if err != nil {
 		return err
@@ -550,7 +554,7 @@ func (p *Poller) maintain(ctx context.Context, r *reader, idle bool, xmin uint64
 	}
 	p.rescanned.Add(hi - r.rescanLo)
 	r.stepAt = time.Now()
-	r.stepTook = r.stepAt.Sub(now)
+	r.stepTook = r.stepAt.Sub(start)
 	switch {
 	case r.stepTook > 2*stepTarget:
 		r.stepSpan = max(r.stepSpan/2, rescanMin)
