@@ -517,7 +517,10 @@ func (p *Poller) maintain(ctx context.Context, r *reader, idle bool, xmin uint64
 		case xmin >= r.coldHorizon:
 			r.rescanLo, r.rescanTo, r.coldHorizon = 0, r.coldTo, 0 // the last cold pass
 		case now.Sub(r.coldAt) >= p.rescanEvery:
-			r.rescanLo, r.rescanTo, r.coldAt = 0, r.coldTo, now
+			// It is the periodic pass too (both timers start at the load):
+			// run after it, that one walked the same history again at once
+			// (TestColdTimerPassIsTheTermsPass).
+			r.rescanLo, r.rescanTo, r.coldAt, r.rescanAt = 0, max(r.coldTo, r.cursor), now, now
 		}
 	}
 	// The sent mark is saved when it moves too: while a given-up gap holds

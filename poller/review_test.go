@@ -89,3 +89,34 @@ func TestFailedBatchInFlightLeavesTheRowThatTookItsID(t *testing.T) {
 		t.Fatalf("the row that took the id: dead %v, attempts %d; want delivered, never failed (the failure of the row sent before was written to it)", dead, attempts)
 	}
 }
+
+// While a producer in flight at a computed cursor's start still runs, the
+// cold pass every rescanEvery is the term's pass: not followed at once by
+// the periodic pass over the same ids (both timers start at the load, so
+// both came due together and two passes ran back to back, each walking the
+// whole settled history). maintain is driven by hand: the rescan is an hour
+// apart, both passes due now, the producer's horizon never reached (xmin 0).
+func TestColdTimerPassIsTheTermsPass(t *testing.T) {
+	e := newEnv(t)
+	e.insert(100, 10)
+	p := e.poller(testConfig(), "")
+	p.rescanEvery = time.Hour
+	const cursor = 20_000
+	due := time.Now().Add(-time.Hour)
+	r := &reader{fence: store.Fence{Lock: keys.PollerLock, Token: 1, Owner: "review"}, loaded: true,
+		cursor: cursor, saved: cursor, savedSent: cursor, coldTo: cursor, coldHorizon: math.MaxUint32,
+		coldAt: due, rescanAt: due, inflightLow: math.MaxInt64,
+		parked: map[store.Aggregate]int64{}, gaps: map[int64]*gapState{}}
+	ctx := context.Background()
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		if err := p.maintain(ctx, r, true, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r.rescanLo < r.rescanTo {
+		t.Fatalf("a pass still runs after 3 s of idle reads (at %d of %d): the test needs them done", r.rescanLo, r.rescanTo)
+	}
+	if n := p.rescanned.Load(); n != cursor {
+		t.Fatalf("the rescan spanned %d ids, want %d: one pass over (0, %d] while the rescan is an hour apart", n, cursor, cursor)
+	}
+}
