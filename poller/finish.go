@@ -13,10 +13,10 @@ import (
 // finish turns claims into delivered marks or releases them (finish.lua,
 // one call per batch; per key in Redis Cluster, whose scripts cannot span
 // slots), then writes every outcome to Postgres in one fenced statement.
-// unmarked says some delivered rows were not marked: already marked by
-// someone, or no longer there, their ids taken by new rows (a failover or
-// restore while the batch was in flight; see rewind.go), which the reader
-// must read again.
+// unmarked says some delivered rows were not marked, or some failures not
+// written: already settled by someone, or no longer there, their ids taken
+// by new rows (a failover or restore while the batch was in flight; see
+// rewind.go), which the reader must read again.
 func (p *Poller) finish(ctx context.Context, items []item, ours string, fence store.Fence, start time.Time) (unmarked bool, err error) {
 	fire(p.hooks.beforeFinish)
 	ctx, span := p.stage(ctx, SpanFinish)
@@ -53,7 +53,7 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 	}
 	fire(p.hooks.afterFinalize)
 
-	nd, _, err := p.store.Complete(ctx, fence, delivered, failures)
+	nd, nf, err := p.store.Complete(ctx, fence, delivered, failures)
 	if err != nil {
 		fail(span, err)
 		return false, err
@@ -86,7 +86,9 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 	p.m.BatchDuration.Observe(time.Since(start).Seconds())
 	p.log.Debug("batch done", "batch_size", len(items), "delivered", nd, "failed", len(failures),
 		"duration_ms", time.Since(start).Milliseconds())
-	return nd < int64(len(delivered)), nil
+	// A failure left unwritten is read again too: its row may be a new one
+	// with the id (store.Failure.CreatedAt), never tried, below the cursor.
+	return nd < int64(len(delivered)) || nf < int64(len(failures)), nil
 }
 
 // destination names the destination of row's event (the metrics' label).

@@ -422,7 +422,7 @@ func (pl *pipeline) close() error {
 // writtenNote is a write the reader has not heard of yet (noteWritten).
 type writtenNote struct {
 	items  []item // without payloads
-	failed bool   // the write failed, or left delivered rows unmarked: read them again
+	failed bool   // the write failed, or left rows unwritten: read them again
 }
 
 // noteWritten tells the term's reader, on the lead goroutine (the reader's

@@ -100,14 +100,12 @@ func aggs(prefix string, n int) []string {
 	return out
 }
 
-// setval() back after a DELETE, under a running relay: the new rows, whose
-// ids are at or below its cursor, are delivered (without the detection
-// only the rescan, an hour away here, would find them), and in id order
-// per aggregate with the rows that follow them above the old ids.
-func TestSetvalRewindUnderARunningRelay(t *testing.T) {
+// setvalBackUnderARunningRelay runs a relay (rescan an hour away) until it
+// delivered 20 rows, deletes the last 10 and moves the id sequence back so
+// that the next id is the 11th's again, by setval with isCalled as given.
+func setvalBackUnderARunningRelay(t *testing.T, isCalled bool) (*env, *runner, *testkit.Logs, []int64) {
 	e := newEnv(t)
-	cfg := testConfig()
-	r, logs := e.loggedRunner(cfg)
+	r, logs := e.loggedRunner(testConfig())
 	r.rescanEvery = time.Hour
 	e.run(r)
 	ids := e.insert(20, 2)
@@ -118,9 +116,22 @@ func TestSetvalRewindUnderARunningRelay(t *testing.T) {
 	if _, err := e.st.Pool().Exec(ctx, `DELETE FROM outbox WHERE id > $1`, ids[9]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.st.Pool().Exec(ctx, `SELECT setval(pg_get_serial_sequence('outbox', 'id'), $1)`, ids[9]); err != nil {
+	next := ids[9]
+	if !isCalled {
+		next = ids[10]
+	}
+	if _, err := e.st.Pool().Exec(ctx, `SELECT setval(pg_get_serial_sequence('outbox', 'id'), $1, $2)`, next, isCalled); err != nil {
 		t.Fatal(err)
 	}
+	return e, r, logs, ids
+}
+
+// setval() back after a DELETE, under a running relay: the new rows, whose
+// ids are at or below its cursor, are delivered (without the detection
+// only the rescan, an hour away here, would find them), and in id order
+// per aggregate with the rows that follow them above the old ids.
+func TestSetvalRewindUnderARunningRelay(t *testing.T) {
+	e, r, logs, ids := setvalBackUnderARunningRelay(t, true)
 	first := aggs("after", 8)
 	reused := produceAs(t, e.st, first...)
 	if reused[0] != ids[10] {
@@ -248,4 +259,59 @@ func TestBatchInFlightAcrossARestoreLeavesTheNewRow(t *testing.T) {
 	}
 	release()
 	e.waitDeliveredAs("the rows with reused ids delivered", reused, after)
+}
+
+// setval() forward with is_called false (as after a bulk load or a move of
+// the data: setval(seq, max(id) + 1, false)) hands out no id at or below
+// anything read: no restart, no WARN. pg_sequence_last_value() says NULL
+// for such a sequence until its next nextval; read as 0, it looked like the
+// sequence going back, and the relay warned and started cold.
+func TestSetvalForwardNotCalledIsNoRewind(t *testing.T) {
+	e := newEnv(t)
+	cfg := testConfig()
+	r, logs := e.loggedRunner(cfg)
+	r.rescanEvery = time.Hour
+	e.run(r)
+	ids := e.insert(10, 2)
+	e.waitAllDispatched(20 * time.Second)
+	e.waitSaved(e.st, ids[9])
+
+	ctx := context.Background()
+	if _, err := e.st.Pool().Exec(ctx, `SELECT setval(pg_get_serial_sequence('outbox', 'id'), $1, false)`, ids[9]+1000); err != nil {
+		t.Fatal(err)
+	}
+	// Idle reads run every PollInterval (20 ms): let a few of them see the
+	// sequence before any id is handed out.
+	time.Sleep(time.Second)
+	names := aggs("fwd", 4)
+	fwd := produceAs(t, e.st, names...)
+	if fwd[0] != ids[9]+1000 {
+		t.Fatalf("the first new id is %d, want %d", fwd[0], ids[9]+1000)
+	}
+	e.waitDeliveredAs("the rows after the setval delivered", fwd, names)
+	if got := testutil.ToFloat64(r.m.ReadRestarts.WithLabelValues(restartSequence)); got != 0 {
+		t.Errorf("outboxd_read_restarts_total{reason=sequence_rewound} = %v after a setval forward, want 0", got)
+	}
+	for _, l := range logs.Lines() {
+		if strings.Contains(l, `"msg":"outbox id sequence went back (setval)`) {
+			t.Errorf("WARN for a setval forward: %s", l)
+		}
+	}
+}
+
+// setval() back with is_called false is still seen (at the first id handed
+// out after it), and the rows with reused ids are delivered.
+func TestSetvalBackNotCalledUnderARunningRelay(t *testing.T) {
+	e, r, _, ids := setvalBackUnderARunningRelay(t, false)
+	time.Sleep(time.Second) // idle reads see the sequence not called
+	names := aggs("back", 6)
+	reused := produceAs(t, e.st, names...)
+	if reused[0] != ids[10] {
+		t.Fatalf("the first new id is %d, want %d (reused)", reused[0], ids[10])
+	}
+	e.waitDeliveredAs("the rows with reused ids delivered", reused, names)
+	e.checkOrderOf("back")
+	if got := testutil.ToFloat64(r.m.ReadRestarts.WithLabelValues(restartSequence)); got != 1 {
+		t.Errorf("outboxd_read_restarts_total{reason=sequence_rewound} = %v, want 1", got)
+	}
 }

@@ -38,12 +38,11 @@ import (
 // is the reference); a crash restart of backends only (restart_after_crash:
 // the postmaster, and so the incarnation, stays) that lost unflushed WAL.
 // Batches in flight across the change write their results to the new
-// server: a delivery only to the row read (store.Delivered matches its
-// created_at), so a new row that took the id is not marked delivered
-// unsent, and a write that left a delivered row unmarked has its rows read
-// again (finish, writtenNote), so that new row is sent; a failure, though,
-// is written by id alone (a reused id's new row may get its
-// attempt, backoff or dead-letter: delayed or dead, never marked sent).
+// server: a delivery or a failure only to the row read (store.Delivered
+// and store.Failure match its created_at), so a new row that took the id
+// is neither marked delivered nor dead-lettered unsent, and a write that
+// left one unwritten has its rows read again (finish, writtenNote), so
+// that new row is sent.
 
 // Reasons for outboxd_read_restarts_total.
 const (

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Fence identifies a writer: the lock it holds, that lock's token, and the
@@ -119,10 +120,15 @@ SELECT EXISTS (SELECT 1 FROM fence) FROM sync`, nil)
 
 // Failure is one failed delivery's outcome.
 type Failure struct {
-	ID      int64
-	Error   string    // stored as last_error: made valid UTF-8 without NUL, cut to MaxErrorBytes
-	RetryAt time.Time // when to try again; ignored when Dead
-	Dead    bool      // dead-letter now
+	ID int64
+	// CreatedAt is the row's created_at as read (zero: unknown, an
+	// infinite one): as for Delivered, only a row that still has it is
+	// written, so a row that took the id since gets no attempt from a
+	// send it never had.
+	CreatedAt time.Time
+	Error     string    // stored as last_error: made valid UTF-8 without NUL, cut to MaxErrorBytes
+	RetryAt   time.Time // when to try again; ignored when Dead
+	Dead      bool      // dead-letter now
 }
 
 // MaxErrorBytes bounds last_error.
@@ -150,8 +156,9 @@ failed AS (
   UPDATE outbox o SET attempts = LEAST(GREATEST(o.attempts, 0), 2147483646) + 1, last_error = x.err,
     available_at = CASE WHEN x.dead THEN o.available_at ELSE x.retry_at END,
     dead_at = CASE WHEN x.dead THEN now() END
-  FROM unnest($5::bigint[], $6::text[], $7::timestamptz[], $8::bool[]) AS x(id, err, retry_at, dead)
-  WHERE o.id = x.id AND COALESCE(o.dispatched_at IS NULL AND o.dead_at IS NULL, false) AND EXISTS (SELECT 1 FROM fence)
+  FROM unnest($5::bigint[], $6::text[], $7::timestamptz[], $8::bool[], $10::timestamptz[]) AS x(id, err, retry_at, dead, created_at)
+  WHERE o.id = x.id AND (x.created_at IS NULL OR o.created_at = x.created_at)
+    AND COALESCE(o.dispatched_at IS NULL AND o.dead_at IS NULL, false) AND EXISTS (SELECT 1 FROM fence)
   RETURNING 1)
 SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM delivered), (SELECT count(*) FROM failed) FROM async`
 
@@ -227,17 +234,19 @@ func (s *Store) complete(ctx context.Context, f Fence, delivered []Delivered, fa
 	}
 	n := len(failures)
 	ids, errs, at, dead := make([]int64, n), make([]string, n), make([]time.Time, n), make([]bool, n)
+	made := make([]pgtype.Timestamptz, n) // NULL: unknown (infinite), by id alone
 	for i, x := range failures {
 		ids[i], errs[i], at[i], dead[i] = x.ID, x.Error, x.RetryAt, x.Dead
 		if at[i].IsZero() {
 			at[i] = time.Now()
 		}
+		made[i] = pgtype.Timestamptz{Time: x.CreatedAt, Valid: !x.CreatedAt.IsZero()}
 	}
 	done, created := make([]int64, len(delivered)), make([]time.Time, len(delivered))
 	for i, d := range delivered {
 		done[i], created[i] = d.ID, d.CreatedAt
 	}
-	err = s.fenced(ctx, f, completeSQL, []*int64{&nDelivered, &nFailed}, done, ids, errs, at, dead, created)
+	err = s.fenced(ctx, f, completeSQL, []*int64{&nDelivered, &nFailed}, done, ids, errs, at, dead, created, made)
 	return nDelivered, nFailed, err
 }
 

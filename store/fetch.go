@@ -99,7 +99,8 @@ type ReadResult struct {
 	// changes on a failover, a restore started in place, or a restart.
 	Incarnation string
 	// SeqLast is the id sequence's last value (seqLastSQL), -1 when the
-	// role may not read it.
+	// role may not read it or no id was handed out since the sequence was
+	// set with is_called false.
 	SeqLast int64
 	Hot     []HotRow // every pending row read above the cursor, id order
 	// Classified is the highest id now known visible or a gap (>= Frontier).

@@ -117,17 +117,18 @@ func hotPathPlans(t *testing.T, planCacheMode string) {
 		{"the batch's delivery and failure write (Complete, completeSQL)", "async AS (SELECT set_config('synchronous_commit', 'off', true))", func(p *planProbe) []any {
 			// 990 delivered, 10 failed (retried in an hour), as one write.
 			var ids, fids []int64
-			var created, retry []time.Time
+			var created, retry, fcreated []time.Time
 			var errs []string
 			var dead []bool
 			for i, r := range p.rows {
 				if i%100 == 99 {
 					fids, errs, retry, dead = append(fids, r.ID), append(errs, "503"), append(retry, time.Now().Add(time.Hour)), append(dead, false)
+					fcreated = append(fcreated, r.CreatedAt)
 					continue
 				}
 				ids, created = append(ids, r.ID), append(created, r.CreatedAt)
 			}
-			return []any{p.fence.Lock, p.fence.Token, p.fence.Owner, ids, fids, errs, retry, dead, created}
+			return []any{p.fence.Lock, p.fence.Token, p.fence.Owner, ids, fids, errs, retry, dead, created, fcreated}
 		}},
 		{"the cursor save (SaveCursor)", "INSERT INTO outbox_cursor", func(p *planProbe) []any {
 			top := p.rows[len(p.rows)-1].ID

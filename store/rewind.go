@@ -18,16 +18,20 @@ import "context"
 // connections set differently would otherwise read as servers changing.
 const incarnationSQL = `extract(epoch FROM pg_postmaster_start_time())::text`
 
-// seqLastSQL is the id sequence's last value (0 when none was handed out
-// since it was created or set with is_called false), or NULL when the role
-// may not read it: pg_sequence_last_value needs SELECT or USAGE on the
+// seqLastSQL is the id sequence's last value, or NULL when the role may
+// not read it: pg_sequence_last_value needs SELECT or USAGE on the
 // sequence, and a relay role with table privileges only must keep working
 // (the CASE keeps the call from running without them, as pg_sequences does).
+// NULL too when no id was handed out since the sequence was created or set
+// with is_called false: its next id is then unknown here, not 0 (read as
+// 0, setval(seq, max(id) + 1, false), a forward move, looked like a rewind:
+// a WARN and a cold start; a setval back with is_called false is seen at
+// the first id handed out after it, before any reused id is read).
 // The value only grows while ids are handed out; lower than a value seen
 // before means setval() or a restore moved it back. idSeqSQL names the
 // sequence (one buffer more per read: the sequence's page).
 const seqLastSQL = `CASE WHEN idseq.seq IS NOT NULL AND has_sequence_privilege(idseq.seq, 'SELECT,USAGE')
-      THEN COALESCE(pg_sequence_last_value(idseq.seq), 0) END`
+      THEN pg_sequence_last_value(idseq.seq) END`
 
 // ColdCursor is LoadCursor as on a first start: the saved cursor is
 // ignored (it may stand above ids handed out again, after setval() moved

@@ -79,13 +79,12 @@ func TestIncarnationIgnoresSessionSettings(t *testing.T) {
 	}
 }
 
-// Complete marks a row delivered only if it is still the row that was
-// read: a row that took its id since (ids handed out again: a failover to
-// a replica that lagged, a restore, setval) stays pending, to be sent.
-func TestCompleteLeavesARowThatTookTheIdSince(t *testing.T) {
-	t.Parallel()
+// idTakenSince commits a row, reads it (as Delivered), then gives its id
+// to another row, and returns the store, a claimed fence, the id and the
+// row as read.
+func idTakenSince(t *testing.T) (*store.Store, store.Fence, int64, []store.Delivered) {
+	t.Helper()
 	st, _ := testenv.Store(t)
-	ctx := context.Background()
 	enqueue(t, st, ev("deal", "1", 1))
 	id := maxID(t, st)
 	read := done(t, st, id)
@@ -93,13 +92,70 @@ func TestCompleteLeavesARowThatTookTheIdSince(t *testing.T) {
 	exec(t, st, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, created_at)
 		OVERRIDING SYSTEM VALUE VALUES ($1, 'deal', '2', 'deal.funded', '{}', now() + interval '1 second')`, id)
 	f := store.Fence{Lock: "lock:outbox:poller", Token: 1, Owner: "o"}
-	if err := st.ClaimFence(ctx, f); err != nil {
+	if err := st.ClaimFence(context.Background(), f); err != nil {
 		t.Fatal(err)
 	}
+	return st, f, id, read
+}
+
+// Complete marks a row delivered only if it is still the row that was
+// read: a row that took its id since (ids handed out again: a failover to
+// a replica that lagged, a restore, setval) stays pending, to be sent.
+func TestCompleteLeavesARowThatTookTheIdSince(t *testing.T) {
+	t.Parallel()
+	st, f, id, read := idTakenSince(t)
+	ctx := context.Background()
 	if n, _, err := st.Complete(ctx, f, read, nil); err != nil || n != 0 {
 		t.Fatalf("Complete of the row read: %d marked, %v; want 0: the row with its id now is another", n, err)
 	}
 	if n, _, err := st.Complete(ctx, f, done(t, st, id), nil); err != nil || n != 1 {
 		t.Fatalf("Complete of the row there now: %d marked, %v; want 1", n, err)
+	}
+}
+
+// A failure, like a delivery, is written only to the row read: a row that
+// took its id since (a failover, a restore, setval) gets no attempt, no
+// backoff and above all no dead-letter from a send it never had. Written by
+// id alone, a batch in flight across the change whose row failed for good
+// dead-lettered the new row unsent.
+func TestCompleteFailureLeavesARowThatTookTheIdSince(t *testing.T) {
+	t.Parallel()
+	st, f, id, rows := idTakenSince(t)
+	read := rows[0]
+	ctx := context.Background()
+	fail := []store.Failure{{ID: id, CreatedAt: read.CreatedAt, Error: "410 gone", Dead: true}}
+	if _, n, err := st.Complete(ctx, f, nil, fail); err != nil || n != 0 {
+		t.Errorf("a failure of the row read: %d written, %v; want 0: the row with its id now is another", n, err)
+	}
+	var attempts int
+	var dead bool
+	if err := st.Pool().QueryRow(ctx, `SELECT attempts, dead_at IS NOT NULL FROM outbox WHERE id = $1`, id).Scan(&attempts, &dead); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 0 || dead {
+		t.Fatalf("the row that took the id since: attempts %d, dead %v; want 0, false (never sent)", attempts, dead)
+	}
+	fail[0].CreatedAt = done(t, st, id)[0].CreatedAt
+	if _, n, err := st.Complete(ctx, f, nil, fail); err != nil || n != 1 {
+		t.Fatalf("a failure of the row there now: %d written, %v; want 1", n, err)
+	}
+}
+
+// A row whose created_at is infinite is read with no usable time (it is
+// poison, dead-lettered unsent): its failure, with CreatedAt zero, is
+// written by id alone.
+func TestCompleteFailureOfARowWithAnInfiniteCreatedAt(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	enqueue(t, st, ev("deal", "1", 1))
+	id := maxID(t, st)
+	exec(t, st, `UPDATE outbox SET created_at = '-infinity' WHERE id = $1`, id)
+	f := store.Fence{Lock: "lock:outbox:poller", Token: 1, Owner: "o"}
+	if err := st.ClaimFence(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	if _, n, err := st.Complete(ctx, f, nil, []store.Failure{{ID: id, Error: "poison", Dead: true}}); err != nil || n != 1 {
+		t.Fatalf("the failure of a row with an infinite created_at: %d written, %v; want 1 (dead-lettered)", n, err)
 	}
 }
