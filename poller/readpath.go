@@ -186,7 +186,7 @@ func (p *Poller) fetch(ctx context.Context, f store.Fence, lim store.FetchLimits
 			r.rescanTo = 0
 			// Computed: saved at the first read, moved or not, so that the
 			// backlog count and the sweep stop taking a floor of their own
-			// (a walk of a pending index each, store.Store.floor).
+			// (a walk of a pending index each, store.Store.SweepFloor).
 			r.saved = math.MinInt64
 		}
 		r.rescanAt, r.coldAt = time.Now(), time.Now()

@@ -1,7 +1,5 @@
 package store
 
-import "context"
-
 // Exported for the read path's cost test: it EXPLAINs the statements.
 var (
 	ReadSQL        = readSQL
@@ -20,6 +18,3 @@ var (
 	LoadFloorSQL         = loadFloorSQL
 	FloorSettings        = floorSettings
 )
-
-// Floor is floor, for the first start's cost test.
-func (s *Store) Floor(ctx context.Context) (*int64, error) { return s.floor(ctx) }

@@ -56,7 +56,7 @@ func TestFirstStartCostsNoMoreThanABitmapOfThePendingIndex(t *testing.T) {
 		}
 		cutoff := time.Now().Add(-168 * time.Hour)
 		measure := func() cost {
-			floor, err := st.Floor(ctx)
+			floor, err := st.SweepFloor(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}

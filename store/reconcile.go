@@ -63,7 +63,7 @@ type Pending struct {
 
 // PendingRows returns up to limit undelivered, not dead rows above cursor,
 // in id order, as Stats counts them: every such row above the lowest cursor
-// a poller saved (SaveCursor; with none saved, Store.floor's floor), and
+// a poller saved (SaveCursor; with none saved, Store.SweepFloor's floor), and
 // those backing off at or below it (by
 // SaveCursor's rule, nothing else pending is there). It never walks the
 // delivered history below that cursor: behind rows delivered while a
@@ -73,10 +73,18 @@ type Pending struct {
 // (re-pended below the cursor by an operator) costs no repair: the poller
 // finds its delivered mark when it claims it, and marks it.
 func (s *Store) PendingRows(ctx context.Context, cursor int64, limit int) ([]Pending, error) {
-	floor, err := s.floor(ctx)
+	floor, err := s.SweepFloor(ctx)
 	if err != nil {
 		return nil, err
 	}
+	return s.PendingRowsFrom(ctx, floor, cursor, limit)
+}
+
+// PendingRowsFrom is PendingRows with the floor SweepFloor returned, so
+// that a sweep over many batches takes it once: without a saved cursor
+// it is a scan of a pending index (see SweepFloor), and once per batch a
+// sweep over a 1M backlog would make a thousand of them.
+func (s *Store) PendingRowsFrom(ctx context.Context, floor *int64, cursor int64, limit int) ([]Pending, error) {
 	rows, err := s.pool.Query(ctx, pendingRowsSQL, cursor, limit, floor)
 	if err != nil {
 		return nil, fmt.Errorf("store: pending rows: %w", err)
@@ -96,7 +104,7 @@ func (s *Store) PendingRows(ctx context.Context, cursor int64, limit int) ([]Pen
 
 // sweepFloorCTE is lowcur(lo): the lowest cursor a poller saved in this
 // epoch, below which every row is delivered, dead or backing off
-// (SaveCursor); with none saved, $N, the floor Store.floor computed.
+// (SaveCursor); with none saved, $N, the floor Store.SweepFloor computed.
 func sweepFloorCTE(n string) string {
 	return `lowcur AS MATERIALIZED (
   SELECT COALESCE((SELECT min(cursor) FROM outbox_cursor WHERE epoch = ` + epochSQL + `), ` + n + `::bigint) AS lo)`
@@ -197,7 +205,7 @@ SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM del),
 // walked every entry vacuum had not removed, the delivered history of a
 // held snapshot included.
 func (s *Store) PendingByAttempts(ctx context.Context) (map[int]int64, error) {
-	floor, err := s.floor(ctx)
+	floor, err := s.SweepFloor(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -214,7 +222,7 @@ func (s *Store) PendingByAttempts(ctx context.Context) (map[int]int64, error) {
 	return out, nil
 }
 
-// floor is the floor the backlog count and the sweep start from when no
+// SweepFloor is the floor the backlog count and the sweep start from when no
 // poller saved a cursor in this epoch yet (a first start, the first start
 // after an upgrade or a TRUNCATE, until the poller's first save): just
 // below the lowest pending row not backing off (those are counted through
@@ -227,7 +235,7 @@ func (s *Store) PendingByAttempts(ctx context.Context) (map[int]int64, error) {
 // history a buffer per row (1.54M buffers behind those 1M rows), and the
 // backlog count 37.9k here, 1.52M and 1.57 s in session 5's relay
 // (BENCHMARKS.md).
-func (s *Store) floor(ctx context.Context) (*int64, error) {
+func (s *Store) SweepFloor(ctx context.Context) (*int64, error) {
 	var saved bool
 	if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_cursor WHERE epoch = `+epochSQL+`)`).Scan(&saved); err != nil {
 		return nil, wrap("cursor floor", err)

@@ -371,7 +371,7 @@ type Stats struct {
 
 // statsSQL counts from the poller's saved cursor (outbox_cursor, this
 // epoch) on: at or below it every row is delivered, dead or backing off.
-// With none saved yet, from $1, Store.floor's floor, which has the same
+// With none saved yet, from $1, Store.SweepFloor's floor, which has the same
 // property.
 // From id 0 each scrape walked the entry of every row delivered while a
 // snapshot was held elsewhere (vacuum cannot remove them): 1.7 s and 350k
@@ -412,7 +412,7 @@ FROM above`
 // Stats counts pending and dead rows and the oldest pending row's age.
 func (s *Store) Stats(ctx context.Context) (Stats, error) {
 	var st Stats
-	floor, err := s.floor(ctx)
+	floor, err := s.SweepFloor(ctx)
 	if err != nil {
 		return st, err
 	}
