@@ -268,7 +268,7 @@ var floorSettings = []string{`SET LOCAL enable_indexscan = off`, `SET LOCAL enab
 // walks off, so its plan is a bitmap scan of a pending index: each of its
 // pages and each heap page its entries point to read once. That still
 // grows with the history a snapshot held elsewhere keeps in the index
-// (about 20 buffers per 1,000 rows; no bound is possible without a saved
+// (20-26 buffers per 1,000 rows; no bound is possible without a saved
 // cursor), but never more: walked in order, the entries' heap rows were
 // each a buffer (200k buffers behind 200k such rows), and the planner
 // chose that walk (outbox_pending_aggregate_idx, then a sort) for min(id)
