@@ -184,6 +184,10 @@ func (p *Poller) fetch(ctx context.Context, f store.Fence, lim store.FetchLimits
 			// LoadCursor's own walk saw every row visible at the start: a
 			// pass now would find nothing new (see maintain).
 			r.rescanTo = 0
+			// Computed: saved at the first read, moved or not, so that the
+			// backlog count and the sweep stop taking a floor of their own
+			// (a walk of a pending index each, store.Store.SweepFloor).
+			r.saved = math.MinInt64
 		}
 		r.rescanAt, r.coldAt = time.Now(), time.Now()
 		p.log.Info("read path starts", "cursor", c, "sent", sent)

@@ -447,3 +447,26 @@ func TestShortReadDoesNotPassUnreadRows(t *testing.T) {
 		t.Fatalf("read 3 returned %d rows, want the 7 not yet taken", len(rows))
 	}
 }
+
+// A cursor computed at a first start is saved at the first read, though
+// the rows taken keep it where it was: until a cursor is saved, every
+// backlog count and reconciliation takes a floor of its own, a walk of a
+// pending index's entries (store.Store.SweepFloor).
+func TestComputedCursorIsSavedAtTheFirstRead(t *testing.T) {
+	e := newEnv(t)
+	e.enqueue("a1", "a2")
+	r := e.poller(testConfig(), "")
+	f := store.Fence{Lock: keys.PollerLock, Token: 1}
+	ctx := context.Background()
+	rows, _, err := r.fetch(ctx, f, store.FetchLimits{Rows: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	if err := e.st.Pool().QueryRow(ctx, `SELECT count(*) FROM outbox_cursor`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 2 || n != 1 {
+		t.Fatalf("after the first read (%d rows taken, cursor %d): %d cursors saved, want the computed one", len(rows), r.rd.cursor, n)
+	}
+}

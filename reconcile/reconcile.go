@@ -308,12 +308,18 @@ func writeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 // row was created.
 func (r *Reconciler) markFromRedis(ctx context.Context, fence store.Fence) (int64, error) {
 	var cursor, marked int64
+	fctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	floor, err := r.store.SweepFloor(fctx) // once a sweep: see store.PendingRowsFrom
+	cancel()
+	if err != nil {
+		return 0, err
+	}
 	for {
 		if err := ctx.Err(); err != nil {
 			return marked, context.Cause(ctx)
 		}
 		rctx, cancel := context.WithTimeout(ctx, queryTimeout)
-		rows, err := r.store.PendingRows(rctx, cursor, r.cfg.BatchSize)
+		rows, err := r.store.PendingRowsFrom(rctx, floor, cursor, r.cfg.BatchSize)
 		cancel()
 		if err != nil || len(rows) == 0 {
 			return marked, err

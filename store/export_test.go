@@ -13,4 +13,8 @@ var (
 	PendingRowsSQL       = pendingRowsSQL
 	PendingByAttemptsSQL = pendingByAttemptsSQL
 	PurgeSQL             = purgeSQL
+	LoadCursorSQL        = loadCursorSQL
+	PendingFloorSQL      = pendingFloorSQL
+	LoadFloorSQL         = loadFloorSQL
+	FloorSettings        = floorSettings
 )

@@ -539,7 +539,7 @@ func TestHotPathCostDoesNotGrowWithHistory(t *testing.T) {
 		complete = explain(`EXECUTE cp($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`, fence.Lock, fence.Token, fence.Owner,
 			[]int64{cursor + 1}, []int64{}, []string{}, []time.Time{}, []bool{}, []time.Time{done(t, st, cursor+1)[0].CreatedAt}, []time.Time{})
 		save = explain(`EXECUTE sc($1, $2, $3, $4, $5, $6)`, fence.Lock, fence.Token, fence.Owner, cursor, epoch, cursor)
-		stats = explain(`EXECUTE st`)
+		stats = explain(`EXECUTE st(NULL)`)
 		return read, complete, save, stats
 	}
 	read0, complete0, save0, stats0 := measure()

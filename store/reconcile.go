@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -62,7 +63,8 @@ type Pending struct {
 
 // PendingRows returns up to limit undelivered, not dead rows above cursor,
 // in id order, as Stats counts them: every such row above the lowest cursor
-// a poller saved (SaveCursor), and those backing off at or below it (by
+// a poller saved (SaveCursor; with none saved, Store.SweepFloor's floor), and
+// those backing off at or below it (by
 // SaveCursor's rule, nothing else pending is there). It never walks the
 // delivered history below that cursor: behind rows delivered while a
 // snapshot was held (whose index entries vacuum cannot remove) a walk from
@@ -71,7 +73,19 @@ type Pending struct {
 // (re-pended below the cursor by an operator) costs no repair: the poller
 // finds its delivered mark when it claims it, and marks it.
 func (s *Store) PendingRows(ctx context.Context, cursor int64, limit int) ([]Pending, error) {
-	rows, err := s.pool.Query(ctx, pendingRowsSQL, cursor, limit)
+	floor, err := s.SweepFloor(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return s.PendingRowsFrom(ctx, floor, cursor, limit)
+}
+
+// PendingRowsFrom is PendingRows with the floor SweepFloor returned, so
+// that a sweep over many batches takes it once: without a saved cursor
+// it is a scan of a pending index (see SweepFloor), and once per batch a
+// sweep over a 1M backlog would make a thousand of them.
+func (s *Store) PendingRowsFrom(ctx context.Context, floor *int64, cursor int64, limit int) ([]Pending, error) {
+	rows, err := s.pool.Query(ctx, pendingRowsSQL, cursor, limit, floor)
 	if err != nil {
 		return nil, fmt.Errorf("store: pending rows: %w", err)
 	}
@@ -89,10 +103,12 @@ func (s *Store) PendingRows(ctx context.Context, cursor int64, limit int) ([]Pen
 }
 
 // sweepFloorCTE is lowcur(lo): the lowest cursor a poller saved in this
-// epoch (0 with none), below which every row is delivered, dead or backing
-// off (SaveCursor).
-const sweepFloorCTE = `lowcur AS MATERIALIZED (
-  SELECT COALESCE((SELECT min(cursor) FROM outbox_cursor WHERE epoch = ` + epochSQL + `), 0) AS lo)`
+// epoch, below which every row is delivered, dead or backing off
+// (SaveCursor); with none saved, $N, the floor Store.SweepFloor computed.
+func sweepFloorCTE(n string) string {
+	return `lowcur AS MATERIALIZED (
+  SELECT COALESCE((SELECT min(cursor) FROM outbox_cursor WHERE epoch = ` + epochSQL + `), ` + n + `::bigint) AS lo)`
+}
 
 // pendingRowsSQL is PendingRows': the primary key from above both cursors
 // in id order (never the history below the saved one), and the rows backing
@@ -104,7 +120,7 @@ const sweepFloorCTE = `lowcur AS MATERIALIZED (
 // plainly, a plan made after ANALYZE saw few pending rows sometimes walked
 // outbox_pending_aggregate_idx whole (its entries for the history a held
 // snapshot keeps included: 1,143 buffers behind 200k rows) and sorted.
-const pendingRowsSQL = `WITH ` + sweepFloorCTE + `
+var pendingRowsSQL = `WITH ` + sweepFloorCTE("$3") + `
 SELECT id, created_at, aggregate_type, aggregate_id, event_type FROM (
   (SELECT id, created_at, aggregate_type, aggregate_id, event_type FROM outbox
    WHERE COALESCE(dispatched_at IS NULL AND dead_at IS NULL, false) AND id > GREATEST($1::bigint, (SELECT lo FROM lowcur))
@@ -120,7 +136,7 @@ ORDER BY id LIMIT $2::int`
 // made on a small table walked outbox_pending_aggregate_idx whole, its
 // history's entries included), and those backing off below it as in
 // pendingRowsSQL.
-const pendingByAttemptsSQL = `WITH ` + sweepFloorCTE + `
+var pendingByAttemptsSQL = `WITH ` + sweepFloorCTE("$1") + `
 SELECT attempts, count(*) FROM (
   SELECT attempts FROM (SELECT attempts, dispatched_at IS NULL AND dead_at IS NULL AS pending FROM outbox
     WHERE id > (SELECT lo FROM lowcur) OFFSET 0) a
@@ -189,7 +205,11 @@ SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM del),
 // walked every entry vacuum had not removed, the delivered history of a
 // held snapshot included.
 func (s *Store) PendingByAttempts(ctx context.Context) (map[int]int64, error) {
-	rows, err := s.pool.Query(ctx, pendingByAttemptsSQL)
+	floor, err := s.SweepFloor(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.pool.Query(ctx, pendingByAttemptsSQL, floor)
 	if err != nil {
 		return nil, fmt.Errorf("store: attempts histogram: %w", err)
 	}
@@ -200,4 +220,72 @@ func (s *Store) PendingByAttempts(ctx context.Context) (map[int]int64, error) {
 		return nil, fmt.Errorf("store: attempts histogram: %w", err)
 	}
 	return out, nil
+}
+
+// SweepFloor is the floor the backlog count and the sweep start from when no
+// poller saved a cursor in this epoch yet (a first start, the first start
+// after an upgrade or a TRUNCATE, until the poller's first save): just
+// below the lowest pending row not backing off (those are counted through
+// outbox_backoff_idx), or above every id when there is none. Nil when a
+// cursor is saved: the statements read it themselves. One cheap look-up
+// when a cursor is saved; without one, pendingFloor's bitmap scan (25.7k
+// buffers behind 1M rows delivered under a held snapshot), at each call
+// until the poller's first save (a second or so after its first read):
+// counted from id 0, the first batch of the repair sweep walked the
+// history a buffer per row (1.54M buffers behind those 1M rows), and the
+// backlog count 37.9k here, 1.52M and 1.57 s in session 5's relay
+// (BENCHMARKS.md).
+func (s *Store) SweepFloor(ctx context.Context) (*int64, error) {
+	var saved bool
+	if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_cursor WHERE epoch = `+epochSQL+`)`).Scan(&saved); err != nil {
+		return nil, wrap("cursor floor", err)
+	}
+	if saved {
+		return nil, nil
+	}
+	f, err := s.pendingFloor(ctx, pendingFloorSQL)
+	if err != nil {
+		return nil, err
+	}
+	if !f.Valid {
+		f.Int64 = math.MaxInt64 // nothing pending but rows backing off
+	}
+	return &f.Int64, nil
+}
+
+// pendingFloorSQL: the id before the lowest pending row not backing off
+// (NULL: none). loadFloorSQL: the id before the lowest pending row.
+const (
+	pendingFloorSQL = `SELECT min(id) - 1 FROM outbox
+  WHERE dispatched_at IS NULL AND dead_at IS NULL AND available_at <= created_at`
+	loadFloorSQL = `SELECT min(id) - 1 FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL`
+)
+
+// floorSettings: pendingFloor's plans walk no index in order.
+var floorSettings = []string{`SET LOCAL enable_indexscan = off`, `SET LOCAL enable_indexonlyscan = off`}
+
+// pendingFloor runs sql (pendingFloorSQL, loadFloorSQL) with ordered index
+// walks off, so its plan is a bitmap scan of a pending index: each of its
+// pages and each heap page its entries point to read once. That still
+// grows with the history a snapshot held elsewhere keeps in the index
+// (20-26 buffers per 1,000 rows; no bound is possible without a saved
+// cursor), but never more: walked in order, the entries' heap rows were
+// each a buffer (200k buffers behind 200k such rows), and the planner
+// chose that walk (outbox_pending_aggregate_idx, then a sort) for min(id)
+// or ORDER BY id LIMIT 1 whenever its estimates saw few pending rows, on
+// a small table or after ANALYZE.
+func (s *Store) pendingFloor(ctx context.Context, sql string) (pgtype.Int8, error) {
+	var f pgtype.Int8
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		for _, set := range floorSettings {
+			if _, err := tx.Exec(ctx, set); err != nil {
+				return err
+			}
+		}
+		return tx.QueryRow(ctx, sql).Scan(&f)
+	})
+	if err != nil {
+		return f, wrap("pending floor", err)
+	}
+	return f, nil
 }

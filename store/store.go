@@ -371,6 +371,8 @@ type Stats struct {
 
 // statsSQL counts from the poller's saved cursor (outbox_cursor, this
 // epoch) on: at or below it every row is delivered, dead or backing off.
+// With none saved yet, from $1, Store.SweepFloor's floor, which has the same
+// property.
 // From id 0 each scrape walked the entry of every row delivered while a
 // snapshot was held elsewhere (vacuum cannot remove them): 1.7 s and 350k
 // buffers per scrape behind 180k such rows, growing without bound. Rows
@@ -393,7 +395,7 @@ type Stats struct {
 // from its start.
 const statsSQL = `
 WITH c AS MATERIALIZED (
-  SELECT COALESCE((SELECT min(cursor) FROM outbox_cursor WHERE epoch = ` + epochSQL + `), 0) AS lo),
+  SELECT COALESCE((SELECT min(cursor) FROM outbox_cursor WHERE epoch = ` + epochSQL + `), $1::bigint) AS lo),
 above AS MATERIALIZED (
   SELECT count(*) FILTER (WHERE dispatched_at IS NULL AND dead_at IS NULL) AS pending,
     count(*) FILTER (WHERE dispatched_at IS NULL AND dead_at IS NULL AND available_at > created_at) AS backing_off,
@@ -410,7 +412,11 @@ FROM above`
 // Stats counts pending and dead rows and the oldest pending row's age.
 func (s *Store) Stats(ctx context.Context) (Stats, error) {
 	var st Stats
-	err := s.pool.QueryRow(ctx, statsSQL).Scan(&st.Pending, &st.OldestPendingAge, &st.Dead)
+	floor, err := s.SweepFloor(ctx)
+	if err != nil {
+		return st, err
+	}
+	err = s.pool.QueryRow(ctx, statsSQL, floor).Scan(&st.Pending, &st.OldestPendingAge, &st.Dead)
 	if err != nil {
 		return st, wrap("stats", err)
 	}

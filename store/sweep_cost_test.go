@@ -50,7 +50,7 @@ func TestSweepCostDoesNotGrowWithHistory(t *testing.T) {
 	// purge with nothing old enough (the default 7-day retention).
 	measure := func() (pending, attempts, purge, purgeDead int64) {
 		cutoff := time.Now().Add(-168 * time.Hour)
-		return explain(`EXECUTE pr(0, 1000)`), explain(`EXECUTE pa`),
+		return explain(`EXECUTE pr(0, 1000, NULL)`), explain(`EXECUTE pa(NULL)`),
 			explain(`EXECUTE pu($1, $2, $3, $4, '-infinity', 0, 1000)`, fence.Lock, fence.Token, fence.Owner, cutoff),
 			explain(`EXECUTE pd($1, $2, $3, $4, '-infinity', 0, 1000)`, fence.Lock, fence.Token, fence.Owner, cutoff)
 	}
@@ -83,7 +83,7 @@ func TestSweepCostDoesNotGrowWithHistory(t *testing.T) {
 	pendingRows()
 	p1, a1, u1, d1 := measure()
 	if testing.Verbose() {
-		for _, e := range []string{`EXECUTE pr(0, 1000)`, `EXECUTE pa`} {
+		for _, e := range []string{`EXECUTE pr(0, 1000, NULL)`, `EXECUTE pa(NULL)`} {
 			rows, _ := conn.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+e, pgx.QueryExecModeSimpleProtocol)
 			plan, _ := pgx.CollectRows(rows, pgx.RowTo[string])
 			t.Log(strings.Join(plan, "\n"))
@@ -95,7 +95,7 @@ func TestSweepCostDoesNotGrowWithHistory(t *testing.T) {
 	// The repair's plan walks no pending index: their entries for the
 	// history are walked whole when the planner, after an ANALYZE that saw
 	// few pending rows, scans one and sorts (1,143 buffers, now and then).
-	planRows, err := conn.Query(ctx, "EXPLAIN EXECUTE pr(0, 1000)", pgx.QueryExecModeSimpleProtocol)
+	planRows, err := conn.Query(ctx, "EXPLAIN EXECUTE pr(0, 1000, NULL)", pgx.QueryExecModeSimpleProtocol)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,175 @@
+package store_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxd/outboxd/store"
+)
+
+// Before a poller saved a cursor in this epoch (a first start, the first
+// start after an upgrade onto a table with history), LoadCursor looked for
+// the lowest pending row, and the backlog count (Stats, at each scrape
+// until the save) and the reconciler's sweep (PendingRows,
+// PendingByAttempts) counted from id 0. With few pending rows in the
+// planner's estimates (a plan made on a small table and kept, or after
+// ANALYZE) those walked outbox_pending_aggregate_idx or the primary key
+// in an order that made each row of history a buffer. They now take a
+// floor from a bitmap scan of a pending index (store.pendingFloor): each
+// index page and each heap page once. That still grows with the history a
+// held snapshot keeps in the index (no bound is possible without a saved
+// cursor); what the test holds is that it stays under one buffer per 30
+// rows of history, at 20k and at 200k rows, in both plans, and that every
+// pending row is still counted. The purge does not depend on a cursor and
+// stays flat.
+func TestFirstStartCostsNoMoreThanABitmapOfThePendingIndex(t *testing.T) {
+	t.Parallel()
+	type cost struct{ load, stats, pending, attempts, purge, oldLoad, oldStats, oldPending, oldAttempts int64 }
+	run := func(t *testing.T, history int) cost {
+		st, fence := fencedStore(t, "lock:outbox:poller")
+		ctx := context.Background()
+		conn, err := st.Pool().Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		for name, sql := range map[string]string{"st": store.StatsSQL, "pr": store.PendingRowsSQL,
+			"pa": store.PendingByAttemptsSQL, "pu": store.PurgeSQL(store.PurgeDelivered), "lc": store.LoadCursorSQL,
+			"pf": store.PendingFloorSQL, "lf": store.LoadFloorSQL,
+			// LoadCursor as it was: the lowest pending row in the same statement.
+			"lo": strings.Replace(store.LoadCursorSQL, "COALESCE($3::bigint, top.id)",
+				"COALESCE((SELECT min(id) - 1 FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL) + 0 * $3::bigint, top.id)", 1)} {
+			if _, err := conn.Conn().Prepare(ctx, name, sql); err != nil {
+				t.Fatal(err)
+			}
+		}
+		explain := func(sql string, args ...any) int64 {
+			t.Helper()
+			explainUndone(t, conn, sql, args...)
+			return explainUndone(t, conn, sql, args...)
+		}
+		cutoff := time.Now().Add(-168 * time.Hour)
+		measure := func() cost {
+			floor, err := st.SweepFloor(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if floor == nil {
+				t.Fatal("a cursor is saved")
+			}
+			pf, lf := explainFloor(t, conn, "pf"), explainFloor(t, conn, "lf")
+			return cost{lf + explain(`EXECUTE lc($1, $2, $3)`, fence.Lock, 10_000, *floor),
+				pf + explain(`EXECUTE st($1)`, *floor), pf + explain(`EXECUTE pr(0, 1000, $1)`, *floor),
+				pf + explain(`EXECUTE pa($1)`, *floor),
+				explain(`EXECUTE pu($1, $2, $3, $4, '-infinity', 0, 1000)`, fence.Lock, fence.Token, fence.Owner, cutoff),
+				// As they were: from id 0 (a floor of 0).
+				explain(`EXECUTE lo($1, $2, 0)`, fence.Lock, 10_000), explain(`EXECUTE st(0)`), explain(`EXECUTE pr(0, 1000, 0)`),
+				explain(`EXECUTE pa(0)`)}
+		}
+		// One row backing off, below the history: the floor is not held
+		// down by it (outbox_backoff_idx finds it).
+		enqueue(t, st, ev("deal", "x", 0))
+		exec(t, st, `UPDATE outbox SET attempts = 1, available_at = now() + interval '1 hour'`)
+		measure() // the generic plans, made on the small table and kept, as a relay's sessions keep them
+		holdSnapshot(t, st)
+		exec(t, st, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+			SELECT 'deal', (i % 1000)::text, 'deal.happened', '{}' FROM generate_series(1, $1::int) i`, history)
+		exec(t, st, `UPDATE outbox SET dispatched_at = now() WHERE dispatched_at IS NULL AND attempts = 0`)
+		var evs []store.Event
+		for i := range 10 {
+			evs = append(evs, ev("deal", strconv.Itoa(i), i))
+		}
+		enqueue(t, st, evs...)
+		kept := measure()
+		exec(t, st, `ANALYZE outbox`) // new generic plans, from the history's statistics
+		analyzed := measure()
+		t.Logf("history %d: kept plans %+v, after ANALYZE %+v", history, kept, analyzed)
+
+		// Still exact: eleven pending (one backing off, the oldest), and
+		// the computed cursor is just below the lowest pending row.
+		stats, err := st.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if stats.Pending != 11 || stats.OldestPendingAge <= 0 {
+			t.Errorf("history %d, no cursor saved: stats %+v, want 11 pending", history, stats)
+		}
+		rows, err := st.PendingRows(ctx, 0, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hist, err := st.PendingByAttempts(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rows) != 11 || hist[0] != 10 || hist[1] != 1 || len(hist) != 2 {
+			t.Errorf("history %d, no cursor saved: %d pending rows, attempts %v; want 11, map[0:10 1:1]", history, len(rows), hist)
+		}
+		var low int64
+		if err := st.Pool().QueryRow(ctx, `SELECT min(id) FROM outbox WHERE dispatched_at IS NULL`).Scan(&low); err != nil {
+			t.Fatal(err)
+		}
+		if c, _, h, _, err := st.LoadCursor(ctx, fence.Lock); err != nil || c != low-1 || h == 0 {
+			t.Errorf("history %d: LoadCursor %d (horizon %d, %v), want %d with a horizon", history, c, h, err, low-1)
+		}
+		return cost{max(kept.load, analyzed.load), max(kept.stats, analyzed.stats), max(kept.pending, analyzed.pending),
+			max(kept.attempts, analyzed.attempts), max(kept.purge, analyzed.purge),
+			max(kept.oldLoad, analyzed.oldLoad), max(kept.oldStats, analyzed.oldStats), max(kept.oldPending, analyzed.oldPending),
+			max(kept.oldAttempts, analyzed.oldAttempts)}
+	}
+	var small, large cost
+	t.Run("20k", func(t *testing.T) { t.Parallel(); small = run(t, 20_000) })
+	t.Run("200k", func(t *testing.T) { t.Parallel(); large = run(t, 200_000) })
+	t.Cleanup(func() {
+		t.Logf("shared buffers (the worse of the kept plan and the plan after ANALYZE), no cursor saved, 20k -> 200k rows delivered under a held snapshot: LoadCursor %d -> %d (was %d -> %d); stats %d -> %d (was %d -> %d); pending rows %d -> %d (was %d -> %d); attempts %d -> %d (was %d -> %d); purge %d -> %d",
+			small.load, large.load, small.oldLoad, large.oldLoad, small.stats, large.stats, small.oldStats, large.oldStats,
+			small.pending, large.pending, small.oldPending, large.oldPending, small.attempts, large.attempts, small.oldAttempts, large.oldAttempts,
+			small.purge, large.purge)
+		for _, c := range []struct {
+			name      string
+			v20, v200 int64
+		}{{"LoadCursor", small.load, large.load}, {"stats", small.stats, large.stats}, {"pending rows", small.pending, large.pending}, {"attempts histogram", small.attempts, large.attempts}} {
+			for _, x := range []struct{ v, h int64 }{{c.v20, 20_000}, {c.v200, 200_000}} {
+				if x.v > x.h/30 {
+					t.Errorf("%s with no cursor saved: %d buffers behind %d rows of history, more than one per 30 rows: more than one bitmap scan of a pending index (an ordered walk of the history, or a count from id 0)", c.name, x.v, x.h)
+				}
+			}
+		}
+		if large.purge > 2*small.purge+20 {
+			t.Errorf("purge: %d buffers behind 200k rows, %d behind 20k: it walks history", large.purge, small.purge)
+		}
+	})
+}
+
+// explainFloor is explainUndone for a floor statement (store.pendingFloor),
+// run as the store runs it: with ordered index walks off. Run twice, the
+// second measured.
+func explainFloor(t *testing.T, conn *pgxpool.Conn, name string) int64 {
+	t.Helper()
+	ctx := context.Background()
+	var n int64
+	for range 2 {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, set := range store.FloorSettings {
+			if _, err := tx.Exec(ctx, set); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var raw []byte
+		if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE "+name, pgx.QueryExecModeSimpleProtocol).Scan(&raw); err != nil {
+			t.Fatal(err)
+		}
+		_ = tx.Rollback(ctx)
+		n = planBuffers(t, raw)
+	}
+	return n
+}
