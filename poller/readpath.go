@@ -29,7 +29,11 @@ import (
 //     therefore settles as soon as its transaction ends.
 //   - Late commits are delivered and never silent: a gap given up after
 //     GapWait is still looked up by primary key until its transactions end
-//     (and for lateWatch after that); when it commits after a later row of
+//     (and for lateWatch after that; while they run, once given up over
+//     watchRecent ago, in turns: about watchOldPerRead such gaps per read,
+//     each every k reads, so a long transaction elsewhere that keeps
+//     rolled-back gaps from settling does not make every read probe them
+//     all); when it commits after a later row of
 //     its aggregate was sent, it is delivered with a WARN "late commit" and
 //     counted in outboxd_late_commits_total. Across a change of holder as
 //     well: each holder saves, beside its cursor, the highest id it and the
@@ -90,6 +94,22 @@ const (
 	stepTarget  = 2 * time.Millisecond
 	rescanFirst = 5_000
 	rescanMin   = 500
+	// A gap given up more than watchRecent ago whose transactions still
+	// run is looked up by only some reads: each read takes the ids whose
+	// remainder mod k is its turn, k chosen so that about watchOldPerRead
+	// of them go per read, and every one goes once every k reads. While a
+	// transaction holding an xid runs anywhere in the cluster (a
+	// long-running writer, a migration) no gap seen since can be settled
+	// (its xmin stays below their horizon), so with producers rolling
+	// back, the given-up gaps pile up for as long as it runs; looked up
+	// all on every read, each read cost a primary-key probe per gap (201
+	// gaps after 200 rollbacks behind one open transaction), growing
+	// without bound. A late commit among them is still found, delivered
+	// and warned, at most k reads later. Gaps not yet given up, recently
+	// given up, or whose transactions ended (watched for lateWatch more)
+	// are looked up by every read.
+	watchRecent     = time.Second
+	watchOldPerRead = 64
 	// saveEvery: how often the cursor is saved while it moves.
 	saveEvery = time.Second
 	// maxLastSent bounds the per-aggregate memory of the highest id sent.
@@ -115,6 +135,8 @@ type reader struct {
 	parked    map[store.Aggregate]int64 // lowest id
 	lastSent  map[store.Aggregate]int64 // highest id sent, this term
 	gen       int                       // bumped when lastSent is cleared
+	reads     int64                     // reads so far (pos), whose turn it is among old gaps
+	oldGaps   int                       // gaps pos found given up long ago, at its last call
 	maxSent   int64
 	saved     int64
 	savedSent int64
@@ -192,7 +214,7 @@ func (p *Poller) fetch(ctx context.Context, f store.Fence, lim store.FetchLimits
 		r.rescanAt, r.coldAt = time.Now(), time.Now()
 		p.log.Info("read path starts", "cursor", c, "sent", sent)
 	}
-	res, err := p.store.Read(ctx, lim, r.pos())
+	res, err := p.store.Read(ctx, lim, r.pos(time.Now(), p.cfg.GapWait))
 	if err != nil {
 		return nil, false, err
 	}
@@ -236,10 +258,20 @@ func (p *Poller) fetch(ctx context.Context, f store.Fence, lim store.FetchLimits
 	return res.Rows, held, nil
 }
 
-// pos is what Read needs from r.
-func (r *reader) pos() store.ReadPos {
+// pos is what Read needs from r: every gap to look up, except that a gap
+// given up long ago is looked up in its turn only (see watchOldPerRead).
+func (r *reader) pos(now time.Time, gapWait time.Duration) store.ReadPos {
 	pos := store.ReadPos{Cursor: r.cursor, Frontier: r.frontier}
+	r.reads++
+	k := int64(max(1, (r.oldGaps+watchOldPerRead-1)/watchOldPerRead))
+	r.oldGaps = 0
 	for id, g := range r.gaps {
+		if g.givenUp && g.ended.IsZero() && now.Sub(g.seen) >= gapWait+watchRecent {
+			r.oldGaps++
+			if (id+r.reads)%k != 0 {
+				continue
+			}
+		}
 		pos.Watch = append(pos.Watch, id)
 		if !g.givenUp && g.ended.IsZero() {
 			pos.Holding = append(pos.Holding, store.Gap{ID: id, Horizon: g.horizon})
