@@ -182,7 +182,11 @@ func (s *Store) Purge(ctx context.Context, f Fence, kind PurgeKind, cutoff time.
 
 // purgeSQL is Purge's statement for kind. Rows are taken in (time, id)
 // order; the cursor's own time is walked again only for the ids after it
-// (one batch's marks share a time).
+// (one batch's marks share a time). The age condition is in the DELETE's
+// own WHERE too: a row updated after the statement's snapshot (an
+// operator making it pending again) is re-checked by Postgres against
+// those conditions only, not against the subquery that chose its id, and
+// was deleted (TestPurgeKeepsARowMadePendingWhileItRuns).
 func purgeSQL(kind PurgeKind) string {
 	col := "dispatched_at"
 	if kind == PurgeDead {
@@ -193,7 +197,7 @@ del AS (
   DELETE FROM outbox WHERE id = ANY (ARRAY(
     SELECT id FROM outbox WHERE ` + col + ` < $4 AND ` + col + ` >= $5 AND (` + col + ` > $5 OR id > $6)
     ORDER BY ` + col + `, id LIMIT $7))
-  AND EXISTS (SELECT 1 FROM fence)
+  AND ` + col + ` < $4 AND EXISTS (SELECT 1 FROM fence)
   RETURNING id, ` + col + ` AS at),
 lastrow AS (SELECT at, id FROM del ORDER BY at DESC, id DESC LIMIT 1)
 SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM del),
