@@ -224,8 +224,8 @@ func TestLateCommitAfterTheLeaseMovedIsWarnedAndCounted(t *testing.T) {
 
 // The same when the late row's producer is still in flight at the moment
 // the new holder reads, once a term, what the range looked like (a row of
-// another aggregate there, refused by the first holder's sink, is its first
-// take): the late row's id was missing then, so it is looked up when taken
+// another aggregate above the gap, refused by the first holder's sink and
+// retried, is its first take there): the late row's id was missing then, so it is looked up when taken
 // (store.InheritedLate's holes), not settled from that read.
 func TestLateCommitInFlightAtTheNewHoldersCheckIsWarned(t *testing.T) {
 	e := newEnv(t)
@@ -237,12 +237,19 @@ func TestLateCommitInFlightAtTheNewHoldersCheckIsWarned(t *testing.T) {
 	stop1 := e.run(r1)
 	warm := e.produce("warm")
 	e.waitFor("the first runner delivering", time.Minute, func() bool { return e.delivered(warm) })
-	refused := e.produce("B")
 	lower := e.race("A")
 	higher := e.produce("A")
+	refused := e.produce("B")
 	e.waitFor("the higher id delivered past gap_wait", time.Minute, func() bool { return e.delivered(higher) })
-	e.waitFor("the sent mark saved", time.Minute, func() bool { return e.savedSent() >= higher })
+	e.waitFor("the sent mark saved", time.Minute, func() bool { return e.savedSent() >= refused })
 	stop1()
+	var cursor int64
+	if err := e.st.Pool().QueryRow(context.Background(), `SELECT max(cursor) FROM outbox_cursor`).Scan(&cursor); err != nil {
+		t.Fatal(err)
+	}
+	if cursor >= lower.id {
+		t.Fatalf("saved cursor %d at or above the open gap %d: the refused row %d would not be the new holder's first take in its inherited range (the test's premise)", cursor, lower.id, refused)
+	}
 
 	e.rc.SetRespond(nil)
 	r2, logs2 := e.loggedRunner(cfg)

@@ -478,10 +478,11 @@ GROUP BY c.id`, ids, types, aggs, lo, sent)
 // (lo, hi] (its loaded cursor, the sent mark): Late, the untried pending
 // rows with a later row of their aggregate in (row, hi] already dispatched
 // (row id -> the highest such id): each a late commit when taken; and
-// Holes, the ids with no row visible then, as open intervals in id order.
-// A row taken later at an id in no hole was visible then, so Late settled
-// it; only a row at a hole's id (a producer in flight at the snapshot)
-// needs LaterSent.
+// Holes, the ids with no row visible then, as open intervals in id order,
+// below the highest dispatched id of the range (an id above it can have no
+// later dispatched row). A row taken later at an id in no hole was visible
+// then or is above that, so Late settled it; only a row at a hole's id (a
+// producer in flight at the snapshot) needs LaterSent.
 type Inherited struct {
 	Late  map[int64]int64
 	Holes []Hole
@@ -499,8 +500,8 @@ func (h *Inherited) InHole(id int64) bool {
 // InheritedLate reads what a new holder needs to check the rows it takes
 // in (lo, hi] for late commits across the change of holder, in one
 // statement: its cost is one walk of (lo, hi] (a hash of the aggregates
-// dispatched there, those rows' pending siblings, the ids missing), once a
-// term, whatever the number of aggregates; the memory it returns is the
+// dispatched there, those rows' pending siblings, the ids missing below the
+// highest of them: nothing more when none is dispatched), once a term, whatever the number of aggregates; the memory it returns is the
 // late rows and the holes, not the aggregates. complete is false (and the
 // answer nil) when either is more than limit.
 //
@@ -518,13 +519,14 @@ late AS (
   WHERE p.id > $1 AND p.id <= $2 AND p.dispatched_at IS NULL AND p.dead_at IS NULL
     AND p.attempts = 0 AND p.available_at <= p.created_at
   LIMIT $3),
+reach AS (SELECT COALESCE(max(top), $1) AS id FROM d),
 holes AS (
-  SELECT prev, id FROM (SELECT id, lag(id, 1, $1) OVER (ORDER BY id) AS prev FROM outbox WHERE id > $1 AND id <= $2) s
+  SELECT prev, id FROM (SELECT id, lag(id, 1, $1) OVER (ORDER BY id) AS prev FROM outbox WHERE id > $1 AND id < (SELECT id FROM reach)) s
   WHERE id > prev + 1 LIMIT $3),
-tail AS (SELECT COALESCE(max(id), $1) AS id FROM outbox WHERE id > $1 AND id <= $2)
+tail AS (SELECT COALESCE(max(id), $1) AS id FROM outbox WHERE id > $1 AND id < (SELECT id FROM reach))
 SELECT false, id, top FROM late
 UNION ALL SELECT true, prev, id FROM holes
-UNION ALL SELECT true, id, $2 + 1 FROM tail WHERE id < $2`, lo, hi, limit+1)
+UNION ALL SELECT true, tail.id, reach.id FROM tail, reach WHERE tail.id + 1 < reach.id`, lo, hi, limit+1)
 	if err != nil {
 		return nil, false, wrap("inherited late", err)
 	}

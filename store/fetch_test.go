@@ -381,18 +381,18 @@ func TestInheritedLateNamesLateRowsAndMissingIDs(t *testing.T) {
 	}
 	in, complete, err := st.InheritedLate(ctx, 0, 9, 10)
 	wantLate := map[int64]int64{1: 3, 6: 7}
-	wantHoles := []store.Hole{{After: 4, Before: 6}, {After: 7, Before: 10}}
+	wantHoles := []store.Hole{{After: 4, Before: 6}}
 	if err != nil || !complete || !maps.Equal(in.Late, wantLate) || !slices.Equal(in.Holes, wantHoles) {
-		t.Fatalf("InheritedLate(0, 9): %+v, %v, %v; want late %v (4 is above A's dispatched row, B has none dispatched), holes %v (5 deleted, 8-9 not written)",
+		t.Fatalf("InheritedLate(0, 9): %+v, %v, %v; want late %v (4 is above A's dispatched row, B has none dispatched), holes %v (5 deleted; 8-9 not written, but above the highest dispatched id)",
 			in, complete, err, wantLate, wantHoles)
 	}
-	for id, want := range map[int64]bool{4: false, 5: true, 6: false, 7: false, 8: true, 9: true, 10: false} {
+	for id, want := range map[int64]bool{4: false, 5: true, 6: false, 7: false, 8: false} {
 		if in.InHole(id) != want {
 			t.Fatalf("InHole(%d) = %v, want %v (holes %v)", id, !want, want, in.Holes)
 		}
 	}
-	if in, _, err := st.InheritedLate(ctx, 1, 6, 10); err != nil || len(in.Late) != 0 {
-		t.Fatalf("InheritedLate(1, 6): %+v, %v; want no late row (1 is below the range, 7 above)", in, err)
+	if in, _, err := st.InheritedLate(ctx, 1, 6, 10); err != nil || len(in.Late) != 0 || len(in.Holes) != 0 {
+		t.Fatalf("InheritedLate(1, 6): %+v, %v; want no late row (1 is below the range, 7 above), no hole (5 is above 3, the highest dispatched)", in, err)
 	}
 	if in, complete, err := st.InheritedLate(ctx, 0, 7, 1); err != nil || complete || in != nil {
 		t.Fatalf("InheritedLate(0, 7) with limit 1: %+v, %v, %v; want incomplete (1 and 6 late)", in, complete, err)
@@ -404,6 +404,16 @@ func TestInheritedLateNamesLateRowsAndMissingIDs(t *testing.T) {
 	}
 	if in, _, err := st.InheritedLate(ctx, 0, 7, 10); err != nil || len(in.Late) != 0 {
 		t.Fatalf("InheritedLate after a replay and a retry: %+v, %v; want no late row", in, err)
+	}
+	// The ids missing just below the highest dispatched one, and at the
+	// range's start.
+	if _, err := st.Pool().Exec(ctx, `DELETE FROM outbox WHERE id = 6`); err != nil {
+		t.Fatal(err)
+	}
+	for _, lo := range []int64{0, 4} {
+		if in, _, err := st.InheritedLate(ctx, lo, 9, 10); err != nil || !slices.Equal(in.Holes, []store.Hole{{After: 4, Before: 7}}) {
+			t.Fatalf("InheritedLate(%d, 9) with 5 and 6 deleted: %+v, %v; want the hole (4, 7)", lo, in, err)
+		}
 	}
 }
 
