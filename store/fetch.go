@@ -500,8 +500,9 @@ func (h *Inherited) InHole(id int64) bool {
 // InheritedLate reads what a new holder needs to check the rows it takes
 // in (lo, hi] for late commits across the change of holder, in one
 // statement: its cost is one walk of (lo, hi] (a hash of the aggregates
-// dispatched there, those rows' pending siblings, the ids missing below the
-// highest of them: nothing more when none is dispatched), once a term, whatever the number of aggregates; the memory it returns is the
+// dispatched there; below the highest of them, the pending rows of those
+// aggregates and the ids missing: nothing more when none is dispatched),
+// once a term, whatever the number of aggregates; the memory it returns is the
 // late rows and the holes, not the aggregates. complete is false (and the
 // answer nil) when either is more than limit.
 //
@@ -513,13 +514,13 @@ func (s *Store) InheritedLate(ctx context.Context, lo, hi int64, limit int) (in 
 	rows, err := s.pool.Query(ctx, `WITH d AS MATERIALIZED (
   SELECT aggregate_type, aggregate_id, max(id) AS top FROM outbox
   WHERE id > $1 AND id <= $2 AND dispatched_at IS NOT NULL GROUP BY 1, 2),
+reach AS (SELECT COALESCE(max(top), $1) AS id FROM d),
 late AS (
   SELECT p.id, d.top FROM outbox p
   JOIN d ON d.aggregate_type = p.aggregate_type AND d.aggregate_id = p.aggregate_id AND d.top > p.id
-  WHERE p.id > $1 AND p.id <= $2 AND p.dispatched_at IS NULL AND p.dead_at IS NULL
+  WHERE p.id > $1 AND p.id < (SELECT id FROM reach) AND p.dispatched_at IS NULL AND p.dead_at IS NULL
     AND p.attempts = 0 AND p.available_at <= p.created_at
   LIMIT $3),
-reach AS (SELECT COALESCE(max(top), $1) AS id FROM d),
 holes AS (
   SELECT prev, id FROM (SELECT id, lag(id, 1, $1) OVER (ORDER BY id) AS prev FROM outbox WHERE id > $1 AND id < (SELECT id FROM reach)) s
   WHERE id > prev + 1 LIMIT $3),
