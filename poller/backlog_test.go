@@ -2,6 +2,7 @@ package poller
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -28,7 +29,7 @@ func (c *statementCounter) kind(sql string) string {
 	case strings.Contains(sql, "hot AS MATERIALIZED"):
 		return "read"
 	case strings.Contains(sql, "dispatched_at IS NOT NULL"):
-		return "late check" // store.LaterSent, store.DispatchedAbove
+		return "late check" // store.LaterSent, store.InheritedLate
 	}
 	return ""
 }
@@ -46,6 +47,24 @@ func (c *statementCounter) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx
 	defer c.mu.Unlock()
 	c.calls[k]++
 	c.rows[k] += d.CommandTag.RowsAffected()
+}
+
+// countStatements makes e's store count its statements.
+func (e *env) countStatements() *statementCounter {
+	e.t.Helper()
+	counter := &statementCounter{calls: map[string]int{}, rows: map[string]int64{}}
+	pc, err := pgxpool.ParseConfig(e.dsn)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	pc.ConnConfig.Tracer = counter
+	st, err := store.OpenConfig(context.Background(), pc)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(st.Close)
+	e.st = st
+	return counter
 }
 
 func (c *statementCounter) get(k string) (int, int64) {
@@ -66,18 +85,7 @@ func TestBacklogDrainChecksInheritedRowsOnce(t *testing.T) {
 	e := newEnv(t)
 	const rows, aggregates = 3000, 100
 	ids := e.insert(rows, aggregates)
-	counter := &statementCounter{calls: map[string]int{}, rows: map[string]int64{}}
-	pc, err := pgxpool.ParseConfig(e.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc.ConnConfig.Tracer = counter
-	st, err := store.OpenConfig(context.Background(), pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	e.st = st
+	counter := e.countStatements()
 	cfg := testConfig()
 	cfg.BatchSize = aggregates
 	e.run(e.poller(cfg, ""))
@@ -92,5 +100,45 @@ func TestBacklogDrainChecksInheritedRowsOnce(t *testing.T) {
 	}
 	if checks > 1 {
 		t.Fatalf("%d late-commit check statements in a drain of %d reads, want 1 (once a term)", checks, reads)
+	}
+}
+
+// The same with more aggregates dispatched in the inherited range than a
+// term keeps (one event per order: the cap is lowered here to 1,000 so the
+// table stays small): the check of what earlier holders dispatched is still
+// one statement a term. Held per aggregate (DispatchedAbove, capped at
+// 100,000), it fell back to a LaterSent walk up to the mark in every read:
+// 31 statements for this drain, a 1M drain over 1M orders quadratic.
+// The range reaches down into the dispatched history because a row there
+// backs off: a start with no cursor saved begins below it, the mark at the
+// table's highest id.
+func TestBacklogDrainOverManyAggregatesChecksOnce(t *testing.T) {
+	e := newEnv(t)
+	const history, backlog = 2000, 3000 // an aggregate each
+	ids := e.insert(history+backlog, history+backlog)
+	ctx := context.Background()
+	if _, err := e.st.Pool().Exec(ctx, `UPDATE outbox SET dispatched_at = now() WHERE id > $1 AND id <= $2`, ids[0], ids[history-1]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.st.Pool().Exec(ctx, `UPDATE outbox SET attempts = 1, available_at = now() + interval '1 second' WHERE id = $1`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	counter := e.countStatements()
+	r := e.poller(testConfig(), "")
+	r.maxInherit = 1000
+	e.run(r)
+	e.waitAllDispatched(2 * time.Minute)
+	e.checkDelivered(slices.Concat(ids[:1], ids[history:]))
+
+	reads, returned := counter.get("read")
+	checks, walked := counter.get("late check")
+	t.Logf("%d events over as many aggregates behind %d dispatched: %d reads returned %d rows, %d late-commit checks returned %d rows",
+		backlog, history, reads, returned, checks, walked)
+	if reads < backlog/100 {
+		t.Fatalf("%d reads for %d rows at batch 100: the counter missed them", reads, backlog)
+	}
+	if checks > 1 {
+		t.Fatalf("%d late-commit check statements in a drain of %d reads over %d aggregates dispatched in the range (more than the %d a term keeps), want 1 (once a term)",
+			checks, reads, history, r.maxInherit)
 	}
 }

@@ -156,6 +156,7 @@ type Poller struct {
 	rescanEvery  time.Duration // how often the slow rescan below the cursor starts; tests shorten it
 	rescanned    atomic.Int64  // ids the rescan steps below the cursor spanned, this process; tests read it
 	earlyWrite   time.Duration // see the constant
+	maxInherit   int           // see the constant; tests lower it
 
 	cutMu sync.Mutex
 	cuts  map[int64]int // sends of a row cut short by the lease while it was held
@@ -189,6 +190,7 @@ func New(cfg Config, d Deps) *Poller {
 			QueryTimeout: queryTimeout(cfg),
 		}, term.Deps{Locks: d.Locks, Store: d.Store, Log: d.Log, Metrics: d.Metrics}),
 		wake: make(chan struct{}, 1), cuts: map[int64]int{}, rescanEvery: rescanEvery, earlyWrite: earlyWrite,
+		maxInherit: maxInherit,
 	}
 }
 

@@ -39,9 +39,9 @@ import (
 //     well: each holder saves, beside its cursor, the highest id it and the
 //     holders before it handed on (sent); a new holder checks each row it
 //     takes above the cursor it loaded and at or below that mark once
-//     (what was dispatched there is read once a term, store.DispatchedAbove;
-//     store.LaterSent only for a row with a later dispatched row of its
-//     aggregate; see inheritedLate) and warns and counts it the
+//     (the range is read once a term, store.InheritedLate, whatever the
+//     number of aggregates; store.LaterSent only for a row whose producer
+//     was in flight then; see inheritedLate) and warns and counts it the
 //     same way when a later row of its aggregate was already dispatched.
 //     Rows the last holder never sent (it stopped first), and rows tried
 //     before (retries, replayed dead rows), are not warned.
@@ -114,6 +114,9 @@ const (
 	saveEvery = time.Second
 	// maxLastSent bounds the per-aggregate memory of the highest id sent.
 	maxLastSent = 100_000
+	// maxInherit bounds the late rows and the missing ids a term keeps for
+	// its inherited late-commit check (store.InheritedLate).
+	maxInherit = 100_000
 )
 
 type gapState struct {
@@ -154,7 +157,7 @@ type reader struct {
 	coldHorizon uint64
 	coldAt      time.Time
 	// Late commits across a change of holder: rows taken in (inheritLo,
-	// inherited] are checked once (store.LaterSent) for a later row of
+	// inherited] are checked once (inheritedLate) for a later row of
 	// their aggregate the holders before this one dispatched. lateDone
 	// holds the ids checked or already warned in this term.
 	inheritLo, inherited int64
@@ -162,11 +165,11 @@ type reader struct {
 	epoch                string // the ids' epoch (store.ReadResult.Epoch) the cursor belongs to
 	inflightLow          int64  // lowest id fetched and not yet written, as of the last read
 
-	// inheritSent: per aggregate, the highest id dispatched in (inheritLo,
-	// inherited] when the term first took a row there
-	// (store.DispatchedAbove); nil while not loaded or when too many
-	// aggregates (then each read's rows go to store.LaterSent).
-	inheritSent   map[store.Aggregate]int64
+	// inherit: what the rows in (inheritLo, inherited] looked like when
+	// the term first took a row there (store.InheritedLate): the late ones
+	// and the ids missing then; nil while not loaded or when more of either
+	// than p.maxInherit (then each read's rows go to store.LaterSent).
+	inherit       *store.Inherited
 	inheritLoaded bool
 
 	// See rewind.go: the server the reads run on ("" before the first),
@@ -423,13 +426,16 @@ func (p *Poller) lateCommit(r *reader, g *gapState, id int64, a store.Aggregate,
 // see, since the gap was given up by the holder before this one. Each id
 // is checked once a term; reads that take no such row cost nothing.
 //
-// Cost: what was dispatched in that range is read once a term
-// (store.DispatchedAbove, r.inheritSent); a row is then checked in
-// memory, and only a row with a later dispatched row of its aggregate
-// goes to store.LaterSent (which leaves out retried and replayed rows).
-// A walk per read up to the mark, with no cursor saved the table's
-// highest id, made the reads of a 1M-row backlog drain walk the backlog
-// once each (test: TestBacklogDrainChecksInheritedRowsOnce).
+// Cost: one store.InheritedLate a term (one walk of the range) says which
+// rows visible then are late and which ids were missing; a row is then
+// settled in memory, and only a row at an id missing then (its producer
+// was in flight) goes to store.LaterSent. The memory is the late rows and
+// the missing ids, not the aggregates: DispatchedAbove held every
+// aggregate dispatched in the range, up to maxLastSent, and with more (one
+// event per order) each read walked up to the mark in LaterSent again, a
+// quadratic drain (TestBacklogDrainOverManyAggregatesChecksOnce). A walk
+// per read made a 1M-row backlog drain walk the backlog once a read
+// (TestBacklogDrainChecksInheritedRowsOnce).
 func (p *Poller) inheritedLate(ctx context.Context, r *reader, rows []store.Row) error {
 	var check []store.Row
 	for _, row := range rows {
@@ -441,21 +447,25 @@ func (p *Poller) inheritedLate(ctx context.Context, r *reader, rows []store.Row)
 		return nil
 	}
 	if !r.inheritLoaded {
-		sent, complete, err := p.store.DispatchedAbove(ctx, r.inheritLo, r.inherited, maxLastSent)
+		in, complete, err := p.store.InheritedLate(ctx, r.inheritLo, r.inherited, p.maxInherit)
 		if err != nil {
 			return fmt.Errorf("late commit check: %w", err)
 		}
 		r.inheritLoaded = true
 		if complete {
-			r.inheritSent = sent
+			r.inherit = in
 		}
 	}
-	if r.inheritSent != nil {
-		// Only rows with a later row of their aggregate dispatched before
-		// this term can be late; the rest need no query (and no lateDone
-		// entry: the same answer comes from memory if taken again).
+	if in := r.inherit; in != nil {
+		// A row visible at the term's check is settled by it: late when
+		// named in Late (warned once), else not. The rest (in flight
+		// then) need the query.
 		check = slices.DeleteFunc(check, func(row store.Row) bool {
-			return r.inheritSent[store.Aggregate{Type: row.AggregateType, ID: row.AggregateID}] <= row.ID
+			if after, ok := in.Late[row.ID]; ok {
+				p.warnLate(r, row, after)
+				return true
+			}
+			return !in.InHole(row.ID)
 		})
 		if len(check) == 0 {
 			return nil
@@ -467,15 +477,20 @@ func (p *Poller) inheritedLate(ctx context.Context, r *reader, rows []store.Row)
 	}
 	for _, row := range check {
 		r.lateDone[row.ID] = struct{}{}
-		after, ok := later[row.ID]
-		if !ok {
-			continue
+		if after, ok := later[row.ID]; ok {
+			p.warnLate(r, row, after)
 		}
-		p.m.LateCommits.Inc()
-		p.log.Warn("late commit", "aggregate_type", row.AggregateType, "aggregate_id", row.AggregateID,
-			"outbox_id", row.ID, "after_id", after, "waited_ms", time.Since(row.CreatedAt).Milliseconds())
 	}
 	return nil
+}
+
+// warnLate warns for and counts row, inherited late (after: the later row
+// of its aggregate an earlier holder dispatched), once a term.
+func (p *Poller) warnLate(r *reader, row store.Row, after int64) {
+	r.lateDone[row.ID] = struct{}{}
+	p.m.LateCommits.Inc()
+	p.log.Warn("late commit", "aggregate_type", row.AggregateType, "aggregate_id", row.AggregateID,
+		"outbox_id", row.ID, "after_id", after, "waited_ms", time.Since(row.CreatedAt).Milliseconds())
 }
 
 // sent records what a batch delivered and parks what it left pending below

@@ -222,6 +222,50 @@ func TestLateCommitAfterTheLeaseMovedIsWarnedAndCounted(t *testing.T) {
 	expectLateCommit(t, logs2, r2, lower.id, higher)
 }
 
+// The same when the late row's producer is still in flight at the moment
+// the new holder reads, once a term, what the range looked like (a row of
+// another aggregate above the gap, refused by the first holder's sink and
+// retried, is its first take there): the late row's id was missing then, so it is looked up when taken
+// (store.InheritedLate's holes), not settled from that read.
+func TestLateCommitInFlightAtTheNewHoldersCheckIsWarned(t *testing.T) {
+	e := newEnv(t)
+	cfg := testConfig()
+	cfg.GapWait = 300 * time.Millisecond
+	cfg.LockTTL = 30 * time.Second
+	e.rc.SetRespond(testkit.Statuses(map[string]int{"deal/B": 503}))
+	r1, _ := e.loggedRunner(cfg)
+	stop1 := e.run(r1)
+	warm := e.produce("warm")
+	e.waitFor("the first runner delivering", time.Minute, func() bool { return e.delivered(warm) })
+	lower := e.race("A")
+	higher := e.produce("A")
+	refused := e.produce("B")
+	e.waitFor("the higher id delivered past gap_wait", time.Minute, func() bool { return e.delivered(higher) })
+	e.waitFor("the sent mark saved", time.Minute, func() bool { return e.savedSent() >= refused })
+	stop1()
+	var cursor int64
+	if err := e.st.Pool().QueryRow(context.Background(), `SELECT max(cursor) FROM outbox_cursor`).Scan(&cursor); err != nil {
+		t.Fatal(err)
+	}
+	if cursor >= lower.id {
+		t.Fatalf("saved cursor %d at or above the open gap %d: the refused row %d would not be the new holder's first take in its inherited range (the test's premise)", cursor, lower.id, refused)
+	}
+
+	e.rc.SetRespond(nil)
+	r2, logs2 := e.loggedRunner(cfg)
+	e.run(r2)
+	e.waitFor("the refused row delivered by the new holder", time.Minute, func() bool { return e.delivered(refused) })
+	if n := logs2.Count(`"msg":"late commit"`); n != 0 {
+		t.Fatalf("%d late commit lines before the commit:\n%s", n, logs2.Tail(20))
+	}
+	lower.commit(t)
+	e.waitFor("the late row delivered", time.Minute, func() bool { return e.delivered(lower.id) })
+	if n := logs2.Count(`"msg":"lock acquired"`); n != 1 {
+		t.Fatalf("%d terms of the second runner, want one (the test's premise); last lines:\n%s", n, logs2.Tail(20))
+	}
+	expectLateCommit(t, logs2, r2, lower.id, higher)
+}
+
 // Rows the last holder took but never delivered (here its sink refused
 // them; a crash leaves the same) lie at or below its sent mark, yet no
 // later row of their aggregates went first: the new holder delivers them

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"maps"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -375,17 +376,50 @@ func TestLaterSentFindsDispatchedLaterRowsOfTheAggregate(t *testing.T) {
 	}
 }
 
-// DispatchedAbove names, per aggregate, the highest dispatched id in the
-// range asked, and says so when there are more aggregates than the limit.
-func TestDispatchedAboveNamesTheHighestDispatchedRowPerAggregate(t *testing.T) {
-	st, ctx := sevenRows(t, 1, 3, 4, 7)
-	got, complete, err := st.DispatchedAbove(ctx, 1, 6, 10)
-	want := map[store.Aggregate]int64{{Type: "deal", ID: "A"}: 4}
-	if err != nil || !complete || !maps.Equal(got, want) {
-		t.Fatalf("DispatchedAbove(1, 6): %v, %v, %v; want %v, complete (1 is below, 7 above the range, B and C have none dispatched in it)", got, complete, err, want)
+// InheritedLate names the untried pending rows of the range with a later
+// dispatched row of their aggregate in it, and the ids with no row visible;
+// it says so when there are more of either than the limit.
+func TestInheritedLateNamesLateRowsAndMissingIDs(t *testing.T) {
+	// 3 (A) and 7 (C) dispatched; 1 and 4 (A), 2 and 5 (B), 6 (C) pending.
+	st, ctx := sevenRows(t, 3, 7)
+	if _, err := st.Pool().Exec(ctx, `DELETE FROM outbox WHERE id = 5`); err != nil {
+		t.Fatal(err)
 	}
-	if got, complete, err := st.DispatchedAbove(ctx, 0, 7, 1); err != nil || complete || got != nil {
-		t.Fatalf("DispatchedAbove(0, 7) with limit 1: %v, %v, %v; want incomplete (A and C)", got, complete, err)
+	in, complete, err := st.InheritedLate(ctx, 0, 9, 10)
+	wantLate := map[int64]int64{1: 3, 6: 7}
+	wantHoles := []store.Hole{{After: 4, Before: 6}}
+	if err != nil || !complete || !maps.Equal(in.Late, wantLate) || !slices.Equal(in.Holes, wantHoles) {
+		t.Fatalf("InheritedLate(0, 9): %+v, %v, %v; want late %v (4 is above A's dispatched row, B has none dispatched), holes %v (5 deleted; 8-9 not written, but above the highest dispatched id)",
+			in, complete, err, wantLate, wantHoles)
+	}
+	for id, want := range map[int64]bool{4: false, 5: true, 6: false, 7: false, 8: false} {
+		if in.InHole(id) != want {
+			t.Fatalf("InHole(%d) = %v, want %v (holes %v)", id, !want, want, in.Holes)
+		}
+	}
+	if in, _, err := st.InheritedLate(ctx, 1, 6, 10); err != nil || len(in.Late) != 0 || len(in.Holes) != 0 {
+		t.Fatalf("InheritedLate(1, 6): %+v, %v; want no late row (1 is below the range, 7 above), no hole (5 is above 3, the highest dispatched)", in, err)
+	}
+	if in, complete, err := st.InheritedLate(ctx, 0, 7, 1); err != nil || complete || in != nil {
+		t.Fatalf("InheritedLate(0, 7) with limit 1: %+v, %v, %v; want incomplete (1 and 6 late)", in, complete, err)
+	}
+	// A replayed or retried row is no late commit: it was tried before.
+	if _, err := st.Pool().Exec(ctx, `UPDATE outbox SET available_at = now() + interval '1 hour' WHERE id = 1;
+		UPDATE outbox SET attempts = 1 WHERE id = 6`); err != nil {
+		t.Fatal(err)
+	}
+	if in, _, err := st.InheritedLate(ctx, 0, 7, 10); err != nil || len(in.Late) != 0 {
+		t.Fatalf("InheritedLate after a replay and a retry: %+v, %v; want no late row", in, err)
+	}
+	// The ids missing just below the highest dispatched one, and at the
+	// range's start.
+	if _, err := st.Pool().Exec(ctx, `DELETE FROM outbox WHERE id = 6`); err != nil {
+		t.Fatal(err)
+	}
+	for _, lo := range []int64{0, 4} {
+		if in, _, err := st.InheritedLate(ctx, lo, 9, 10); err != nil || !slices.Equal(in.Holes, []store.Hole{{After: 4, Before: 7}}) {
+			t.Fatalf("InheritedLate(%d, 9) with 5 and 6 deleted: %+v, %v; want the hole (4, 7)", lo, in, err)
+		}
 	}
 }
 

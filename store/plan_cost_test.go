@@ -27,6 +27,12 @@ type hotStatement struct {
 	args  func(p *planProbe) []any
 }
 
+// perTermPer1k bounds how much a once-a-term statement's buffers may grow
+// per 1,000 rows of history: InheritedLate's generic plan reads
+// outbox_pending_aggregate_idx's pages (about 5.5 per 1,000 rows a held
+// snapshot keeps); a walk of the rows themselves costs 1,000 or more.
+const perTermPer1k = 10
+
 // planProbe is where one probe stands: a batch of rows pending above the
 // cursor, as the relay sees it in a drain.
 type planProbe struct {
@@ -142,7 +148,7 @@ func hotPathPlans(t *testing.T, planCacheMode string) {
 			}
 			return []any{ids, types, aggs, p.rows[0].ID, p.rows[len(p.rows)-1].ID + 1}
 		}},
-		{"the inherited rows' lookup (DispatchedAbove)", "GROUP BY 1, 2 LIMIT", func(p *planProbe) []any {
+		{"the inherited rows' check (InheritedLate, once a term)", "reach AS (SELECT COALESCE(max(top)", func(p *planProbe) []any {
 			// What earlier holders dispatched in the last batch below the cursor.
 			return []any{p.cursor - batch, p.cursor, 10_000 + 1}
 		}},
@@ -180,7 +186,7 @@ func hotPathPlans(t *testing.T, planCacheMode string) {
 		if _, err := relay.LaterSent(ctx, res.Rows, 20); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := relay.DispatchedAbove(ctx, 0, 20, 100); err != nil {
+		if _, _, err := relay.InheritedLate(ctx, 0, 20, 100); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := relay.PendingBetween(ctx, 0, 20); err != nil {
@@ -265,10 +271,17 @@ func hotPathPlans(t *testing.T, planCacheMode string) {
 		for _, c := range []struct {
 			when         string
 			before, then planCost
-		}{{"the plan made on a small table, behind 20k and 200k rows", near[i], far[i]},
-			{"the plan made after ANALYZE, behind 220k and 400k rows", analyzed[i], analyzedFar[i]}} {
+			grown        int64 // rows of history added between the two
+		}{{"the plan made on a small table, behind 20k and 200k rows", near[i], far[i], 180_000},
+			{"the plan made after ANALYZE, behind 220k and 400k rows", analyzed[i], analyzedFar[i], 180_000}} {
 			n, f := c.before, c.then
-			if f.buffers > n.buffers+n.buffers/2+10 {
+			allowed := n.buffers + n.buffers/2 + 10
+			// Once a term (named so), not per read: its buffers may grow
+			// by perTermPer1k per 1,000 rows of history (index pages).
+			if strings.Contains(s.name, "once a term") {
+				allowed = n.buffers + perTermPer1k*c.grown/1000
+			}
+			if f.buffers > allowed {
 				t.Errorf("%s (%s): %d and %d buffers: it walks the history\n%s", s.name, c.when, n.buffers, f.buffers, f.plan)
 			}
 			if f.rows > n.rows+n.rows/2+10 {

@@ -155,13 +155,13 @@ func holdSnapshotOpen(ctx context.Context, dsn string) func() {
 	}
 }
 
-// insertBacklog adds n pending events (~220-byte payloads over 1,000
-// aggregates) in one statement.
+// insertBacklog adds n pending events (~220-byte payloads over -aggregates
+// aggregates, 1,000 by default) in one statement.
 func insertBacklog(ctx context.Context, pool *pgxpool.Pool, n int) {
 	_, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-		SELECT 'deal', (i % 1000)::text, 'deal.funded',
-		  jsonb_build_object('seq', i, 'deal', 'deal-' || (i % 1000), 'amount_cents', i * 7, 'pad', repeat('x', $2))
-		FROM generate_series(1, $1) i`, n, payloadPad)
+		SELECT 'deal', (i % $3)::text, 'deal.funded',
+		  jsonb_build_object('seq', i, 'deal', 'deal-' || (i % $3), 'amount_cents', i * 7, 'pad', repeat('x', $2))
+		FROM generate_series(1, $1) i`, n, payloadPad, *slowAggs)
 	check(err)
 }
 

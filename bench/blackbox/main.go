@@ -25,7 +25,9 @@
 //	         after a later event of their aggregate
 //	history  -rows pending events drained on a clean table, and behind
 //	         -history rows marked dispatched while a snapshot was held (kept
-//	         open during the drain, so nothing of them can be vacuumed)
+//	         open during the drain, so nothing of them can be vacuumed); -stuck-row leaves the
+//	         history's first row backing off, so a relay with no cursor
+//	         saved checks the whole history for late commits
 //	backlog  a -small and a -rows backlog drained in turn; the rate ratio
 //	order    two transactions on one aggregate, the lower id committing -late
 //	         after the higher (and one rolling back), other aggregates

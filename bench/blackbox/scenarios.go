@@ -17,6 +17,7 @@ var (
 	smallRows   = flag.Int("small", 100000, "backlog: the backlog -rows is compared with")
 	lates       = flag.String("late", "2s", "order: how long after the higher id the lower one commits, a comma list (one probe each)")
 	warm        = flag.Bool("warm", false, "history, backlog: start the relay first, wait until it delivered one event written after any history, then insert the backlog and time from its commit (a running relay, not a restart onto a backlog; no VACUUM before the drain)")
+	stuckRow    = flag.Bool("stuck-row", false, "history: the history's first row backs off for an hour (a relay with no cursor saved starts below it; its late-commit check spans the history)")
 	rollback    = flag.Bool("rollback", true, "order: also a probe whose lower id rolls back (a gap that never fills) after the first -late")
 )
 
@@ -66,6 +67,15 @@ func settledHistory(ctx context.Context) func(*pgxpool.Pool) func() {
 		release := holdSnapshotOpen(ctx, pool.Config().ConnString())
 		_, err = pool.Exec(ctx, `UPDATE outbox SET dispatched_at = now(), attempts = 1`)
 		check(err)
+		if *stuckRow {
+			// One row of the history backs off: a relay with no cursor
+			// saved starts below it, the whole history in the range it
+			// checks for late commits across the change of holder. An
+			// aggregate of its own: the backlog's rows wait for none.
+			_, err = pool.Exec(ctx, `UPDATE outbox SET dispatched_at = NULL, available_at = now() + interval '1 hour',
+				aggregate_id = 'stuck' WHERE id = (SELECT min(id) FROM outbox)`)
+			check(err)
+		}
 		fmt.Printf("    %d settled rows written in %.1f s\n", *historyRows, since(began)/1000)
 		return release
 	}

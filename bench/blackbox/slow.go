@@ -21,7 +21,7 @@ import (
 
 var (
 	receiverDelay = flag.Duration("receiver-delay", 20*time.Millisecond, "slow: how long the webhook receiver takes to answer each event")
-	slowAggs      = flag.Int("aggregates", 1000, "slow: aggregates the -rows events are spread over (round robin, by id); latency: aggregates the producers write to")
+	slowAggs      = flag.Int("aggregates", 1000, "slow: aggregates the -rows events are spread over (round robin, by id); latency: aggregates the producers write to; drain, backlog, history: aggregates the backlog and the history are spread over (round robin)")
 	stragglers    = flag.String("straggler", "0", "slow: the receiver takes this long for every event of one aggregate (\"0\"); 0: none; a comma list is run in turn (e.g. 0,500ms). A run ends when every other aggregate's events are delivered")
 	slowConc      = flag.String("concurrency", "", "slow: poller.concurrency values, a comma list run in turn (empty: the build's default)")
 	slowPad       = flag.Int("payload-bytes", payloadPad, "slow: padding per payload (about 50 bytes more each), for RSS with large payloads")
