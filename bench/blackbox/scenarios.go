@@ -18,6 +18,7 @@ var (
 	lates       = flag.String("late", "2s", "order: how long after the higher id the lower one commits, a comma list (one probe each)")
 	warm        = flag.Bool("warm", false, "history, backlog: start the relay first, wait until it delivered one event written after any history, then insert the backlog and time from its commit (a running relay, not a restart onto a backlog; no VACUUM before the drain)")
 	stuckRow    = flag.Bool("stuck-row", false, "history: the history's first row backs off for an hour (a relay with no cursor saved starts below it; its late-commit check spans the history)")
+	historyCkpt = flag.Bool("history-checkpoint", false, "history: CHECKPOINT after writing the settled rows, so the drain does not pay for flushing the history's own dirty pages (a history that was there before, not one written a second ago)")
 	rollback    = flag.Bool("rollback", true, "order: also a probe whose lower id rolls back (a gap that never fills) after the first -late")
 )
 
@@ -67,6 +68,10 @@ func settledHistory(ctx context.Context) func(*pgxpool.Pool) func() {
 		release := holdSnapshotOpen(ctx, pool.Config().ConnString())
 		_, err = pool.Exec(ctx, `UPDATE outbox SET dispatched_at = now(), attempts = 1`)
 		check(err)
+		if *historyCkpt {
+			_, err = pool.Exec(ctx, `CHECKPOINT`)
+			check(err)
+		}
 		if *stuckRow {
 			// One row of the history backs off: a relay with no cursor
 			// saved starts below it, the whole history in the range it
