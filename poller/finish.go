@@ -2,6 +2,7 @@ package poller
 
 import (
 	"context"
+	"log/slog"
 	"strconv"
 	"time"
 
@@ -61,16 +62,23 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 	if span.IsRecording() {
 		span.SetAttributes(AttrDelivered.Int64(nd), AttrFailed.Int(len(failures)))
 	}
+	// The per-event debug lines are built only when they are written: their
+	// arguments cost an allocation per event otherwise (the id, boxed).
+	debug := p.log.Enabled(ctx, slog.LevelDebug)
 	for _, it := range items {
 		switch it.outcome {
 		case sent:
 			dest := p.destination(it.row)
 			p.m.Dispatched.WithLabelValues(dest).Inc()
 			p.m.DispatchLatency.WithLabelValues(dest).Observe(now.Sub(it.row.CreatedAt).Seconds())
-			p.log.Debug("event delivered", "outbox_id", it.row.ID)
+			if debug {
+				p.log.Debug("event delivered", "outbox_id", it.row.ID)
+			}
 		case duplicate:
 			p.m.Duplicates.Inc()
-			p.log.Debug("event already delivered, marked", "outbox_id", it.row.ID)
+			if debug {
+				p.log.Debug("event already delivered, marked", "outbox_id", it.row.ID)
+			}
 		case failed, refused:
 			p.m.DispatchFailures.WithLabelValues(p.destination(it.row)).Inc()
 		}

@@ -3,6 +3,7 @@ package poller
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
@@ -447,4 +448,21 @@ func TestRedisOutageIsLogged(t *testing.T) {
 		return strings.Contains(s, `"msg":"lock attempt failed"`) && strings.Contains(s, "redis "+down.Addr)
 	})
 	stop()
+}
+
+// The per-event debug lines (docs/reference.md: "event delivered", per
+// event with outbox_id) are still written at log.level debug, though
+// finish builds them only when that level is on.
+func TestEventDeliveredLoggedAtDebug(t *testing.T) {
+	e := newEnv(t)
+	ids := e.insert(3, 3)
+	r, logs := e.loggedRunner(testConfig())
+	e.run(r)
+	e.waitAllDispatched(30 * time.Second)
+	for _, id := range ids {
+		want := fmt.Sprintf(`"outbox_id":%d}`, id)
+		logs.WaitLines(t, 10*time.Second, "event delivered "+want, 1, func(line string) bool {
+			return strings.Contains(line, `"level":"DEBUG","msg":"event delivered"`) && strings.Contains(line, want)
+		})
+	}
 }

@@ -437,13 +437,12 @@ func (p *Poller) lateCommit(r *reader, g *gapState, id int64, a store.Aggregate,
 // per read made a 1M-row backlog drain walk the backlog once a read
 // (TestBacklogDrainChecksInheritedRowsOnce).
 func (p *Poller) inheritedLate(ctx context.Context, r *reader, rows []store.Row) error {
-	var check []store.Row
-	for _, row := range rows {
-		if _, done := r.lateDone[row.ID]; !done && row.ID > r.inheritLo && row.ID <= r.inherited {
-			check = append(check, row)
-		}
+	unchecked := func(row store.Row) bool {
+		_, done := r.lateDone[row.ID]
+		return !done && row.ID > r.inheritLo && row.ID <= r.inherited
 	}
-	if len(check) == 0 {
+	first := slices.IndexFunc(rows, unchecked)
+	if first < 0 {
 		return nil
 	}
 	if !r.inheritLoaded {
@@ -456,20 +455,31 @@ func (p *Poller) inheritedLate(ctx context.Context, r *reader, rows []store.Row)
 			r.inherit = in
 		}
 	}
-	if in := r.inherit; in != nil {
-		// A row visible at the term's check is settled by it: late when
-		// named in Late (warned once), else not. The rest (in flight
-		// then) need the query.
-		check = slices.DeleteFunc(check, func(row store.Row) bool {
+	// Only the rows the query must settle are copied: copying every row of
+	// the range first made a drain onto a backlog copy each row it read
+	// (550 kB a batch of 1,000).
+	var check []store.Row
+	in := r.inherit
+	for _, row := range rows[first:] {
+		if !unchecked(row) {
+			continue
+		}
+		if in != nil {
+			// A row visible at the term's check is settled by it: late when
+			// named in Late (warned once), else not. The rest (in flight
+			// then) need the query.
 			if after, ok := in.Late[row.ID]; ok {
 				p.warnLate(r, row, after)
-				return true
+				continue
 			}
-			return !in.InHole(row.ID)
-		})
-		if len(check) == 0 {
-			return nil
+			if !in.InHole(row.ID) {
+				continue
+			}
 		}
+		check = append(check, row)
+	}
+	if len(check) == 0 {
+		return nil
 	}
 	later, err := p.store.LaterSent(ctx, check, r.inherited)
 	if err != nil {

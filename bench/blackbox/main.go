@@ -180,6 +180,7 @@ type drainResult struct {
 	perSec                float64
 	rssMiB                float64
 	relayCPU, pgCPU, rCPU float64 // CPU seconds per 1,000 events
+	mallocs, allocBytes   float64 // the relay's heap allocations and bytes allocated per event (go_memstats_*_total): counts load does not move
 }
 
 func drainRounds(ctx context.Context, bins []build) {
@@ -203,8 +204,8 @@ func drainRounds(ctx context.Context, bins []build) {
 				for _, s := range names {
 					res := drainOutboxd(ctx, bin.path, s, b, *rows, fmt.Sprintf("r%d-b%d-%s-%s", r+1, b, s, bin.label), nil)
 					ours[key{bin.label, s, b}] = append(ours[key{bin.label, s, b}], res)
-					fmt.Printf("round %d batch %4d outboxd %s %-12s %8.0f ev/s  RSS %5.1f MiB  CPU s/1k events: relay %.4f  postgres %.4f  redis %.4f  (load %s)\n",
-						r+1, b, bin.label, s, res.perSec, res.rssMiB, res.relayCPU, res.pgCPU, res.rCPU, res.load)
+					fmt.Printf("round %d batch %4d outboxd %s %-12s %8.0f ev/s  RSS %5.1f MiB  CPU s/1k events: relay %.4f  postgres %.4f  redis %.4f  relay allocs/event %.1f (%.0f B)  (load %s)\n",
+						r+1, b, bin.label, s, res.perSec, res.rssMiB, res.relayCPU, res.pgCPU, res.rCPU, res.mallocs, res.allocBytes, res.load)
 				}
 			}
 			if *withPeer {
@@ -314,7 +315,7 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch, rows int, tag st
 		check(rdb.ConfigResetStat(ctx).Err())
 	}
 
-	pgBefore := processCPU("postgres")
+	pgBefore := serverCPU(ctx, pool)
 	redisBefore := redisCPU(ctx, rdb)
 	d = startDaemon(ctx, bin, dsn, prefix, batch, *profile != "", dest.sets)
 	defer d.stop()
@@ -339,9 +340,11 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch, rows int, tag st
 		fmt.Fprintf(os.Stderr, "outboxd %s said:\n%s", tag, logs)
 	}
 	res.rssMiB = d.peakRSSMiB()
+	res.mallocs = d.metric("go_memstats_mallocs_total") / float64(rows)
+	res.allocBytes = d.metric("go_memstats_alloc_bytes_total") / float64(rows)
 	per1k := float64(rows) / 1000
 	res.relayCPU = d.cpuSeconds() / per1k
-	res.pgCPU = (processCPU("postgres") - pgBefore) / per1k
+	res.pgCPU = (serverCPU(ctx, pool) - pgBefore) / per1k
 	res.rCPU = (redisCPU(ctx, rdb) - redisBefore) / per1k
 	if prof != nil {
 		prof.wait()
@@ -958,37 +961,71 @@ func (t *tail) String() string {
 
 // ---- measuring Postgres and Redis ----
 
+// serverCPU sums user+system CPU seconds of the Postgres server pool is
+// connected to: its postmaster and every process it started (backends,
+// walwriter, checkpointer, ...), not those of other servers on the machine
+// (a private server beside the shared one: the shared one's work for other
+// users is not the relay's). Backends that exit between two readings lose
+// their share; the relay's stay connected. The server must run here.
+func serverCPU(ctx context.Context, pool *pgxpool.Pool) float64 {
+	var backend int
+	check(pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend))
+	postmaster := parentPID(backend)
+	return sumCPU(func(pid int) bool { return pid == postmaster || parentPID(pid) == postmaster })
+}
+
 // processCPU sums user+system CPU seconds of every process with this name
 // (Postgres: postmaster, backends, walwriter, ...). Backends that exit
 // between two readings lose their share; the relay's stay connected.
 func processCPU(name string) float64 {
+	return sumCPU(func(pid int) bool {
+		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		return err == nil && strings.TrimSpace(string(comm)) == name
+	})
+}
+
+// sumCPU sums pidCPU over the running processes that match.
+func sumCPU(match func(pid int) bool) float64 {
 	ents, err := os.ReadDir("/proc")
 	check(err)
 	total := 0.0
 	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
+		if pid, err := strconv.Atoi(e.Name()); err == nil && match(pid) {
+			total += pidCPU(pid)
 		}
-		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-		if err != nil || strings.TrimSpace(string(comm)) != name {
-			continue
-		}
-		total += pidCPU(pid)
 	}
 	return total
 }
 
-// pidCPU reads utime+stime from /proc/<pid>/stat (clock ticks of 100 Hz).
-func pidCPU(pid int) float64 {
+// statFields are the fields of /proc/<pid>/stat after the command name
+// (state first), nil when the process is gone.
+func statFields(pid int) []string {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0
+		return nil
 	}
 	s := string(b)
-	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	ut, _ := strconv.ParseFloat(fields[11], 64)
-	st, _ := strconv.ParseFloat(fields[12], 64)
+	return strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+}
+
+// parentPID is a process's parent (0 if gone).
+func parentPID(pid int) int {
+	f := statFields(pid)
+	if f == nil {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	return ppid
+}
+
+// pidCPU reads utime+stime from /proc/<pid>/stat (clock ticks of 100 Hz).
+func pidCPU(pid int) float64 {
+	f := statFields(pid)
+	if f == nil {
+		return 0
+	}
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
 	return (ut + st) / 100
 }
 

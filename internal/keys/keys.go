@@ -27,8 +27,13 @@ func New(prefix string) Space { return Space{prefix: prefix} }
 // Idempotency is idempotency:notify:<outbox id>: the row's delivered mark
 // "1:<fingerprint>" once delivered (see Delivered, Judge), a claim while a
 // delivery is in flight.
+//
+// One allocation (the string): the poller names two keys per event.
 func (s Space) Idempotency(id int64) string {
-	return s.prefix + "idempotency:notify:" + strconv.FormatInt(id, 10)
+	const name = "idempotency:notify:"
+	var buf [96]byte // room for a usual prefix, the name and 20 digits; a longer prefix grows it
+	b := append(append(buf[:0], s.prefix...), name...)
+	return string(strconv.AppendInt(b, id, 10))
 }
 
 // Reserved are the key prefixes of everything outboxd keeps in Redis under

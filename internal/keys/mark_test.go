@@ -89,3 +89,44 @@ func FuzzJudge(f *testing.F) {
 		}
 	})
 }
+
+// The fingerprint is part of every delivered mark in Redis: a relay that
+// computed it otherwise would take the marks earlier versions wrote for
+// other rows' marks and send those rows again. These values are the
+// original implementation's (hash/fnv, fmt).
+func TestFingerprintStaysAsWritten(t *testing.T) {
+	for _, c := range []struct {
+		at      time.Time
+		t, a, e string
+		want    string
+	}{
+		{time.Date(2026, 11, 24, 15, 4, 5, 123456789, time.UTC), "deal", "42", "deal.funded", "hogob5ml4w.e345fcd3"},
+		{time.Unix(0, 0), "", "", "", "0.4ab0f7b7"},
+		{time.Date(1960, 1, 1, 0, 0, 0, 0, time.UTC), "ü", "x\x00y", "z", "-33vlgimtc0.fd07f225"},
+	} {
+		if got := Fingerprint(c.at, c.t, c.a, c.e); got != c.want {
+			t.Errorf("Fingerprint(%v, %q, %q, %q) = %q, want %q", c.at, c.t, c.a, c.e, got, c.want)
+		}
+	}
+}
+
+// The poller names a fingerprint and two keys per event: one allocation
+// each (the string), not five.
+func TestPerEventNamesAllocateOnce(t *testing.T) {
+	at := time.Date(2026, 11, 24, 15, 4, 5, 123456789, time.UTC)
+	space := New("bb:1764000000000000000:")
+	for name, f := range map[string]func(){
+		"Fingerprint": func() { _ = Fingerprint(at, "deal", "42", "deal.funded") },
+		"Idempotency": func() { _ = space.Idempotency(1234567890) },
+	} {
+		if n := testing.AllocsPerRun(100, f); n > 1 {
+			t.Errorf("%s: %.0f allocations, want 1", name, n)
+		}
+	}
+	if got, want := space.Idempotency(1234567), "bb:1764000000000000000:idempotency:notify:1234567"; got != want {
+		t.Errorf("Idempotency = %q, want %q", got, want)
+	}
+	if got, want := New("").Idempotency(-5), "idempotency:notify:-5"; got != want {
+		t.Errorf("Idempotency = %q, want %q", got, want)
+	}
+}
