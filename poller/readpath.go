@@ -49,7 +49,7 @@ import (
 //     conservative: parked aggregates and watched gaps folded in), and a slow
 //     rescan below the cursor (at term start, then every rescanEvery, in
 //     steps paced by their own cost: none sooner than stepSpacing times the
-//     last one's duration, ids per step adapted to about stepTarget, so the
+//     last one's duration (at most maxStepPause after it), ids per step adapted to about stepTarget, so the
 //     reads it shares the loop with are never held for long whatever the
 //     history) finds rows that re-entered the pending set there by hand. Replayed rows (available_at = now()) are backing off by
 //     definition and come through the delayed index at once.
@@ -91,9 +91,18 @@ const (
 	// rescanEvery (p99 spikes in minutes 5 and 10 of a 10-minute run,
 	// growing with history).
 	stepSpacing = 20
-	stepTarget  = 2 * time.Millisecond
-	rescanFirst = 5_000
-	rescanMin   = 500
+	// maxStepPause caps that pause. A step's duration measures the
+	// span's cost only while Postgres answers at its usual pace: one
+	// step that waited on a lock or a stalled server (say 30 s) would
+	// otherwise put the next off stepSpacing times as long (10 minutes,
+	// two periods of rescanEvery). The span is halved after a slow step
+	// anyway, so the next step is cheaper; the cap bounds what one stall
+	// can cost a pass to rescanEvery/30, and the following steps are
+	// paced by their own cost again.
+	maxStepPause = rescanEvery / 30
+	stepTarget   = 2 * time.Millisecond
+	rescanFirst  = 5_000
+	rescanMin    = 500
 	// A gap given up more than watchRecent ago whose transactions still
 	// run is looked up by only some reads: each read takes the ids whose
 	// remainder mod k is its turn, k chosen so that about watchOldPerRead
@@ -587,7 +596,7 @@ func (p *Poller) maintain(ctx context.Context, r *reader, idle bool, xmin uint64
 	if r.rescanLo >= r.rescanTo && now.Sub(r.rescanAt) >= p.rescanEvery {
 		r.rescanLo, r.rescanTo, r.rescanAt = 0, r.cursor, now
 	}
-	if r.rescanLo >= r.rescanTo || now.Sub(r.stepAt) < stepSpacing*r.stepTook ||
+	if r.rescanLo >= r.rescanTo || now.Sub(r.stepAt) < min(stepSpacing*r.stepTook, maxStepPause) ||
 		(!idle && now.Sub(r.stepAt) < rescanPause) {
 		return nil
 	}
