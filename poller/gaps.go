@@ -11,10 +11,11 @@ import (
 // so that what a term keeps, and what each read does, depends on the
 // number of runs, not of ids. One producer transaction that inserts N rows
 // and stays open while others commit leaves N consecutive gaps: as single
-// ids (a map entry and a gapState each) 1M of them cost ~150 MB and every
-// read walked them all (pos, advance, saveable), looked up every one not
-// yet given up by primary key, and, once their transaction ended, every one
-// again by every read for lateWatch (TestBulkTransactionGapsAreBounded).
+// ids (a map entry and a gapState each) 1M of them cost ~120 MB of heap and
+// every read walked them all (pos, advance, saveable), looked up every one
+// not yet given up by primary key, and, once their transaction ended, every
+// one again by every read for lateWatch: 187 ms of CPU a read behind 1M
+// (BENCHMARKS.md, "Session 7, bounds"; TestBulkTransactionGapsAreBounded).
 //
 // Bound: a read looks up at most maxWatchPerRead ids of the runs holding,
 // given up recently or swept (below), and about watchOldPerRead of the
