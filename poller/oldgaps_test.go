@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/testkit"
 	"github.com/outboxd/outboxd/store"
 )
 
@@ -16,36 +17,36 @@ import (
 func TestOldGivenUpGapsAreLookedUpInTurns(t *testing.T) {
 	now := time.Now()
 	gapWait := 200 * time.Millisecond
-	r := &reader{gaps: map[int64]*gapState{}}
+	r := &reader{}
 	const old = 1000
-	for id := int64(1); id <= old; id++ {
-		r.gaps[id] = &gapState{seen: now.Add(-time.Minute), givenUp: true}
+	// Ids three apart (coprime to k): each a run of its own, as gaps
+	// between committed rows.
+	for id := int64(3); id <= 3*old; id += 3 {
+		r.gaps = append(r.gaps, gapRun{lo: id, hi: id, gapState: gapState{seen: now.Add(-time.Minute), givenUp: true}})
 	}
-	always := map[int64]*gapState{
-		2001: {seen: now},                                              // holding
-		2002: {seen: now.Add(-gapWait), givenUp: true},                 // given up just now
-		2003: {seen: now.Add(-time.Minute), givenUp: true, ended: now}, // transactions ended: lateWatch
+	always := map[int64]gapState{
+		4001: {seen: now},                                              // holding
+		4003: {seen: now.Add(-gapWait), givenUp: true},                 // given up just now
+		4005: {seen: now.Add(-time.Minute), givenUp: true, ended: now}, // transactions ended: lateWatch
 	}
-	for id, g := range always {
-		r.gaps[id] = g
-	}
-	if n := len(r.pos(now, gapWait).Watch); n != old+len(always) {
-		t.Fatalf("first read watched %d gaps, want all %d (nothing known old yet)", n, old+len(always))
+	for _, id := range []int64{4001, 4003, 4005} {
+		r.gaps = append(r.gaps, gapRun{lo: id, hi: id, gapState: always[id]})
 	}
 	k := (old + watchOldPerRead - 1) / watchOldPerRead
 	seen := map[int64]int{}
 	for i := range k {
 		w := r.pos(now, gapWait).Watch
 		if len(w) > watchOldPerRead+len(always) {
-			t.Fatalf("read %d watched %d gaps, want at most %d of the %d old ones plus the %d others", i+2, len(w), watchOldPerRead, old, len(always))
+			t.Fatalf("read %d watched %d gaps, want at most %d of the %d old ones plus the %d others", i+1, len(w), watchOldPerRead, old, len(always))
 		}
 		for _, id := range w {
 			seen[id]++
 		}
 	}
-	for id := range r.gaps {
+	for _, g := range r.gaps {
+		id := g.lo
 		want := 1
-		if always[id] != nil {
+		if _, ok := always[id]; ok {
 			want = k
 		}
 		if seen[id] != want {
@@ -62,12 +63,7 @@ func TestLateCommitAmongManyOldGapsIsWarned(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	cfg := testConfig()
-	cfg.GapWait = 100 * time.Millisecond
-	cfg.LockTTL = 30 * time.Second // one term (the test counts its warnings)
-	r, logs := e.loggedRunner(cfg)
-	e.run(r)
-	warm := e.produce("warm")
-	e.waitFor("the runner delivering", time.Minute, func() bool { return e.delivered(warm) })
+	r, logs := e.oneTerm(cfg)
 	// A transaction with an xid held open elsewhere (a long writer, a
 	// migration) keeps every gap from settling, the late one's included
 	// after it commits.
@@ -103,4 +99,16 @@ func TestLateCommitAmongManyOldGapsIsWarned(t *testing.T) {
 		t.Fatalf("%d terms, want one (the test's premise); last lines:\n%s", n, logs.Tail(20))
 	}
 	expectLateCommit(t, logs, r, lower.id, higher)
+}
+
+// oneTerm runs a logged runner with a gap_wait of 100 ms for one term
+// (the tests count its warnings) and waits until it delivers.
+func (e *env) oneTerm(cfg testCfg) (*runner, *testkit.Logs) {
+	cfg.GapWait = 100 * time.Millisecond
+	cfg.LockTTL = 30 * time.Second
+	r, logs := e.loggedRunner(cfg)
+	e.run(r)
+	warm := e.produce("warm")
+	e.waitFor("the runner delivering", time.Minute, func() bool { return e.delivered(warm) })
+	return r, logs
 }

@@ -39,3 +39,21 @@ func TestRescanStepsArePacedByTheirCost(t *testing.T) {
 		t.Fatalf("%d rescan steps in 300 ms of idle reads, want several", steps)
 	}
 }
+
+// One slow step (Postgres stalled, a lock wait) puts the next off by at
+// most maxStepPause, not stepSpacing times its duration: a step that took
+// an hour would otherwise stop the rescan for 20 hours.
+func TestRescanPauseAfterASlowStepIsCapped(t *testing.T) {
+	e := newEnv(t)
+	e.insert(100, 10)
+	p := e.poller(testConfig(), "")
+	now := time.Now()
+	r := &reader{rescanTo: 1 << 20, rescanAt: now, inflightLow: math.MaxInt64, parked: map[store.Aggregate]int64{},
+		stepSpan: rescanMin, stepTook: time.Hour, stepAt: now.Add(-maxStepPause - time.Second)}
+	if err := p.maintain(context.Background(), r, true, 0); err != nil {
+		t.Fatal(err)
+	}
+	if r.rescanLo == 0 {
+		t.Fatalf("no rescan step %v after one that took %v: want the pause capped at %v", time.Since(r.stepAt), time.Hour, maxStepPause)
+	}
+}

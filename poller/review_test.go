@@ -31,7 +31,7 @@ CREATE TRIGGER slow_save BEFORE INSERT OR UPDATE ON outbox_cursor FOR EACH ROW E
 	p := e.poller(testConfig(), "")
 	r := &reader{fence: store.Fence{Lock: keys.PollerLock, Token: 1, Owner: "review"}, cursor: 2000,
 		rescanTo: 1 << 40, rescanAt: time.Now(), inflightLow: math.MaxInt64,
-		parked: map[store.Aggregate]int64{}, gaps: map[int64]*gapState{}}
+		parked: map[store.Aggregate]int64{}}
 	if err := p.maintain(ctx, r, true, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +106,7 @@ func TestColdTimerPassIsTheTermsPass(t *testing.T) {
 	r := &reader{fence: store.Fence{Lock: keys.PollerLock, Token: 1, Owner: "review"}, loaded: true,
 		cursor: cursor, saved: cursor, savedSent: cursor, coldTo: cursor, coldHorizon: math.MaxUint32,
 		coldAt: due, rescanAt: due, inflightLow: math.MaxInt64,
-		parked: map[store.Aggregate]int64{}, gaps: map[int64]*gapState{}}
+		parked: map[store.Aggregate]int64{}}
 	ctx := context.Background()
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
 		if err := p.maintain(ctx, r, true, 0); err != nil {

@@ -17,4 +17,5 @@ var (
 	PendingFloorSQL      = pendingFloorSQL
 	LoadFloorSQL         = loadFloorSQL
 	FloorSettings        = floorSettings
+	EpochSQL             = `SELECT ` + epochSQL
 )

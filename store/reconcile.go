@@ -102,13 +102,28 @@ func (s *Store) PendingRowsFrom(ctx context.Context, floor *int64, cursor int64,
 	return out, nil
 }
 
-// sweepFloorCTE is lowcur(lo): the lowest cursor a poller saved in this
-// epoch, below which every row is delivered, dead or backing off
-// (SaveCursor); with none saved, $N, the floor Store.SweepFloor computed.
+// sweepFloorCTE is lowcur(lo): the poller's saved cursor in this epoch
+// (savedCursorSQL), below which every row is delivered, dead or backing
+// off (SaveCursor); with none saved, $N, the floor Store.SweepFloor
+// computed.
 func sweepFloorCTE(n string) string {
 	return `lowcur AS MATERIALIZED (
-  SELECT COALESCE((SELECT min(cursor) FROM outbox_cursor WHERE epoch = ` + epochSQL + `), ` + n + `::bigint) AS lo)`
+  SELECT COALESCE(` + savedCursorSQL + `, ` + n + `::bigint) AS lo)`
 }
+
+// savedCursorSQL is the cursor of the outbox_cursor row of this epoch
+// written last (NULL with none): the poller lock's in use. Every row holds
+// a cursor valid when saved, but the lowest of them (as it was) was often
+// a row no poller writes any more: one left by a poller lock name changed
+// in the config (poller.lock_name, redis.key_prefix) kept the backlog
+// count and the sweep walking from its old cursor for ever, more of the
+// history each day, until an operator deleted it. A term under a new lock
+// name has no row of its own, computes its cursor and saves it at its
+// first read, so its row is the last written from then on; the retired
+// name's row is never written again. Two relays under different lock
+// names on one outbox at once (a misconfiguration that sends every row
+// twice) make the floor the one that saved last.
+const savedCursorSQL = `(SELECT cursor FROM outbox_cursor WHERE epoch = ` + epochSQL + ` ORDER BY updated_at DESC, cursor LIMIT 1)`
 
 // pendingRowsSQL is PendingRows': the primary key from above both cursors
 // in id order (never the history below the saved one), and the rows backing

@@ -370,7 +370,8 @@ type Stats struct {
 }
 
 // statsSQL counts from the poller's saved cursor (outbox_cursor, this
-// epoch) on: at or below it every row is delivered, dead or backing off.
+// epoch, the row written last: savedCursorSQL) on: at or below it every
+// row is delivered, dead or backing off.
 // With none saved yet, from $1, Store.SweepFloor's floor, which has the same
 // property.
 // From id 0 each scrape walked the entry of every row delivered while a
@@ -395,7 +396,7 @@ type Stats struct {
 // from its start.
 const statsSQL = `
 WITH c AS MATERIALIZED (
-  SELECT COALESCE((SELECT min(cursor) FROM outbox_cursor WHERE epoch = ` + epochSQL + `), $1::bigint) AS lo),
+  SELECT COALESCE(` + savedCursorSQL + `, $1::bigint) AS lo),
 above AS MATERIALIZED (
   SELECT count(*) FILTER (WHERE dispatched_at IS NULL AND dead_at IS NULL) AS pending,
     count(*) FILTER (WHERE dispatched_at IS NULL AND dead_at IS NULL AND available_at > created_at) AS backing_off,

@@ -183,3 +183,51 @@ func fencedStore(t *testing.T, lock string) (*store.Store, store.Fence) {
 	}
 	return st, fence
 }
+
+// The backlog count and the sweep start from the poller's row written
+// last, not the lowest: a row left by a retired poller lock name (the
+// config's key prefix changed) kept them walking from its old cursor for
+// ever. Here the retired row stands at 0, saved a day ago, the current
+// one at the top of 2,000 delivered rows; one row at 1,000 is made pending
+// again by hand (UPDATE ... SET dispatched_at = NULL), which, below the
+// current cursor, counts once the poller's rescan has found it and saved a
+// cursor below it (README, "The read path"): counted now, the floor was the
+// retired row's.
+func TestStaleCursorRowOfARetiredLockDoesNotPinTheFloor(t *testing.T) {
+	t.Parallel()
+	st, fence := fencedStore(t, "lock:outbox:poller")
+	ctx := context.Background()
+	var evs []store.Event
+	for i := range 2000 {
+		evs = append(evs, ev("deal", strconv.Itoa(i%10), i))
+	}
+	enqueue(t, st, evs...)
+	if _, err := st.Pool().Exec(ctx, `UPDATE outbox SET dispatched_at = now()`); err != nil {
+		t.Fatal(err)
+	}
+	var epoch string
+	if err := st.Pool().QueryRow(ctx, store.EpochSQL).Scan(&epoch); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SaveCursor(ctx, fence, 2000, 2000, epoch); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Pool().Exec(ctx, `INSERT INTO outbox_cursor (lock_name, cursor, epoch, sent, updated_at)
+		VALUES ('retired:lock:outbox:poller', 0, $1, 0, now() - interval '1 day')`, epoch); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Pool().Exec(ctx, `UPDATE outbox SET dispatched_at = NULL WHERE id = 1000`); err != nil {
+		t.Fatal(err)
+	}
+	stats, err := st.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := st.PendingRows(ctx, 0, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.Pending != 0 || len(rows) != 0 {
+		t.Fatalf("backlog %d, sweep found %d rows: want 0 and 0, counted from the current lock's cursor 2000, not the retired row's 0", stats.Pending, len(rows))
+	}
+}
