@@ -8,6 +8,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -61,8 +62,19 @@ func StartPostgresServer(t testing.TB) *PostgresServer {
 	if out, err := s.run(initdb, "-D", filepath.Join(dir, "data"), "-A", "trust", "-U", "postgres", "--no-sync").CombinedOutput(); err != nil {
 		t.Fatalf("testenv: initdb: %v\n%s", err, out)
 	}
-	if err := s.pgctl("start"); err != nil {
-		t.Fatal(err)
+	for attempt := 1; ; attempt++ {
+		err := s.pgctl("start")
+		if err == nil {
+			break
+		}
+		log, _ := os.ReadFile(filepath.Join(dir, "log"))
+		// FreePort's port can be taken by another process before the
+		// server binds it (packages and their servers start in parallel).
+		if attempt < 3 && strings.Contains(string(log), "could not bind") {
+			s.port = FreePort(t)
+			continue
+		}
+		t.Fatalf("%v\nserver log:\n%s", err, log)
 	}
 	s.DSN = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", s.port)
 	return s
