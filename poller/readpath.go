@@ -162,8 +162,13 @@ type reader struct {
 	// rescanned once a read's snapshot xmin reaches coldHorizon (and every
 	// rescanEvery from coldAt before that), so a producer in flight at the
 	// start whose id fell below it is found once it commits. 0: settled.
+	// coldOwed is that horizon until the last cold pass has completed: it
+	// is saved with the cursor, so a successor that takes over before then
+	// owes the pass in its turn (store.SaveCursor); savedOwed, as saved.
 	coldTo      int64
 	coldHorizon uint64
+	coldOwed    uint64
+	savedOwed   uint64
 	coldAt      time.Time
 	// Late commits across a change of holder: rows taken in (inheritLo,
 	// inherited] are checked once (inheritedLate) for a later row of
@@ -210,13 +215,14 @@ func (p *Poller) fetch(ctx context.Context, f store.Fence, lim store.FetchLimits
 		if err != nil {
 			return nil, false, err
 		}
-		r.coldTo, r.coldHorizon, r.epoch = c, horizon, epoch
+		r.coldTo, r.coldHorizon, r.coldOwed, r.savedOwed, r.epoch = c, horizon, horizon, horizon, epoch
 		r.inheritLo, r.inherited, r.savedSent = c, sent, sent
 		r.cursor, r.frontier, r.saved, r.loaded = c, c, c, true
 		r.rescanLo, r.rescanTo = 0, c
 		if horizon != 0 {
-			// LoadCursor's own walk saw every row visible at the start: a
-			// pass now would find nothing new (see maintain).
+			// LoadCursor's own walk saw every row visible at the start (or
+			// the predecessor's term-start pass did): a pass now would find
+			// nothing new; the cold pass at the horizon will (see maintain).
 			r.rescanTo = 0
 			// Computed: saved at the first read, moved or not, so that the
 			// backlog count and the sweep stop taking a floor of their own
@@ -224,7 +230,7 @@ func (p *Poller) fetch(ctx context.Context, f store.Fence, lim store.FetchLimits
 			r.saved = math.MinInt64
 		}
 		r.rescanAt, r.coldAt = time.Now(), time.Now()
-		p.log.Info("read path starts", "cursor", c, "sent", sent)
+		p.log.Info("read path starts", "cursor", c, "sent", sent, "cold_horizon", horizon)
 	}
 	pos := r.pos(time.Now(), p.cfg.GapWait)
 	if n := int64(len(pos.Watch)); n > p.watchedMost.Load() {
@@ -587,15 +593,18 @@ func (p *Poller) maintain(ctx context.Context, r *reader, idle bool, xmin uint64
 			r.rescanLo, r.rescanTo, r.coldAt, r.rescanAt = 0, max(r.coldTo, r.cursor), now, now
 		}
 	}
+	if r.coldOwed != 0 && r.coldHorizon == 0 && r.rescanLo >= r.rescanTo {
+		r.coldOwed = 0 // the last cold pass has completed
+	}
 	// The sent mark is saved when it moves too: while a given-up gap holds
 	// the cursor still, rows of its aggregate above it go out, and a
 	// successor needs the mark to warn when the gap commits.
 	c, sentTo := r.saveable(), max(r.inherited, r.maxSent)
-	if (c != r.saved || sentTo != r.savedSent) && now.Sub(r.savedAt) >= saveEvery {
-		if err := p.store.SaveCursor(ctx, r.fence, c, sentTo, r.epoch); err != nil {
+	if (c != r.saved || sentTo != r.savedSent || r.coldOwed != r.savedOwed) && now.Sub(r.savedAt) >= saveEvery {
+		if err := p.store.SaveCursor(ctx, r.fence, c, sentTo, r.coldOwed, r.epoch); err != nil {
 			return fmt.Errorf("save cursor: %w", err)
 		}
-		r.saved, r.savedSent, r.savedAt = c, sentTo, now
+		r.saved, r.savedSent, r.savedOwed, r.savedAt = c, sentTo, r.coldOwed, now
 	}
 	if r.rescanLo >= r.rescanTo && now.Sub(r.rescanAt) >= p.rescanEvery {
 		r.rescanLo, r.rescanTo, r.rescanAt = 0, r.cursor, now

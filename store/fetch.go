@@ -384,7 +384,8 @@ const idSeqSQL = `(SELECT pg_get_serial_sequence('outbox', 'id')::regclass AS se
 
 // LoadCursor returns where a new holder's reads start: the cursor the last
 // holder of lock saved (SaveCursor) in this epoch (ReadResult.Epoch), with
-// horizon 0: one query. With none saved (a
+// the horizon saved beside it (0 unless that holder still owed its cold
+// pass: a successor owes it in its place): one query. With none saved (a
 // first start, or the first start after upgrading onto a table with
 // history) it starts just below the lowest pending row, and at most a span
 // (10,000 ids) below the highest id, so the first reads neither walk the
@@ -432,24 +433,29 @@ const loadCursorSQL = `SELECT COALESCE(saved.cursor, LEAST(
     COALESCE($3::bigint, top.id),
     GREATEST(top.id - $2, 0))),
   CASE WHEN saved.sent > 0 THEN GREATEST(saved.sent, saved.cursor) ELSE top.id END,
-  CASE WHEN saved.cursor IS NULL THEN pg_snapshot_xmax(pg_current_snapshot())::text::bigint ELSE 0 END,
+  CASE WHEN saved.cursor IS NULL THEN pg_snapshot_xmax(pg_current_snapshot())::text::bigint ELSE saved.horizon END,
   ` + epochSQL + `
 FROM (SELECT (SELECT cursor FROM outbox_cursor WHERE lock_name = $1 AND epoch = ` + epochSQL + `) AS cursor,
-    (SELECT sent FROM outbox_cursor WHERE lock_name = $1 AND epoch = ` + epochSQL + `) AS sent) saved,
+    (SELECT sent FROM outbox_cursor WHERE lock_name = $1 AND epoch = ` + epochSQL + `) AS sent,
+    (SELECT horizon FROM outbox_cursor WHERE lock_name = $1 AND epoch = ` + epochSQL + `) AS horizon) saved,
   (SELECT COALESCE((SELECT max(id) FROM outbox), 0) AS id) top`
 
 // SaveCursor stores where f's holder stands, fenced: every id at or below
-// cursor is delivered, dead or backing off, and no id above sent was handed
-// on to a sink by this holder or the ones before it. A stale holder changes
-// nothing (ErrStaleFence).
-func (s *Store) SaveCursor(ctx context.Context, f Fence, cursor, sent int64, epoch string) error {
-	return s.fenced(ctx, f, saveCursorSQL, []*int64{new(int64)}, cursor, epoch, sent)
+// cursor is delivered, dead or backing off, except that, while horizon is
+// not 0, a producer in flight when the cursor was computed may still commit
+// a row below it (the cold pass the holder owes, which LoadCursor hands to
+// its successor); and no id above sent was handed on to a sink by this
+// holder or the ones before it. A stale holder changes nothing
+// (ErrStaleFence).
+func (s *Store) SaveCursor(ctx context.Context, f Fence, cursor, sent int64, horizon uint64, epoch string) error {
+	return s.fenced(ctx, f, saveCursorSQL, []*int64{new(int64)}, cursor, epoch, sent, int64(horizon))
 }
 
 const saveCursorSQL = fenceCTE + `,
 saved AS (
-  INSERT INTO outbox_cursor AS c (lock_name, cursor, epoch, sent) SELECT $1, $4, $5, $6 WHERE EXISTS (SELECT 1 FROM fence)
-  ON CONFLICT (lock_name) DO UPDATE SET cursor = EXCLUDED.cursor, epoch = EXCLUDED.epoch, sent = EXCLUDED.sent, updated_at = now()
+  INSERT INTO outbox_cursor AS c (lock_name, cursor, epoch, sent, horizon) SELECT $1, $4, $5, $6, $7 WHERE EXISTS (SELECT 1 FROM fence)
+  ON CONFLICT (lock_name) DO UPDATE SET cursor = EXCLUDED.cursor, epoch = EXCLUDED.epoch, sent = EXCLUDED.sent,
+    horizon = EXCLUDED.horizon, updated_at = now()
   RETURNING 1)
 SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM saved)`
 

@@ -316,10 +316,10 @@ func TestSaveCursorIsFenced(t *testing.T) {
 	if err != nil || c != 0 || epoch == "" {
 		t.Fatalf("no cursor saved: %d, epoch %q, %v", c, epoch, err)
 	}
-	if err := st.SaveCursor(ctx, store.Fence{Lock: lock, Token: 2, Owner: "b"}, 42, 50, epoch); err != nil {
+	if err := st.SaveCursor(ctx, store.Fence{Lock: lock, Token: 2, Owner: "b"}, 42, 50, 0, epoch); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.SaveCursor(ctx, store.Fence{Lock: lock, Token: 1, Owner: "a"}, 7, 90, epoch); err == nil {
+	if err := st.SaveCursor(ctx, store.Fence{Lock: lock, Token: 1, Owner: "a"}, 7, 90, 0, epoch); err == nil {
 		t.Fatal("a stale holder saved its cursor")
 	}
 	if c, sent, h, _, _ := st.LoadCursor(ctx, lock); c != 42 || sent != 50 || h != 0 {
@@ -572,7 +572,7 @@ func TestHotPathCostDoesNotGrowWithHistory(t *testing.T) {
 		read = explain(`EXECUTE rd($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`, args...)
 		complete = explain(`EXECUTE cp($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`, fence.Lock, fence.Token, fence.Owner,
 			[]int64{cursor + 1}, []int64{}, []string{}, []time.Time{}, []bool{}, []time.Time{done(t, st, cursor+1)[0].CreatedAt}, []time.Time{})
-		save = explain(`EXECUTE sc($1, $2, $3, $4, $5, $6)`, fence.Lock, fence.Token, fence.Owner, cursor, epoch, cursor)
+		save = explain(`EXECUTE sc($1, $2, $3, $4, $5, $6, $7)`, fence.Lock, fence.Token, fence.Owner, cursor, epoch, cursor, int64(0))
 		stats = explain(`EXECUTE st(NULL)`)
 		return read, complete, save, stats
 	}
@@ -598,12 +598,12 @@ func TestHotPathCostDoesNotGrowWithHistory(t *testing.T) {
 			t.Fatal(err)
 		}
 		if id%100 == 0 { // the relay saves at most once a second, past many batches
-			if err := st.SaveCursor(ctx, fence, id, id, epoch); err != nil {
+			if err := st.SaveCursor(ctx, fence, id, id, 0, epoch); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	if err := st.SaveCursor(ctx, fence, top, top, epoch); err != nil {
+	if err := st.SaveCursor(ctx, fence, top, top, 0, epoch); err != nil {
 		t.Fatal(err)
 	}
 	read1, complete1, save1, stats1 := measure()
@@ -652,7 +652,7 @@ func TestHotPathCostDoesNotGrowWithHistory(t *testing.T) {
 	}
 	for _, r := range regimes {
 		r.setup()
-		if err := st.SaveCursor(ctx, fence, maxID(t, st), maxID(t, st), epoch); err != nil {
+		if err := st.SaveCursor(ctx, fence, maxID(t, st), maxID(t, st), 0, epoch); err != nil {
 			t.Fatal(err)
 		}
 		read2, complete2, save2, stats2 := measure()
@@ -680,7 +680,7 @@ func TestStatsCountsFromTheCursor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.SaveCursor(ctx, fence, first+3, first+3, epoch); err != nil {
+	if err := st.SaveCursor(ctx, fence, first+3, first+3, 0, epoch); err != nil {
 		t.Fatal(err)
 	}
 	got, err := st.Stats(ctx)

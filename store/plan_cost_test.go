@@ -138,7 +138,7 @@ func hotPathPlans(t *testing.T, planCacheMode string) {
 		}},
 		{"the cursor save (SaveCursor)", "INSERT INTO outbox_cursor", func(p *planProbe) []any {
 			top := p.rows[len(p.rows)-1].ID
-			return []any{p.fence.Lock, p.fence.Token, p.fence.Owner, top, p.epoch, top}
+			return []any{p.fence.Lock, p.fence.Token, p.fence.Owner, top, p.epoch, top, int64(0)}
 		}},
 		{"the late-commit check (LaterSent)", "WHERE o.id > $4 AND o.id <= $5 AND o.dispatched_at IS NOT NULL", func(p *planProbe) []any {
 			// A new holder's rows at or below its predecessors' sent mark.
@@ -180,7 +180,7 @@ func hotPathPlans(t *testing.T, planCacheMode string) {
 			[]store.Failure{{ID: b.ID, Error: "x", RetryAt: time.Now()}}); err != nil {
 			t.Fatal(err)
 		}
-		if err := relay.SaveCursor(ctx, fence, 0, a.ID, epoch); err != nil {
+		if err := relay.SaveCursor(ctx, fence, 0, a.ID, 0, epoch); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := relay.LaterSent(ctx, res.Rows, 20); err != nil {
@@ -215,7 +215,7 @@ func hotPathPlans(t *testing.T, planCacheMode string) {
 			SELECT 'deal', (i % 1000)::text, 'deal.happened', '{}' FROM generate_series(1, $1::int) i`, max(grow, 0))
 		exec(t, setup, `UPDATE outbox SET dispatched_at = now() WHERE dispatched_at IS NULL`)
 		p := &planProbe{fence: fence, epoch: epoch, cursor: maxID(t, setup)}
-		if err := relay.SaveCursor(ctx, fence, p.cursor, p.cursor, epoch); err != nil {
+		if err := relay.SaveCursor(ctx, fence, p.cursor, p.cursor, 0, epoch); err != nil {
 			t.Fatal(err)
 		}
 		// Two settled rows back off again below the cursor, of aggregates

@@ -77,7 +77,7 @@ func TestSweepCostDoesNotGrowWithHistory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.SaveCursor(ctx, fence, maxID(t, st), maxID(t, st), epoch); err != nil {
+	if err := st.SaveCursor(ctx, fence, maxID(t, st), maxID(t, st), 0, epoch); err != nil {
 		t.Fatal(err)
 	}
 	pendingRows()
@@ -209,7 +209,7 @@ func TestStaleCursorRowOfARetiredLockDoesNotPinTheFloor(t *testing.T) {
 	if err := st.Pool().QueryRow(ctx, store.EpochSQL).Scan(&epoch); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.SaveCursor(ctx, fence, 2000, 2000, epoch); err != nil {
+	if err := st.SaveCursor(ctx, fence, 2000, 2000, 0, epoch); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := st.Pool().Exec(ctx, `INSERT INTO outbox_cursor (lock_name, cursor, epoch, sent, updated_at)

@@ -1,0 +1,58 @@
+package poller
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// A holder that computed its cursor saves it at its first read, with the
+// cold pass it still owes (the horizon); a successor that takes over before
+// that pass ran owes it in its turn. Without the horizon saved, the
+// successor took the cursor as settled, and a row a producer held in flight
+// across both starts, below the computed cursor, waited for the periodic
+// rescan (an hour here, 5 minutes by default).
+func TestColdPassOwedPassesToTheSuccessor(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.produce("A")
+	inFlight := e.race("A") // open across both holders' starts
+	// Over 10,000 ids above it, all settled: the computed cursor is 10,000
+	// below the highest id, above the row in flight.
+	if _, err := e.st.Pool().Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+		SELECT 'deal', 'B', 'deal.funded', '{}' FROM generate_series(1, 10050)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.st.Pool().Exec(ctx, `UPDATE outbox SET dispatched_at = now() WHERE id <> $1`, inFlight.id); err != nil {
+		t.Fatal(err)
+	}
+	horizon := func() (h int64) {
+		if err := e.st.Pool().QueryRow(ctx, `SELECT COALESCE(max(horizon), -1) FROM outbox_cursor`).Scan(&h); err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	cfg := testConfig()
+	a := e.poller(cfg, "")
+	a.rescanEvery = time.Hour
+	stopA := e.run(a)
+	e.waitFor("the first holder's computed cursor saved", 20*time.Second, func() bool { return e.savedCursor() > inFlight.id })
+	stopA()
+	if h := horizon(); h <= 0 {
+		t.Fatalf("the first holder saved horizon %d with its computed cursor, want the cold pass it owes", h)
+	}
+
+	b := e.poller(cfg, "")
+	b.rescanEvery = time.Hour
+	e.run(b)
+	// The successor reads: a new row of another aggregate is delivered.
+	probe := e.produce("C")
+	e.waitFor("the successor's first delivery", 20*time.Second, func() bool { return e.delivered(probe) })
+	if e.delivered(inFlight.id) {
+		t.Fatal("the row in flight was delivered before it committed")
+	}
+	inFlight.commit(t)
+	e.waitFor("the row in flight at the first holder's start delivered by its successor's cold pass", 20*time.Second,
+		func() bool { return e.delivered(inFlight.id) })
+	e.waitFor("the successor's pass done and saved (horizon 0)", 20*time.Second, func() bool { return horizon() == 0 })
+}
