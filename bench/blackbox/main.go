@@ -285,7 +285,7 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch, rows int, tag st
 	if *warm {
 		// A running relay: it is started on the history, and has read past
 		// it once one event written after it is delivered.
-		d = startDaemon(ctx, bin, dsn, prefix, batch, false, dest.sets)
+		d = startDaemon(ctx, bin, dsn, prefix, batch, *profile != "", dest.sets)
 		defer d.stop()
 		insertBacklog(ctx, pool, 1)
 		for d.dispatched() < 1 {
@@ -297,15 +297,31 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch, rows int, tag st
 	check(err)
 	insertBacklog(ctx, pool, rows)
 	if d != nil {
-		// Timed from the backlog's commit.
+		// Timed from the backlog's commit. With -profile, the statements'
+		// counts are those of the timed drain alone: reset at the commit.
 		d.started = time.Now()
+		statements := *profile != "" && resetPgStatStatements(ctx, pool)
+		relayBefore := d.cpuSeconds()
+		var prof *profileFetch
+		if *profile != "" {
+			prof = d.cpuProfile(filepath.Join(*profile, tag+".cpu.pprof"))
+		}
 		for d.dispatched() < float64(rows+1) {
 			time.Sleep(250 * time.Millisecond)
 			d.checkAlive()
 		}
 		var last time.Time
 		check(pool.QueryRow(ctx, `SELECT max(dispatched_at) FROM outbox`).Scan(&last))
-		return drainResult{load: load, perSec: float64(rows) / last.Sub(d.started).Seconds()}
+		res := drainResult{load: load, perSec: float64(rows) / last.Sub(d.started).Seconds()}
+		res.relayCPU = (d.cpuSeconds() - relayBefore) / (float64(rows) / 1000)
+		if prof != nil {
+			fmt.Printf("    %s: relay CPU %.3f s per 1k events (from the backlog's commit to the last mark, and after)\n", tag, res.relayCPU)
+			prof.wait()
+		}
+		if statements {
+			dumpPgStatStatements(ctx, pool, filepath.Join(*profile, tag+".pg_stat_statements.txt"))
+		}
+		return res
 	}
 	_, err = pool.Exec(ctx, `VACUUM ANALYZE outbox`)
 	check(err)
