@@ -301,7 +301,7 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch, rows int, tag st
 		// counts are those of the timed drain alone: reset at the commit.
 		d.started = time.Now()
 		statements := *profile != "" && resetPgStatStatements(ctx, pool)
-		relayBefore := d.cpuSeconds()
+		relayBefore, serverBefore := d.cpuSeconds(), serverCPU(ctx, pool)
 		var prof *profileFetch
 		if *profile != "" {
 			prof = d.cpuProfile(filepath.Join(*profile, tag+".cpu.pprof"))
@@ -314,8 +314,9 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch, rows int, tag st
 		check(pool.QueryRow(ctx, `SELECT max(dispatched_at) FROM outbox`).Scan(&last))
 		res := drainResult{load: load, perSec: float64(rows) / last.Sub(d.started).Seconds()}
 		res.relayCPU = (d.cpuSeconds() - relayBefore) / (float64(rows) / 1000)
+		res.pgCPU = (serverCPU(ctx, pool) - serverBefore) / (float64(rows) / 1000)
 		if prof != nil {
-			fmt.Printf("    %s: relay CPU %.3f s per 1k events (from the backlog's commit to the last mark, and after)\n", tag, res.relayCPU)
+			fmt.Printf("    %s: CPU s per 1k events from the backlog's commit to the last mark: relay %.3f, Postgres server (its processes only) %.3f\n", tag, res.relayCPU, res.pgCPU)
 			prof.wait()
 		}
 		if statements {
@@ -1006,6 +1007,40 @@ func pidCPU(pid int) float64 {
 	ut, _ := strconv.ParseFloat(fields[11], 64)
 	st, _ := strconv.ParseFloat(fields[12], 64)
 	return (ut + st) / 100
+}
+
+// serverCPU is the CPU seconds of the Postgres server pool talks to: its
+// postmaster and every process it started (found through /proc, so only
+// for a server on this machine; 0 otherwise). Unlike processCPU("postgres")
+// it leaves out other servers on the machine.
+func serverCPU(ctx context.Context, pool *pgxpool.Pool) float64 {
+	var backend int
+	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
+		return 0
+	}
+	parent := func(pid int) int {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return 0
+		}
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+		n, _ := strconv.Atoi(f[1])
+		return n
+	}
+	postmaster := parent(backend)
+	if postmaster == 0 {
+		return 0
+	}
+	ents, err := os.ReadDir("/proc")
+	check(err)
+	total := pidCPU(postmaster)
+	for _, e := range ents {
+		if pid, err := strconv.Atoi(e.Name()); err == nil && parent(pid) == postmaster {
+			total += pidCPU(pid)
+		}
+	}
+	return total
 }
 
 func redisCPU(ctx context.Context, rdb *redis.Client) float64 {
