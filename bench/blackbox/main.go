@@ -286,7 +286,7 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch, rows int, tag st
 	if *warm {
 		// A running relay: it is started on the history, and has read past
 		// it once one event written after it is delivered.
-		d = startDaemon(ctx, bin, dsn, prefix, batch, false, dest.sets)
+		d = startDaemon(ctx, bin, dsn, prefix, batch, *profile != "", dest.sets)
 		defer d.stop()
 		insertBacklog(ctx, pool, 1)
 		for d.dispatched() < 1 {
@@ -298,15 +298,32 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch, rows int, tag st
 	check(err)
 	insertBacklog(ctx, pool, rows)
 	if d != nil {
-		// Timed from the backlog's commit.
+		// Timed from the backlog's commit. With -profile, the statements'
+		// counts are those of the timed drain alone: reset at the commit.
 		d.started = time.Now()
+		statements := *profile != "" && resetPgStatStatements(ctx, pool)
+		relayBefore, serverBefore := d.cpuSeconds(), serverCPU(ctx, pool)
+		var prof *profileFetch
+		if *profile != "" {
+			prof = d.cpuProfile(filepath.Join(*profile, tag+".cpu.pprof"))
+		}
 		for d.dispatched() < float64(rows+1) {
 			time.Sleep(250 * time.Millisecond)
 			d.checkAlive()
 		}
 		var last time.Time
 		check(pool.QueryRow(ctx, `SELECT max(dispatched_at) FROM outbox`).Scan(&last))
-		return drainResult{load: load, perSec: float64(rows) / last.Sub(d.started).Seconds()}
+		res := drainResult{load: load, perSec: float64(rows) / last.Sub(d.started).Seconds()}
+		res.relayCPU = (d.cpuSeconds() - relayBefore) / (float64(rows) / 1000)
+		res.pgCPU = (serverCPU(ctx, pool) - serverBefore) / (float64(rows) / 1000)
+		if prof != nil {
+			fmt.Printf("    %s: CPU s per 1k events from the backlog's commit to the last mark: relay %.3f, Postgres server (its processes only) %.3f\n", tag, res.relayCPU, res.pgCPU)
+			prof.wait()
+		}
+		if statements {
+			dumpPgStatStatements(ctx, pool, filepath.Join(*profile, tag+".pg_stat_statements.txt"))
+		}
+		return res
 	}
 	_, err = pool.Exec(ctx, `VACUUM ANALYZE outbox`)
 	check(err)
@@ -1028,6 +1045,7 @@ func pidCPU(pid int) float64 {
 	st, _ := strconv.ParseFloat(f[12], 64)
 	return (ut + st) / 100
 }
+
 
 func redisCPU(ctx context.Context, rdb *redis.Client) float64 {
 	info, err := rdb.Info(ctx, "cpu").Result()
