@@ -1046,7 +1046,6 @@ func pidCPU(pid int) float64 {
 	return (ut + st) / 100
 }
 
-
 func redisCPU(ctx context.Context, rdb *redis.Client) float64 {
 	info, err := rdb.Info(ctx, "cpu").Result()
 	check(err)
