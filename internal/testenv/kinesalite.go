@@ -161,10 +161,22 @@ func (k *Kinesalite) Client() *kinesis.Client {
 		Credentials: credentials.NewStaticCredentialsProvider("test", "test", "")})
 }
 
-// CreateStream creates a stream of shards shards (active at once).
+// CreateStream creates a stream of shards shards and waits until it is
+// ACTIVE. Kinesalite answers CreateStream with the stream CREATING and
+// makes it ACTIVE from a timer even with --createStreamMs 0; under load a
+// PutRecords sent at once was refused ("not found"), and a test failed.
 func (k *Kinesalite) CreateStream(ctx context.Context, name string, shards int32) error {
-	_, err := k.Client().CreateStream(ctx, &kinesis.CreateStreamInput{StreamName: aws.String(name), ShardCount: aws.Int32(shards)})
-	return err
+	c := k.Client()
+	if _, err := c.CreateStream(ctx, &kinesis.CreateStreamInput{StreamName: aws.String(name), ShardCount: aws.Int32(shards)}); err != nil {
+		return err
+	}
+	w := kinesis.NewStreamExistsWaiter(c, func(o *kinesis.StreamExistsWaiterOptions) {
+		o.MinDelay, o.MaxDelay = 10*time.Millisecond, 100*time.Millisecond
+	})
+	if err := w.Wait(ctx, &kinesis.DescribeStreamInput{StreamName: aws.String(name)}, time.Minute); err != nil {
+		return fmt.Errorf("stream %s not active: %w", name, err)
+	}
+	return nil
 }
 
 // KinesisRecord is a record as a consumer reads it.

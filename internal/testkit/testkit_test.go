@@ -161,3 +161,32 @@ func TestOrderAndTokenViolations(t *testing.T) {
 		t.Fatalf("%d tokens", n)
 	}
 }
+
+// fatalT records a Fatalf instead of ending the test.
+type fatalT struct {
+	testing.TB
+	msg string
+}
+
+func (f *fatalT) Helper() {}
+
+func (f *fatalT) Fatalf(format string, args ...any) { f.msg = fmt.Sprintf(format, args...) }
+
+// WaitProgressing waits as long as the work moves, however long that is
+// beyond its stall limit, and fails once it stops moving.
+func TestWaitProgressingFailsOnAStallOnly(t *testing.T) {
+	// Moving at every look, done after 50 looks (at least 1 s of 20 ms
+	// sleeps, ten times the stall limit).
+	moving, looks := &fatalT{TB: t}, int64(0)
+	testkit.WaitProgressing(moving, 100*time.Millisecond, "the slow work",
+		func() bool { return looks >= 50 }, func() int64 { looks++; return looks }, nil)
+	if moving.msg != "" {
+		t.Fatalf("work that kept moving failed: %s", moving.msg)
+	}
+	stalled := &fatalT{TB: t}
+	testkit.WaitProgressing(stalled, 100*time.Millisecond, "the stalled work",
+		func() bool { return false }, func() int64 { return 7 }, func() string { return "stuck at 7" })
+	if !strings.Contains(stalled.msg, "no progress for 100ms (at 7), still waiting for the stalled work; state:\nstuck at 7") {
+		t.Fatalf("stalled work: %q, want a failure naming the stall", stalled.msg)
+	}
+}

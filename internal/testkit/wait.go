@@ -41,6 +41,29 @@ func WaitFor(t testing.TB, limit time.Duration, what string, cond func() bool, d
 	t.Fatalf("after %s, still waiting for %s%s", limit, what, state)
 }
 
+// WaitProgressing polls cond until it holds, like WaitFor, but fails only
+// when progress (a count that grows while the work goes on: a saved
+// cursor, rows delivered) stayed the same for stall: for work whose length
+// is the machine's speed (a backlog drained on a loaded CI machine), so the
+// test fails when the work stops, not when it is slow.
+func WaitProgressing(t testing.TB, stall time.Duration, what string, cond func() bool, progress func() int64, describe func() string) {
+	t.Helper()
+	last, lastAt := progress(), time.Now()
+	for !cond() {
+		if p := progress(); p != last {
+			last, lastAt = p, time.Now()
+		} else if time.Since(lastAt) > stall {
+			state := ""
+			if describe != nil {
+				state = "; state:\n" + describe()
+			}
+			t.Fatalf("no progress for %s (at %d), still waiting for %s%s", stall, last, what, state)
+			return
+		}
+		time.Sleep(pollEvery)
+	}
+}
+
 // LeakSettle is how long CheckLeaks lets goroutines finish: clients shut
 // down asynchronously, and on a loaded two-core CI machine that took longer
 // than goleak's own half-second of retries (a passing Kafka run failed once).
