@@ -57,15 +57,6 @@ func (g *gapRun) size() int64 { return g.hi - g.lo + 1 }
 // gapSet is a term's watched gaps: runs sorted by id, disjoint.
 type gapSet []gapRun
 
-// ids counts the gap ids s holds.
-func (s gapSet) ids() int64 {
-	var n int64
-	for i := range s {
-		n += s[i].size()
-	}
-	return n
-}
-
 // find returns the index of the run holding id, or -1.
 func (s gapSet) find(id int64) int {
 	i, _ := slices.BinarySearchFunc(s, id, func(g gapRun, id int64) int {
