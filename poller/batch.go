@@ -91,6 +91,7 @@ func (p *Poller) batch(ctx context.Context, pl *pipeline) (batchResult, error) {
 		return batchResult{fetched: len(rows), more: more}, errors.Join(err, pl.takeErr())
 	}
 	claimSpan.End()
+	p.warnRescued(p.readerFor(fence), items)
 	fire(p.hooks.afterClaim)
 	sent := pl.launch(items, c.String(), start, tr)
 	pl.awaitSlots(ctx, sent, p.cfg.PollInterval)

@@ -16,16 +16,7 @@ func TestColdPassOwedPassesToTheSuccessor(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	e.produce("A")
-	inFlight := e.race("A") // open across both holders' starts
-	// Over 10,000 ids above it, all settled: the computed cursor is 10,000
-	// below the highest id, above the row in flight.
-	if _, err := e.st.Pool().Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-		SELECT 'deal', 'B', 'deal.funded', '{}' FROM generate_series(1, 10050)`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.st.Pool().Exec(ctx, `UPDATE outbox SET dispatched_at = now() WHERE id <> $1`, inFlight.id); err != nil {
-		t.Fatal(err)
-	}
+	inFlight := e.inFlightBelowTheComputedCursor("A") // open across both holders' starts
 	horizon := func() (h int64) {
 		if err := e.st.Pool().QueryRow(ctx, `SELECT COALESCE(max(horizon), -1) FROM outbox_cursor`).Scan(&h); err != nil {
 			t.Fatal(err)
@@ -55,4 +46,21 @@ func TestColdPassOwedPassesToTheSuccessor(t *testing.T) {
 	e.waitFor("the row in flight at the first holder's start delivered by its successor's cold pass", 20*time.Second,
 		func() bool { return e.delivered(inFlight.id) })
 	e.waitFor("the successor's pass done and saved (horizon 0)", 20*time.Second, func() bool { return horizon() == 0 })
+}
+
+// inFlightBelowTheComputedCursor opens a producer transaction of agg and
+// writes over 10,000 settled rows above it: a holder that starts now
+// computes its cursor 10,000 below the highest id, above the row in flight.
+func (e *env) inFlightBelowTheComputedCursor(agg string) *racer {
+	e.t.Helper()
+	ctx := context.Background()
+	inFlight := e.race(agg)
+	if _, err := e.st.Pool().Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+		SELECT 'deal', 'B', 'deal.funded', '{}' FROM generate_series(1, 10050)`); err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := e.st.Pool().Exec(ctx, `UPDATE outbox SET dispatched_at = now() WHERE id <> $1`, inFlight.id); err != nil {
+		e.t.Fatal(err)
+	}
+	return inFlight
 }
