@@ -49,7 +49,7 @@ import (
 //     cursor: a row no gap of the term watches (the gap was dropped after
 //     lateWatch, or the row lies below the cursor the term loaded or
 //     computed) that the rescan or a cold pass finds is checked once
-//     (rescuedLate) and warned and counted the same way, once claimed;
+//     (rescuedLate, once claimed) and warned and counted the same way;
 //     not when Redis holds it delivered (a row set pending by hand).
 //   - A new holder starts at the cursor its predecessor saved (fenced,
 //     conservative: parked aggregates and watched gaps folded in), and a slow
@@ -180,13 +180,13 @@ type reader struct {
 	// holds the ids checked or already warned in this term.
 	inheritLo, inherited int64
 	lateDone             map[int64]struct{}
-	// Late commits found below the cursor (rescuedLate): rescued holds
-	// the aggregates a rescan step or a cold pass found pending there
-	// that the term did not know of (neither parked nor a watched gap),
-	// each with the lowest id found; lateOwed the rows of theirs taken
-	// that are late (id -> the later id dispatched), warned once claimed.
+	// Late commits found below the cursor (noteRescued, rescuedLate):
+	// rescued holds the aggregates a rescan step or a cold pass found
+	// pending there that the term did not know of (neither parked nor a
+	// watched gap), each with the lowest id found; lateCheck the rows of
+	// theirs taken, to check once claimed.
 	rescued     map[store.Aggregate]int64
-	lateOwed    map[int64]int64
+	lateCheck   map[int64]struct{}
 	epoch       string // the ids' epoch (store.ReadResult.Epoch) the cursor belongs to
 	inflightLow int64  // lowest id fetched and not yet written, as of the last read
 
@@ -276,9 +276,7 @@ func (p *Poller) fetch(ctx context.Context, f store.Fence, lim store.FetchLimits
 		// The rows are delivered all the same; only a WARN may be missing.
 		p.log.Warn("late commit check failed", "error", err)
 	}
-	if err := p.rescuedLate(ctx, r, res.Rows, below); err != nil {
-		p.log.Warn("late commit check failed", "error", err)
-	}
+	r.noteRescued(res.Rows, below)
 	// Taken rows count as sent from now on: a gap of their aggregate that
 	// becomes visible while they are in flight goes after them, a late
 	// commit (it was missed under load when only written results counted).
@@ -529,30 +527,56 @@ func (p *Poller) warnLate(r *reader, row store.Row, after int64) {
 		"outbox_id", row.ID, "after_id", after, "waited_ms", time.Since(row.CreatedAt).Milliseconds())
 }
 
-// rescuedLate finds the late commits among rows taken from below the
-// cursor (at or below below) that a rescan step or a cold pass found
-// there (r.rescued): a row whose gap the term no longer watched (its
-// producer took the id before its transaction had an id the snapshot
-// could name, and wrote it after lateWatch), or whose producer was in
-// flight when the term, or the holder before it, computed its cursor.
-// The in-term watch (lateCommit) cannot see them: no gap is left; nor
-// inheritedLate: they lie below the cursor loaded. Each such untried row
-// with a later row of its aggregate already dispatched (store.LaterSent,
-// up to the sent mark) is owed a WARN "late commit", given once it is
-// claimed (warnRescued). Each id is checked once a term; reads that take
-// no such row cost nothing, and the rescan finds such rows rarely.
-func (p *Poller) rescuedLate(ctx context.Context, r *reader, rows []store.Row, below int64) error {
+// noteRescued marks, among rows taken from below the cursor (at or below
+// below), those a rescan step or a cold pass found there (r.rescued), not
+// tried before: a row whose gap the term no longer watched (its producer
+// took the id before its transaction had an id the snapshot could name,
+// and wrote it after lateWatch), or whose producer was in flight when the
+// term, or the holder before it, computed its cursor. The in-term watch
+// (lateCommit) cannot see them: no gap is left; nor inheritedLate: they
+// lie below the cursor loaded. rescuedLate checks them once claimed. Each
+// id is marked once a term.
+func (r *reader) noteRescued(rows []store.Row, below int64) {
 	if len(r.rescued) == 0 {
-		return nil
+		return
 	}
-	var check []store.Row
 	for _, row := range rows {
 		lo, ok := r.rescued[store.Aggregate{Type: row.AggregateType, ID: row.AggregateID}]
 		if _, done := r.lateDone[row.ID]; !ok || done || row.ID < lo || row.ID > below || row.Attempts != 0 {
 			continue
 		}
+		if r.lateDone == nil {
+			r.lateDone = map[int64]struct{}{}
+		}
+		if r.lateCheck == nil {
+			r.lateCheck = map[int64]struct{}{}
+		}
 		r.lateDone[row.ID] = struct{}{}
-		check = append(check, row)
+		r.lateCheck[row.ID] = struct{}{}
+	}
+}
+
+// rescuedLate warns for and counts each row of a claimed batch that
+// noteRescued marked and that has a later row of its aggregate already
+// dispatched (store.LaterSent, one range walk from the lowest such row to
+// the sent mark, only for batches that hold one: the rescan finds such
+// rows rarely). Not the rows Redis holds as delivered: a row an operator
+// set pending again by hand (UPDATE ... SET dispatched_at = NULL) looks
+// untried in Postgres, but it was sent in its turn and is only marked now,
+// and checked after the claim it costs no walk.
+func (p *Poller) rescuedLate(ctx context.Context, r *reader, items []item) error {
+	if len(r.lateCheck) == 0 {
+		return nil
+	}
+	var check []store.Row
+	for _, it := range items {
+		if _, ok := r.lateCheck[it.row.ID]; !ok {
+			continue
+		}
+		delete(r.lateCheck, it.row.ID)
+		if it.outcome != duplicate && it.outcome != poisoned {
+			check = append(check, it.row)
+		}
 	}
 	if len(check) == 0 {
 		return nil
@@ -561,34 +585,12 @@ func (p *Poller) rescuedLate(ctx context.Context, r *reader, rows []store.Row, b
 	if err != nil {
 		return fmt.Errorf("late commit check: %w", err)
 	}
-	if r.lateOwed == nil {
-		r.lateOwed = map[int64]int64{}
-	}
-	for id, after := range later {
-		r.lateOwed[id] = after
+	for _, row := range check {
+		if after, ok := later[row.ID]; ok {
+			p.warnLate(r, row, after)
+		}
 	}
 	return nil
-}
-
-// warnRescued warns for and counts the rows of a claimed batch that
-// rescuedLate found late, except those Redis holds as delivered already:
-// a row an operator set pending again by hand (UPDATE ... SET
-// dispatched_at = NULL) looks like an untried row in Postgres, but it was
-// sent in its turn and is only marked now.
-func (p *Poller) warnRescued(r *reader, items []item) {
-	if len(r.lateOwed) == 0 {
-		return
-	}
-	for _, it := range items {
-		after, ok := r.lateOwed[it.row.ID]
-		if !ok {
-			continue
-		}
-		delete(r.lateOwed, it.row.ID)
-		if it.outcome != duplicate {
-			p.warnLate(r, it.row, after)
-		}
-	}
 }
 
 // sent records what a batch delivered and parks what it left pending below
