@@ -45,7 +45,12 @@ import (
 //     was in flight then; see inheritedLate) and warns and counts it the
 //     same way when a later row of its aggregate was already dispatched.
 //     Rows the last holder never sent (it stopped first), and rows tried
-//     before (retries, replayed dead rows), are not warned.
+//     before (retries, replayed dead rows), are not warned. And below the
+//     cursor: a row no gap of the term watches (the gap was dropped after
+//     lateWatch, or the row lies below the cursor the term loaded or
+//     computed) that the rescan or a cold pass finds is checked once
+//     (rescuedLate, once claimed) and warned and counted the same way;
+//     not when Redis holds it delivered (a row set pending by hand).
 //   - A new holder starts at the cursor its predecessor saved (fenced,
 //     conservative: parked aggregates and watched gaps folded in), and a slow
 //     rescan below the cursor (at term start, then every rescanEvery, in
@@ -66,12 +71,11 @@ import (
 // ids are then not allocated in time order across sessions), or when a
 // producer is descheduled for longer than one poll between taking its id
 // and its first write (it has no transaction id yet, so the read's snapshot
-// cannot name it; lateWatch and the rescan still deliver its row). Nor a
-// WARN across a change of holder for a late row at or below the cursor the
-// new holder loaded (the last holder stopped watching its gap, see
-// lateWatch), or for a late row whose later sibling was sent above the
-// saved sent mark by a holder that lost the lease before saving it (at
-// most saveEvery of sends).
+// cannot name it; lateWatch and the rescan still deliver its row, warned
+// when late). Nor a WARN for a late row whose later sibling was sent above
+// the saved sent mark by a holder that lost the lease before saving it (at
+// most saveEvery of sends), or, for a row the rescan finds, whose later
+// sibling was taken and not yet written when it was checked.
 
 const (
 	// lateWatch: how long a gap is still looked up after its transactions
@@ -176,8 +180,15 @@ type reader struct {
 	// holds the ids checked or already warned in this term.
 	inheritLo, inherited int64
 	lateDone             map[int64]struct{}
-	epoch                string // the ids' epoch (store.ReadResult.Epoch) the cursor belongs to
-	inflightLow          int64  // lowest id fetched and not yet written, as of the last read
+	// Late commits found below the cursor (noteRescued, rescuedLate):
+	// rescued holds the aggregates a rescan step or a cold pass found
+	// pending there that the term did not know of (neither parked nor a
+	// watched gap), each with the lowest id found; lateCheck the rows of
+	// theirs taken, to check once claimed.
+	rescued     map[store.Aggregate]int64
+	lateCheck   map[int64]struct{}
+	epoch       string // the ids' epoch (store.ReadResult.Epoch) the cursor belongs to
+	inflightLow int64  // lowest id fetched and not yet written, as of the last read
 
 	// inherit: what the rows in (inheritLo, inherited] looked like when
 	// the term first took a row there (store.InheritedLate): the late ones
@@ -232,6 +243,7 @@ func (p *Poller) fetch(ctx context.Context, f store.Fence, lim store.FetchLimits
 		r.rescanAt, r.coldAt = time.Now(), time.Now()
 		p.log.Info("read path starts", "cursor", c, "sent", sent, "cold_horizon", horizon)
 	}
+	below := r.cursor // rows taken at or below it come from below the cursor, not from the scan
 	pos := r.pos(time.Now(), p.cfg.GapWait)
 	if n := int64(len(pos.Watch)); n > p.watchedMost.Load() {
 		p.watchedMost.Store(n) // the lead goroutine is its only writer
@@ -264,6 +276,7 @@ func (p *Poller) fetch(ctx context.Context, f store.Fence, lim store.FetchLimits
 		// The rows are delivered all the same; only a WARN may be missing.
 		p.log.Warn("late commit check failed", "error", err)
 	}
+	r.noteRescued(res.Rows, below)
 	// Taken rows count as sent from now on: a gap of their aggregate that
 	// becomes visible while they are in flight goes after them, a late
 	// commit (it was missed under load when only written results counted).
@@ -318,6 +331,7 @@ func (p *Poller) advance(r *reader, res store.ReadResult, limit int, now time.Ti
 	for a, first := range res.Parked {
 		if first == 0 {
 			delete(r.parked, a)
+			delete(r.rescued, a)
 		} else {
 			r.parked[a] = first
 		}
@@ -421,9 +435,10 @@ func (p *Poller) lateCommit(r *reader, g *gapState, id int64, a store.Aggregate,
 	if !known {
 		after = r.maxSent
 	}
-	if id <= r.inherited {
-		r.lateDone[id] = struct{}{} // warned once, not again by inheritedLate
+	if r.lateDone == nil {
+		r.lateDone = map[int64]struct{}{}
 	}
+	r.lateDone[id] = struct{}{} // warned once, not again by inheritedLate or rescuedLate
 	p.m.LateCommits.Inc()
 	p.log.Warn("late commit", "aggregate_type", a.Type, "aggregate_id", a.ID, "outbox_id", id, "after_id", after,
 		"waited_ms", now.Sub(g.seen).Milliseconds())
@@ -503,13 +518,79 @@ func (p *Poller) inheritedLate(ctx context.Context, r *reader, rows []store.Row)
 	return nil
 }
 
-// warnLate warns for and counts row, inherited late (after: the later row
-// of its aggregate an earlier holder dispatched), once a term.
+// warnLate warns for and counts row, late (after: the later row of its
+// aggregate this holder or an earlier one dispatched), once a term.
 func (p *Poller) warnLate(r *reader, row store.Row, after int64) {
 	r.lateDone[row.ID] = struct{}{}
 	p.m.LateCommits.Inc()
 	p.log.Warn("late commit", "aggregate_type", row.AggregateType, "aggregate_id", row.AggregateID,
 		"outbox_id", row.ID, "after_id", after, "waited_ms", time.Since(row.CreatedAt).Milliseconds())
+}
+
+// noteRescued marks, among rows taken from below the cursor (at or below
+// below), those a rescan step or a cold pass found there (r.rescued), not
+// tried before: a row whose gap the term no longer watched (its producer
+// took the id before its transaction had an id the snapshot could name,
+// and wrote it after lateWatch), or whose producer was in flight when the
+// term, or the holder before it, computed its cursor. The in-term watch
+// (lateCommit) cannot see them: no gap is left; nor inheritedLate: they
+// lie below the cursor loaded. rescuedLate checks them once claimed. Each
+// id is marked once a term.
+func (r *reader) noteRescued(rows []store.Row, below int64) {
+	if len(r.rescued) == 0 {
+		return
+	}
+	for _, row := range rows {
+		lo, ok := r.rescued[store.Aggregate{Type: row.AggregateType, ID: row.AggregateID}]
+		if _, done := r.lateDone[row.ID]; !ok || done || row.ID < lo || row.ID > below || row.Attempts != 0 {
+			continue
+		}
+		if r.lateDone == nil {
+			r.lateDone = map[int64]struct{}{}
+		}
+		if r.lateCheck == nil {
+			r.lateCheck = map[int64]struct{}{}
+		}
+		r.lateDone[row.ID] = struct{}{}
+		r.lateCheck[row.ID] = struct{}{}
+	}
+}
+
+// rescuedLate warns for and counts each row of a claimed batch that
+// noteRescued marked and that has a later row of its aggregate already
+// dispatched (store.LaterSent, one range walk from the lowest such row to
+// the sent mark, only for batches that hold one: the rescan finds such
+// rows rarely). Not the rows Redis holds as delivered: a row an operator
+// set pending again by hand (UPDATE ... SET dispatched_at = NULL) looks
+// untried in Postgres, but it was sent in its turn and is only marked now,
+// and checked after the claim it costs no walk.
+func (p *Poller) rescuedLate(ctx context.Context, r *reader, items []item) error {
+	if len(r.lateCheck) == 0 {
+		return nil
+	}
+	var check []store.Row
+	for _, it := range items {
+		if _, ok := r.lateCheck[it.row.ID]; !ok {
+			continue
+		}
+		delete(r.lateCheck, it.row.ID)
+		if it.outcome != duplicate && it.outcome != poisoned {
+			check = append(check, it.row)
+		}
+	}
+	if len(check) == 0 {
+		return nil
+	}
+	later, err := p.store.LaterSent(ctx, check, max(r.inherited, r.maxSent))
+	if err != nil {
+		return fmt.Errorf("late commit check: %w", err)
+	}
+	for _, row := range check {
+		if after, ok := later[row.ID]; ok {
+			p.warnLate(r, row, after)
+		}
+	}
+	return nil
 }
 
 // sent records what a batch delivered and parks what it left pending below
@@ -626,6 +707,16 @@ func (p *Poller) maintain(ctx context.Context, r *reader, idle bool, xmin uint64
 		return err
 	}
 	for _, f := range found {
+		if cur, ok := r.parked[f.Aggregate]; (!ok || f.MinID < cur) && r.gaps.find(f.MinID) < 0 {
+			// Not known to the term: a row that re-entered the pending
+			// set, or a late commit whose gap is no longer watched.
+			if lo, ok := r.rescued[f.Aggregate]; !ok || f.MinID < lo {
+				if r.rescued == nil {
+					r.rescued = map[store.Aggregate]int64{}
+				}
+				r.rescued[f.Aggregate] = f.MinID
+			}
+		}
 		r.park(f.Aggregate, f.MinID)
 	}
 	p.rescanned.Add(hi - r.rescanLo)
