@@ -27,7 +27,10 @@ type item struct {
 	row     store.Row
 	outcome outcome
 	err     error
-	fp      string // the row's fingerprint (keys.Fingerprint), set when claimed
+	// Set when claimed: the row's idempotency key and its delivered mark
+	// (keys.Mark), made once and used again by finish (an allocation per
+	// event each).
+	key, mark string
 }
 
 // batchResult is what one batch tells the run loop.

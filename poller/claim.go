@@ -76,8 +76,9 @@ func (p *Poller) claimKeys(ctx context.Context, items []item, c claimValue) erro
 	for i := range items {
 		if items[i].outcome != poisoned {
 			r := items[i].row
-			items[i].fp = keys.Fingerprint(r.CreatedAt, r.AggregateType, r.AggregateID, r.EventType)
-			idx, names = append(idx, i), append(names, p.keys.Idempotency(r.ID))
+			items[i].mark = keys.Mark(r.CreatedAt, r.AggregateType, r.AggregateID, r.EventType)
+			items[i].key = p.keys.Idempotency(r.ID)
+			idx, names = append(idx, i), append(names, items[i].key)
 		}
 	}
 	found, err := p.evalPerSlot(ctx, claimScript, names, func(lo, hi int) []any { return []any{value, ttl} })
@@ -107,7 +108,7 @@ func (p *Poller) claimKeys(ctx context.Context, items []item, c claimValue) erro
 			return fmt.Errorf("poller: claim %s: %w", p.keys.Idempotency(items[i].row.ID), err)
 		}
 		r := items[i].row
-		switch keys.Judge(v, pttl, items[i].fp, r.CreatedAt, now) {
+		switch keys.Judge(v, pttl, keys.MarkFingerprint(items[i].mark), r.CreatedAt, now) {
 		case keys.ThisRow:
 			items[i].outcome = duplicate
 			continue
@@ -193,7 +194,7 @@ func (p *Poller) takeOver(ctx context.Context, items []item, idx []int, previous
 	cmds := make([]*redis.Cmd, len(idx))
 	for j, i := range idx {
 		// EVAL, not EVALSHA: this path is rare, and a pipeline cannot fall back on NOSCRIPT.
-		cmds[j] = takeoverScript.Eval(ctx, pipe, []string{p.keys.Idempotency(items[i].row.ID)}, previous[j], value, ttl, keys.Delivered(items[i].fp))
+		cmds[j] = takeoverScript.Eval(ctx, pipe, []string{items[i].key}, previous[j], value, ttl, items[i].mark)
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !rowError(err) {
 		return fmt.Errorf("poller: take over claims: %w", err)

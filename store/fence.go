@@ -246,7 +246,7 @@ func (s *Store) complete(ctx context.Context, f Fence, delivered []Delivered, fa
 	for i, d := range delivered {
 		done[i], created[i] = d.ID, d.CreatedAt
 	}
-	err = s.fenced(ctx, f, completeSQL, []*int64{&nDelivered, &nFailed}, done, ids, errs, at, dead, created, made)
+	err = s.fenced(ctx, f, completeSQL, []*int64{&nDelivered, &nFailed}, int8Array(done), ids, errs, at, dead, created, made)
 	return nDelivered, nFailed, err
 }
 

@@ -293,7 +293,8 @@ func (s *Store) Read(ctx context.Context, lim FetchLimits, pos ReadPos) (ReadRes
 	var ( // declared once: per row they were allocated per row
 		kind          string
 		id            int64
-		typ, aid, evt pgtype.Text
+		aid           pgtype.Text
+		typ, evt      string // interned (sameText): not scanned
 		payload, hdrs []byte
 		created       pgtype.Timestamptz
 		attempts      pgtype.Int4
@@ -301,14 +302,19 @@ func (s *Store) Read(ctx context.Context, lim FetchLimits, pos ReadPos) (ReadRes
 		far           pgtype.Bool
 		state         pgtype.Text
 	)
+	// Built once too: passed to Scan (an interface method) per row, the
+	// list of destinations escaped, an allocation of 192 bytes per row.
+	dest := []any{&kind, &id, nil, &aid, nil, &payload, &hdrs, &created, &attempts, &size, &far, &state}
 	for res.Next() {
 		payload, hdrs = nil, nil // the row keeps its own: never reuse them
-		if err := res.Scan(&kind, &id, &typ, &aid, &evt, &payload, &hdrs, &created, &attempts, &size, &far, &state); err != nil {
+		if err := res.Scan(dest...); err != nil {
 			return ReadResult{}, fmt.Errorf("store: read: %w", err)
 		}
+		raw := res.RawValues() // text columns: their bytes are the text, binary or not
+		typ, evt = sameText(raw[2], typ), sameText(raw[4], evt)
 		switch kind {
 		case "r":
-			x := Row{ID: id, AggregateType: typ.String, AggregateID: aid.String, EventType: evt.String,
+			x := Row{ID: id, AggregateType: typ, AggregateID: aid.String, EventType: evt,
 				Payload: payload, Headers: hdrs, CreatedAt: created.Time, Attempts: int(attempts.Int32), Size: size.Int64}
 			switch {
 			case x.Size > rowBytes:
@@ -324,9 +330,9 @@ func (s *Store) Read(ctx context.Context, lim FetchLimits, pos ReadPos) (ReadRes
 			if len(state.String) == 1 {
 				st = state.String[0]
 			}
-			out.Hot = append(out.Hot, HotRow{ID: id, Aggregate: Aggregate{typ.String, aid.String}, State: st})
+			out.Hot = append(out.Hot, HotRow{ID: id, Aggregate: Aggregate{typ, aid.String}, State: st})
 		case "s":
-			out.XMin, out.XMax, out.Epoch, out.Incarnation = uint64(id), uint64(size.Int64), typ.String, aid.String
+			out.XMin, out.XMax, out.Epoch, out.Incarnation = uint64(id), uint64(size.Int64), typ, aid.String
 		case "q":
 			out.SeqLast = id
 		case "c":
@@ -334,9 +340,9 @@ func (s *Store) Read(ctx context.Context, lim FetchLimits, pos ReadPos) (ReadRes
 		case "g":
 			out.NewGaps = append(out.NewGaps, id)
 		case "w":
-			out.Visible = append(out.Visible, Watched{ID: id, Aggregate: Aggregate{typ.String, aid.String}, Pending: far.Bool})
+			out.Visible = append(out.Visible, Watched{ID: id, Aggregate: Aggregate{typ, aid.String}, Pending: far.Bool})
 		case "p":
-			out.Parked[Aggregate{typ.String, aid.String}] = id
+			out.Parked[Aggregate{typ, aid.String}] = id
 		default:
 			return ReadResult{}, errors.New("store: read: unexpected row kind " + strconv.Quote(kind))
 		}
@@ -345,6 +351,16 @@ func (s *Store) Read(ctx context.Context, lim FetchLimits, pos ReadPos) (ReadRes
 		return ReadResult{}, wrap("read", err)
 	}
 	return out, nil
+}
+
+// sameText is raw as a string (NULL: ""), last when equal to it: a batch's
+// rows mostly share their aggregate and event types, and a string made per
+// row for each was two allocations a row.
+func sameText(raw []byte, last string) string {
+	if string(raw) == last {
+		return last
+	}
+	return string(raw)
 }
 
 // readArgs are readSQL's arguments, and the per-row limit it applies.
@@ -372,15 +388,12 @@ func readArgs(lim FetchLimits, pos ReadPos) ([]any, int64) {
 	for i, b := range lim.Busy {
 		bt[i], ba[i] = b.Type, b.ID
 	}
-	watch, skip := pos.Watch, lim.Skip
+	watch := pos.Watch
 	if watch == nil {
 		watch = []int64{}
 	}
-	if skip == nil {
-		skip = []int64{}
-	}
 	return []any{pos.Cursor, lim.Rows, max(pos.Frontier, pos.Cursor), span, watch,
-		holdIDs, horizons, pt, pa, pmin, skip, rowBytes, bt, ba, budget}, rowBytes
+		holdIDs, horizons, pt, pa, pmin, int8Array(lim.Skip), rowBytes, bt, ba, budget}, rowBytes
 }
 
 // epochSQL names the storage of the outbox table and its id sequence. Both

@@ -365,6 +365,9 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch, rows int, tag st
 	res.rCPU = (redisCPU(ctx, rdb) - redisBefore) / per1k
 	if prof != nil {
 		prof.wait()
+		// The relay's allocations since its start, by call site: what the
+		// allocs/event and bytes/event figures are made of.
+		d.saveProfile("allocs", filepath.Join(*profile, tag+".allocs.pprof"))
 		if statements {
 			dumpPgStatStatements(ctx, pool, filepath.Join(*profile, tag+".pg_stat_statements.txt"))
 		}
@@ -942,16 +945,22 @@ func (d *daemon) cpuProfile(path string) *profileFetch {
 	p := &profileFetch{done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
-		resp, err := http.Get("http://" + d.addr + "/debug/pprof/profile?seconds=" + strconv.Itoa(max(1, int(profileFor.Seconds()))))
-		check(err)
-		defer resp.Body.Close()
-		f, err := os.Create(path)
-		check(err)
-		defer f.Close()
-		_, err = io.Copy(f, resp.Body)
-		check(err)
+		d.saveProfile("profile?seconds="+strconv.Itoa(max(1, int(profileFor.Seconds()))), path)
 	}()
 	return p
+}
+
+// saveProfile writes the relay's pprof profile name (allocs, heap,
+// profile?seconds=N) to path.
+func (d *daemon) saveProfile(name, path string) {
+	resp, err := http.Get("http://" + d.addr + "/debug/pprof/" + name)
+	check(err)
+	defer resp.Body.Close()
+	f, err := os.Create(path)
+	check(err)
+	defer f.Close()
+	_, err = io.Copy(f, resp.Body)
+	check(err)
 }
 
 // tail keeps the last 8 KiB a process wrote, for error messages.

@@ -45,6 +45,25 @@ const LegacySkew = 5 * time.Second
 // It is built in one allocation (the string): the poller takes one per
 // event, and hash/fnv, fmt and concatenation cost five.
 func Fingerprint(createdAt time.Time, aggregateType, aggregateID, eventType string) string {
+	var buf [32]byte // 14 base-36 digits and a sign at most, a dot, 8 hex digits
+	return string(appendFingerprint(buf[:0], createdAt, aggregateType, aggregateID, eventType))
+}
+
+// Mark is Delivered(Fingerprint(...)) in one allocation: the poller makes
+// one per event it claims; its fingerprint is Mark's text after "1:".
+func Mark(createdAt time.Time, aggregateType, aggregateID, eventType string) string {
+	var buf [40]byte
+	b := append(buf[:0], LegacyDelivered+":"...)
+	return string(appendFingerprint(b, createdAt, aggregateType, aggregateID, eventType))
+}
+
+// MarkFingerprint is the fingerprint a "1:<fingerprint>" mark names.
+func MarkFingerprint(mark string) string {
+	return strings.TrimPrefix(mark, LegacyDelivered+":")
+}
+
+// appendFingerprint appends Fingerprint's text to b.
+func appendFingerprint(b []byte, createdAt time.Time, aggregateType, aggregateID, eventType string) []byte {
 	h := uint32(fnvOffset32)
 	for _, s := range [...]string{aggregateType, aggregateID, eventType} {
 		for i := 0; i < len(s); i++ {
@@ -52,13 +71,12 @@ func Fingerprint(createdAt time.Time, aggregateType, aggregateID, eventType stri
 		}
 		h *= fnvPrime32 // the 0 byte after each name: h ^ 0 == h
 	}
-	var buf [32]byte // 14 base-36 digits and a sign at most, a dot, 8 hex digits
-	b := strconv.AppendInt(buf[:0], createdAt.UnixMicro(), 36)
+	b = strconv.AppendInt(b, createdAt.UnixMicro(), 36)
 	b = append(b, '.')
 	for shift := 28; shift >= 0; shift -= 4 {
 		b = append(b, "0123456789abcdef"[h>>shift&0xf])
 	}
-	return string(b)
+	return b
 }
 
 // FNV-1a, 32 bits (hash/fnv's New32a, without its allocations).

@@ -107,16 +107,23 @@ func TestFingerprintStaysAsWritten(t *testing.T) {
 		if got := Fingerprint(c.at, c.t, c.a, c.e); got != c.want {
 			t.Errorf("Fingerprint(%v, %q, %q, %q) = %q, want %q", c.at, c.t, c.a, c.e, got, c.want)
 		}
+		if got, want := Mark(c.at, c.t, c.a, c.e), Delivered(c.want); got != want {
+			t.Errorf("Mark(%v, %q, %q, %q) = %q, want %q", c.at, c.t, c.a, c.e, got, want)
+		}
+		if got := MarkFingerprint(Delivered(c.want)); got != c.want {
+			t.Errorf("MarkFingerprint(%q) = %q, want %q", Delivered(c.want), got, c.want)
+		}
 	}
 }
 
-// The poller names a fingerprint and two keys per event: one allocation
+// The poller names a delivered mark and a key per event: one allocation
 // each (the string), not five.
 func TestPerEventNamesAllocateOnce(t *testing.T) {
 	at := time.Date(2026, 11, 24, 15, 4, 5, 123456789, time.UTC)
 	space := New("bb:1764000000000000000:")
 	for name, f := range map[string]func(){
 		"Fingerprint": func() { _ = Fingerprint(at, "deal", "42", "deal.funded") },
+		"Mark":        func() { _ = Mark(at, "deal", "42", "deal.funded") },
 		"Idempotency": func() { _ = space.Idempotency(1234567890) },
 	} {
 		if n := testing.AllocsPerRun(100, f); n > 1 {
