@@ -94,12 +94,10 @@ func (p *Poller) batch(ctx context.Context, pl *pipeline) (batchResult, error) {
 		return batchResult{fetched: len(rows), more: more}, errors.Join(err, pl.takeErr())
 	}
 	claimSpan.End()
-	lctx, cancel := context.WithDeadline(ctx, pl.trusted())
-	if err := p.rescuedLate(lctx, p.readerFor(fence), items); err != nil {
+	if err := p.rescuedLate(ctx, pl.trusted(), p.readerFor(fence), items); err != nil {
 		// The rows are delivered all the same; only a WARN may be missing.
 		p.log.Warn("late commit check failed", "error", err)
 	}
-	cancel()
 	fire(p.hooks.afterClaim)
 	sent := pl.launch(items, c.String(), start, tr)
 	pl.awaitSlots(ctx, sent, p.cfg.PollInterval)

@@ -564,7 +564,7 @@ func (r *reader) noteRescued(rows []store.Row, below int64) {
 // set pending again by hand (UPDATE ... SET dispatched_at = NULL) looks
 // untried in Postgres, but it was sent in its turn and is only marked now,
 // and checked after the claim it costs no walk.
-func (p *Poller) rescuedLate(ctx context.Context, r *reader, items []item) error {
+func (p *Poller) rescuedLate(ctx context.Context, until time.Time, r *reader, items []item) error {
 	if len(r.lateCheck) == 0 {
 		return nil
 	}
@@ -581,6 +581,8 @@ func (p *Poller) rescuedLate(ctx context.Context, r *reader, items []item) error
 	if len(check) == 0 {
 		return nil
 	}
+	ctx, cancel := context.WithDeadline(ctx, until) // a batch waits for it: no longer than it is trusted
+	defer cancel()
 	later, err := p.store.LaterSent(ctx, check, max(r.inherited, r.maxSent))
 	if err != nil {
 		return fmt.Errorf("late commit check: %w", err)
