@@ -161,6 +161,10 @@ func hotPathPlans(t *testing.T, planCacheMode string) {
 		{"the backlog gauges (Stats, each scrape)", "above AS MATERIALIZED", func(*planProbe) []any { return []any{nil} }}, // floor: as LoadCursor
 	}
 
+	// The settings a statement runs under in its transaction, as the store
+	// runs it: a plan made again after ANALYZE is made under them.
+	settings := map[string][]string{"the backlog gauges (Stats, each scrape)": store.StatsSettings}
+
 	// Plans made on a small table: 20 rows, each method run six times.
 	enqueueRows(t, setup, 20)
 	_, _, _, epoch, err := relay.LoadCursor(ctx, fence.Lock)
@@ -241,8 +245,8 @@ func hotPathPlans(t *testing.T, planCacheMode string) {
 		costs := make([]planCost, len(statements))
 		for i, s := range statements {
 			// Twice: a first run in a session also pays catalog lookups.
-			explainCost(t, conn, prepared[i], s.args(p))
-			costs[i] = explainCost(t, conn, prepared[i], s.args(p))
+			explainCost(t, conn, settings[s.name], prepared[i], s.args(p))
+			costs[i] = explainCost(t, conn, settings[s.name], prepared[i], s.args(p))
 		}
 		return costs
 	}
@@ -356,9 +360,9 @@ func pgIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + 
 
 // explainCost runs EXPLAIN (ANALYZE, BUFFERS) of execute (rolled back) and
 // counts its buffers and plan rows.
-func explainCost(t *testing.T, conn *pgxpool.Conn, execute string, args []any) planCost {
+func explainCost(t *testing.T, conn *pgxpool.Conn, settings []string, execute string, args []any) planCost {
 	t.Helper()
-	raw := explainUndoneJSON(t, conn, execute, args...)
+	raw := explainUndoneJSONWith(t, conn, settings, execute, args...)
 	var plans []struct {
 		Plan costNode `json:"Plan"`
 	}
