@@ -770,6 +770,61 @@ func TestBacklogCountReadsThePendingIndexAlone(t *testing.T) {
 	}
 }
 
+// A read whose hot rows fill the ids from the frontier on (a drain: no
+// producer in flight, no rollback) does not look for holes among them:
+// the count of hot ids in the span gates that pass, whose sort and window
+// over the hot rows were about a fifth of the read's time in a drain
+// (4.7 -> 3.8 ms per read of 1,000 rows). A hole still makes it run and
+// comes back as a new gap (TestReadHoldsRowsAboveAGap and the gap tests
+// check what it finds).
+func TestReadLooksForHolesOnlyWhenThereAreSome(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	exec(t, st, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+		SELECT 'deal', (i % 100)::text, 'deal.funded', '{}' FROM generate_series(1, 1000) i`)
+	conn, err := st.Pool().Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Conn().Prepare(ctx, "rd", store.ReadSQL); err != nil {
+		t.Fatal(err)
+	}
+	// holesRan says whether any node of the holes pass ran.
+	holesRan := func(frontier int64) bool {
+		t.Helper()
+		args, _ := store.ReadArgs(store.FetchLimits{Rows: 1000}, store.ReadPos{Cursor: frontier, Frontier: frontier})
+		raw := explainUndoneJSON(t, conn, `EXECUTE rd($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`, args...)
+		var plans []struct {
+			Plan costNode `json:"Plan"`
+		}
+		if err := json.Unmarshal(raw, &plans); err != nil || len(plans) != 1 {
+			t.Fatalf("explain: %v %s", err, raw)
+		}
+		holes := plans[0].Plan.find("CTE holes")
+		if holes == nil {
+			t.Fatalf("no CTE holes in the read's plan: %s", raw)
+		}
+		return holes.ran("WindowAgg")
+	}
+	base := maxID(t, st) - 1000
+	if holesRan(base) {
+		t.Error("the read looked for holes among 1,000 hot rows with consecutive ids")
+	}
+	exec(t, st, `DELETE FROM outbox WHERE id = $1`, base+500)
+	if !holesRan(base) {
+		t.Error("the read did not look for holes with id 500 of 1,000 missing")
+	}
+	res, err := st.Read(ctx, store.FetchLimits{Rows: 1000}, store.ReadPos{Cursor: base, Frontier: base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.NewGaps) != 1 || res.NewGaps[0] != base+500 {
+		t.Fatalf("new gaps %v, want [%d]", res.NewGaps, base+500)
+	}
+}
+
 // TestReadLooksUpSkippedRowsInAHash: the rows in flight (FetchLimits.Skip,
 // up to four batches of ids in a drain) are looked up per candidate in a
 // hash, never compared one by one: "<> ALL ($11)" made each read of 1,000

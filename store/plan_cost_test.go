@@ -379,6 +379,7 @@ type costNode struct {
 	Index      string     `json:"Index Name"`
 	Relation   string     `json:"Relation Name"`
 	Alias      string     `json:"Alias"`
+	Subplan    string     `json:"Subplan Name"`
 	Hit        int64      `json:"Shared Hit Blocks"`
 	Read       int64      `json:"Shared Read Blocks"`
 	Rows       float64    `json:"Actual Rows"`
@@ -397,6 +398,32 @@ func (n costNode) work() int64 {
 		w += c.work()
 	}
 	return w
+}
+
+// find returns the first node (depth first) named subplan, nil if none.
+func (n *costNode) find(subplan string) *costNode {
+	if n.Subplan == subplan {
+		return n
+	}
+	for i := range n.Children {
+		if f := n.Children[i].find(subplan); f != nil {
+			return f
+		}
+	}
+	return nil
+}
+
+// ran says whether a node of type typ under n (n included) was executed.
+func (n *costNode) ran(typ string) bool {
+	if n.Type == typ && n.Loops > 0 {
+		return true
+	}
+	for i := range n.Children {
+		if n.Children[i].ran(typ) {
+			return true
+		}
+	}
+	return false
 }
 
 // render writes the node and its children, one a line: what ran, on what,
