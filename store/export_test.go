@@ -8,6 +8,7 @@ var (
 	CompleteSQL    = completeSQL
 	SaveCursorSQL  = saveCursorSQL
 	StatsSQL       = statsSQL
+	StatsSettings  = statsSettings
 	IncarnationSQL = incarnationSQL
 
 	PendingRowsSQL       = pendingRowsSQL

@@ -125,7 +125,11 @@ const defaultSpan = 10_000
 //   - new gaps: ids in (frontier, top] not visible, where top is the highest
 //     hot id (at most frontier + span); a primary-key probe only where the
 //     hot rows leave a hole. Lookups by id are written = ANY (ARRAY(...)) so
-//     the plan is primary-key probes whatever the estimates. The holes are
+//     the plan is primary-key probes whatever the estimates. When the hot
+//     ids fill (frontier, top] (as many as the span holds: the drain's
+//     case) there is none, and that count gates the rest (a One-Time
+//     Filter: the sort and window below never run; 4.7 -> 3.8 ms per read
+//     of 1,000 rows here). Otherwise the holes are
 //     the spaces between consecutive hot ids (lag over the hot rows in id
 //     order), one pass whatever the estimates: written as "g.id NOT IN
 //     (SELECT id FROM hot)" over every id of the span, the subplan was
@@ -168,14 +172,15 @@ hot AS MATERIALIZED (
   WHERE o.dispatched_at IS NULL AND o.dead_at IS NULL AND o.id > $1::bigint
   ORDER BY o.id LIMIT $2::int),
 span AS MATERIALIZED (
-  SELECT CASE WHEN max(id) IS NULL THEN $3::bigint ELSE GREATEST(LEAST(max(id), $3::bigint + $4::bigint), $3::bigint) END AS top FROM hot),
+  SELECT t.top, (SELECT count(*) FROM hot WHERE hot.id > $3::bigint AND hot.id <= t.top) = t.top - $3::bigint AS dense
+  FROM (SELECT CASE WHEN max(id) IS NULL THEN $3::bigint ELSE GREATEST(LEAST(max(id), $3::bigint + $4::bigint), $3::bigint) END AS top FROM hot) t),
 holes AS MATERIALIZED (
   SELECT g.id FROM (
     SELECT x.id, lag(x.id, 1, $3::bigint) OVER (ORDER BY x.id) AS prev
     FROM (SELECT hot.id FROM hot, span WHERE hot.id > $3::bigint AND hot.id <= span.top
       UNION ALL SELECT span.top + 1 FROM span) x) s
   CROSS JOIN LATERAL generate_series(s.prev + 1, s.id - 1) g(id)
-  WHERE s.id > s.prev + 1),
+  WHERE s.id > s.prev + 1 AND NOT (SELECT dense FROM span)),
 newgaps AS MATERIALIZED (
   SELECT id FROM holes
   WHERE id <> ALL (ARRAY(SELECT x.id FROM outbox x WHERE x.id = ANY (ARRAY(SELECT id FROM holes))))),

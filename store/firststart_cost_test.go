@@ -54,6 +54,11 @@ func TestFirstStartCostsNoMoreThanABitmapOfThePendingIndex(t *testing.T) {
 			explainUndone(t, conn, sql, args...)
 			return explainUndone(t, conn, sql, args...)
 		}
+		explainStats := func(args ...any) int64 { // as Stats runs it: store.StatsSettings
+			t.Helper()
+			explainUndoneJSONWith(t, conn, store.StatsSettings, `EXECUTE st($1)`, args...)
+			return planBuffers(t, explainUndoneJSONWith(t, conn, store.StatsSettings, `EXECUTE st($1)`, args...))
+		}
 		cutoff := time.Now().Add(-168 * time.Hour)
 		measure := func() cost {
 			floor, err := st.SweepFloor(ctx)
@@ -65,11 +70,11 @@ func TestFirstStartCostsNoMoreThanABitmapOfThePendingIndex(t *testing.T) {
 			}
 			pf, lf := explainFloor(t, conn, "pf"), explainFloor(t, conn, "lf")
 			return cost{lf + explain(`EXECUTE lc($1, $2, $3)`, fence.Lock, 10_000, *floor),
-				pf + explain(`EXECUTE st($1)`, *floor), pf + explain(`EXECUTE pr(0, 1000, $1)`, *floor),
+				pf + explainStats(*floor), pf + explain(`EXECUTE pr(0, 1000, $1)`, *floor),
 				pf + explain(`EXECUTE pa($1)`, *floor),
 				explain(`EXECUTE pu($1, $2, $3, $4, '-infinity', 0, 1000)`, fence.Lock, fence.Token, fence.Owner, cutoff),
 				// As they were: from id 0 (a floor of 0).
-				explain(`EXECUTE lo($1, $2, 0)`, fence.Lock, 10_000), explain(`EXECUTE st(0)`), explain(`EXECUTE pr(0, 1000, 0)`),
+				explain(`EXECUTE lo($1, $2, 0)`, fence.Lock, 10_000), explainStats(0), explain(`EXECUTE pr(0, 1000, 0)`),
 				explain(`EXECUTE pa(0)`)}
 		}
 		// One row backing off, below the history: the floor is not held

@@ -71,7 +71,7 @@ func TestReadPlannedOnABigBacklogStaysLinear(t *testing.T) {
 	}
 	prepared := preparedStatements(t, conn, []hotStatement{{name: "the read (Read, readSQL)", match: "WITH snap AS MATERIALIZED"}}, true)
 	args, _ := store.ReadArgs(lim, pos)
-	c := explainCost(t, conn, prepared[0], args)
+	c := explainCost(t, conn, nil, prepared[0], args)
 	conn.Release() // the pool's one session, for the next Read
 	t.Logf("the read of %d rows, planned with %d pending in the statistics: %d plan rows, %d buffers", batch, 100_000, c.rows, c.buffers)
 	if bound := int64(perBatchRow * batch); c.rows > bound || c.buffers > bound {
@@ -97,7 +97,7 @@ func TestReadPlannedOnABigBacklogStaysLinear(t *testing.T) {
 	}
 	defer conn.Release()
 	args, _ = store.ReadArgs(lim, pos)
-	c = explainCost(t, conn, prepared[0], args)
+	c = explainCost(t, conn, nil, prepared[0], args)
 	t.Logf("the read of %d due retries below the cursor and %d rows above: %d plan rows, %d buffers", batch, batch, c.rows, c.buffers)
 	if bound := int64(perBatchRow * 2 * batch); c.rows > bound || c.buffers > bound {
 		t.Errorf("the read of %d retries and %d new rows: %d plan rows and %d buffers, want at most %d each: its work grows faster than the rows\n%s",
