@@ -116,11 +116,16 @@ func selectPostgres() {
 	var av, fsync string
 	check(conn.QueryRow(context.Background(), `SELECT current_setting('autovacuum'), current_setting('fsync')`).Scan(&av, &fsync))
 	fmt.Printf("blackbox: server autovacuum %s, fsync %s, table autovacuum %v\n", av, fsync, *tableAV)
+	serverAutovacuum = av == "on"
 }
+
+// serverAutovacuum: the -dsn server's own autovacuum setting (a server
+// started by hand with autovacuum on is as good as -pg private-autovacuum).
+var serverAutovacuum bool
 
 // autovacuumWord says whether autovacuum can reach the outbox table.
 func autovacuumWord() string {
-	if *pgMode == "private-autovacuum" && *tableAV {
+	if serverAutovacuum && *tableAV {
 		return "on"
 	}
 	return "off"
