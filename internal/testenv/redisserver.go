@@ -21,12 +21,13 @@ import (
 // loopback port, without persistence: for restarts, FLUSHALL, pauses and
 // Redlock nodes without touching the shared server.
 type RedisServer struct {
-	t     testing.TB
-	Addr  string
-	port  int
-	dir   string
-	cmd   *exec.Cmd
-	extra []string
+	t      testing.TB
+	Addr   string
+	port   int
+	dir    string
+	cmd    *exec.Cmd
+	exited <-chan struct{} // closed when cmd has exited (its Wait returned)
+	extra  []string
 }
 
 // StartRedisServer starts one; it is killed at cleanup.
@@ -47,32 +48,86 @@ func StartRedisServerArgs(t testing.TB, extra ...string) *RedisServer {
 	return s
 }
 
-// Start (re)starts the process and waits until it answers.
+// Start (re)starts the process and waits until it answers. A restart
+// binds the same port, which another process may hold for a moment (an
+// outgoing connection of a parallel test package can be given it once the
+// old server is gone): a server that exits with "Address already in use"
+// is started again until the deadline, and one that exits for another
+// reason fails the test with its log.
 func (s *RedisServer) Start() {
 	s.t.Helper()
-	s.cmd = exec.Command("redis-server", "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		exited := s.spawn()
+		c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+		err := s.await(c, exited, deadline)
+		_ = c.Close()
+		if err == nil {
+			return
+		}
+		logText, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+		busy := strings.Contains(string(logText), "Address already in use")
+		if s.isExited(exited) && busy && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		s.Stop()
+		s.t.Fatalf("testenv: redis-server on %s did not answer: %v; its log:\n%s", s.Addr, err, tail(string(logText), 2000))
+	}
+}
+
+// spawn starts the process; the returned channel is closed when it exits.
+func (s *RedisServer) spawn() <-chan struct{} {
+	s.t.Helper()
+	cmd := exec.Command("redis-server", "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.dir,
 		"--logfile", filepath.Join(s.dir, "redis.log"))
-	s.cmd.Args = append(s.cmd.Args, s.extra...)
-	s.cmd.Stdout, s.cmd.Stderr = os.Stderr, os.Stderr
-	if err := s.cmd.Start(); err != nil {
+	cmd.Args = append(cmd.Args, s.extra...)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
 		s.t.Fatalf("testenv: start redis-server: %v", err)
 	}
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
-	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	s.cmd, s.exited = cmd, exited
+	return exited
+}
+
+// await pings until the server answers (an auth refusal counts as up), it
+// exits, or the deadline passes.
+func (s *RedisServer) await(c *redis.Client, exited <-chan struct{}, deadline time.Time) error {
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		err := c.Ping(ctx).Err()
 		cancel()
 		if err == nil || strings.Contains(fmt.Sprint(err), "NOAUTH") || strings.Contains(fmt.Sprint(err), "WRONGPASS") {
-			return
+			return nil
+		}
+		if s.isExited(exited) {
+			return fmt.Errorf("the process exited: %w", err)
 		}
 		if time.Now().After(deadline) {
-			s.t.Fatalf("testenv: redis-server on %s did not answer: %v", s.Addr, err)
+			return err
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+func (s *RedisServer) isExited(exited <-chan struct{}) bool {
+	select {
+	case <-exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// tail is the last n bytes of text.
+func tail(text string, n int) string {
+	if len(text) > n {
+		return text[len(text)-n:]
+	}
+	return text
 }
 
 // Stop kills the process (data is lost: no persistence).
@@ -82,7 +137,7 @@ func (s *RedisServer) Stop() {
 	}
 	_ = s.cmd.Process.Signal(syscall.SIGCONT) // a paused process cannot die of SIGKILL until resumed on some kernels
 	_ = s.cmd.Process.Kill()
-	_ = s.cmd.Wait()
+	<-s.exited
 	s.cmd = nil
 }
 
