@@ -684,7 +684,9 @@ func TestHotPathCostDoesNotGrowWithHistory(t *testing.T) {
 
 // Stats counts from the saved cursor on (below it every row is delivered,
 // dead or backing off), and counts the same as a walk of every row: a row
-// backing off below the cursor is pending, and the oldest.
+// backing off below the cursor is pending, and the oldest; one backing off
+// above it is pending once (the rows backing off are counted below the
+// cursor only: counted wherever they are, it was counted twice).
 func TestStatsCountsFromTheCursor(t *testing.T) {
 	t.Parallel()
 	st, _ := testenv.Store(t)
@@ -694,7 +696,8 @@ func TestStatsCountsFromTheCursor(t *testing.T) {
 	exec(t, st, `UPDATE outbox SET created_at = now() - interval '1 hour', available_at = now() - interval '1 hour'`)
 	enqueue(t, st, ev("deal", "A", 2), ev("deal", "B", 3), ev("deal", "C", 4), ev("deal", "D", 5))
 	first := maxID(t, st) - 4
-	if _, _, err := st.Complete(ctx, fence, done(t, st, first+1, first+3), []store.Failure{{ID: first, Error: "x", RetryAt: time.Now().Add(time.Hour)}}); err != nil {
+	if _, _, err := st.Complete(ctx, fence, done(t, st, first+1, first+3), []store.Failure{{ID: first, Error: "x", RetryAt: time.Now().Add(time.Hour)},
+		{ID: first + 4, Error: "x", RetryAt: time.Now().Add(time.Hour)}}); err != nil {
 		t.Fatal(err)
 	}
 	exec(t, st, `UPDATE outbox SET dead_at = now() WHERE id = $1`, first+2)
@@ -709,7 +712,8 @@ func TestStatsCountsFromTheCursor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Pending: the first row (backing off, below the cursor) and the last.
+	// Pending: the first row (backing off, below the cursor) and the last
+	// (backing off, above it).
 	if got.Pending != 2 || got.Dead != 1 || got.OldestPendingAge < 3000 {
 		t.Fatalf("stats %+v; want 2 pending, 1 dead, the oldest an hour old", got)
 	}
