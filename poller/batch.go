@@ -94,7 +94,7 @@ func (p *Poller) batch(ctx context.Context, pl *pipeline) (batchResult, error) {
 		return batchResult{fetched: len(rows), more: more}, errors.Join(err, pl.takeErr())
 	}
 	claimSpan.End()
-	if err := p.rescuedLate(ctx, pl.trusted(), p.readerFor(fence), items); err != nil {
+	if err := p.rescuedLate(ctx, pl, p.readerFor(fence), items); err != nil {
 		// The rows are delivered all the same; only a WARN may be missing.
 		p.log.Warn("late commit check failed", "error", err)
 	}

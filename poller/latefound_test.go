@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // takeIDWithoutXID opens a producer transaction that has taken its id
@@ -124,4 +125,136 @@ func TestLateCommitFoundBySuccessorsColdPassIsWarned(t *testing.T) {
 		t.Fatalf("%d terms of the successor, want one (the test's premise); last lines:\n%s", n, logsB.Tail(20))
 	}
 	expectLateCommit(t, logsB, b, lower.id, higher)
+}
+
+// The late-commit walk of a row found below the cursor (rescuedLate) runs
+// off the lead: held, it holds up no batch, other aggregates' and the late
+// row's own later rows go meanwhile; it answers as of the view taken when
+// the batch was claimed, so the WARN names the later row sent before the
+// late one, not one sent after it; and the WARN comes once the walk ends.
+// Before, the lead walked every id from the row to the sent mark before
+// sending anything (2.3 s behind 2M ids).
+func TestLateCommitWalkHoldsNoBatch(t *testing.T) {
+	e := newEnv(t)
+	e.privatePostgres() // the gap must be seen ended: no other test's transaction in the snapshots
+	cfg := testConfig()
+	cfg.GapWait = 300 * time.Millisecond
+	cfg.LockTTL = 30 * time.Second // one term (the test counts its warnings)
+	r, logs := e.loggedRunner(cfg)
+	r.rescanEvery = 500 * time.Millisecond
+	walking, release := make(chan struct{}), make(chan struct{})
+	r.hooks.lateWalk = func() {
+		close(walking)
+		<-release
+	}
+	released := false
+	defer func() {
+		if !released {
+			close(release)
+		}
+	}()
+	e.run(r)
+	warm := e.produce("warm")
+	e.waitFor("the runner delivering", time.Minute, func() bool { return e.delivered(warm) })
+
+	tx, lower := e.takeIDWithoutXID()
+	higher := e.produce("A")
+	e.waitFor("the higher id delivered and written", time.Minute, func() bool { return e.delivered(higher) && e.dispatched(higher) })
+	e.waitFor("the gap no longer watched (lateWatch passed)", time.Minute, func() bool { return r.gapRuns.Load() == 0 })
+	ctx := context.Background()
+	if _, err := tx.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+		OVERRIDING SYSTEM VALUE VALUES ($1, 'deal', 'A', 'deal.funded', '{}')`, lower); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-walking:
+	case <-time.After(time.Minute):
+		t.Fatal("no late-commit walk started within a minute of the late row's commit")
+	}
+	other, next := e.produce("B"), e.produce("A")
+	e.waitFor("other rows delivered and written while the walk is held", time.Minute, func() bool {
+		return e.delivered(lower) && e.dispatched(other) && e.dispatched(next)
+	})
+	if n := testutil.ToFloat64(r.m.LateCommits); n != 0 {
+		t.Fatalf("outboxd_late_commits_total %v while the walk is held, want 0", n)
+	}
+	released = true
+	close(release)
+	expectLateCommit(t, logs, r, lower, higher) // after_id: higher, not next (sent after lower)
+}
+
+// Two rows of one aggregate found below the cursor together, with no later
+// row of theirs sent before them, are no late commit: the walk that checks
+// the lower one runs once both are sent, but on the view taken at the
+// claim, where the higher one was not yet dispatched. Walked as of its own
+// start, it warned the lower "late commit after" the higher.
+func TestLateCommitWalkSeesTheClaimsView(t *testing.T) {
+	e := newEnv(t)
+	e.privatePostgres()
+	cfg := testConfig()
+	cfg.GapWait = 300 * time.Millisecond
+	cfg.LockTTL = 30 * time.Second
+	r, logs := e.loggedRunner(cfg)
+	r.rescanEvery = 500 * time.Millisecond
+	walking, release, walked := make(chan struct{}, 8), make(chan struct{}), make(chan struct{}, 8)
+	r.hooks.lateWalk = func() {
+		walking <- struct{}{}
+		<-release
+	}
+	r.hooks.lateWalked = func() { walked <- struct{}{} }
+	released := false
+	defer func() {
+		if !released {
+			close(release)
+		}
+	}()
+	e.run(r)
+	warm := e.produce("warm")
+	e.waitFor("the runner delivering", time.Minute, func() bool { return e.delivered(warm) })
+
+	tx1, lower1 := e.takeIDWithoutXID()
+	tx2, lower2 := e.takeIDWithoutXID()
+	above := e.produce("B")
+	e.waitFor("the row above delivered and written", time.Minute, func() bool { return e.delivered(above) && e.dispatched(above) })
+	e.waitFor("the gaps no longer watched (lateWatch passed)", time.Minute, func() bool { return r.gapRuns.Load() == 0 })
+	ctx := context.Background()
+	for _, p := range []struct {
+		tx pgx.Tx
+		id int64
+	}{{tx1, lower1}, {tx2, lower2}} {
+		if _, err := p.tx.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+		OVERRIDING SYSTEM VALUE VALUES ($1, 'deal', 'A', 'deal.funded', '{}')`, p.id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx1.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx2.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-walking:
+	case <-time.After(time.Minute):
+		t.Fatal("no late-commit walk started within a minute of the rows' commit")
+	}
+	e.waitFor("both rows delivered and written while the walk is held", time.Minute, func() bool {
+		return e.dispatched(lower1) && e.dispatched(lower2)
+	})
+	released = true
+	close(release)
+	select {
+	case <-walked:
+	case <-time.After(time.Minute):
+		t.Fatal("the late-commit walk did not end within a minute of its release")
+	}
+	if n := logs.Count(`"msg":"late commit"`); n != 0 {
+		t.Fatalf("%d late commit lines, want none (nothing of aggregate A was sent before %d and %d); last lines:\n%s", n, lower1, lower2, logs.Tail(20))
+	}
+	if n := testutil.ToFloat64(r.m.LateCommits); n != 0 {
+		t.Fatalf("outboxd_late_commits_total %v, want 0", n)
+	}
 }

@@ -62,10 +62,14 @@ type pipeline struct {
 	ctx     context.Context // the sends'; cancelled on a stale fence and at close
 	cancel  context.CancelFunc
 	sends   sync.WaitGroup
-	written chan struct{} // closed when the writer has returned
-	kick    chan struct{} // the writer: something may be writable
-	wake    chan struct{} // the lead: room in the pipeline, an error, or rows written
-	slots   chan struct{} // the lead: fewer aggregates sending than parallel
+	// lateWalks is the late-commit walk running (walkLate), at most one:
+	// lateWalk holds its place.
+	lateWalks sync.WaitGroup
+	lateWalk  chan struct{}
+	written   chan struct{} // closed when the writer has returned
+	kick      chan struct{} // the writer: something may be writable
+	wake      chan struct{} // the lead: room in the pipeline, an error, or rows written
+	slots     chan struct{} // the lead: fewer aggregates sending than parallel
 	// parallel is how many aggregates the sink sends at once
 	// (Capabilities.Parallel); 0: it takes a batch as a whole.
 	parallel int
@@ -116,7 +120,7 @@ func (p *Poller) newPipeline(work context.Context, fence store.Fence, trusted fu
 	parallel := max(p.sink.Capabilities().Parallel, 0)
 	pl := &pipeline{p: p, fence: fence, trusted: trusted, ctx: ctx, cancel: cancel,
 		written: make(chan struct{}), kick: make(chan struct{}, 1), wake: make(chan struct{}, 1),
-		slots: make(chan struct{}, 1), parallel: parallel, maxRows: max(pipelineDepth*p.cfg.BatchSize, 2*parallel),
+		slots: make(chan struct{}, 1), lateWalk: make(chan struct{}, 1), parallel: parallel, maxRows: max(pipelineDepth*p.cfg.BatchSize, 2*parallel),
 		busy: map[store.Aggregate]struct{}{}}
 	go pl.write()
 	return pl
@@ -422,6 +426,7 @@ func (pl *pipeline) close() error {
 	poke(pl.kick)
 	<-pl.written
 	pl.cancel()
+	pl.lateWalks.Wait()
 	return pl.takeErr()
 }
 

@@ -171,6 +171,8 @@ type hooks struct {
 	afterSend     func() // sends done, idempotency keys not finalised
 	beforeFinish  func() // results about to be written, beside the next batch
 	afterFinalize func() // keys say delivered, Postgres not marked
+	lateWalk      func() // a late-commit walk started (rescuedLate), off the lead
+	lateWalked    func() // a late-commit walk ended
 }
 
 // fire calls a crash-window hook if a test set one.

@@ -522,6 +522,11 @@ func (p *Poller) inheritedLate(ctx context.Context, r *reader, rows []store.Row)
 // aggregate this holder or an earlier one dispatched), once a term.
 func (p *Poller) warnLate(r *reader, row store.Row, after int64) {
 	r.lateDone[row.ID] = struct{}{}
+	p.warnLateRow(row, after)
+}
+
+// warnLateRow is warnLate's line and count, for a row already in lateDone.
+func (p *Poller) warnLateRow(row store.Row, after int64) {
 	p.m.LateCommits.Inc()
 	p.log.Warn("late commit", "aggregate_type", row.AggregateType, "aggregate_id", row.AggregateID,
 		"outbox_id", row.ID, "after_id", after, "waited_ms", time.Since(row.CreatedAt).Milliseconds())
@@ -564,7 +569,16 @@ func (r *reader) noteRescued(rows []store.Row, below int64) {
 // set pending again by hand (UPDATE ... SET dispatched_at = NULL) looks
 // untried in Postgres, but it was sent in its turn and is only marked now,
 // and checked after the claim it costs no walk.
-func (p *Poller) rescuedLate(ctx context.Context, until time.Time, r *reader, items []item) error {
+//
+// The walk costs about a millisecond per 1,000 ids between the row and the
+// mark (a row set pending by hand long after its mark expired: 2.3 s behind
+// 2M ids), so it runs off the lead goroutine (pipeline.walkLate) on a view
+// taken here, before the batch is sent: it sees what the lead would have
+// seen, and the batch and the ones after it go meanwhile. One walk at a
+// time (it holds a pooled connection); a batch that finds one running
+// returns an error naming its rows: the rows go all the same, and the line
+// says which were not checked.
+func (p *Poller) rescuedLate(ctx context.Context, pl *pipeline, r *reader, items []item) error {
 	if len(r.lateCheck) == 0 {
 		return nil
 	}
@@ -581,17 +595,48 @@ func (p *Poller) rescuedLate(ctx context.Context, until time.Time, r *reader, it
 	if len(check) == 0 {
 		return nil
 	}
-	ctx, cancel := context.WithDeadline(ctx, until) // a batch waits for it: no longer than it is trusted
-	defer cancel()
-	later, err := p.store.LaterSent(ctx, check, max(r.inherited, r.maxSent))
+	return pl.walkLate(ctx, check, max(r.inherited, r.maxSent))
+}
+
+// walkLate starts the late-commit walk of rescuedLate's rows on a view
+// taken now, owned by the pipeline (close waits for it, and cancels it
+// once every result is written: a walk cut short says so). Only the view
+// is taken on the caller's goroutine, within the lease's trust deadline.
+func (pl *pipeline) walkLate(ctx context.Context, check []store.Row, sent int64) error {
+	ids := make([]int64, len(check))
+	for i, row := range check {
+		ids[i] = row.ID
+	}
+	select {
+	case pl.lateWalk <- struct{}{}:
+	default:
+		return fmt.Errorf("late commit check of outbox ids %v skipped: the check of earlier rows is still running", ids)
+	}
+	vctx, cancel := context.WithDeadline(ctx, pl.trusted())
+	view, err := pl.p.store.View(vctx)
+	cancel()
 	if err != nil {
-		return fmt.Errorf("late commit check: %w", err)
+		<-pl.lateWalk
+		return fmt.Errorf("late commit check of outbox ids %v: %w", ids, err)
 	}
-	for _, row := range check {
-		if after, ok := later[row.ID]; ok {
-			p.warnLate(r, row, after)
+	pl.lateWalks.Go(func() {
+		defer func() {
+			view.Close()
+			<-pl.lateWalk
+			fire(pl.p.hooks.lateWalked)
+		}()
+		fire(pl.p.hooks.lateWalk)
+		later, err := view.LaterSent(pl.ctx, check, sent)
+		if err != nil {
+			pl.p.log.Warn("late commit check failed", "error", fmt.Errorf("outbox ids %v: %w", ids, err))
+			return
 		}
-	}
+		for _, row := range check {
+			if after, ok := later[row.ID]; ok {
+				pl.p.warnLateRow(row, after)
+			}
+		}
+	})
 	return nil
 }
 

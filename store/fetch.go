@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -516,6 +517,49 @@ SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM saved)`
 // (104k buffers behind 1M settled rows under a held snapshot, at the first
 // read of a holder that computed its cursor, LoadCursor).
 func (s *Store) LaterSent(ctx context.Context, rows []Row, sent int64) (map[int64]int64, error) {
+	return laterSent(ctx, s.pool, rows, sent)
+}
+
+// querier is what LaterSent needs of a pool or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// View is one read-only, repeatable-read view of the outbox: what was
+// committed when View returned it, however long its user waits before
+// asking. It holds a pooled connection until Close. Read-only, it holds no
+// transaction id, so nothing waiting for the server-wide xmin (a cold pass)
+// waits for it.
+type View struct{ tx pgx.Tx }
+
+// View takes a view of the outbox now (one round trip).
+func (s *Store) View(ctx context.Context) (*View, error) {
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, wrap("view", err)
+	}
+	// A repeatable-read transaction's snapshot is taken by its first
+	// statement, not by BEGIN.
+	if _, err := tx.Exec(ctx, `SELECT 1`); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, wrap("view", err)
+	}
+	return &View{tx: tx}, nil
+}
+
+// LaterSent is Store.LaterSent as of the view.
+func (v *View) LaterSent(ctx context.Context, rows []Row, sent int64) (map[int64]int64, error) {
+	return laterSent(ctx, v.tx, rows, sent)
+}
+
+// Close ends the view and gives its connection back.
+func (v *View) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = v.tx.Rollback(ctx)
+}
+
+func laterSent(ctx context.Context, db querier, rows []Row, sent int64) (map[int64]int64, error) {
 	rows = slices.DeleteFunc(slices.Clone(rows), func(r Row) bool { return r.ID >= sent })
 	if len(rows) == 0 {
 		return nil, nil
@@ -526,7 +570,7 @@ func (s *Store) LaterSent(ctx context.Context, rows []Row, sent int64) (map[int6
 		ids[i], types[i], aggs[i] = r.ID, r.AggregateType, r.AggregateID
 		lo = min(lo, r.ID)
 	}
-	q, err := s.pool.Query(ctx, laterSentSQL, ids, types, aggs, lo, sent)
+	q, err := db.Query(ctx, laterSentSQL, ids, types, aggs, lo, sent)
 	if err != nil {
 		return nil, wrap("later sent", err)
 	}
