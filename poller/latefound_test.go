@@ -3,11 +3,14 @@ package poller
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/outboxd/outboxd/internal/testkit"
 )
 
 // takeIDWithoutXID opens a producer transaction that has taken its id
@@ -127,53 +130,71 @@ func TestLateCommitFoundBySuccessorsColdPassIsWarned(t *testing.T) {
 	expectLateCommit(t, logsB, b, lower.id, higher)
 }
 
-// The late-commit walk of a row found below the cursor (rescuedLate) runs
-// off the lead: held, it holds up no batch, other aggregates' and the late
-// row's own later rows go meanwhile; it answers as of the view taken when
-// the batch was claimed, so the WARN names the later row sent before the
-// late one, not one sent after it; and the WARN comes once the walk ends.
-// Before, the lead walked every id from the row to the sent mark before
-// sending anything (2.3 s behind 2M ids).
-func TestLateCommitWalkHoldsNoBatch(t *testing.T) {
-	e := newEnv(t)
-	e.privatePostgres() // the gap must be seen ended: no other test's transaction in the snapshots
+// lateWalkRunner starts a runner of one term (the tests count its
+// warnings) whose rescan runs every 500 ms and whose late-commit walks wait
+// at their start until release is called (at the test's end at the
+// latest); walking gets a value as each walk starts, walked as each ends.
+// It returns once the runner delivers.
+func (e *env) lateWalkRunner() (r *runner, logs *testkit.Logs, walking, walked <-chan struct{}, release func()) {
+	e.privatePostgres() // a gap must be seen ended: no other test's transaction in the snapshots
 	cfg := testConfig()
 	cfg.GapWait = 300 * time.Millisecond
-	cfg.LockTTL = 30 * time.Second // one term (the test counts its warnings)
-	r, logs := e.loggedRunner(cfg)
+	cfg.LockTTL = 30 * time.Second
+	r, logs = e.loggedRunner(cfg)
 	r.rescanEvery = 500 * time.Millisecond
-	walking, release := make(chan struct{}), make(chan struct{})
+	start, end, held := make(chan struct{}, 8), make(chan struct{}, 8), make(chan struct{})
 	r.hooks.lateWalk = func() {
-		close(walking)
-		<-release
+		start <- struct{}{}
+		<-held
 	}
-	released := false
-	defer func() {
-		if !released {
-			close(release)
-		}
-	}()
+	r.hooks.lateWalked = func() { end <- struct{}{} }
+	release = sync.OnceFunc(func() { close(held) })
+	e.t.Cleanup(release)
 	e.run(r)
 	warm := e.produce("warm")
 	e.waitFor("the runner delivering", time.Minute, func() bool { return e.delivered(warm) })
+	return r, logs, start, end, release
+}
 
+// commitLate writes, in tx (takeIDWithoutXID), the row of aggregate deal/A
+// at id, and commits.
+func (e *env) commitLate(tx pgx.Tx, id int64) {
+	e.t.Helper()
+	ctx := context.Background()
+	if _, err := tx.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+		OVERRIDING SYSTEM VALUE VALUES ($1, 'deal', 'A', 'deal.funded', '{}')`, id); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// await waits a minute at most for c, or fails naming what.
+func await(t *testing.T, c <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-c:
+	case <-time.After(time.Minute):
+		t.Fatalf("no %s within a minute", what)
+	}
+}
+
+// The late-commit walk of a row found below the cursor (rescuedLate) runs
+// off the lead: held, it holds up no batch, other aggregates' and the late
+// row's own later rows go meanwhile; and the WARN, naming the later row
+// sent before the late one, comes once the walk ends. Before, the lead
+// walked every id from the row to the sent mark before sending anything
+// (2.3 s behind 2M ids).
+func TestLateCommitWalkHoldsNoBatch(t *testing.T) {
+	e := newEnv(t)
+	r, logs, walking, _, release := e.lateWalkRunner()
 	tx, lower := e.takeIDWithoutXID()
 	higher := e.produce("A")
 	e.waitFor("the higher id delivered and written", time.Minute, func() bool { return e.delivered(higher) && e.dispatched(higher) })
 	e.waitFor("the gap no longer watched (lateWatch passed)", time.Minute, func() bool { return r.gapRuns.Load() == 0 })
-	ctx := context.Background()
-	if _, err := tx.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
-		OVERRIDING SYSTEM VALUE VALUES ($1, 'deal', 'A', 'deal.funded', '{}')`, lower); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-walking:
-	case <-time.After(time.Minute):
-		t.Fatal("no late-commit walk started within a minute of the late row's commit")
-	}
+	e.commitLate(tx, lower)
+	await(t, walking, "late-commit walk after the late row's commit")
 	other, next := e.produce("B"), e.produce("A")
 	e.waitFor("other rows delivered and written while the walk is held", time.Minute, func() bool {
 		return e.delivered(lower) && e.dispatched(other) && e.dispatched(next)
@@ -181,8 +202,7 @@ func TestLateCommitWalkHoldsNoBatch(t *testing.T) {
 	if n := testutil.ToFloat64(r.m.LateCommits); n != 0 {
 		t.Fatalf("outboxd_late_commits_total %v while the walk is held, want 0", n)
 	}
-	released = true
-	close(release)
+	release()
 	expectLateCommit(t, logs, r, lower, higher) // after_id: higher, not next (sent after lower)
 }
 
@@ -193,64 +213,20 @@ func TestLateCommitWalkHoldsNoBatch(t *testing.T) {
 // start, it warned the lower "late commit after" the higher.
 func TestLateCommitWalkSeesTheClaimsView(t *testing.T) {
 	e := newEnv(t)
-	e.privatePostgres()
-	cfg := testConfig()
-	cfg.GapWait = 300 * time.Millisecond
-	cfg.LockTTL = 30 * time.Second
-	r, logs := e.loggedRunner(cfg)
-	r.rescanEvery = 500 * time.Millisecond
-	walking, release, walked := make(chan struct{}, 8), make(chan struct{}), make(chan struct{}, 8)
-	r.hooks.lateWalk = func() {
-		walking <- struct{}{}
-		<-release
-	}
-	r.hooks.lateWalked = func() { walked <- struct{}{} }
-	released := false
-	defer func() {
-		if !released {
-			close(release)
-		}
-	}()
-	e.run(r)
-	warm := e.produce("warm")
-	e.waitFor("the runner delivering", time.Minute, func() bool { return e.delivered(warm) })
-
+	r, logs, walking, walked, release := e.lateWalkRunner()
 	tx1, lower1 := e.takeIDWithoutXID()
 	tx2, lower2 := e.takeIDWithoutXID()
 	above := e.produce("B")
 	e.waitFor("the row above delivered and written", time.Minute, func() bool { return e.delivered(above) && e.dispatched(above) })
 	e.waitFor("the gaps no longer watched (lateWatch passed)", time.Minute, func() bool { return r.gapRuns.Load() == 0 })
-	ctx := context.Background()
-	for _, p := range []struct {
-		tx pgx.Tx
-		id int64
-	}{{tx1, lower1}, {tx2, lower2}} {
-		if _, err := p.tx.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
-		OVERRIDING SYSTEM VALUE VALUES ($1, 'deal', 'A', 'deal.funded', '{}')`, p.id); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := tx1.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx2.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-walking:
-	case <-time.After(time.Minute):
-		t.Fatal("no late-commit walk started within a minute of the rows' commit")
-	}
+	e.commitLate(tx1, lower1)
+	e.commitLate(tx2, lower2)
+	await(t, walking, "late-commit walk after the rows' commit")
 	e.waitFor("both rows delivered and written while the walk is held", time.Minute, func() bool {
 		return e.dispatched(lower1) && e.dispatched(lower2)
 	})
-	released = true
-	close(release)
-	select {
-	case <-walked:
-	case <-time.After(time.Minute):
-		t.Fatal("the late-commit walk did not end within a minute of its release")
-	}
+	release()
+	await(t, walked, "end of the late-commit walk after its release")
 	if n := logs.Count(`"msg":"late commit"`); n != 0 {
 		t.Fatalf("%d late commit lines, want none (nothing of aggregate A was sent before %d and %d); last lines:\n%s", n, lower1, lower2, logs.Tail(20))
 	}
