@@ -251,17 +251,7 @@ func TestLateCommitInFlightAtTheNewHoldersCheckIsWarned(t *testing.T) {
 	cfg := testConfig()
 	cfg.GapWait = 300 * time.Millisecond
 	cfg.LockTTL = 30 * time.Second
-	e.rc.SetRespond(testkit.Statuses(map[string]int{"deal/B": 503}))
-	r1, _ := e.loggedRunner(cfg)
-	stop1 := e.run(r1)
-	warm := e.produce("warm")
-	e.waitFor("the first runner delivering", time.Minute, func() bool { return e.delivered(warm) })
-	lower := e.race("A")
-	higher := e.produce("A")
-	refused := e.produce("B")
-	e.waitFor("the higher id delivered past gap_wait", time.Minute, func() bool { return e.delivered(higher) })
-	e.waitFor("the sent mark saved", time.Minute, func() bool { return e.savedSent() >= refused })
-	stop1()
+	lower, higher, refused := e.gapGivenUpBesideARefusedRow(cfg, false)
 	var cursor int64
 	if err := e.st.Pool().QueryRow(context.Background(), `SELECT max(cursor) FROM outbox_cursor`).Scan(&cursor); err != nil {
 		t.Fatal(err)
@@ -270,7 +260,6 @@ func TestLateCommitInFlightAtTheNewHoldersCheckIsWarned(t *testing.T) {
 		t.Fatalf("saved cursor %d at or above the open gap %d: the refused row %d would not be the new holder's first take in its inherited range (the test's premise)", cursor, lower.id, refused)
 	}
 
-	e.rc.SetRespond(nil)
 	r2, logs2 := e.loggedRunner(cfg)
 	e.run(r2)
 	e.waitFor("the refused row delivered by the new holder", time.Minute, func() bool { return e.delivered(refused) })
@@ -283,6 +272,36 @@ func TestLateCommitInFlightAtTheNewHoldersCheckIsWarned(t *testing.T) {
 		t.Fatalf("%d terms of the second runner, want one (the test's premise); last lines:\n%s", n, logs2.Tail(20))
 	}
 	expectLateCommit(t, logs2, r2, lower.id, higher)
+}
+
+// gapGivenUpBesideARefusedRow runs a first holder (cfg) that gives up a
+// gap of aggregate A (lower, left in flight) and delivers A's higher row
+// past it, while its sink refuses the one row of aggregate B (below higher
+// when refusedBelow, else above it); it stops once its sent mark is saved
+// past both, and leaves the receiver answering 2xx.
+func (e *env) gapGivenUpBesideARefusedRow(cfg testCfg, refusedBelow bool) (lower *racer, higher, refused int64) {
+	e.t.Helper()
+	e.rc.SetRespond(testkit.Statuses(map[string]int{"deal/B": 503}))
+	r1, _ := e.loggedRunner(cfg)
+	stop1 := e.run(r1)
+	warm := e.produce("warm")
+	e.waitFor("the first runner delivering", time.Minute, func() bool { return e.delivered(warm) })
+	lower = e.race("A")
+	if refusedBelow {
+		refused = e.produce("B")
+	}
+	higher = e.produce("A")
+	if !refusedBelow {
+		refused = e.produce("B")
+	}
+	e.waitFor("the higher id delivered past gap_wait", time.Minute, func() bool { return e.delivered(higher) })
+	e.waitFor("the sent mark saved", time.Minute, func() bool { return e.savedSent() >= max(higher, refused) })
+	stop1()
+	if e.delivered(refused) {
+		e.t.Fatalf("premise: row %d of the refused aggregate was delivered by the first holder", refused)
+	}
+	e.rc.SetRespond(nil)
+	return lower, higher, refused
 }
 
 // Rows the last holder took but never delivered (here its sink refused
