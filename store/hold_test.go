@@ -55,3 +55,30 @@ func TestReadHoldsADueRetryBeyondTheScannedRows(t *testing.T) {
 		t.Fatalf("the short read returned %+v while the gap %d below it may still commit", res.Rows, gap)
 	}
 }
+
+// A dead-lettered row above the cursor is settled: the read neither
+// returns it nor counts it among the pending rows it saw (readSQL, hot).
+// A new holder whose saved cursor lies below one (held there by a gap or
+// a parked row) would otherwise send it again without a replay.
+func TestReadLeavesDeadRowsAboveTheCursorOut(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	base := maxID(t, st)
+	enqueue(t, st, ev("deal", "A", 1), ev("deal", "B", 2))
+	dead, live := base+1, base+2
+	exec(t, st, `UPDATE outbox SET attempts = 25, last_error = 'gone', dead_at = now() WHERE id = $1`, dead)
+
+	res, err := st.Read(ctx, store.FetchLimits{Rows: 10}, store.ReadPos{Cursor: base, Frontier: base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Rows) != 1 || res.Rows[0].ID != live {
+		t.Fatalf("rows %+v, want only the live row %d (row %d is dead)", res.Rows, live, dead)
+	}
+	for _, h := range res.Hot {
+		if h.ID == dead {
+			t.Fatalf("the dead row %d read as pending (state %c)", dead, h.State)
+		}
+	}
+}
