@@ -1,10 +1,14 @@
 package poller
 
 import (
+	"context"
 	"net/http"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/internal/testkit"
 )
 
@@ -19,6 +23,17 @@ func retryLater(id *int64, secs string) func(testkit.Request) testkit.Reply {
 	}
 }
 
+// refusedOnce commits a row of aggregate X whose first attempt the
+// receiver answers 429 with a Retry-After of secs seconds, and returns it
+// with a config that honours that (up to backoff_max).
+func (e *env) refusedOnce(secs string) (x1 int64, cfg testCfg) {
+	x1 = e.produce("X")
+	e.rc.SetRespond(retryLater(&x1, secs))
+	cfg = testConfig()
+	cfg.BackoffMax = 10 * time.Second
+	return x1, cfg
+}
+
 // A row read while an earlier row of its aggregate backs off is blocked,
 // and the cursor passes it: its aggregate is parked there (advance), so
 // the row goes once the earlier one is delivered, in order with the
@@ -26,10 +41,7 @@ func retryLater(id *int64, secs string) func(testkit.Request) testkit.Reply {
 // here) and the later row went first.
 func TestRowBlockedBehindABackingOffRowIsParked(t *testing.T) {
 	e := newEnv(t)
-	x1 := e.produce("X")
-	e.rc.SetRespond(retryLater(&x1, "5"))
-	cfg := testConfig()
-	cfg.BackoffMax = 10 * time.Second // Retry-After is honoured up to backoff_max
+	x1, cfg := e.refusedOnce("5")
 	r := e.poller(cfg, "")
 	r.rescanEvery = time.Hour
 	e.run(r)
@@ -57,10 +69,7 @@ func TestRowBlockedBehindABackingOffRowIsParked(t *testing.T) {
 // term-start rescan runs after that read), and the later row went first.
 func TestSavedCursorStaysBelowParkedRows(t *testing.T) {
 	e := newEnv(t)
-	x1 := e.produce("X")
-	e.rc.SetRespond(retryLater(&x1, "6"))
-	cfg := testConfig()
-	cfg.BackoffMax = 10 * time.Second
+	x1, cfg := e.refusedOnce("6")
 	a := e.poller(cfg, "")
 	a.rescanEvery = time.Hour
 	stopA := e.run(a)
@@ -84,4 +93,27 @@ func TestSavedCursorStaysBelowParkedRows(t *testing.T) {
 		return e.delivered(x1) && e.delivered(x2) && e.delivered(x3)
 	})
 	e.checkOrder()
+}
+
+// A failed delivery releases its claim (DESIGN, delivery protocol, step 5:
+// "Failure: delete the claim"): the row's idempotency key is gone while it
+// backs off, so nothing but its own retry decides when it goes again, and
+// that retry takes over no claim. Left in place, the retry took over the
+// term's own claim and counted it in outboxd_claims_taken_over_total.
+func TestFailedDeliveryReleasesItsClaim(t *testing.T) {
+	e := newEnv(t)
+	x1, cfg := e.refusedOnce("2")
+	cfg.ClaimTTL = time.Minute
+	r := e.poller(cfg, "")
+	e.run(r)
+	e.waitFor("the row refused with Retry-After", 20*time.Second, func() bool { return e.count("attempts = 1") == 1 })
+	key := keys.New(e.prefix).Idempotency(x1)
+	if n, err := e.rdb.Exists(context.Background(), key).Result(); err != nil || n != 0 {
+		v, _ := e.rdb.Get(context.Background(), key).Result()
+		t.Fatalf("after the failure the row's key %s holds %q (%v), want none", key, v, err)
+	}
+	e.waitFor("the row delivered on its retry", 30*time.Second, func() bool { return e.delivered(x1) })
+	if n := testutil.ToFloat64(r.m.ClaimsTakenOver); n != 0 {
+		t.Fatalf("outboxd_claims_taken_over_total %v after one holder's retry, want 0", n)
+	}
 }
