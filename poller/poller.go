@@ -159,6 +159,7 @@ type Poller struct {
 	watchedMost  atomic.Int64  // most gap ids one read looked up, this process; tests read it
 	earlyWrite   time.Duration // see the constant
 	maxInherit   int           // see the constant; tests lower it
+	maxLastSent  int           // see the constant; tests lower it
 
 	cutMu sync.Mutex
 	cuts  map[int64]int // sends of a row cut short by the lease while it was held
@@ -194,7 +195,7 @@ func New(cfg Config, d Deps) *Poller {
 			QueryTimeout: queryTimeout(cfg),
 		}, term.Deps{Locks: d.Locks, Store: d.Store, Log: d.Log, Metrics: d.Metrics}),
 		wake: make(chan struct{}, 1), cuts: map[int64]int{}, rescanEvery: rescanEvery, earlyWrite: earlyWrite,
-		maxInherit: maxInherit,
+		maxInherit: maxInherit, maxLastSent: maxLastSent,
 	}
 }
 

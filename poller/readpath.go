@@ -202,13 +202,16 @@ type reader struct {
 	incarnation string
 	seqFloor    int64
 	cold        bool
+
+	// lastSentMax bounds lastSent (0: maxLastSent); tests lower it.
+	lastSentMax int
 }
 
 // readerFor returns the term's reader, a new one when the term changed.
 func (p *Poller) readerFor(f store.Fence) *reader {
 	if p.rd == nil || p.rd.fence != f {
 		p.rd = &reader{fence: f, parked: map[store.Aggregate]int64{},
-			lastSent: map[store.Aggregate]int64{}, lateDone: map[int64]struct{}{}}
+			lastSent: map[store.Aggregate]int64{}, lateDone: map[int64]struct{}{}, lastSentMax: p.maxLastSent}
 	}
 	return p.rd
 }
@@ -659,7 +662,11 @@ func (r *reader) sent(items []item) {
 
 // noteSent records that id of aggregate a is sent (or on its way).
 func (r *reader) noteSent(a store.Aggregate, id int64) {
-	if _, ok := r.lastSent[a]; !ok && len(r.lastSent) >= maxLastSent {
+	limit := r.lastSentMax
+	if limit == 0 {
+		limit = maxLastSent
+	}
+	if _, ok := r.lastSent[a]; !ok && len(r.lastSent) >= limit {
 		clear(r.lastSent)
 		r.gen++
 	}

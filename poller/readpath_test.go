@@ -138,28 +138,47 @@ func TestRacingProducersKeepAggregateOrder(t *testing.T) {
 // and both ids, and counted.
 func TestLateCommitIsDeliveredWarnedAndCounted(t *testing.T) {
 	e := newEnv(t)
+	r, logs, lower, higher := e.givenUpGap(nil)
+	lower.commit(t)
+	e.waitFor("the late row delivered", time.Minute, func() bool { return e.delivered(lower.id) })
+	oneTerm(t, logs)
+	expectLateCommit(t, logs, r, lower.id, higher)
+}
+
+// givenUpGap runs a runner whose late commit tests count: one term
+// (gap_wait 300 ms), a gap of aggregate A given up and the higher row of A
+// delivered past it, the lower row still in flight. set, if not nil,
+// adjusts the runner before it runs.
+func (e *env) givenUpGap(set func(*runner)) (r *runner, logs *testkit.Logs, lower *racer, higher int64) {
+	e.t.Helper()
 	cfg := testConfig()
 	cfg.GapWait = 300 * time.Millisecond
 	// One term throughout (the test counts warnings of one runner; across
 	// terms see TestLateCommitAfterTheLeaseMovedIsWarnedAndCounted). With a
 	// 2 s TTL a loaded machine can lose the lease.
 	cfg.LockTTL = 30 * time.Second
-	r, logs := e.loggedRunner(cfg)
+	r, logs = e.loggedRunner(cfg)
+	if set != nil {
+		set(r)
+	}
 	e.run(r)
 	// The runner reads before the race starts: a holder that starts while a
 	// producer is in flight computes its first cursor (store.LoadCursor) and
 	// finds such a row by its rescan, not as a late commit.
 	warm := e.produce("warm")
 	e.waitFor("the runner delivering", time.Minute, func() bool { return e.delivered(warm) })
-	lower := e.race("A")
-	higher := e.produce("A")
+	lower = e.race("A")
+	higher = e.produce("A")
 	e.waitFor("the higher id delivered past gap_wait", time.Minute, func() bool { return e.delivered(higher) })
-	lower.commit(t)
-	e.waitFor("the late row delivered", time.Minute, func() bool { return e.delivered(lower.id) })
+	return r, logs, lower, higher
+}
+
+// oneTerm fails the test unless its runner acquired the lock once.
+func oneTerm(t *testing.T, logs *testkit.Logs) {
+	t.Helper()
 	if n := logs.Count(`"msg":"lock acquired"`); n != 1 {
 		t.Fatalf("%d terms, want one (the test's premise); last lines:\n%s", n, logs.Tail(20))
 	}
-	expectLateCommit(t, logs, r, lower.id, higher)
 }
 
 // expectLateCommit waits for r's one "late commit" WARN naming aggregate
@@ -232,17 +251,7 @@ func TestLateCommitInFlightAtTheNewHoldersCheckIsWarned(t *testing.T) {
 	cfg := testConfig()
 	cfg.GapWait = 300 * time.Millisecond
 	cfg.LockTTL = 30 * time.Second
-	e.rc.SetRespond(testkit.Statuses(map[string]int{"deal/B": 503}))
-	r1, _ := e.loggedRunner(cfg)
-	stop1 := e.run(r1)
-	warm := e.produce("warm")
-	e.waitFor("the first runner delivering", time.Minute, func() bool { return e.delivered(warm) })
-	lower := e.race("A")
-	higher := e.produce("A")
-	refused := e.produce("B")
-	e.waitFor("the higher id delivered past gap_wait", time.Minute, func() bool { return e.delivered(higher) })
-	e.waitFor("the sent mark saved", time.Minute, func() bool { return e.savedSent() >= refused })
-	stop1()
+	lower, higher, refused := e.gapGivenUpBesideARefusedRow(cfg, false)
 	var cursor int64
 	if err := e.st.Pool().QueryRow(context.Background(), `SELECT max(cursor) FROM outbox_cursor`).Scan(&cursor); err != nil {
 		t.Fatal(err)
@@ -251,7 +260,6 @@ func TestLateCommitInFlightAtTheNewHoldersCheckIsWarned(t *testing.T) {
 		t.Fatalf("saved cursor %d at or above the open gap %d: the refused row %d would not be the new holder's first take in its inherited range (the test's premise)", cursor, lower.id, refused)
 	}
 
-	e.rc.SetRespond(nil)
 	r2, logs2 := e.loggedRunner(cfg)
 	e.run(r2)
 	e.waitFor("the refused row delivered by the new holder", time.Minute, func() bool { return e.delivered(refused) })
@@ -264,6 +272,36 @@ func TestLateCommitInFlightAtTheNewHoldersCheckIsWarned(t *testing.T) {
 		t.Fatalf("%d terms of the second runner, want one (the test's premise); last lines:\n%s", n, logs2.Tail(20))
 	}
 	expectLateCommit(t, logs2, r2, lower.id, higher)
+}
+
+// gapGivenUpBesideARefusedRow runs a first holder (cfg) that gives up a
+// gap of aggregate A (lower, left in flight) and delivers A's higher row
+// past it, while its sink refuses the one row of aggregate B (below higher
+// when refusedBelow, else above it); it stops once its sent mark is saved
+// past both, and leaves the receiver answering 2xx.
+func (e *env) gapGivenUpBesideARefusedRow(cfg testCfg, refusedBelow bool) (lower *racer, higher, refused int64) {
+	e.t.Helper()
+	e.rc.SetRespond(testkit.Statuses(map[string]int{"deal/B": 503}))
+	r1, _ := e.loggedRunner(cfg)
+	stop1 := e.run(r1)
+	warm := e.produce("warm")
+	e.waitFor("the first runner delivering", time.Minute, func() bool { return e.delivered(warm) })
+	lower = e.race("A")
+	if refusedBelow {
+		refused = e.produce("B")
+	}
+	higher = e.produce("A")
+	if !refusedBelow {
+		refused = e.produce("B")
+	}
+	e.waitFor("the higher id delivered past gap_wait", time.Minute, func() bool { return e.delivered(higher) })
+	e.waitFor("the sent mark saved", time.Minute, func() bool { return e.savedSent() >= max(higher, refused) })
+	stop1()
+	if e.delivered(refused) {
+		e.t.Fatalf("premise: row %d of the refused aggregate was delivered by the first holder", refused)
+	}
+	e.rc.SetRespond(nil)
+	return lower, higher, refused
 }
 
 // Rows the last holder took but never delivered (here its sink refused
