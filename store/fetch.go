@@ -284,10 +284,14 @@ const readColumnNames = `id, aggregate_type, aggregate_id, event_type, payload, 
 // earlier row of its aggregate backs off, so per-aggregate order holds.
 // Whether any row backs off at all is asked once per read (an InitPlan),
 // and the probe per row only when one does: without failures the probe
-// was half the read's buffer work in a drain (one per row).
+// was half the read's buffer work in a drain (one per row). The far bound
+// (now() + 100 years) is an InitPlan too, computed once per read: written
+// inline, a generic plan added the interval twice per row (month
+// arithmetic), 2-3% of the read's backend CPU in a drain (4.82 -> 4.68 ms
+// per read of 1,000 rows, 1,500 alternating reads each).
 const readColumnsSQL = `o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload, o.headers, o.created_at, o.attempts,
-    o.available_at > now() + interval '100 years' AS far,
-    o.available_at > o.created_at AND o.available_at > now() AND o.available_at <= now() + interval '100 years' AS notdue,
+    o.available_at > (SELECT now() + interval '100 years') AS far,
+    o.available_at > o.created_at AND o.available_at > now() AND o.available_at <= (SELECT now() + interval '100 years') AS notdue,
     CASE WHEN EXISTS (SELECT 1 FROM outbox d WHERE ` + backingOffD + ` AND d.available_at > now())
     THEN EXISTS (SELECT 1 FROM outbox e
       WHERE e.aggregate_type = o.aggregate_type AND e.aggregate_id = o.aggregate_id

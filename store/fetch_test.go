@@ -901,28 +901,10 @@ func TestReadCutsItsBatchOnNarrowRows(t *testing.T) {
 		t.Fatalf("rows %v, want %v (id order, the row below the cursor first)", got, want)
 	}
 
-	conn := preparedRead(t, st)
-	args, _ := store.ReadArgs(store.FetchLimits{Rows: 100}, store.ReadPos{Cursor: cursor, Frontier: cursor})
-	args = append([]any{pgx.QueryExecModeSimpleProtocol}, args...)
-	var raw []byte
-	if err := conn.QueryRow(ctx, `EXPLAIN (VERBOSE, FORMAT JSON) EXECUTE rd($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`, args...).Scan(&raw); err != nil {
-		t.Fatal(err)
-	}
-	type node struct {
-		Type     string   `json:"Node Type"`
-		Subplan  string   `json:"Subplan Name"`
-		Output   []string `json:"Output"`
-		Children []node   `json:"Plans"`
-	}
-	var plans []struct {
-		Plan node `json:"Plan"`
-	}
-	if err := json.Unmarshal(raw, &plans); err != nil || len(plans) != 1 {
-		t.Fatalf("explain: %v %s", err, raw)
-	}
-	var cut *node
-	var findCut func(n *node)
-	findCut = func(n *node) {
+	plan := explainReadVerbose(t, preparedRead(t, st), store.FetchLimits{Rows: 100}, store.ReadPos{Cursor: cursor, Frontier: cursor})
+	var cut *outputNode
+	var findCut func(n *outputNode)
+	findCut = func(n *outputNode) {
 		for i := range n.Children {
 			if n.Children[i].Subplan == "CTE out" {
 				cut = &n.Children[i]
@@ -931,15 +913,15 @@ func TestReadCutsItsBatchOnNarrowRows(t *testing.T) {
 			}
 		}
 	}
-	findCut(&plans[0].Plan)
+	findCut(&plan)
 	if cut == nil {
-		t.Fatalf("no CTE out in the read's plan: %s", raw)
+		t.Fatal("no CTE out in the read's plan")
 	}
 	// The nodes that copy the rows they pass (a scan of a CTE may list
 	// every column of it, the tuples themselves, uncopied).
 	stores := map[string]bool{"Sort": true, "Incremental Sort": true, "WindowAgg": true, "Materialize": true, "Hash": true}
-	var wide func(n node) string
-	wide = func(n node) string {
+	var wide func(n outputNode) string
+	wide = func(n outputNode) string {
 		for _, o := range n.Output {
 			if (stores[n.Type] || n.Subplan == "CTE out") && (strings.Contains(o, "payload") || strings.Contains(o, "headers")) {
 				return n.Type + ": " + o
@@ -1038,4 +1020,62 @@ func storeWithRows(t *testing.T, n, aggregates int) (st *store.Store, base int64
 	exec(t, st, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
 		SELECT 'deal', (i % $2)::text, 'deal.funded', '{}' FROM generate_series(1, $1) i`, n, aggregates)
 	return st, maxID(t, st) - int64(n)
+}
+
+// TestReadComputesTheFarBoundOncePerRead: the rows the read scans are
+// judged against now() + 100 years computed once per read (an InitPlan),
+// not per row: the interval added twice a row was 2-3% of a drain's read.
+// TestFarAvailableAtIsPoison checks what the bound decides.
+func TestReadComputesTheFarBoundOncePerRead(t *testing.T) {
+	t.Parallel()
+	st, base := storeWithRows(t, 20, 7)
+	plan := explainReadVerbose(t, preparedRead(t, st), store.FetchLimits{Rows: 100}, store.ReadPos{Cursor: base, Frontier: base})
+	scans := 0
+	var walk func(n outputNode)
+	walk = func(n outputNode) {
+		if n.Relation == "outbox" && strings.HasPrefix(n.Alias, "o") {
+			scans++
+			for _, o := range n.Output {
+				if strings.Contains(o, "100 years") {
+					t.Errorf("scan of outbox %s computes the far bound per row: %s", n.Alias, o)
+				}
+			}
+		}
+		for _, c := range n.Children {
+			walk(c)
+		}
+	}
+	walk(plan)
+	if scans == 0 {
+		t.Fatal("no scan of outbox in the read's plan")
+	}
+}
+
+// outputNode is a node of EXPLAIN (VERBOSE, FORMAT JSON): what it outputs.
+type outputNode struct {
+	Type     string       `json:"Node Type"`
+	Subplan  string       `json:"Subplan Name"`
+	Relation string       `json:"Relation Name"`
+	Alias    string       `json:"Alias"`
+	Output   []string     `json:"Output"`
+	Children []outputNode `json:"Plans"`
+}
+
+// explainReadVerbose is the plan conn's prepared read (preparedRead)
+// would run with lim and pos, its nodes' outputs named (not executed).
+func explainReadVerbose(t *testing.T, conn *pgxpool.Conn, lim store.FetchLimits, pos store.ReadPos) outputNode {
+	t.Helper()
+	args, _ := store.ReadArgs(lim, pos)
+	args = append([]any{pgx.QueryExecModeSimpleProtocol}, args...)
+	var raw []byte
+	if err := conn.QueryRow(context.Background(), `EXPLAIN (VERBOSE, FORMAT JSON) EXECUTE rd($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`, args...).Scan(&raw); err != nil {
+		t.Fatal(err)
+	}
+	var plans []struct {
+		Plan outputNode `json:"Plan"`
+	}
+	if err := json.Unmarshal(raw, &plans); err != nil || len(plans) != 1 {
+		t.Fatalf("explain: %v %s", err, raw)
+	}
+	return plans[0].Plan
 }
