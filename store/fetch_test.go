@@ -783,36 +783,19 @@ func TestBacklogCountReadsThePendingIndexAlone(t *testing.T) {
 // check what it finds).
 func TestReadLooksForHolesOnlyWhenThereAreSome(t *testing.T) {
 	t.Parallel()
-	st, _ := testenv.Store(t)
+	st, base := storeWithRows(t, 1000, 100)
 	ctx := context.Background()
-	exec(t, st, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-		SELECT 'deal', (i % 100)::text, 'deal.funded', '{}' FROM generate_series(1, 1000) i`)
-	conn, err := st.Pool().Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	if _, err := conn.Conn().Prepare(ctx, "rd", store.ReadSQL); err != nil {
-		t.Fatal(err)
-	}
+	conn := preparedRead(t, st)
 	// holesRan says whether any node of the holes pass ran.
 	holesRan := func(frontier int64) bool {
 		t.Helper()
-		args, _ := store.ReadArgs(store.FetchLimits{Rows: 1000}, store.ReadPos{Cursor: frontier, Frontier: frontier})
-		raw := explainUndoneJSON(t, conn, `EXECUTE rd($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`, args...)
-		var plans []struct {
-			Plan costNode `json:"Plan"`
-		}
-		if err := json.Unmarshal(raw, &plans); err != nil || len(plans) != 1 {
-			t.Fatalf("explain: %v %s", err, raw)
-		}
-		holes := plans[0].Plan.find("CTE holes")
+		plan := explainRead(t, conn, store.FetchLimits{Rows: 1000}, store.ReadPos{Cursor: frontier, Frontier: frontier})
+		holes := plan.find("CTE holes")
 		if holes == nil {
-			t.Fatalf("no CTE holes in the read's plan: %s", raw)
+			t.Fatal("no CTE holes in the read's plan")
 		}
 		return holes.ran("WindowAgg")
 	}
-	base := maxID(t, st) - 1000
 	if holesRan(base) {
 		t.Error("the read looked for holes among 1,000 hot rows with consecutive ids")
 	}
@@ -887,4 +870,216 @@ func TestReadLooksUpSkippedRowsInAHash(t *testing.T) {
 	if len(res.Rows) != 17 {
 		t.Fatalf("%d rows returned, want 17", len(res.Rows))
 	}
+}
+
+// TestReadCutsItsBatchOnNarrowRows: the read chooses the rows it returns
+// (the row and byte limits: a sort, a window, the CTE out) on their ids
+// and sizes, and takes the payloads and headers from hot and low once the
+// choice is made: carried through the cut they were copied four more
+// times per read. Rows from below the cursor come back in id order all
+// the same (readSQL returns them after the hot ones; Read sorts them).
+func TestReadCutsItsBatchOnNarrowRows(t *testing.T) {
+	t.Parallel()
+	st, base := storeWithRows(t, 20, 7)
+	ctx := context.Background()
+	cursor := base + 10
+	exec(t, st, `UPDATE outbox SET dispatched_at = now() WHERE id <= $1 AND id <> $2`, cursor, base+3)
+	// base+3 retried and due again: found below the cursor (low), not by the scan.
+	exec(t, st, `UPDATE outbox SET attempts = 1, created_at = now() - interval '1 hour', available_at = now() - interval '1 minute' WHERE id = $1`, base+3)
+	res, err := st.Read(ctx, store.FetchLimits{Rows: 100}, store.ReadPos{Cursor: cursor, Frontier: cursor})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []int64{base + 3}
+	for id := cursor + 1; id <= base+20; id++ {
+		want = append(want, id)
+	}
+	var got []int64
+	for _, r := range res.Rows {
+		got = append(got, r.ID)
+		if string(r.Payload) != "{}" {
+			t.Fatalf("row %d payload %q", r.ID, r.Payload)
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("rows %v, want %v (id order, the row below the cursor first)", got, want)
+	}
+
+	plan := explainReadVerbose(t, preparedRead(t, st), store.FetchLimits{Rows: 100}, store.ReadPos{Cursor: cursor, Frontier: cursor})
+	var cut *outputNode
+	var findCut func(n *outputNode)
+	findCut = func(n *outputNode) {
+		for i := range n.Children {
+			if n.Children[i].Subplan == "CTE out" {
+				cut = &n.Children[i]
+			} else if cut == nil {
+				findCut(&n.Children[i])
+			}
+		}
+	}
+	findCut(&plan)
+	if cut == nil {
+		t.Fatal("no CTE out in the read's plan")
+	}
+	// The nodes that copy the rows they pass (a scan of a CTE may list
+	// every column of it, the tuples themselves, uncopied).
+	stores := map[string]bool{"Sort": true, "Incremental Sort": true, "WindowAgg": true, "Materialize": true, "Hash": true}
+	var wide func(n outputNode) string
+	wide = func(n outputNode) string {
+		for _, o := range n.Output {
+			if (stores[n.Type] || n.Subplan == "CTE out") && (strings.Contains(o, "payload") || strings.Contains(o, "headers")) {
+				return n.Type + ": " + o
+			}
+		}
+		for _, c := range n.Children {
+			if w := wide(c); w != "" {
+				return w
+			}
+		}
+		return ""
+	}
+	if w := wide(*cut); w != "" {
+		t.Fatalf("the read's cut (CTE out) carries payloads or headers: %s", w)
+	}
+}
+
+// TestReadLooksUpSkippedIDsOnlyAtOrBelowTheHighest: a candidate above
+// every skipped id is not looked up among them, so in a drain, where the
+// rows in flight lie at or below the cursor and every hot row above it,
+// the hash of up to 3,000 skipped ids is not built at all. A skipped id
+// among the hot rows is still left out.
+func TestReadLooksUpSkippedIDsOnlyAtOrBelowTheHighest(t *testing.T) {
+	t.Parallel()
+	st, base := storeWithRows(t, 20, 7)
+	ctx := context.Background()
+	cursor := base + 10
+	conn := preparedRead(t, st)
+	// read says whether any lookup in the skipped ids (SELECT unnest($11),
+	// a ProjectSet; Busy's is a Function Scan) ran, and returns the ids
+	// read.
+	read := func(skip []int64) (bool, []int64) {
+		t.Helper()
+		lim, pos := store.FetchLimits{Rows: 100, Skip: skip}, store.ReadPos{Cursor: cursor, Frontier: cursor}
+		plan := explainRead(t, conn, lim, pos)
+		res, err := st.Read(ctx, lim, pos)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []int64
+		for _, r := range res.Rows {
+			ids = append(ids, r.ID)
+		}
+		return plan.ran("ProjectSet"), ids
+	}
+	var inFlight []int64
+	for id := base + 1; id <= cursor; id++ {
+		inFlight = append(inFlight, id)
+	}
+	if looked, ids := read(inFlight); looked || len(ids) != 10 || ids[0] != cursor+1 {
+		t.Fatalf("skipped ids all below the hot rows: looked up %v, rows %v; want no lookup and rows %d..%d", looked, ids, cursor+1, base+20)
+	}
+	looked, ids := read([]int64{base + 5, base + 15})
+	if !looked || len(ids) != 9 || slices.Contains(ids, base+15) {
+		t.Fatalf("skipped id %d among the hot rows: looked up %v, rows %v; want it looked up and left out", base+15, looked, ids)
+	}
+}
+
+// preparedRead is a connection of st's pool, released at cleanup, on which
+// readSQL is prepared as "rd" (generic: the relay's plan_cache_mode).
+func preparedRead(t *testing.T, st *store.Store) *pgxpool.Conn {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := st.Pool().Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Release)
+	if _, err := conn.Conn().Prepare(ctx, "rd", store.ReadSQL); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+// explainRead is the plan of one execution of conn's prepared read
+// (preparedRead) with lim and pos: EXPLAIN (ANALYZE, BUFFERS), undone.
+func explainRead(t *testing.T, conn *pgxpool.Conn, lim store.FetchLimits, pos store.ReadPos) costNode {
+	t.Helper()
+	args, _ := store.ReadArgs(lim, pos)
+	raw := explainUndoneJSON(t, conn, `EXECUTE rd($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`, args...)
+	var plans []struct {
+		Plan costNode `json:"Plan"`
+	}
+	if err := json.Unmarshal(raw, &plans); err != nil || len(plans) != 1 {
+		t.Fatalf("explain: %v %s", err, raw)
+	}
+	return plans[0].Plan
+}
+
+// storeWithRows is a store with n pending rows over aggregates aggregates
+// of type deal (round robin), empty payloads; base is the id before the
+// first.
+func storeWithRows(t *testing.T, n, aggregates int) (st *store.Store, base int64) {
+	t.Helper()
+	st, _ = testenv.Store(t)
+	exec(t, st, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+		SELECT 'deal', (i % $2)::text, 'deal.funded', '{}' FROM generate_series(1, $1) i`, n, aggregates)
+	return st, maxID(t, st) - int64(n)
+}
+
+// TestReadComputesTheFarBoundOncePerRead: the rows the read scans are
+// judged against now() + 100 years computed once per read (an InitPlan),
+// not per row: the interval added twice a row was 2-3% of a drain's read.
+// TestFarAvailableAtIsPoison checks what the bound decides.
+func TestReadComputesTheFarBoundOncePerRead(t *testing.T) {
+	t.Parallel()
+	st, base := storeWithRows(t, 20, 7)
+	plan := explainReadVerbose(t, preparedRead(t, st), store.FetchLimits{Rows: 100}, store.ReadPos{Cursor: base, Frontier: base})
+	scans := 0
+	var walk func(n outputNode)
+	walk = func(n outputNode) {
+		if n.Relation == "outbox" && strings.HasPrefix(n.Alias, "o") {
+			scans++
+			for _, o := range n.Output {
+				if strings.Contains(o, "100 years") {
+					t.Errorf("scan of outbox %s computes the far bound per row: %s", n.Alias, o)
+				}
+			}
+		}
+		for _, c := range n.Children {
+			walk(c)
+		}
+	}
+	walk(plan)
+	if scans == 0 {
+		t.Fatal("no scan of outbox in the read's plan")
+	}
+}
+
+// outputNode is a node of EXPLAIN (VERBOSE, FORMAT JSON): what it outputs.
+type outputNode struct {
+	Type     string       `json:"Node Type"`
+	Subplan  string       `json:"Subplan Name"`
+	Relation string       `json:"Relation Name"`
+	Alias    string       `json:"Alias"`
+	Output   []string     `json:"Output"`
+	Children []outputNode `json:"Plans"`
+}
+
+// explainReadVerbose is the plan conn's prepared read (preparedRead)
+// would run with lim and pos, its nodes' outputs named (not executed).
+func explainReadVerbose(t *testing.T, conn *pgxpool.Conn, lim store.FetchLimits, pos store.ReadPos) outputNode {
+	t.Helper()
+	args, _ := store.ReadArgs(lim, pos)
+	args = append([]any{pgx.QueryExecModeSimpleProtocol}, args...)
+	var raw []byte
+	if err := conn.QueryRow(context.Background(), `EXPLAIN (VERBOSE, FORMAT JSON) EXECUTE rd($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`, args...).Scan(&raw); err != nil {
+		t.Fatal(err)
+	}
+	var plans []struct {
+		Plan outputNode `json:"Plan"`
+	}
+	if err := json.Unmarshal(raw, &plans); err != nil || len(plans) != 1 {
+		t.Fatalf("explain: %v %s", err, raw)
+	}
+	return plans[0].Plan
 }
