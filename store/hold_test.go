@@ -82,3 +82,42 @@ func TestReadLeavesDeadRowsAboveTheCursorOut(t *testing.T) {
 		}
 	}
 }
+
+// A due retry above the rows a read scans is not returned while a lower
+// untried row of its aggregate, also beyond the scan, is pending (readSQL,
+// lowids: its gap committed; a longer read sends the lower one first):
+// otherwise the retry went ahead of it, out of its aggregate's order.
+func TestReadKeepsADueRetryBehindALowerRowBeyondTheScan(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	base := maxID(t, st)
+	enqueue(t, st, ev("deal", "A", 1), ev("deal", "B", 2), ev("deal", "C", 3), ev("deal", "C", 4))
+	lower, retry := base+3, base+4
+	exec(t, st, `UPDATE outbox SET attempts = 1, available_at = now() WHERE id = $1`, retry) // failed once, due again
+
+	// Two rows in flight fill a short read: it scans base+1 and base+2
+	// only; both rows of C lie beyond.
+	short := store.FetchLimits{Rows: 2, Skip: []int64{base + 1, base + 2}}
+	res, err := st.Read(ctx, short, store.ReadPos{Cursor: base, Frontier: retry})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, row := range res.Rows {
+		if row.ID == retry {
+			t.Fatalf("the short read returned the retry %d ahead of the pending row %d of its aggregate: %+v", retry, lower, res.Rows)
+		}
+	}
+	// A full read returns both, in order.
+	res, err = st.Read(ctx, store.FetchLimits{Rows: 10, Skip: []int64{base + 1, base + 2}}, store.ReadPos{Cursor: base, Frontier: retry})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []int64
+	for _, row := range res.Rows {
+		ids = append(ids, row.ID)
+	}
+	if len(ids) != 2 || ids[0] != lower || ids[1] != retry {
+		t.Fatalf("the full read returned %v, want [%d %d]", ids, lower, retry)
+	}
+}
