@@ -158,8 +158,9 @@ const defaultSpan = 10_000
 //     each row once anyway, and UNION's hash table is sized from the
 //     rows the plan expects, not the rows that come: once an ANALYZE saw
 //     the history it expected ~100k (the conditions written opaquely, see
-//     backingOff) and built 3 MB per read for none, 0.1-0.3 ms a read, a
-//     p99 past 10 ms at 2k ev/s under a held snapshot with autovacuum on
+//     backingOff) and built 3 MB per read for none: 0.10 -> 0.25-0.29 ms
+//     a read over 10 minutes at 2k ev/s under a held snapshot with
+//     autovacuum on, its ANALYZE re-planning the read each minute
 //     (TestHotPathPlansMadeOnASmallTableStayFlat).
 //
 // Candidates are then checked as before: due (available_at <= now(), or so

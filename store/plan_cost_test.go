@@ -276,9 +276,9 @@ func hotPathPlans(t *testing.T, planCacheMode string) {
 	analyzed := measure(220_000)
 	analyzedFar := measure(400_000)
 	for i, s := range statements {
-		t.Logf("%s, a batch of %d: behind 20k → 200k rows delivered under a held snapshot: %d → %d buffers, %d → %d plan rows; analyzed, behind 220k → 400k: %d → %d buffers, %d → %d plan rows; hash tables %d kB, analyzed %d kB",
+		t.Logf("%s, a batch of %d: behind 20k → 200k rows delivered under a held snapshot: %d → %d buffers, %d → %d plan rows; analyzed, behind 220k → 400k: %d → %d buffers, %d → %d plan rows; hash tables: small-table plan %d kB, analyzed %d kB",
 			s.name, batch, near[i].buffers, far[i].buffers, near[i].rows, far[i].rows,
-			analyzed[i].buffers, analyzedFar[i].buffers, analyzed[i].rows, analyzedFar[i].rows, far[i].memory, analyzedFar[i].memory)
+			analyzed[i].buffers, analyzedFar[i].buffers, analyzed[i].rows, analyzedFar[i].rows, near[i].memory, analyzedFar[i].memory)
 		for _, c := range []struct {
 			when         string
 			before, then planCost
@@ -315,10 +315,10 @@ func hotPathPlans(t *testing.T, planCacheMode string) {
 		// takes no more memory per execution than one made on a small
 		// table. (Once a term, its hash tables hold the rows it handles:
 		// InheritedLate groups a batch's aggregates.)
+		if strings.Contains(s.name, "once a term") {
+			continue
+		}
 		for _, x := range []planCost{analyzed[i], analyzedFar[i]} {
-			if strings.Contains(s.name, "once a term") {
-				break
-			}
 			if x.memory > near[i].memory+near[i].memory/2+64 {
 				t.Errorf("%s: the plan made after ANALYZE of the history built %d kB of hash tables, the plan made on a small table %d kB: it sizes them from the statistics, not the rows\n%s",
 					s.name, x.memory, near[i].memory, x.plan)
