@@ -51,7 +51,11 @@
 // -poke statements run at known offsets (CHECKPOINT, ANALYZE outbox, ...),
 // -sample-waits samples of the relay's sessions in pg_stat_activity, and
 // the private server's log (-pg-set log_checkpoints=on;... applied by
-// ALTER SYSTEM on a -pg private-autovacuum server).
+// ALTER SYSTEM on a -pg private-autovacuum server). Without -dump, every
+// latency run still lists each -window's producer transaction p99 and max
+// (a stall in the server's commit path shows there as in the relay's
+// latency) and the checkpoints the server finished during the run, on the
+// windows' clock.
 //
 // With -profile DIR, each outboxd drain also writes a CPU profile of the
 // relay (http.pprof), Postgres' pg_stat_statements (when the extension is
@@ -427,8 +431,11 @@ func latencyRuns(ctx context.Context, bins []build) {
 					fmt.Printf("    %s order: outboxd_late_commits_total %.0f, outboxd_gaps_given_up_total %.0f, %s after a later event of their aggregate %d%s\n",
 						label, q.lateCommits, q.gapsGivenUp, q.orderWord, q.outOfOrder, q.longWord)
 					for i, w := range q.windows {
-						fmt.Printf("    %s window %d (%v–%v): commit → marked p50 %.2f  p95 %.2f  p99 %.2f  max %.2f ms (%d events)\n",
-							label, i+1, time.Duration(i)**window, time.Duration(i+1)**window, w.p50, w.p95, w.p99, w.max, w.n)
+						fmt.Printf("    %s window %d (%v–%v): commit → marked p50 %.2f  p95 %.2f  p99 %.2f  max %.2f ms (%d events); producer tx p99 %.2f max %.2f ms\n",
+							label, i+1, time.Duration(i)**window, time.Duration(i+1)**window, w.p50, w.p95, w.p99, w.max, w.n, q.prodWindows[i].p99, q.prodWindows[i].max)
+					}
+					for _, c := range q.checkpoints {
+						fmt.Printf("    %s %s (the windows' clock)\n", label, c)
 					}
 					if _, seen := cpu[label]; !seen {
 						labels = append(labels, label)
@@ -527,12 +534,16 @@ type latency struct {
 	prodP50, prodP99, prodMax float64
 	// With -webhook: commit → the receiver's first request for the event.
 	recvP50, recvP99, recvMax float64
-	// With -window: commit → marked per window of commit time.
-	windows  []quantiles
-	load     string
-	indexMiB float64 // the outbox table's indexes when the run ended
-	relayCPU float64 // the relay's CPU seconds per 1,000 events, start-up included
-	events   int     // events produced (warm-up included)
+	// With -window: commit → marked per window of commit time, and the
+	// producers' own transaction time in the same windows.
+	windows, prodWindows []quantiles
+	// Checkpoints the server finished during the run, in s from the
+	// measured start (the windows' clock).
+	checkpoints []checkpointSeen
+	load        string
+	indexMiB    float64 // the outbox table's indexes when the run ended
+	relayCPU    float64 // the relay's CPU seconds per 1,000 events, start-up included
+	events      int     // events produced (warm-up included)
 	// What became of per-aggregate order: the relay's counters at the end,
 	// and the events the bench saw go after a later event of their
 	// aggregate (marked, or with -webhook received).
@@ -622,7 +633,7 @@ func latencyOnce(ctx context.Context, bin string, extra, env []string) latency {
 	var indexBytes int64
 	check(pool.QueryRow(ctx, `SELECT pg_indexes_size('outbox')`).Scan(&indexBytes))
 	var lat, prod, recv []float64
-	var perWindow [][]float64
+	var perWindow, prodPerWindow [][]float64
 	measured := start.Add(time.Duration(warm) * interval)
 	var dump strings.Builder
 	for _, c := range commits[warm:] {
@@ -639,9 +650,12 @@ func latencyOnce(ctx context.Context, bin string, extra, env []string) latency {
 				last := max(1, int((*steadyFor+*window-1) / *window)) - 1
 				w := min(max(0, int(c.at.Sub(measured) / *window)), last)
 				for len(perWindow) <= w {
-					perWindow = append(perWindow, nil)
+					perWindow, prodPerWindow = append(perWindow, nil), append(prodPerWindow, nil)
 				}
 				perWindow[w] = append(perWindow[w], l)
+				if c.ids[0] == id {
+					prodPerWindow[w] = append(prodPerWindow[w], float64(c.took.Microseconds())/1000)
+				}
 			}
 			fmt.Fprintf(&dump, "%.4f %.3f\n", c.at.Sub(start).Seconds(), l)
 		}
@@ -657,8 +671,14 @@ func latencyOnce(ctx context.Context, bin string, extra, env []string) latency {
 	if len(recv) > 0 {
 		out.recvP50, out.recvP99, out.recvMax = rv.p50, rv.p99, rv.max
 	}
-	for _, w := range perWindow {
+	for i, w := range perWindow {
 		out.windows = append(out.windows, quantilesOf(w))
+		out.prodWindows = append(out.prodWindows, quantilesOf(prodPerWindow[i]))
+	}
+	for _, c := range obs.checkpoints {
+		c.started -= measured.Sub(start).Seconds()
+		c.done -= measured.Sub(start).Seconds()
+		out.checkpoints = append(out.checkpoints, c)
 	}
 	out.lateCommits, out.gapsGivenUp = lateCommits, gapsGivenUp
 	out.orderWord, out.outOfOrder = "marked", markedOutOfOrder(ctx, pool)

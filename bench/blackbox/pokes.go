@@ -86,14 +86,18 @@ func parsePokes() []poke {
 	return out
 }
 
-// observer runs the pokes and the wait sampler of one latency run.
+// observer runs the pokes, the wait sampler and the checkpoint watch of
+// one latency run.
 type observer struct {
-	start  time.Time
-	mu     sync.Mutex
-	pokes  strings.Builder // "start end sql" per poke, s from start
-	waits  strings.Builder // "t pid wait_event_type wait_event query_age_ms query" per sample
-	wg     sync.WaitGroup
-	cancel context.CancelFunc
+	start time.Time
+	mu    sync.Mutex
+	pokes strings.Builder // "start end sql" per poke, s from start
+	waits strings.Builder // "t pid wait_event_type wait_event query_age_ms query" per sample
+	// Every checkpoint the server finished during the run, so a latency
+	// window can be read beside the checkpoint that overlapped it.
+	checkpoints []checkpointSeen
+	wg          sync.WaitGroup
+	cancel      context.CancelFunc
 }
 
 // observe starts the run's pokes and sampler; stop ends them.
@@ -106,6 +110,7 @@ func observe(ctx context.Context, dsn string, start time.Time) *observer {
 	if *sampleWaits > 0 {
 		o.wg.Go(func() { o.sample(ctx, dsn) })
 	}
+	o.wg.Go(func() { o.watchCheckpoints(ctx, dsn) })
 	return o
 }
 
@@ -146,25 +151,14 @@ func (o *observer) runPoke(ctx context.Context, dsn string, p poke) {
 // sample records the relay's sessions that are running a statement: the
 // wait event they are in, if any, and how long the statement has run.
 func (o *observer) sample(ctx context.Context, dsn string) {
-	conn, err := pgx.Connect(ctx, dsn)
-	check(err)
-	defer conn.Close(context.WithoutCancel(ctx))
-	tick := time.NewTicker(*sampleWaits)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
+	everyTick(ctx, dsn, *sampleWaits, func(conn *pgx.Conn) error {
 		rows, err := conn.Query(ctx, `SELECT pid, COALESCE(wait_event_type, '-'), COALESCE(wait_event, '-'),
   (extract(epoch FROM clock_timestamp() - query_start) * 1000)::float8, left(regexp_replace(query, '\s+', ' ', 'g'), 60)
 FROM pg_stat_activity
 WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'active' AND backend_type = 'client backend'`)
-		if ctx.Err() != nil {
-			return
+		if err != nil {
+			return err
 		}
-		check(err)
 		t := o.since()
 		var pid int32
 		var wt, we, q string
@@ -175,11 +169,67 @@ WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'acti
 			o.mu.Unlock()
 			return nil
 		})
+		return err
+	})
+}
+
+// everyTick runs f on a connection of its own every period until ctx
+// ends; an error of f ends the bench, unless ctx ended meanwhile.
+func everyTick(ctx context.Context, dsn string, period time.Duration, f func(*pgx.Conn) error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	check(err)
+	defer conn.Close(context.WithoutCancel(ctx))
+	tick := time.NewTicker(period)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		err := f(conn)
 		if ctx.Err() != nil {
 			return
 		}
 		check(err)
 	}
+}
+
+// checkpointSeen is one checkpoint: when it started (the checkpoint
+// record's time, whole seconds) and when the bench saw it finished, both in
+// s from the run's start. What asked for it (checkpoint_timeout, WAL,
+// CHECKPOINT) is in the server's log with log_checkpoints on: the
+// checkpointer's counters in pg_stat_bgwriter lag the control file, so
+// they cannot tell it here.
+type checkpointSeen struct {
+	started, done float64
+}
+
+func (c checkpointSeen) String() string {
+	return fmt.Sprintf("checkpoint started %+.0f s, finished by %+.0f s", c.started, c.done)
+}
+
+// watchCheckpoints polls the server's last checkpoint once a second. A
+// checkpoint shows only once it finished (pg_control_checkpoint), so one
+// still running when the run ends is not listed; nor one that finished
+// before the first poll.
+func (o *observer) watchCheckpoints(ctx context.Context, dsn string) {
+	const q = `SELECT extract(epoch FROM checkpoint_time)::float8 FROM pg_control_checkpoint()`
+	var last float64
+	everyTick(ctx, dsn, time.Second, func(conn *pgx.Conn) error {
+		var at float64
+		if err := conn.QueryRow(ctx, q).Scan(&at); err != nil {
+			return err
+		}
+		if last != 0 && at != last {
+			start := float64(o.start.UnixMicro()) / 1e6
+			o.mu.Lock()
+			o.checkpoints = append(o.checkpoints, checkpointSeen{started: at - start, done: o.since()})
+			o.mu.Unlock()
+		}
+		last = at
+		return nil
+	})
 }
 
 // write puts the run's files beside the dump (-dump PREFIX, run n).
