@@ -637,25 +637,27 @@ func latencyOnce(ctx context.Context, bin string, extra, env []string) latency {
 	measured := start.Add(time.Duration(warm) * interval)
 	var dump strings.Builder
 	for _, c := range commits[warm:] {
-		prod = append(prod, float64(c.took.Microseconds())/1000)
+		took := float64(c.took.Microseconds()) / 1000
+		prod = append(prod, took)
+		w := -1 // the commit's window, with -window
+		if *window > 0 {
+			// The last commits can fall a little past -for: they count
+			// in the last window, not in one of their own.
+			last := max(1, int((*steadyFor+*window-1) / *window)) - 1
+			w = min(max(0, int(c.at.Sub(measured) / *window)), last)
+			for len(perWindow) <= w {
+				perWindow, prodPerWindow = append(perWindow, nil), append(prodPerWindow, nil)
+			}
+			prodPerWindow[w] = append(prodPerWindow[w], took)
+		}
 		for _, id := range c.ids {
 			if got != nil {
 				recv = append(recv, float64(got.first(id).Sub(c.at).Microseconds())/1000)
 			}
 			l := float64(marked[id].Sub(c.at).Microseconds()) / 1000
 			lat = append(lat, l)
-			if *window > 0 {
-				// The last commits can fall a little past -for: they count
-				// in the last window, not in one of their own.
-				last := max(1, int((*steadyFor+*window-1) / *window)) - 1
-				w := min(max(0, int(c.at.Sub(measured) / *window)), last)
-				for len(perWindow) <= w {
-					perWindow, prodPerWindow = append(perWindow, nil), append(prodPerWindow, nil)
-				}
+			if w >= 0 {
 				perWindow[w] = append(perWindow[w], l)
-				if c.ids[0] == id {
-					prodPerWindow[w] = append(prodPerWindow[w], float64(c.took.Microseconds())/1000)
-				}
 			}
 			fmt.Fprintf(&dump, "%.4f %.3f\n", c.at.Sub(start).Seconds(), l)
 		}
