@@ -327,7 +327,7 @@ func (s *Store) Read(ctx context.Context, lim FetchLimits, pos ReadPos) (ReadRes
 		return ReadResult{}, wrap("read", err)
 	}
 	defer res.Close()
-	out := ReadResult{SeqLast: -1, Parked: map[Aggregate]int64{}, Rows: make([]Row, 0, min(max(lim.Rows, 0), 10_000))}
+	out := ReadResult{SeqLast: -1, Parked: map[Aggregate]int64{}, Rows: make([]Row, 0, readCap(lim.Rows, s.readRows.Load()))}
 	var ( // declared once: per row they were allocated per row
 		kind          string
 		id            int64
@@ -388,11 +388,24 @@ func (s *Store) Read(ctx context.Context, lim FetchLimits, pos ReadPos) (ReadRes
 	if err := res.Err(); err != nil {
 		return ReadResult{}, wrap("read", err)
 	}
+	s.readRows.Store(int64(len(out.Rows)))
 	// readSQL returns the rows read below the cursor after the hot ones.
 	if !slices.IsSortedFunc(out.Rows, byRowID) {
 		slices.SortFunc(out.Rows, byRowID)
 	}
 	return out, nil
+}
+
+// readCap is the room a read's rows start with: what the last read
+// returned and a quarter more, within the limit. Not the limit itself:
+// while events stream a read finds a few rows, and 500 Rows made for each
+// (80 KB) were 97% of the relay's allocations at 2k ev/s, 16 GCs a second
+// (TestReadAllocatesForTheRowsItFinds). Not nothing either: in a drain
+// every read fills the limit, and growing to it by append would make and
+// copy twice the rows.
+func readCap(limit int, last int64) int {
+	limit = min(max(limit, 0), 10_000)
+	return int(min(int64(limit), last+last/4+8))
 }
 
 func byRowID(a, b Row) int { return cmp.Compare(a.ID, b.ID) }

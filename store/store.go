@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -43,6 +44,9 @@ func wrap(op string, err error) error {
 // Store wraps a pgx pool.
 type Store struct {
 	pool *pgxpool.Pool
+	// readRows is how many rows the last Read returned: the next one's
+	// first guess (readCap).
+	readRows atomic.Int64
 }
 
 // Open creates a pool for dsn. It does not wait for Postgres to be reachable:
