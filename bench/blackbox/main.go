@@ -57,6 +57,13 @@
 // latency) and the checkpoints the server finished during the run, on the
 // windows' clock.
 //
+// A stall and what it costs after (pause.go): -pause postgres@40s:2s stops
+// every process of the Postgres server for 2 s at 40 s (SIGSTOP, then
+// SIGCONT: the whole database stalls, as when its WAL flush does; the bench
+// must run as a user that may signal them), -pause relay@40s:2s stops the
+// relay only; each pause's line says how many of the events committed
+// after it took over 10 ms, until when, and the slowest.
+//
 // With -profile DIR, each outboxd drain also writes a CPU profile of the
 // relay (http.pprof), Postgres' pg_stat_statements (when the extension is
 // loaded) and Redis' INFO commandstats into DIR.
@@ -75,6 +82,7 @@
 //	cd bench && go run ./blackbox -scenario latency -producers 8 -rate 1000 -tx-hold 5ms -aggregates 100 -gap-wait 1ms,10ms,50ms,200ms -runs 2
 //	cd bench && go run ./blackbox -scenario latency -producers 8 -rate 1000 -long-tx 2s -aggregates 100 -gap-wait 10ms,50ms,200ms,1s -runs 2
 //	cd bench && go run ./blackbox -scenario order -runs 1 -late 2s,30s
+//	cd bench && go run ./blackbox -scenario latency -rate 2000 -for 1m -runs 3 -pause postgres@40s:2s -dsn postgres://postgres@127.0.0.1:5511/postgres
 //	cd bench && go run ./blackbox -scenario slow -rounds 1 -rows 20000 -receiver-delay 20ms -aggregates 1000 [-straggler 500ms]
 package main
 
@@ -141,6 +149,7 @@ const payloadPad = 170
 
 func main() {
 	flag.Parse()
+	parsePauses(*pauses) // a bad -pause ends the bench before any run
 	ctx := context.Background()
 	defer runAtExit()
 	catchSignals()
@@ -437,6 +446,9 @@ func latencyRuns(ctx context.Context, bins []build) {
 					for _, c := range q.checkpoints {
 						fmt.Printf("    %s %s (the windows' clock)\n", label, c)
 					}
+					for _, p := range q.pauses {
+						fmt.Printf("    %s %s (the producers' clock)\n", label, p)
+					}
 					if _, seen := cpu[label]; !seen {
 						labels = append(labels, label)
 					}
@@ -549,8 +561,9 @@ type latency struct {
 	// aggregate (marked, or with -webhook received).
 	lateCommits, gapsGivenUp float64
 	outOfOrder               int
-	orderWord                string // "marked" or "received"
-	longWord                 string // with -long-tx: its events' latency
+	orderWord                string   // "marked" or "received"
+	longWord                 string   // with -long-tx: its events' latency
+	pauses                   []string // with -pause: what each cost (pauseRecovery)
 }
 
 // commit is one producer transaction: its ids, when COMMIT returned, and
@@ -608,12 +621,16 @@ func latencyOnce(ctx context.Context, bin string, extra, env []string) latency {
 	if *longTx > 0 {
 		longWG.Go(func() { long = longTransactions(longCtx, pool, n) })
 	}
+	ps := parsePauses(*pauses)
+	var pauseWG sync.WaitGroup
+	pauseWG.Go(func() { runPauses(ctx, pool, ps, start, d.cmd.Process.Pid) })
 	if *producers > 0 {
 		racingProducers(ctx, pool, commits, start, interval, k)
 	} else {
 		oneStatementProducers(ctx, pool, commits, start, interval, k)
 	}
 	achieved := float64(n*k) / time.Since(start).Seconds()
+	pauseWG.Wait()
 	obs.stop()
 	stopLong()
 	longWG.Wait()
@@ -636,6 +653,7 @@ func latencyOnce(ctx context.Context, bin string, extra, env []string) latency {
 	var perWindow, prodPerWindow [][]float64
 	measured := start.Add(time.Duration(warm) * interval)
 	var dump strings.Builder
+	var pauseAt, pauseLat []float64 // every event's commit (s from start) and latency, with -pause
 	for _, c := range commits[warm:] {
 		took := float64(c.took.Microseconds()) / 1000
 		prod = append(prod, took)
@@ -660,6 +678,9 @@ func latencyOnce(ctx context.Context, bin string, extra, env []string) latency {
 				perWindow[w] = append(perWindow[w], l)
 			}
 			fmt.Fprintf(&dump, "%.4f %.3f\n", c.at.Sub(start).Seconds(), l)
+			if len(ps) > 0 {
+				pauseAt, pauseLat = append(pauseAt, c.at.Sub(start).Seconds()), append(pauseLat, l)
+			}
 		}
 	}
 	if *latDump != "" {
@@ -683,6 +704,9 @@ func latencyOnce(ctx context.Context, bin string, extra, env []string) latency {
 		out.checkpoints = append(out.checkpoints, c)
 	}
 	out.lateCommits, out.gapsGivenUp = lateCommits, gapsGivenUp
+	for _, p := range ps {
+		out.pauses = append(out.pauses, pauseRecovery(p, pauseAt, pauseLat))
+	}
 	out.orderWord, out.outOfOrder = "marked", markedOutOfOrder(ctx, pool)
 	if got != nil {
 		out.orderWord = fmt.Sprintf("marked %d, received", out.outOfOrder)
