@@ -399,7 +399,7 @@ func (s *Store) Read(ctx context.Context, lim FetchLimits, pos ReadPos) (ReadRes
 // readCap is the room a read's rows start with: what the last read
 // returned and a quarter more, within the limit. Not the limit itself:
 // while events stream a read finds a few rows, and 500 Rows made for each
-// (80 KB) were 97% of the relay's allocations at 2k ev/s, 16 GCs a second
+// (80 KB) were 88% of the bytes the relay allocated at 2k ev/s, 16 GCs a second
 // (TestReadAllocatesForTheRowsItFinds). Not nothing either: in a drain
 // every read fills the limit, and growing to it by append would make and
 // copy twice the rows.

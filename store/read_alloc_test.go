@@ -44,7 +44,7 @@ func TestReadAllocatesLittlePerRow(t *testing.T) {
 
 // A read's rows take room for the rows it finds, not for its limit: while
 // events stream a read finds a few rows, and room for poller.batch_size of
-// them made per read (500 Rows, 80 KB) was 97% of what the relay allocated
+// them made per read (500 Rows, 80 KB) was 88% of what the relay allocated
 // at 2k ev/s. In a drain, where every read fills the limit, the room is
 // made once per read at its full size, not grown row by row.
 func TestReadAllocatesForTheRowsItFinds(t *testing.T) {

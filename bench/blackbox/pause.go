@@ -64,7 +64,7 @@ func pausePIDs(ctx context.Context, pool *pgxpool.Pool, what string, relay int) 
 		// pid (comm) state ppid ...: comm may hold spaces, so from the last ')'.
 		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
 		if len(f) > 1 && f[1] == strconv.Itoa(pm) {
-			pid, _ := strconv.Atoi(strings.TrimSuffix(filepath.Base(filepath.Dir(st)), "/"))
+			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(st)))
 			pids = append(pids, pid)
 		}
 	}
@@ -82,13 +82,17 @@ func runPauses(ctx context.Context, pool *pgxpool.Pool, ps []pause, start time.T
 		case <-time.After(time.Until(start.Add(p.at))):
 		}
 		pids := pausePIDs(ctx, pool, p.what, relay)
+		resume := func() {
+			for _, pid := range pids {
+				_ = syscall.Kill(pid, syscall.SIGCONT)
+			}
+		}
+		atExit(resume) // an interrupted or failed bench never leaves the server stopped
 		for _, pid := range pids {
 			_ = syscall.Kill(pid, syscall.SIGSTOP)
 		}
 		time.Sleep(p.dur)
-		for _, pid := range pids {
-			_ = syscall.Kill(pid, syscall.SIGCONT)
-		}
+		resume()
 	}
 }
 
