@@ -68,6 +68,10 @@
 // relay (http.pprof), Postgres' pg_stat_statements (when the extension is
 // loaded) and Redis' INFO commandstats into DIR.
 //
+// With -report, it runs every measure of BENCHMARKS.md against one build
+// and rewrites the report's tables and plot (report.go).
+//
+//	cd bench && go run ./blackbox -report
 //	cd bench && go run ./blackbox -rounds 3
 //	cd bench && go run ./blackbox -rounds 1 -peer=false -sink noop,webhook,kafka,nats,rabbitmq,redis_stream
 //	cd bench && go run ./blackbox -rounds 1 -peer=false -rows 100000 -sink sqs,sns
@@ -144,6 +148,19 @@ var (
 	longTx       = flag.Duration("long-tx", 0, "latency: one more producer keeps each of its transactions open this long after its INSERT, one after another, all run long (a long writing transaction)")
 )
 
+// buildThisTree builds ../cmd/outboxd into a temporary folder removed at
+// exit and returns the binary's path.
+func buildThisTree() string {
+	dir, err := os.MkdirTemp("", "outboxd-blackbox")
+	check(err)
+	atExit(func() { _ = os.RemoveAll(dir) })
+	bin := filepath.Join(dir, "outboxd")
+	gobuild := exec.Command("go", "build", "-C", "..", "-o", bin, "./cmd/outboxd")
+	gobuild.Stdout, gobuild.Stderr = os.Stderr, os.Stderr
+	check(gobuild.Run())
+	return bin
+}
+
 // payloadPad makes a row's payload about 220 bytes, like the figures.
 const payloadPad = 170
 
@@ -155,14 +172,11 @@ func main() {
 	catchSignals()
 	bins := parseBins(*binPath)
 	if len(bins) == 0 {
-		dir, err := os.MkdirTemp("", "outboxd-blackbox")
-		check(err)
-		atExit(func() { _ = os.RemoveAll(dir) })
-		bin := filepath.Join(dir, "outboxd")
-		gobuild := exec.Command("go", "build", "-C", "..", "-o", bin, "./cmd/outboxd")
-		gobuild.Stdout, gobuild.Stderr = os.Stderr, os.Stderr
-		check(gobuild.Run())
-		bins = []build{{label: "this tree", path: bin}}
+		bins = []build{{label: "this tree", path: buildThisTree()}}
+	}
+	if *report || *reportSmoke {
+		runReport(bins[0].path)
+		return
 	}
 	selectPostgres()
 	for _, b := range bins {
