@@ -1,0 +1,251 @@
+package docscheck
+
+import (
+	"bufio"
+	"fmt"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// goFilesWithWorkWords are the non-test Go files whose comments still speak
+// of how the code was made. The test fails when a file not listed here does,
+// and when a listed file no longer does (or is gone): then remove it.
+var goFilesWithWorkWords = []string{
+	"poller/gaps.go",
+	"poller/poller.go",
+	"store/reconcile.go",
+}
+
+// workWords are what the repository's prose must not contain: it speaks of
+// the product, not of how it was made.
+var workWords = []struct {
+	name string
+	re   *regexp.Regexp
+}{
+	{"a work session", regexp.MustCompile(`(?i)\bsessions? [0-9]+\b|\bhelper('s|s'?)? sessions?\b`)},
+	{"a branch", regexp.MustCompile(`(?i)\bbranch(es)?\b`)},
+	{"an issue number", regexp.MustCompile(`(?i)\bissues?[ -]?#?[0-9]+\b`)},
+	{"a review", regexp.MustCompile(`(?i)\breview(ed|s)?\b`)},
+	{"a work date", regexp.MustCompile(`\b20[0-9]{2}-[01][0-9]-[0-3][0-9]\b`)},
+	{"a commit hash", regexp.MustCompile(`\b[0-9a-f]{7,40}\b`)},
+}
+
+// hexWord tells a commit hash from a word or a number: it has a digit and a
+// letter.
+var hexDigit, hexLetter = regexp.MustCompile(`[0-9]`), regexp.MustCompile(`[a-f]`)
+
+// codeSpan is Markdown inline code: names, values and commands, not prose.
+var codeSpan = regexp.MustCompile("`[^`]*`")
+
+// offences returns what of workWords one line of prose contains.
+func offences(line string) []string {
+	line = codeSpan.ReplaceAllString(line, "``")
+	var out []string
+	for _, w := range workWords {
+		for _, m := range w.re.FindAllString(line, -1) {
+			if w.name == "a commit hash" && !(hexDigit.MatchString(m) && hexLetter.MatchString(m)) {
+				continue
+			}
+			out = append(out, fmt.Sprintf("%s (%q)", w.name, m))
+		}
+	}
+	return out
+}
+
+// root is the module's root: the folder above this package holding go.mod.
+func root(t *testing.T) string {
+	t.Helper()
+	dir, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "go.mod")); err != nil {
+		t.Fatalf("no go.mod at the module root %s: %v", dir, err)
+	}
+	return dir
+}
+
+// markdownFiles are README.md, BENCHMARKS.md and docs/**/*.md, relative to
+// the root.
+func markdownFiles(t *testing.T, root string) []string {
+	t.Helper()
+	files := []string{"README.md", "BENCHMARKS.md"}
+	err := filepath.WalkDir(filepath.Join(root, "docs"), func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() && strings.HasSuffix(p, ".md") {
+			rel, err := filepath.Rel(root, p)
+			files = append(files, filepath.ToSlash(rel))
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
+// proseLines calls f with each line of a Markdown file outside fenced code
+// blocks, with its number.
+func proseLines(t *testing.T, path string, f func(n int, line string)) {
+	t.Helper()
+	file, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer file.Close()
+	sc := bufio.NewScanner(file)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	fenced := false
+	for n := 1; sc.Scan(); n++ {
+		line := sc.Text()
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			fenced = !fenced
+			continue
+		}
+		if !fenced {
+			f(n, line)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDocsSpeakOfTheProductAlone(t *testing.T) {
+	root := root(t)
+	for _, md := range markdownFiles(t, root) {
+		proseLines(t, filepath.Join(root, md), func(n int, line string) {
+			for _, o := range offences(line) {
+				t.Errorf("%s:%d names %s: say what the product does, not how it was made", md, n, o)
+			}
+		})
+	}
+}
+
+// goComments returns the comment lines of the module's non-test Go files
+// ("line\x00text"), by path relative to the root; code blocks of doc
+// comments are left out.
+func goComments(t *testing.T, root string) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	fset := token.NewFileSet()
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); p != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "vendor") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, p, nil, parser.ParseComments|parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(root, p)
+		if err != nil {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		out[rel] = []string{}
+		for _, g := range f.Comments {
+			for _, c := range g.List {
+				pos := fset.Position(c.Pos())
+				for i, line := range strings.Split(c.Text, "\n") {
+					if strings.HasPrefix(strings.TrimPrefix(line, "//"), "\t") {
+						continue // a code block of a doc comment: a command or a value
+					}
+					out[rel] = append(out[rel], fmt.Sprintf("%d\x00%s", pos.Line+i, line))
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func TestGoCommentsSpeakOfTheProductAlone(t *testing.T) {
+	root := root(t)
+	files := goComments(t, root)
+	offending := map[string]bool{}
+	for path, lines := range files {
+		for _, l := range lines {
+			n, line, _ := strings.Cut(l, "\x00")
+			for _, o := range offences(line) {
+				offending[path] = true
+				if !slices.Contains(goFilesWithWorkWords, path) {
+					t.Errorf("%s:%s: a comment names %s: say what the code does and why, not how it was made", path, n, o)
+				}
+			}
+		}
+	}
+	for _, path := range goFilesWithWorkWords {
+		switch _, exists := files[path]; {
+		case !exists:
+			t.Errorf("%s is listed in goFilesWithWorkWords but is no longer a non-test Go file: remove it from the list", path)
+		case !offending[path]:
+			t.Errorf("%s is listed in goFilesWithWorkWords but its comments are clean now: remove it from the list", path)
+		}
+	}
+}
+
+// mdLink is a Markdown link or image: [text](target) or ![alt](target).
+var mdLink = regexp.MustCompile(`!?\[[^\]]*\]\(([^)\s]+)(?:\s+"[^"]*")?\)`)
+
+func TestRelativeLinksResolve(t *testing.T) {
+	root := root(t)
+	for _, md := range markdownFiles(t, root) {
+		dir := filepath.Dir(filepath.Join(root, md))
+		proseLines(t, filepath.Join(root, md), func(n int, line string) {
+			line = codeSpan.ReplaceAllString(line, "``")
+			for _, m := range mdLink.FindAllStringSubmatch(line, -1) {
+				target := m[1]
+				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") || strings.HasPrefix(target, "#") {
+					continue
+				}
+				target, _, _ = strings.Cut(target, "#")
+				if _, err := os.Stat(filepath.Join(dir, filepath.FromSlash(target))); err != nil {
+					t.Errorf("%s:%d links to %s, which does not exist", md, n, m[1])
+				}
+			}
+		})
+	}
+}
+
+// TestTheCheckCatchesWhatItLooksFor keeps the patterns honest: each sample
+// must be found, and the product's own words must not be.
+func TestTheCheckCatchesWhatItLooksFor(t *testing.T) {
+	for _, s := range []string{
+		"measured in session 12", "while helper sessions ran", "on branch `tail`",
+		"issue 17", "issue #21", "a review finding", "on 2026-11-24", "the build before it (5b0c8bc)",
+	} {
+		if len(offences(s)) == 0 {
+			t.Errorf("%q: nothing found", s)
+		}
+	}
+	for _, s := range []string{
+		"the producer's session holds a snapshot", "`1:hog0kqe6sw.063a9897`", "deadbeef", "1234567",
+		"dead at `2026-11-24T02:51:10Z`", "outboxd_late_commits_total",
+	} {
+		if o := offences(s); len(o) > 0 {
+			t.Errorf("%q: found %v", s, o)
+		}
+	}
+}
