@@ -9,8 +9,10 @@
 //     asked (the predecessor may act until its trust deadline, at most a TTL);
 //   - raises Postgres' fence to the new token before the work starts, so the
 //     predecessor's writes are refused from then on;
-//   - logs "lock acquired", "lock lost" (once, however the term ended),
-//     "lock released" and "fence rejected", and counts fence rejections;
+//   - logs "lock acquired" and, once when the term ends, "lock released"
+//     (the key was still ours: a handover) or "lock lost" (any other end,
+//     a fence rejection included, counted in outboxd_lock_losses_total);
+//     logs and counts "fence rejected";
 //   - publishes the token for /status while the term is held;
 //   - bounds the work after the caller stops: the term's context is cancelled
 //     ShutdownTimeout after the caller's (stop fetching, finish in flight);
@@ -120,7 +122,7 @@ func (t *Term) TrustedUntil() time.Time { return t.l.TrustedUntil() }
 // Run returns an error wrapping ErrNotAcquired when no term was held, the
 // fence claim's error, or work's error. A store.ErrStaleFence from either is
 // counted and logged here ("fence rejected"): the term was superseded.
-func (s *Seat) Run(ctx context.Context, wait time.Duration, work func(ctx context.Context, t *Term) error) error {
+func (s *Seat) Run(ctx context.Context, wait time.Duration, work func(ctx context.Context, t *Term) error) (err error) {
 	l, err := s.acquire(ctx, wait)
 	if err != nil {
 		return errors.Join(ErrNotAcquired, err)
@@ -129,7 +131,7 @@ func (s *Seat) Run(ctx context.Context, wait time.Duration, work func(ctx contex
 		log: s.log.With("fencing_token", l.Token())}
 	t.log.Info("lock acquired")
 	s.token.Store(l.Token())
-	defer s.release(ctx, t)
+	defer func() { s.release(ctx, t, err) }()
 
 	tctx, cancel := context.WithCancelCause(l.Context())
 	defer cancel(nil)
@@ -177,27 +179,45 @@ func (s *Seat) acquire(ctx context.Context, wait time.Duration) (*lock.Lock, err
 	return s.d.Locks.Acquire(ctx, s.name, lock.Options{TTL: s.opts.TTL, Wait: wait, Floor: floor})
 }
 
-// release ends the term: however it ended (a refused write, a failed
-// batch, its own check), a lost lease is reported here, once.
-func (s *Seat) release(ctx context.Context, t *Term) {
+// release ends the term and says once how it ended: "lock released" when
+// the key was still ours and is deleted (a handover), "lock lost" for every
+// other end (ended is the error the term ended with): the lease lost (the
+// lock's Context), a write refused by the fence (a newer term exists), or
+// the key gone, another's or corrupted at release. A loss the lock did not
+// report itself (its Lost hook counts those) is counted here, so
+// outboxd_lock_losses_total counts every lost term once. A release that
+// fails for another reason (Redis unreachable) is logged as such: the
+// lease then expires within its TTL.
+func (s *Seat) release(ctx context.Context, t *Term, ended error) {
 	s.token.Store(0)
 	cause := context.Cause(t.l.Context())
-	lost := errors.Is(cause, lock.ErrLost)
-	switch {
-	case lost && errors.Is(cause, lock.ErrCorrupt):
-		t.log.Error("lock lost", "error", cause) // an operator must repair Redis
-	case lost:
-		t.log.Warn("lock lost", "error", cause)
-	}
+	reported := errors.Is(cause, lock.ErrLost)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	if err := t.l.Release(rctx); err != nil {
-		if !lost && !errors.Is(err, lock.ErrNotHeld) {
-			t.log.Warn("lock release failed", "error", err)
-		}
+	rerr := t.l.Release(rctx)
+	var lost error
+	switch {
+	case reported:
+		lost = cause
+	case errors.Is(ended, store.ErrStaleFence):
+		lost = ended
+	case errors.Is(rerr, lock.ErrNotHeld), errors.Is(rerr, lock.ErrOwnedByOther), errors.Is(rerr, lock.ErrCorrupt):
+		lost = errors.Join(lock.ErrLost, rerr)
+	case rerr != nil:
+		t.log.Warn("lock release failed", "error", rerr)
+		return
+	default:
+		t.log.Info("lock released")
 		return
 	}
-	t.log.Info("lock released")
+	if !reported {
+		s.d.Metrics.LockLosses.WithLabelValues(s.name).Inc()
+	}
+	if errors.Is(lost, lock.ErrCorrupt) {
+		t.log.Error("lock lost", "error", lost) // an operator must repair Redis
+		return
+	}
+	t.log.Warn("lock lost", "error", lost)
 }
 
 // Hooks keep the lock metrics (held, acquisitions, losses, renewal
