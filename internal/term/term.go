@@ -190,34 +190,41 @@ func (s *Seat) acquire(ctx context.Context, wait time.Duration) (*lock.Lock, err
 // lease then expires within its TTL.
 func (s *Seat) release(ctx context.Context, t *Term, ended error) {
 	s.token.Store(0)
-	cause := context.Cause(t.l.Context())
-	reported := errors.Is(cause, lock.ErrLost)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	rerr := t.l.Release(rctx)
-	var lost error
-	switch {
-	case reported:
-		lost = cause
-	case errors.Is(ended, store.ErrStaleFence):
-		lost = ended
-	case errors.Is(rerr, lock.ErrNotHeld), errors.Is(rerr, lock.ErrOwnedByOther), errors.Is(rerr, lock.ErrCorrupt):
-		lost = errors.Join(lock.ErrLost, rerr)
-	case rerr != nil:
-		t.log.Warn("lock release failed", "error", rerr)
+	// A loss known before the release is said before it (the release may
+	// take up to releaseTimeout); the lock's Lost hook counted its own.
+	if cause := context.Cause(t.l.Context()); errors.Is(cause, lock.ErrLost) {
+		s.lost(t, cause, false)
+		_ = t.l.Release(rctx)
 		return
+	}
+	if errors.Is(ended, store.ErrStaleFence) {
+		s.lost(t, ended, true)
+		_ = t.l.Release(rctx) // owner-checked: deletes the key only if still ours
+		return
+	}
+	switch err := t.l.Release(rctx); {
+	case errors.Is(err, lock.ErrNotHeld), errors.Is(err, lock.ErrOwnedByOther), errors.Is(err, lock.ErrCorrupt):
+		s.lost(t, errors.Join(lock.ErrLost, err), true)
+	case err != nil:
+		t.log.Warn("lock release failed", "error", err)
 	default:
 		t.log.Info("lock released")
-		return
 	}
-	if !reported {
+}
+
+// lost logs "lock lost" (ERROR when Redis needs a repair) and, when count
+// is set, counts the loss.
+func (s *Seat) lost(t *Term, cause error, count bool) {
+	if count {
 		s.d.Metrics.LockLosses.WithLabelValues(s.name).Inc()
 	}
-	if errors.Is(lost, lock.ErrCorrupt) {
-		t.log.Error("lock lost", "error", lost) // an operator must repair Redis
+	if errors.Is(cause, lock.ErrCorrupt) {
+		t.log.Error("lock lost", "error", cause) // an operator must repair Redis
 		return
 	}
-	t.log.Warn("lock lost", "error", lost)
+	t.log.Warn("lock lost", "error", cause)
 }
 
 // Hooks keep the lock metrics (held, acquisitions, losses, renewal
