@@ -8,7 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"os"
+	"net"
 	"reflect"
 	"slices"
 	"strconv"
@@ -197,6 +197,15 @@ type Log struct {
 	Level  string `mapstructure:"level"`
 	Format string `mapstructure:"format"`
 }
+
+// Shortest leases accepted. A lease is renewed every third of it and
+// trusted for about nine tenths of it, so it must outlast a Redis round
+// trip several times over; a reconciliation's term also raises the fence
+// and runs its sweeps in Postgres under it.
+const (
+	minPollerLockTTL    = 300 * time.Millisecond
+	minReconcileLockTTL = time.Second
+)
 
 // Byte limits accepted for poller.max_payload_bytes.
 const (
@@ -476,7 +485,7 @@ func (c *Config) readSecretFiles(sections []Section) error {
 		if sec.exclusive && *dst != "" {
 			return &KeyError{Key: sec.file, Err: fmt.Errorf("set either %s or %s, not both", sec.key, sec.file)}
 		}
-		b, err := os.ReadFile(file)
+		b, err := readSecretFile(file)
 		if err != nil {
 			return &KeyError{Key: sec.file, Err: err}
 		}
@@ -507,6 +516,7 @@ func (c *Config) Validate(sections ...Section) error {
 		{RedisSection, c.validateRedis},
 		{PollerSection, c.validatePoller},
 		{ReconcileSection, c.validateReconcile},
+		{HTTPSection, c.validateHTTP},
 	} {
 		if !uses(sections, v.section) {
 			continue
@@ -590,8 +600,8 @@ func (c *Config) validatePoller() error {
 	); err != nil {
 		return err
 	}
-	if p.LockTTL < 300*time.Millisecond {
-		return bad("poller.lock_ttl", "must be at least 300ms, got %s", p.LockTTL)
+	if p.LockTTL < minPollerLockTTL {
+		return bad("poller.lock_ttl", "must be at least %s, got %s", minPollerLockTTL, p.LockTTL)
 	}
 	if p.BackoffMax < p.BackoffBase {
 		return bad("poller.backoff_max", "must not be below poller.backoff_base (%s), got %s", p.BackoffBase, p.BackoffMax)
@@ -619,6 +629,9 @@ func (c *Config) validateReconcile() error {
 	if err := positive(keyDuration{"reconcile.lock_ttl", r.LockTTL}, keyDuration{"reconcile.retention", r.Retention}); err != nil {
 		return err
 	}
+	if r.LockTTL < minReconcileLockTTL {
+		return bad("reconcile.lock_ttl", "must be at least %s, got %s", minReconcileLockTTL, r.LockTTL)
+	}
 	if r.DeadRetention < 0 {
 		return bad("reconcile.dead_retention", "must be 0 (keep dead rows) or a positive duration, got %s", r.DeadRetention)
 	}
@@ -627,6 +640,30 @@ func (c *Config) validateReconcile() error {
 	}
 	if r.BatchSize < 1 || r.BatchSize > 100000 {
 		return bad("reconcile.batch_size", "want 1..100000, got %d", r.BatchSize)
+	}
+	return nil
+}
+
+// validateHTTP requires http.addr to be host:port with a numeric port in
+// 0..65535. Port 0 (a free port, logged in "outboxd started") needs a
+// host: on every interface it would serve /dead and /status on a port no
+// probe or firewall rule knows. The endpoints cannot be turned off (they
+// are the readiness probe): an empty address is refused.
+func (c *Config) validateHTTP() error {
+	addr := c.HTTP.Addr
+	if addr == "" {
+		return bad("http.addr", "must be set to host:port (e.g. 127.0.0.1:9090); the HTTP endpoints cannot be turned off")
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return bad("http.addr", "want host:port, got %q: %v", addr, err)
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return bad("http.addr", "want a port number 0..65535, got %q", port)
+	}
+	if ip := net.ParseIP(host); n == 0 && (host == "" || ip != nil && ip.IsUnspecified()) {
+		return bad("http.addr", "port 0 (any free port) needs a host, not every interface: got %q", addr)
 	}
 	return nil
 }
@@ -646,7 +683,8 @@ func (c *Config) validateLog() error {
 }
 
 // CheckTLSFiles checks that the files of the TLS setting under prefix
-// (redis.tls, dispatch.kafka.tls) exist and come with tls.enabled.
+// (redis.tls, dispatch.kafka.tls) are regular files (CheckRegularFile) and
+// come with tls.enabled.
 func CheckTLSFiles(prefix string, t TLS) error {
 	for _, f := range []struct{ key, path string }{
 		{prefix + ".ca_file", t.CAFile}, {prefix + ".cert_file", t.CertFile}, {prefix + ".key_file", t.KeyFile},
@@ -657,7 +695,7 @@ func CheckTLSFiles(prefix string, t TLS) error {
 		if !t.Enabled {
 			return &KeyError{Key: f.key, Err: fmt.Errorf("set, but %s.enabled is false", prefix)}
 		}
-		if _, err := os.Stat(f.path); err != nil {
+		if err := CheckRegularFile(f.path); err != nil {
 			return &KeyError{Key: f.key, Err: err}
 		}
 	}

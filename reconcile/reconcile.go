@@ -53,6 +53,9 @@ const (
 	queryTimeout = 30 * time.Second
 )
 
+// MinEvery is the shortest "@every" schedule accepted.
+const MinEvery = time.Second
+
 // Config tunes the reconciler. Zero fields get the Default* values
 // (DeadRetention 0 keeps dead rows; ShutdownTimeout 0 lets a sweep finish).
 type Config struct {
@@ -126,6 +129,7 @@ func New(cfg Config, d Deps) (*Reconciler, error) {
 // "@every d" fires at multiples of d from a fixed origin, not d after
 // whenever the process started, for the same reason.
 func ParseSchedule(spec string) (cron.Schedule, error) {
+	body := spec
 	if strings.HasPrefix(spec, "CRON_TZ=") || strings.HasPrefix(spec, "TZ=") {
 		// robfig/cron v3.0.1 slices up to the first space after the zone
 		// and panics when there is none ("CRON_TZ=UTC", "TZ=0", a tab):
@@ -134,9 +138,13 @@ func ParseSchedule(spec string) (cron.Schedule, error) {
 		if i < 0 || strings.TrimSpace(spec[i:]) == "" {
 			return nil, fmt.Errorf("%q names a time zone but no schedule after it (e.g. \"CRON_TZ=Europe/Berlin 0 3 * * *\")", spec)
 		}
-		spec = spec[:i] + " " + strings.TrimSpace(spec[i:])
+		body = strings.TrimSpace(spec[i:])
+		spec = spec[:i] + " " + body
 	} else if !strings.HasPrefix(spec, "@every") {
 		spec = "CRON_TZ=UTC " + spec
+	}
+	if err := checkEvery(body); err != nil {
+		return nil, err
 	}
 	s, err := cron.ParseStandard(spec)
 	if err != nil {
@@ -148,12 +156,23 @@ func ParseSchedule(spec string) (cron.Schedule, error) {
 		return nil, fmt.Errorf("%q never fires", spec)
 	}
 	if every, ok := s.(cron.ConstantDelaySchedule); ok {
-		if every.Delay < time.Second {
-			return nil, fmt.Errorf("@every needs at least 1s, got %s", every.Delay)
-		}
 		return alignedEvery(every.Delay), nil
 	}
 	return s, nil
+}
+
+// checkEvery refuses "@every d" with d below MinEvery. cron rounds a
+// shorter delay (0s included) up to 1s without a word: the check reads the
+// duration as written.
+func checkEvery(body string) error {
+	rest, ok := strings.CutPrefix(body, "@every")
+	if !ok {
+		return nil
+	}
+	if d, err := time.ParseDuration(strings.TrimSpace(rest)); err == nil && d < MinEvery {
+		return fmt.Errorf("@every needs at least %s, got %s", MinEvery, d)
+	}
+	return nil
 }
 
 // alignedEvery fires at every multiple of its duration since the epoch.

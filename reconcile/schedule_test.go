@@ -1,6 +1,7 @@
 package reconcile
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -15,6 +16,22 @@ func TestScheduleWithOnlyAZoneIsAnError(t *testing.T) {
 		}
 	}
 	for _, spec := range []string{"CRON_TZ=UTC */5 * * * *", "CRON_TZ=Europe/Berlin\t0 3 * * *", "TZ=UTC @every 10s", "@hourly"} {
+		if _, err := ParseSchedule(spec); err != nil {
+			t.Errorf("schedule %q refused: %v", spec, err)
+		}
+	}
+}
+
+// "@every" below MinEvery is refused as written, with or without a zone:
+// cron itself rounds such a delay (0s included) up to 1s.
+func TestEveryBelowOneSecondIsRefused(t *testing.T) {
+	t.Parallel()
+	for _, spec := range []string{"@every 0s", "@every 500ms", "@every 999ms", "TZ=UTC @every 0s", "CRON_TZ=Europe/Berlin @every 1ms"} {
+		if _, err := ParseSchedule(spec); err == nil || !strings.Contains(err.Error(), "at least 1s") {
+			t.Errorf("schedule %q: %v, want refused naming the 1s floor", spec, err)
+		}
+	}
+	for _, spec := range []string{"@every 1s", "TZ=UTC @every 2s"} {
 		if _, err := ParseSchedule(spec); err != nil {
 			t.Errorf("schedule %q refused: %v", spec, err)
 		}

@@ -99,7 +99,8 @@ func (g *globals) load(uses ...config.Section) (*config.Config, error) {
 
 // session is what a command that works on Postgres or Redis starts with:
 // the config, a JSON logger (go-redis' own lines routed into it) and a
-// context cancelled by SIGTERM/SIGINT.
+// context cancelled by SIGTERM/SIGINT, and by SIGHUP (a closed terminal)
+// for every command but `run` (see ignoreHangups).
 type session struct {
 	cfg  *config.Config
 	log  *slog.Logger
@@ -110,14 +111,59 @@ type session struct {
 // start loads the config (checking the sections the command uses) and
 // opens a session logging to w at the configured level.
 func (g *globals) start(w io.Writer, uses ...config.Section) (*session, error) {
+	return g.open(w, []os.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP}, uses...)
+}
+
+// startDaemon is start for `run`: SIGTERM/SIGINT end it (a handover), and
+// SIGHUP is logged and ignored (ignoreHangups).
+func (g *globals) startDaemon(w io.Writer) (*session, error) {
+	s, err := g.open(w, []os.Signal{syscall.SIGTERM, syscall.SIGINT})
+	if err != nil {
+		return nil, err
+	}
+	stopIgnoring, stop := ignoreHangups(s.log), s.stop
+	s.stop = func() { stopIgnoring(); stop() }
+	return s, nil
+}
+
+// open loads the config and opens a session whose context the signals
+// given cancel.
+func (g *globals) open(w io.Writer, signals []os.Signal, uses ...config.Section) (*session, error) {
 	cfg, err := g.load(uses...)
 	if err != nil {
 		return nil, err
 	}
 	log := app.NewLogger(cfg.Log.Level, cfg.Log.Format, w)
 	app.RouteRedisLogs(log)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := signal.NotifyContext(context.Background(), signals...)
 	return &session{cfg: cfg, log: log, ctx: ctx, stop: stop}, nil
+}
+
+// ignoreHangups logs each SIGHUP at INFO and otherwise ignores it, so a
+// leader is never ended without a handover by a log rotation's postrotate
+// or a closed session: outboxd has no configuration to reload, and SIGTERM
+// is how it stops. The returned func stops listening and waits for the
+// goroutine; SIGHUP's default (exit) applies again after it.
+func ignoreHangups(log *slog.Logger) (stop func()) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-quit:
+				return
+			case <-hup:
+				log.Info("SIGHUP ignored", "reason", "outboxd has no configuration reload; SIGTERM stops it")
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(hup)
+		close(quit)
+		<-done
+	}
 }
 
 // app connects (lazily) the parts the config describes.
@@ -133,10 +179,10 @@ func noArgs(cmd *cobra.Command, args []string) error {
 func runCmd(g *globals, stdout io.Writer) *cobra.Command {
 	return &cobra.Command{
 		Use:   "run",
-		Short: "Run the relay until SIGTERM/SIGINT",
+		Short: "Run the relay until SIGTERM/SIGINT (SIGHUP is logged and ignored)",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := g.start(stdout)
+			s, err := g.startDaemon(stdout)
 			if err != nil {
 				return err
 			}

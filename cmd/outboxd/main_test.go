@@ -124,9 +124,10 @@ func badSecrets(t *testing.T) []struct {
 func TestBadSecretsExit2(t *testing.T) {
 	t.Parallel()
 	// Should a setting slip through, `run` must fail rather than serve
-	// forever: an http.addr it cannot listen on ends it with exit 1.
+	// forever: an http.addr it cannot listen on (192.0.2.1 is TEST-NET-1,
+	// no host's address) ends it with exit 1.
 	// The database is this test's own, unless the DSN is what is tested.
-	safe := []string{"--set", "postgres.dsn=" + testenv.DSN(t), "--set", "http.addr=127.0.0.1:notaport",
+	safe := []string{"--set", "postgres.dsn=" + testenv.DSN(t), "--set", "http.addr=192.0.2.1:1",
 		"--set", "redis.addrs=" + testenv.RedisAddr(), "--set", "redis.key_prefix=" + testenv.Prefix(t)}
 	for _, tc := range badSecrets(t) {
 		for _, cmd := range []string{"config", "run"} {
@@ -159,7 +160,7 @@ func TestBinaryRefusesBadSecretWithExit2(t *testing.T) {
 			t.Parallel()
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			args := []string{"run", "--set", "http.addr=127.0.0.1:notaport"}
+			args := []string{"run", "--set", "http.addr=192.0.2.1:1"}
 			for _, kv := range tc.sets {
 				args = append(args, "--set", kv)
 			}

@@ -77,7 +77,7 @@ func New() *Metrics {
 
 	m.LockHeld = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outboxd_lock_held", Help: "1 while this replica holds the lock."}, []string{"lock"})
 	m.LockAcquisitions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_lock_acquisitions_total", Help: "Locks acquired."}, []string{"lock"})
-	m.LockLosses = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_lock_losses_total", Help: "Held locks lost (renewal refused or trust deadline passed)."}, []string{"lock"})
+	m.LockLosses = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_lock_losses_total", Help: "Held locks lost: terms that ended other than by their own release (renewal refused, trust deadline passed, a write refused by the fence, the key gone at release)."}, []string{"lock"})
 	m.LockRenewFails = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_lock_renew_failures_total", Help: "Failed lease renewals."}, []string{"lock"})
 	m.LockWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "outboxd_lock_wait_seconds", Help: "Time from starting to wait to acquiring.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10)}, []string{"lock"})

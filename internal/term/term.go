@@ -9,8 +9,10 @@
 //     asked (the predecessor may act until its trust deadline, at most a TTL);
 //   - raises Postgres' fence to the new token before the work starts, so the
 //     predecessor's writes are refused from then on;
-//   - logs "lock acquired", "lock lost" (once, however the term ended),
-//     "lock released" and "fence rejected", and counts fence rejections;
+//   - logs "lock acquired" and, once when the term ends, "lock released"
+//     (the key was still ours: a handover) or "lock lost" (any other end,
+//     a fence rejection included, counted in outboxd_lock_losses_total);
+//     logs and counts "fence rejected";
 //   - publishes the token for /status while the term is held;
 //   - bounds the work after the caller stops: the term's context is cancelled
 //     ShutdownTimeout after the caller's (stop fetching, finish in flight);
@@ -120,7 +122,7 @@ func (t *Term) TrustedUntil() time.Time { return t.l.TrustedUntil() }
 // Run returns an error wrapping ErrNotAcquired when no term was held, the
 // fence claim's error, or work's error. A store.ErrStaleFence from either is
 // counted and logged here ("fence rejected"): the term was superseded.
-func (s *Seat) Run(ctx context.Context, wait time.Duration, work func(ctx context.Context, t *Term) error) error {
+func (s *Seat) Run(ctx context.Context, wait time.Duration, work func(ctx context.Context, t *Term) error) (err error) {
 	l, err := s.acquire(ctx, wait)
 	if err != nil {
 		return errors.Join(ErrNotAcquired, err)
@@ -129,7 +131,7 @@ func (s *Seat) Run(ctx context.Context, wait time.Duration, work func(ctx contex
 		log: s.log.With("fencing_token", l.Token())}
 	t.log.Info("lock acquired")
 	s.token.Store(l.Token())
-	defer s.release(ctx, t)
+	defer func() { s.release(ctx, t, err) }()
 
 	tctx, cancel := context.WithCancelCause(l.Context())
 	defer cancel(nil)
@@ -177,27 +179,52 @@ func (s *Seat) acquire(ctx context.Context, wait time.Duration) (*lock.Lock, err
 	return s.d.Locks.Acquire(ctx, s.name, lock.Options{TTL: s.opts.TTL, Wait: wait, Floor: floor})
 }
 
-// release ends the term: however it ended (a refused write, a failed
-// batch, its own check), a lost lease is reported here, once.
-func (s *Seat) release(ctx context.Context, t *Term) {
+// release ends the term and says once how it ended: "lock released" when
+// the key was still ours and is deleted (a handover), "lock lost" for every
+// other end (ended is the error the term ended with): the lease lost (the
+// lock's Context), a write refused by the fence (a newer term exists), or
+// the key gone, another's or corrupted at release. A loss the lock did not
+// report itself (its Lost hook counts those) is counted here, so
+// outboxd_lock_losses_total counts every lost term once. A release that
+// fails for another reason (Redis unreachable) is logged as such: the
+// lease then expires within its TTL.
+func (s *Seat) release(ctx context.Context, t *Term, ended error) {
 	s.token.Store(0)
-	cause := context.Cause(t.l.Context())
-	lost := errors.Is(cause, lock.ErrLost)
-	switch {
-	case lost && errors.Is(cause, lock.ErrCorrupt):
-		t.log.Error("lock lost", "error", cause) // an operator must repair Redis
-	case lost:
-		t.log.Warn("lock lost", "error", cause)
-	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	if err := t.l.Release(rctx); err != nil {
-		if !lost && !errors.Is(err, lock.ErrNotHeld) {
-			t.log.Warn("lock release failed", "error", err)
-		}
+	// A loss known before the release is said before it (the release may
+	// take up to releaseTimeout); the lock's Lost hook counted its own.
+	if cause := context.Cause(t.l.Context()); errors.Is(cause, lock.ErrLost) {
+		s.lost(t, cause, false)
+		_ = t.l.Release(rctx)
 		return
 	}
-	t.log.Info("lock released")
+	if errors.Is(ended, store.ErrStaleFence) {
+		s.lost(t, ended, true)
+		_ = t.l.Release(rctx) // owner-checked: deletes the key only if still ours
+		return
+	}
+	switch err := t.l.Release(rctx); {
+	case errors.Is(err, lock.ErrNotHeld), errors.Is(err, lock.ErrOwnedByOther), errors.Is(err, lock.ErrCorrupt):
+		s.lost(t, errors.Join(lock.ErrLost, err), true)
+	case err != nil:
+		t.log.Warn("lock release failed", "error", err)
+	default:
+		t.log.Info("lock released")
+	}
+}
+
+// lost logs "lock lost" (ERROR when Redis needs a repair) and, when count
+// is set, counts the loss.
+func (s *Seat) lost(t *Term, cause error, count bool) {
+	if count {
+		s.d.Metrics.LockLosses.WithLabelValues(s.name).Inc()
+	}
+	if errors.Is(cause, lock.ErrCorrupt) {
+		t.log.Error("lock lost", "error", cause) // an operator must repair Redis
+		return
+	}
+	t.log.Warn("lock lost", "error", cause)
 }
 
 // Hooks keep the lock metrics (held, acquisitions, losses, renewal

@@ -103,6 +103,67 @@ func TestStaleFenceIsCountedAndLogged(t *testing.T) {
 	}
 }
 
+// Every end of a held term is logged once: "lock released" when the key
+// was still ours, "lock lost" otherwise, however the term ended (a write
+// refused by the fence, the key gone at release, the lease lost while
+// working), and each lost term is counted once in
+// outboxd_lock_losses_total.
+func TestEveryEndOfATermIsReleasedOrLost(t *testing.T) {
+	t.Parallel()
+	boom := errors.New("boom")
+	for _, tc := range []struct {
+		name string
+		ttl  time.Duration
+		work func(b *testBundle) func(context.Context, *term.Term) error
+		want string // "lock released" or "lock lost"
+	}{
+		{"work done", 5 * time.Second, func(*testBundle) func(context.Context, *term.Term) error {
+			return func(context.Context, *term.Term) error { return nil }
+		}, "lock released"},
+		{"work failed, key still ours", 5 * time.Second, func(*testBundle) func(context.Context, *term.Term) error {
+			return func(context.Context, *term.Term) error { return boom }
+		}, "lock released"},
+		{"fence rejected", 5 * time.Second, func(b *testBundle) func(context.Context, *term.Term) error {
+			return func(ctx context.Context, tm *term.Term) error {
+				if err := b.st.ClaimFence(ctx, store.Fence{Lock: name, Token: tm.Token() + 10, Owner: "newer"}); err != nil {
+					return err
+				}
+				return b.st.ClaimFence(ctx, tm.Fence())
+			}
+		}, "lock lost"},
+		{"key evicted before the renewal noticed", 5 * time.Second, func(b *testBundle) func(context.Context, *term.Term) error {
+			return func(ctx context.Context, _ *term.Term) error { return b.rdb.Del(ctx, b.prefix+name).Err() }
+		}, "lock lost"},
+		{"key evicted, the renewal noticed", time.Second, func(b *testBundle) func(context.Context, *term.Term) error {
+			return func(ctx context.Context, _ *term.Term) error {
+				if err := b.rdb.Del(ctx, b.prefix+name).Err(); err != nil {
+					return err
+				}
+				<-ctx.Done() // the lease lost: the lock reports it itself
+				return nil
+			}
+		}, "lock lost"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			s := b.seat(term.Options{TTL: tc.ttl, Wait: time.Second})
+			_ = s.Run(context.Background(), 0, tc.work(b))
+			logs := b.logs.String()
+			released, lost := strings.Count(logs, `"msg":"lock released"`), strings.Count(logs, `"msg":"lock lost"`)
+			losses := testutil.ToFloat64(b.m.LockLosses.WithLabelValues(name))
+			wantLost := 0
+			if tc.want == "lock lost" {
+				wantLost = 1
+			}
+			if released != 1-wantLost || lost != wantLost || losses != float64(wantLost) {
+				t.Fatalf("%d lock released, %d lock lost lines, lock losses %v; want one %q line and %d losses; logs:\n%s",
+					released, lost, losses, tc.want, wantLost, logs)
+			}
+		})
+	}
+}
+
 // After the caller stops, the work's context lives ShutdownTimeout longer:
 // in-flight work finishes, then it is cut.
 func TestShutdownTimeoutBoundsTheWork(t *testing.T) {

@@ -299,6 +299,7 @@ func (a *App) Run(ctx context.Context) error {
 		"retry_horizon_min", lo.Round(time.Second).String(), "retry_horizon_max", hi.Round(time.Second).String())
 	a.warnUnsafe(sink, hi)
 	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { a.warnEviction(gctx); return nil })
 	g.Go(func() error { return p.Run(gctx) })
 	g.Go(func() error { return rec.Run(gctx) })
 	g.Go(func() error {

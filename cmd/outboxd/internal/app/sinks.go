@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -110,7 +109,7 @@ var sinks = map[string]sinkKind{
 		section: "nats", templateKey: "subject", template: func(d config.Dispatch) string { return d.NATS.Subject },
 		check: func(_ *config.Config, d destination) error {
 			if f := d.d.NATS.CredsFile; f != "" {
-				if _, err := os.Stat(f); err != nil {
+				if err := config.CheckRegularFile(f); err != nil {
 					return &config.KeyError{Key: d.key("nats.creds_file"), Err: err}
 				}
 			}
