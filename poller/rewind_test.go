@@ -167,3 +167,21 @@ func TestClaimReportsLegacyMarkAge(t *testing.T) {
 	}
 }
 
+// The sink is given each row's fingerprint, the one its delivered mark
+// names: a broker that deduplicates (Nats-Msg-Id, MessageDeduplicationId)
+// drops the same row sent twice and never a new row that reuses an id.
+func TestSinkIsGivenTheRowsFingerprint(t *testing.T) {
+	e := newEnv(t)
+	ids := e.insert(6, 3)
+	fps := e.fingerprints()
+	sink := &scripted{dedupe: map[int64]string{}}
+	e.run(e.pollerWith(testConfig(), sink))
+	e.waitAllDispatched(10 * time.Second)
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	for _, id := range ids {
+		if got, want := sink.dedupe[id], strconv.FormatInt(id, 10)+":"+fps[id].fp; got != want {
+			t.Errorf("row %d: the sink's dedupe id is %q, want %q (the id and the fingerprint of its mark)", id, got, want)
+		}
+	}
+}
