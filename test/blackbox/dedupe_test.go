@@ -6,8 +6,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // A broker that deduplicates takes a row's dedupe id from what names the
@@ -24,18 +22,7 @@ func TestNATSRewindWithinTheDuplicateWindow(t *testing.T) {
 	ns := newNATSStream(t, ">")
 	e := natsEnv(t, ns)
 	rep := e.start()
-	e.insertGen(1, 3)
-	waitFor(t, "generation 1 delivered", func() bool { return e.count(`dispatched_at IS NULL`) == 0 }, e.describeRows("true"))
-	e.exec(`TRUNCATE outbox RESTART IDENTITY`)
-	if ids := e.insertGen(2, 3); ids[0] != 1 {
-		t.Fatalf("the rewind did not rewind: the first new id is %d", ids[0])
-	}
-	waitFor(t, "generation 2 settled", func() bool {
-		if rep.exited() {
-			t.Fatalf("the relay exited: %v; logs:\n%s", rep.proc.Err(), rep.tail(20))
-		}
-		return e.count(`dispatched_at IS NULL AND dead_at IS NULL`) == 0
-	}, e.describeRows("true"))
+	truncateAndWrite(e, rep, func(gen int) []int64 { return e.insertGen(gen, 3) })
 
 	stored := map[int]map[int]int{} // generation -> n -> messages
 	for _, m := range ns.consume() {
@@ -74,18 +61,7 @@ func TestReimportWithTheSameCreatedAtIsDelivered(t *testing.T) {
 	rc := newRecorder(t, nil)
 	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL())
 	rep := e.start()
-	e.insertImport(1, 5)
-	waitFor(t, "the first import delivered", func() bool { return e.count(`dispatched_at IS NULL`) == 0 }, e.describeRows("true"))
-	e.exec(`TRUNCATE outbox RESTART IDENTITY`)
-	if ids := e.insertImport(2, 5); ids[0] != 1 {
-		t.Fatalf("the rewind did not rewind: the first new id is %d", ids[0])
-	}
-	waitFor(t, "the second import settled", func() bool {
-		if rep.exited() {
-			t.Fatalf("the relay exited: %v; logs:\n%s", rep.proc.Err(), rep.tail(20))
-		}
-		return e.count(`dispatched_at IS NULL AND dead_at IS NULL`) == 0
-	}, e.describeRows("true"))
+	truncateAndWrite(e, rep, func(gen int) []int64 { return e.insertImport(gen, 5) })
 	got := okGen(rc, 2)
 	for n := 1; n <= 5; n++ {
 		if got[n] != 1 {
@@ -102,19 +78,25 @@ func TestReimportWithTheSameCreatedAtIsDelivered(t *testing.T) {
 // the same names, payload {"gen": gen, "n": i}.
 func (e *env) insertImport(gen, n int) []int64 {
 	e.t.Helper()
-	rows, err := e.pool.Query(context.Background(),
-		`INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at)
+	return e.insertIDs(`INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at)
 		 SELECT 'imp', (g % 2)::text, 'test.event', jsonb_build_object('gen', $1::int, 'n', g),
 		   timestamptz '2026-01-02 03:04:05.123456+00' + g * interval '1 second'
 		 FROM generate_series(1, $2::int) g ORDER BY g RETURNING id`, gen, n)
-	if err != nil {
-		e.t.Fatal(err)
+}
+
+// truncateAndWrite writes generation 1 with write and waits for its
+// delivery, empties the table with TRUNCATE ... RESTART IDENTITY, writes
+// generation 2 (its ids from 1 again) and waits until it is settled.
+func truncateAndWrite(e *env, rep *replica, write func(gen int) []int64) {
+	t := e.t
+	t.Helper()
+	write(1)
+	waitFor(t, "generation 1 delivered", func() bool { return e.count(`dispatched_at IS NULL`) == 0 }, e.describeRows("true"))
+	e.exec(`TRUNCATE outbox RESTART IDENTITY`)
+	if ids := write(2); ids[0] != 1 {
+		t.Fatalf("the rewind did not rewind: the first new id is %d", ids[0])
 	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return ids
+	e.waitSettled(rep, "generation 2 settled")
 }
 
 // dedupeID is what a broker that deduplicates must be given for row id
