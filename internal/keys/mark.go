@@ -156,8 +156,8 @@ func (v Verdict) String() string {
 // within DeliveredTTL of the last write by an earlier version: that is the
 // upgrade window.
 //
-// A mark "1:<created_at>.<names>" (the format before the fingerprint took
-// in the payload and headers) whose two parts are this row's is Unnamed,
+// A mark "1:<created_at>.<names>" (the format of earlier versions: no
+// payload and headers digest) whose two parts are this row's is Unnamed,
 // never this row's: it cannot tell this row from one written again with
 // the same created_at and names and another payload, and trusting it could
 // lose that row. Its row is sent again (a possible duplicate); such marks
