@@ -51,7 +51,9 @@ func (s *Store) RunDone(ctx context.Context, fireTime time.Time) (bool, error) {
 }
 
 // Pending is an undelivered row as the repair sweep needs it: what its
-// idempotency key's delivered mark is computed from (keys.Fingerprint).
+// idempotency key's delivered mark is computed from (keys.Fingerprint),
+// but the payload and headers, whose digest ContentDigests computes for
+// the few rows that need it.
 type Pending struct {
 	ID            int64
 	CreatedAt     time.Time
