@@ -12,6 +12,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strconv"
 	"time"
 )
 
@@ -24,6 +25,25 @@ type Event struct {
 	Payload       json.RawMessage `json:"payload"`
 	Headers       json.RawMessage `json:"headers"`
 	CreatedAt     time.Time       `json:"created_at"`
+	// Fingerprint tells this row from another that had the same ID (the
+	// ids came round again, or a producer wrote a row again with another
+	// payload): the caller's, the same text its idempotency mark names. It
+	// is part of DedupeID, never of the message itself. Empty: the ID
+	// alone names the row.
+	Fingerprint string `json:"-"`
+}
+
+// DedupeID is the key a broker that deduplicates (JetStream's Nats-Msg-Id,
+// an SQS or SNS FIFO MessageDeduplicationId) drops a repeat by:
+// "<id>:<fingerprint>". The same row sent twice has the same one, so the
+// broker stores it once; a new row that reuses the id has another, so no
+// dedupe window swallows it.
+func (ev Event) DedupeID() string {
+	id := strconv.FormatInt(ev.ID, 10)
+	if ev.Fingerprint == "" {
+		return id
+	}
+	return id + ":" + ev.Fingerprint
 }
 
 // Aggregate is the unit of ordering: events of one aggregate are delivered
@@ -131,9 +151,10 @@ type Capabilities struct {
 	// Send calls (a per-event sink's concurrency); 0 when it takes a batch
 	// as a whole. The poller keeps about that many aggregates in flight.
 	Parallel int
-	// DedupeWindow is how long the destination drops a repeated event id
-	// (NATS JetStream's duplicate window); 0 means it does not, and
-	// consumers dedupe on the id. A retry after the window is a duplicate.
+	// DedupeWindow is how long the destination drops a repeated event
+	// (Event.DedupeID: NATS JetStream's duplicate window, SQS and SNS FIFO's
+	// five minutes); 0 means it does not, and consumers dedupe on the id. A
+	// retry after the window is a duplicate.
 	DedupeWindow time.Duration
 	// Ordering says where the order of one aggregate's events is kept, e.g.
 	// "per aggregate (HTTP requests in order)", "per partition (key =

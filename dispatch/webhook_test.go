@@ -43,7 +43,9 @@ func TestWebhookRequestFollowsTheContract(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := w.SendEvent(context.Background(), event(), 9); err != nil {
+	ev := event()
+	ev.Fingerprint = "hogob5ml4w.e345fcd3.c73436916fc1b368" // a broker's dedupe id only: not in the body
+	if err := w.SendEvent(context.Background(), ev, 9); err != nil {
 		t.Fatalf("2xx must be success: %v", err)
 	}
 	if got.Method != http.MethodPost {
@@ -57,6 +59,9 @@ func TestWebhookRequestFollowsTheContract(t *testing.T) {
 		if _, ok := m[k]; !ok {
 			t.Fatalf("body lacks %s: %s", k, body)
 		}
+	}
+	if len(m) != 7 {
+		t.Fatalf("body has %d fields, want the contract's 7: %s", len(m), body)
 	}
 	if m["id"].(float64) != 123 || m["created_at"] != "2026-01-02T03:04:05Z" {
 		t.Fatalf("body %s", body)

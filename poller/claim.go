@@ -62,7 +62,8 @@ func (c claimValue) supersedes(other claimValue) bool {
 // (claim.lua, one call per batch; per key in Redis Cluster), and classifies
 // the rows by what was there. This row's delivered mark is a duplicate;
 // a mark left by an earlier row with the same id (keys.Judge: the ids came
-// round again) is never trusted: it is taken over like the claims of an
+// round again), or one of the earlier format that does not name the
+// payload, is never trusted: it is taken over like the claims of an
 // earlier holder, at once and by compare-and-set (one more round trip, only
 // when there are any), and the row is sent. A crash costs about one lock
 // TTL, never claim_ttl. A key Redis cannot use as a string (WRONGTYPE) or
@@ -76,7 +77,7 @@ func (p *Poller) claimKeys(ctx context.Context, items []item, c claimValue) erro
 	for i := range items {
 		if items[i].outcome != poisoned {
 			r := items[i].row
-			items[i].mark = keys.Mark(r.CreatedAt, r.AggregateType, r.AggregateID, r.EventType)
+			items[i].mark = keys.Mark(r.CreatedAt, r.AggregateType, r.AggregateID, r.EventType, keys.ContentOf(r.Payload, r.Headers))
 			items[i].key = p.keys.Idempotency(r.ID)
 			idx, names = append(idx, i), append(names, items[i].key)
 		}
@@ -93,6 +94,7 @@ func (p *Poller) claimKeys(ctx context.Context, items []item, c claimValue) erro
 	var previous []string
 	var stale []int      // of takeover: the marks of other rows
 	var staleSeen string // the first of those marks
+	unnamed := 0         // of takeover: marks of the earlier format
 	for j, i := range idx {
 		v, pttl, err := claimReply(found[j])
 		switch {
@@ -118,6 +120,10 @@ func (p *Poller) claimKeys(ctx context.Context, items []item, c claimValue) erro
 			}
 			takeover, previous, stale = append(takeover, i), append(previous, v), append(stale, i)
 			continue
+		case keys.Unnamed:
+			takeover, previous = append(takeover, i), append(previous, v)
+			unnamed++
+			continue
 		}
 		other, ok := parseClaimValue(v)
 		switch {
@@ -132,6 +138,10 @@ func (p *Poller) claimKeys(ctx context.Context, items []item, c claimValue) erro
 	}
 	if len(stale) > 0 {
 		p.rewound(items, stale, staleSeen, c.token)
+	}
+	if unnamed > 0 {
+		p.log.Info("delivered marks of an earlier version that do not name the payload: not trusted, the rows are sent again",
+			"unnamed_marks", unnamed, "fencing_token", c.token)
 	}
 	if len(takeover) == 0 {
 		return nil

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/store"
 )
 
@@ -125,7 +126,8 @@ func (p *Poller) deliver(ctx context.Context, items []item, token int64, trusted
 		for j, i := range chunk {
 			r := items[i].row
 			events[j] = dispatch.Event{ID: r.ID, AggregateType: r.AggregateType, AggregateID: r.AggregateID,
-				EventType: r.EventType, Payload: r.Payload, Headers: r.Headers, CreatedAt: r.CreatedAt}
+				EventType: r.EventType, Payload: r.Payload, Headers: r.Headers, CreatedAt: r.CreatedAt,
+				Fingerprint: keys.MarkFingerprint(items[i].mark)} // the mark's text: no allocation
 		}
 		results := p.sink.Send(ctx, dispatch.Batch{Events: events, Token: token, Until: trusted,
 			Done: func(j int, r dispatch.Result) {

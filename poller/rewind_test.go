@@ -3,6 +3,7 @@ package poller
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,7 +20,7 @@ func (e *env) fingerprints() map[int64]struct {
 } {
 	e.t.Helper()
 	rows, _ := e.st.Pool().Query(context.Background(),
-		`SELECT id, created_at, aggregate_type, aggregate_id, event_type FROM outbox ORDER BY id`)
+		`SELECT id, created_at, aggregate_type, aggregate_id, event_type, payload, headers FROM outbox ORDER BY id`)
 	out := map[int64]struct {
 		fp      string
 		created time.Time
@@ -27,11 +28,12 @@ func (e *env) fingerprints() map[int64]struct {
 	var id int64
 	var at time.Time
 	var t, a, ev string
-	if _, err := pgx.ForEachRow(rows, []any{&id, &at, &t, &a, &ev}, func() error {
+	var payload, headers []byte
+	if _, err := pgx.ForEachRow(rows, []any{&id, &at, &t, &a, &ev, &payload, &headers}, func() error {
 		out[id] = struct {
 			fp      string
 			created time.Time
-		}{keys.Fingerprint(at, t, a, ev), at}
+		}{keys.Fingerprint(at, t, a, ev, keys.ContentOf(payload, headers)), at}
 		return nil
 	}); err != nil {
 		e.t.Fatal(err)
@@ -40,9 +42,11 @@ func (e *env) fingerprints() map[int64]struct {
 }
 
 // A delivered mark names its row: this row's mark is a duplicate (marked,
-// not sent); a mark of an earlier row with the same id (ids reused) is
-// overwritten and the row sent; a bare "1" of earlier versions is trusted
-// only if it was written after the row was created (the upgrade window).
+// not sent); a mark of an earlier row with the same id (ids reused, or the
+// same id, created_at and names with another payload) is overwritten and
+// the row sent; so is a mark of the earlier format, which names no
+// payload; a bare "1" of earlier versions is trusted only if it was
+// written after the row was created (the upgrade window).
 func TestDeliveredMarkNamesItsRow(t *testing.T) {
 	e := newEnv(t)
 	ids := e.insert(12, 12) // one row per aggregate: no row waits behind another
@@ -56,20 +60,30 @@ func TestDeliveredMarkNamesItsRow(t *testing.T) {
 	}
 	earlier := fps[ids[0]].created.Add(-time.Minute)
 	age := time.Since(fps[ids[0]].created) // how long ago the rows were created
-	foreign := keys.Delivered(keys.Fingerprint(earlier, "deal", "0", "deal.funded"))
-	set(ids[0], foreign, keys.DeliveredTTL)                                                              // an earlier row's mark
-	set(ids[1], keys.Delivered(fps[ids[1]].fp), keys.DeliveredTTL)                                       // this row's mark
-	set(ids[2], "1", keys.DeliveredTTL)                                                                  // legacy, written just now
-	set(ids[3], "1", keys.DeliveredTTL-age-keys.LegacySkew-time.Minute)                                  // legacy, written before the row
-	set(ids[4], "1", 0)                                                                                  // legacy without a TTL: not ours
-	set(ids[5], keys.Delivered(keys.Fingerprint(fps[ids[5]].created, "x", "y", "z")), keys.DeliveredTTL) // same time, other row
+	foreign := keys.Delivered(keys.Fingerprint(earlier, "deal", "0", "deal.funded", keys.Content{}))
+	set(ids[0], foreign, keys.DeliveredTTL)                                                                              // an earlier row's mark
+	set(ids[1], keys.Delivered(fps[ids[1]].fp), keys.DeliveredTTL)                                                       // this row's mark
+	set(ids[2], "1", keys.DeliveredTTL)                                                                                  // legacy, written just now
+	set(ids[3], "1", keys.DeliveredTTL-age-keys.LegacySkew-time.Minute)                                                  // legacy, written before the row
+	set(ids[4], "1", 0)                                                                                                  // legacy without a TTL: not ours
+	set(ids[5], keys.Delivered(keys.Fingerprint(fps[ids[5]].created, "x", "y", "z", keys.Content{})), keys.DeliveredTTL) // same time, other row
+	own := fps[ids[6]].fp
+	set(ids[6], "1:"+own[:strings.LastIndexByte(own, '.')], keys.DeliveredTTL) // the earlier format: names no payload
+	var at time.Time
+	var typ, agg, ev string
+	if err := e.st.Pool().QueryRow(ctx, `SELECT created_at, aggregate_type, aggregate_id, event_type FROM outbox WHERE id = $1`, ids[7]).
+		Scan(&at, &typ, &agg, &ev); err != nil {
+		t.Fatal(err)
+	}
+	reimported := keys.Fingerprint(at, typ, agg, ev, keys.ContentOf([]byte(`{"earlier": "payload"}`), []byte(`{}`)))
+	set(ids[7], keys.Delivered(reimported), keys.DeliveredTTL) // same id, created_at and names, another payload
 
 	r := e.poller(testConfig(), "")
 	e.run(r)
 	e.waitAllDispatched(20 * time.Second)
 
 	ok := e.rc.OKCounts()
-	for _, i := range []int{0, 3, 4, 5} {
+	for _, i := range []int{0, 3, 4, 5, 6, 7} {
 		if ok[ids[i]] != 1 {
 			t.Errorf("row %d (key of another row) sent %d times, want once", ids[i], ok[ids[i]])
 		}
@@ -82,13 +96,13 @@ func TestDeliveredMarkNamesItsRow(t *testing.T) {
 			t.Errorf("row %d (its own mark) sent %d times, want a duplicate: marked, not sent", ids[i], ok[ids[i]])
 		}
 	}
-	for _, id := range ids[6:] {
+	for _, id := range ids[8:] {
 		if ok[id] != 1 {
 			t.Errorf("row %d sent %d times, want once", id, ok[id])
 		}
 	}
-	if got := testutil.ToFloat64(r.m.IdempotencyForeign); got != 4 {
-		t.Errorf("outboxd_idempotency_foreign_total = %v, want 4", got)
+	if got := testutil.ToFloat64(r.m.IdempotencyForeign); got != 5 {
+		t.Errorf("outboxd_idempotency_foreign_total = %v, want 5 (not the mark of the earlier format)", got)
 	}
 	if got := testutil.ToFloat64(r.m.Duplicates); got != 2 {
 		t.Errorf("outboxd_already_delivered_total = %v, want 2", got)
@@ -150,5 +164,24 @@ func TestClaimReportsLegacyMarkAge(t *testing.T) {
 	}
 	if _, _, err := claimReply(got[2]); err == nil {
 		t.Errorf("absent key: want redis.Nil (ours), got nil error")
+	}
+}
+
+// The sink is given each row's fingerprint, the one its delivered mark
+// names: a broker that deduplicates (Nats-Msg-Id, MessageDeduplicationId)
+// drops the same row sent twice and never a new row that reuses an id.
+func TestSinkIsGivenTheRowsFingerprint(t *testing.T) {
+	e := newEnv(t)
+	ids := e.insert(6, 3)
+	fps := e.fingerprints()
+	sink := &scripted{dedupe: map[int64]string{}}
+	e.run(e.pollerWith(testConfig(), sink))
+	e.waitAllDispatched(10 * time.Second)
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	for _, id := range ids {
+		if got, want := sink.dedupe[id], strconv.FormatInt(id, 10)+":"+fps[id].fp; got != want {
+			t.Errorf("row %d: the sink's dedupe id is %q, want %q (the id and the fingerprint of its mark)", id, got, want)
+		}
 	}
 }

@@ -25,6 +25,7 @@ type scripted struct {
 	answer  map[string]dispatch.Outcome // by aggregate id; Delivered if absent
 	batches [][]int64
 	caps    dispatch.Capabilities
+	dedupe  map[int64]string // each event's DedupeID, by id, when set
 }
 
 func (s *scripted) Capabilities() dispatch.Capabilities { return s.caps }
@@ -37,6 +38,9 @@ func (s *scripted) Send(_ context.Context, b dispatch.Batch) []dispatch.Result {
 	stopped := map[string]bool{}
 	for i, ev := range b.Events {
 		ids = append(ids, ev.ID)
+		if s.dedupe != nil {
+			s.dedupe[ev.ID] = ev.DedupeID()
+		}
 		if stopped[ev.AggregateID] {
 			continue // NotAttempted
 		}

@@ -321,10 +321,12 @@ func writeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 // markFromRedis repairs the crash window between "key says delivered" and
 // "Postgres marked": pending rows whose idempotency key holds their own
 // delivered mark are marked delivered without being sent again. The rule is
-// the poller's (keys.Judge): a mark left by an earlier row with the same id
-// marks nothing (the poller takes it over and sends the row), and a bare
-// "1" of an earlier version marks its row only if it was written after the
-// row was created.
+// the poller's (keys.Judge, over the same fingerprint: the payload and
+// headers digest computed in Postgres, store.ContentDigests): a mark left
+// by an earlier row with the same id, or one of the earlier format that
+// does not name the payload, marks nothing (the poller takes it over and
+// sends the row), and a bare "1" of an earlier version marks its row only
+// if it was written after the row was created.
 func (r *Reconciler) markFromRedis(ctx context.Context, fence store.Fence) (int64, error) {
 	var cursor, marked int64
 	fctx, cancel := context.WithTimeout(ctx, queryTimeout)
@@ -356,6 +358,10 @@ func (r *Reconciler) markFromRedis(ctx context.Context, fence store.Fence) (int6
 		if err != nil {
 			return marked, err
 		}
+		contents, err := r.contents(ctx, rows, vals)
+		if err != nil {
+			return marked, err
+		}
 		now := time.Now()
 		var delivered []store.Delivered
 		foreign := 0
@@ -363,17 +369,21 @@ func (r *Reconciler) markFromRedis(ctx context.Context, fence store.Fence) (int6
 			if vals[i] == "" || !row.Finite {
 				continue
 			}
-			fp := keys.Fingerprint(row.CreatedAt, row.AggregateType, row.AggregateID, row.EventType)
+			content, ok := contents[row.ID]
+			if !ok && vals[i] != keys.LegacyDelivered {
+				continue // not a mark, or the row is gone
+			}
+			fp := keys.Fingerprint(row.CreatedAt, row.AggregateType, row.AggregateID, row.EventType, content)
 			switch keys.Judge(vals[i], pttls[i], fp, row.CreatedAt, now) {
 			case keys.ThisRow:
 				delivered = append(delivered, store.Delivered{ID: row.ID, CreatedAt: row.CreatedAt})
-			case keys.OtherRow:
+			case keys.OtherRow, keys.Unnamed:
 				foreign++
 			}
 		}
 		if foreign > 0 {
 			// The poller counts and reports these when it claims the rows.
-			r.log.Debug("pending rows whose keys hold an earlier row's mark: left to the poller", "foreign_keys", foreign)
+			r.log.Debug("pending rows whose keys hold a mark that is not theirs: left to the poller", "foreign_keys", foreign)
 		}
 		if len(delivered) > 0 {
 			if r.hooks.beforeMark != nil {
@@ -392,6 +402,34 @@ func (r *Reconciler) markFromRedis(ctx context.Context, fence store.Fence) (int6
 			return marked, nil
 		}
 	}
+}
+
+// contents reads the payload-and-headers digest (keys.Content) of the
+// rows whose key holds a delivered mark "1:<fingerprint>" (vals as mget
+// read them), computed in Postgres: their fingerprints need it, and only
+// rows in the crash window between the key and the Postgres mark, or rows
+// whose ids came round again, have one.
+func (r *Reconciler) contents(ctx context.Context, rows []store.Pending, vals []string) (map[int64]keys.Content, error) {
+	var ids []int64
+	for i, row := range rows {
+		if row.Finite && strings.HasPrefix(vals[i], keys.LegacyDelivered+":") {
+			ids = append(ids, row.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	qctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	digests, err := r.store.ContentDigests(qctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int64]keys.Content, len(digests))
+	for id, d := range digests {
+		out[id] = keys.Content(d)
+	}
+	return out, nil
 }
 
 // mget reads keys one slot-safe GET each, pipelined (MGET would cross hash

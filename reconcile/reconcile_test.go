@@ -108,16 +108,85 @@ func (e *testBundle) setKey(id int64, v string, ttl time.Duration) {
 	}
 }
 
-// fingerprint is row id's keys.Fingerprint.
+// fingerprint is row id's keys.Fingerprint, its content taken in Go from
+// the payload and headers as a read returns them (as the poller does).
 func (e *testBundle) fingerprint(id int64) string {
 	e.t.Helper()
 	var at time.Time
 	var typ, agg, ev string
-	if err := e.st.Pool().QueryRow(context.Background(), `SELECT created_at, aggregate_type, aggregate_id, event_type
-		FROM outbox WHERE id = $1`, id).Scan(&at, &typ, &agg, &ev); err != nil {
+	var payload, headers []byte
+	if err := e.st.Pool().QueryRow(context.Background(), `SELECT created_at, aggregate_type, aggregate_id, event_type, payload, headers
+		FROM outbox WHERE id = $1`, id).Scan(&at, &typ, &agg, &ev, &payload, &headers); err != nil {
 		e.t.Fatal(err)
 	}
-	return keys.Fingerprint(at, typ, agg, ev)
+	return keys.Fingerprint(at, typ, agg, ev, keys.ContentOf(payload, headers))
+}
+
+// The repair sweep computes the fingerprint the poller does: the poller
+// takes the payload and headers digest in Go from the bytes it read, the
+// sweep in Postgres (store.ContentDigests); every row whose key holds the
+// mark made the poller's way is marked, whatever its JSON holds.
+func TestMarkSweepComputesThePollersFingerprint(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	docs := []struct{ payload, headers string }{
+		{`{}`, `{}`},
+		{`{"b": 1, "a": [1, 2.50, -0.0, 1e400], "n": null}`, `{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}`},
+		{`{"ü": "\u00fc \" \\ \n \t é 日本 😀"}`, `{"x": {"y": [true, false]}}`},
+		{`"a string"`, `{"k": "v"}`},
+		{`[1, "two", {"three": 3}]`, `{}`},
+		{`12345678901234567890.123456789`, `{"a": "b", "aa": "bb"}`},
+		{`{"big": "` + strings.Repeat("xyz", 100000) + `"}`, `{}`},
+	}
+	var ids []int64
+	for _, d := range docs {
+		var id int64
+		if err := e.st.Pool().QueryRow(context.Background(), `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, headers)
+			VALUES ('deal', 'j', 'deal.funded', $1::jsonb, $2::jsonb) RETURNING id`, d.payload, d.headers).Scan(&id); err != nil {
+			t.Fatalf("insert %.60s: %v", d.payload, err)
+		}
+		ids = append(ids, id)
+		e.markKeyDelivered(id)
+	}
+	sum, err := e.reconciler(Config{}).RunOnce(context.Background(), time.Now(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.MarkedFromRedis != int64(len(ids)) {
+		t.Errorf("marked %d of %d rows holding their own marks", sum.MarkedFromRedis, len(ids))
+	}
+	for i, id := range ids {
+		if e.count(`SELECT count(*) FROM outbox WHERE id = $1 AND dispatched_at IS NOT NULL`, id) != 1 {
+			t.Errorf("row %d (%.60s / %s) not marked: the sweep's fingerprint differs from the poller's", id, docs[i].payload, docs[i].headers)
+		}
+	}
+}
+
+// A row written again with the id, created_at and names of a delivered
+// one but another payload or other headers (a producer that sets
+// created_at itself, re-importing after a rewind) is another row: the
+// sweep does not mark it from the earlier row's mark.
+func TestMarkSweepTakesAnotherPayloadForAnotherRow(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ids := e.insertPending(3)
+	for _, id := range ids {
+		e.markKeyDelivered(id) // the marks of the rows as first written
+	}
+	e.exec(`UPDATE outbox SET payload = '{"v": 2}' WHERE id = $1`, ids[0])
+	e.exec(`UPDATE outbox SET headers = '{"traceparent": "00-abc"}' WHERE id = $1`, ids[1])
+	sum, err := e.reconciler(Config{}).RunOnce(context.Background(), time.Now(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []bool{false, false, true} {
+		if got := e.count(`SELECT count(*) FROM outbox WHERE id = $1 AND dispatched_at IS NOT NULL`, ids[i]) == 1; got != want {
+			t.Errorf("row %d (case %d): marked %v, want %v", ids[i], i, got, want)
+		}
+	}
+	if sum.MarkedFromRedis != 1 {
+		t.Errorf("marked %d, want 1 (the row as it was written)", sum.MarkedFromRedis)
+	}
 }
 
 // Three replicas with skewed starts: every fire time in the window runs
@@ -336,9 +405,10 @@ func TestWrongTypedKeyDoesNotStopTheSweep(t *testing.T) {
 }
 
 // The repair sweep marks a row only from its own delivered mark: a mark
-// left by an earlier row with the same id (ids reused), or a bare "1" of
-// an earlier version written before the row was created, marks nothing;
-// a bare "1" written after it (the upgrade window) does.
+// left by an earlier row with the same id (ids reused), a bare "1" of
+// an earlier version written before the row was created, or a mark of the
+// earlier format that names no payload, marks nothing; a bare "1" written
+// after it (the upgrade window) does.
 func TestMarkSweepTrustsOnlyTheRowsOwnMark(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -348,11 +418,13 @@ func TestMarkSweepTrustsOnlyTheRowsOwnMark(t *testing.T) {
 		t.Fatal(err)
 	}
 	age := time.Since(created)
-	e.markKeyDelivered(ids[0])                                                                                                 // own mark: marked
-	e.setKey(ids[1], keys.Delivered(keys.Fingerprint(created.Add(-time.Hour), "deal", "1", "deal.funded")), keys.DeliveredTTL) // earlier row's
-	e.setKey(ids[2], "1", keys.DeliveredTTL)                                                                                   // legacy, just written: marked
-	e.setKey(ids[3], "1", keys.DeliveredTTL-age-keys.LegacySkew-time.Minute)                                                   // legacy, before the row
-	e.setKey(ids[4], "1", 0)                                                                                                   // legacy without a TTL
+	e.markKeyDelivered(ids[0])                                                                                                                 // own mark: marked
+	e.setKey(ids[1], keys.Delivered(keys.Fingerprint(created.Add(-time.Hour), "deal", "1", "deal.funded", keys.Content{})), keys.DeliveredTTL) // earlier row's
+	e.setKey(ids[2], "1", keys.DeliveredTTL)                                                                                                   // legacy, just written: marked
+	e.setKey(ids[3], "1", keys.DeliveredTTL-age-keys.LegacySkew-time.Minute)                                                                   // legacy, before the row
+	e.setKey(ids[4], "1", 0)                                                                                                                   // legacy without a TTL
+	own := e.fingerprint(ids[5])
+	e.setKey(ids[5], "1:"+own[:strings.LastIndexByte(own, '.')], keys.DeliveredTTL) // the earlier format, without the content
 	sum, err := e.reconciler(Config{}).RunOnce(context.Background(), time.Now(), time.Second)
 	if err != nil {
 		t.Fatal(err)

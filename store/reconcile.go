@@ -51,7 +51,9 @@ func (s *Store) RunDone(ctx context.Context, fireTime time.Time) (bool, error) {
 }
 
 // Pending is an undelivered row as the repair sweep needs it: what its
-// idempotency key's delivered mark is computed from (keys.Fingerprint).
+// idempotency key's delivered mark is computed from (keys.Fingerprint),
+// but the payload and headers, whose digest ContentDigests computes for
+// the few rows that need it.
 type Pending struct {
 	ID            int64
 	CreatedAt     time.Time
@@ -101,6 +103,39 @@ func (s *Store) PendingRowsFrom(ctx context.Context, floor *int64, cursor int64,
 	}
 	return out, nil
 }
+
+// ContentDigests returns, for each of ids still in the table, the digest
+// of its payload and headers that keys.ContentOf computes from the bytes a
+// read of those columns returns (the relay's read loads them to send):
+// computed here in Postgres (contentDigestSQL), so the repair sweep, which
+// needs it only for the rows whose key holds a delivered mark, loads no
+// payload, however large.
+func (s *Store) ContentDigests(ctx context.Context, ids []int64) (map[int64][8]byte, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id, `+contentDigestSQL+` FROM outbox WHERE id = ANY ($1::bigint[])`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("store: content digests: %w", err)
+	}
+	out := make(map[int64][8]byte, len(ids))
+	var id int64
+	var d []byte
+	if _, err := pgx.ForEachRow(rows, []any{&id, &d}, func() error {
+		if len(d) != 8 {
+			return fmt.Errorf("row %d: a digest of %d bytes", id, len(d))
+		}
+		out[id] = [8]byte(d)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("store: content digests: %w", err)
+	}
+	return out, nil
+}
+
+// contentDigestSQL is keys.ContentOf in SQL: the first 8 bytes of
+// SHA-256(SHA-256(payload) || SHA-256(headers)), each over the jsonb's text
+// in UTF-8, which is what a read returns for the column (jsonb's binary
+// form is a version byte and that same text), a NULL as empty.
+const contentDigestSQL = `substr(sha256(sha256(convert_to(COALESCE(payload::text, ''), 'UTF8'))
+  || sha256(convert_to(COALESCE(headers::text, ''), 'UTF8'))), 1, 8)`
 
 // sweepFloorCTE is lowcur(lo): the poller's saved cursor in this epoch
 // (savedCursorSQL), below which every row is delivered, dead or backing

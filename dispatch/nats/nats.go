@@ -1,8 +1,10 @@
 // Package nats is the NATS JetStream sink: nats.go's jetstream package,
 // asynchronous publish of a batch with one acknowledgement (PubAck) per
-// message, Nats-Msg-Id = outbox id for the stream's duplicate window (a
-// duplicate ack counts as delivered). A subject no stream captures is a
-// failure. It imports nothing of outboxd but dispatch.
+// message, Nats-Msg-Id = "<outbox id>:<fingerprint>" (Event.DedupeID) for
+// the stream's duplicate window: the same row sent twice is stored once,
+// and a duplicate ack counts as delivered; a new row that reuses an id (a
+// sequence rewind, a re-import) is never taken for a duplicate. A subject
+// no stream captures is a failure. It imports nothing of outboxd but dispatch.
 //
 // What it promises: an event is Delivered (or Duplicate) only once a
 // JetStream PubAck for it came back, naming the stream and sequence (the

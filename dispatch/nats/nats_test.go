@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/dispatch/internal/sinktest"
 	"github.com/outboxd/outboxd/internal/cetest"
 	"github.com/outboxd/outboxd/internal/testkit"
 )
@@ -25,7 +26,7 @@ import (
 // TestMapping: one message per event on the template's subject, the
 // payload bytes as is, the contract's headers, the row's headers passed
 // through unless they collide or NATS must not carry them, Nats-Msg-Id =
-// outbox id, CloudEvents attributes only when enabled.
+// "<outbox id>:<fingerprint>", CloudEvents attributes only when enabled.
 func TestMapping(t *testing.T) {
 	t.Parallel()
 	for _, ce := range []bool{false, true} {
@@ -35,6 +36,7 @@ func TestMapping(t *testing.T) {
 			s, logs := newSink(t, Config{URL: sharedURL, Subject: ts.prefix + ".{aggregate_type}.{event_type}",
 				CloudEvents: dispatch.CloudEvents{Enabled: ce, Source: "test-source"}})
 			ev := event(41, "order", "o-1")
+			ev.Fingerprint = "hogob5ml4w.e345fcd3.c73436916fc1b368"
 			ev.Payload = json.RawMessage(`{"b": 1,   "a": [1, 2], "u": "\u00e9"}`) // spacing and escapes kept
 			ev.Headers = json.RawMessage(`{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
 				"n": 5, "Aggregate_ID": "evil", "id": "999", "ce-id": "evil-ce",
@@ -60,7 +62,7 @@ func TestMapping(t *testing.T) {
 				"id": "41", "aggregate_type": "order", "aggregate_id": "o-1", "event_type": "order.happened",
 				"created_at": created.Format(time.RFC3339Nano), "fencing_token": "7",
 				"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "n": "5",
-				"Nats-Msg-Id": "41",
+				"Nats-Msg-Id": "41:hogob5ml4w.e345fcd3.c73436916fc1b368",
 			}
 			if ce {
 				for k, v := range map[string]string{"ce-specversion": "1.0", "ce-id": "41", "ce-source": "test-source",
@@ -178,6 +180,28 @@ func TestResultsAndDuplicates(t *testing.T) {
 	wantOutcomes(t, mixed, dispatch.Duplicate, dispatch.Delivered)
 	if n := ts.count(t); n != 6 {
 		t.Errorf("stream holds %d messages, want 6 (duplicates dropped)", n)
+	}
+}
+
+// TestRewindWithinTheWindowIsNotADuplicate: rows that reuse the ids of
+// rows sent a moment before (a sequence rewind, a re-import with the same
+// created_at and names and new payloads) have other fingerprints, so the
+// stream stores every one of them, well inside its duplicate window; the
+// same row sent twice is still stored once.
+func TestRewindWithinTheWindowIsNotADuplicate(t *testing.T) {
+	t.Parallel()
+	ts := newStream(t, sharedURL, func(c *jetstream.StreamConfig) { c.Duplicates = 5 * time.Minute })
+	s, _ := newSink(t, Config{URL: sharedURL, Subject: ts.prefix + ".{aggregate_type}"})
+	first, second := sinktest.Generation("a", 1), sinktest.Generation("a", 2)
+	wantOutcomes(t, s.Send(t.Context(), batch(first...)), dispatch.Delivered, dispatch.Delivered, dispatch.Delivered)
+	wantOutcomes(t, s.Send(t.Context(), batch(second...)), dispatch.Delivered, dispatch.Delivered, dispatch.Delivered)
+	wantOutcomes(t, s.Send(t.Context(), batch(second...)), dispatch.Duplicate, dispatch.Duplicate, dispatch.Duplicate)
+	var got []string
+	for _, m := range ts.messages(t) {
+		got = append(got, string(m.Data))
+	}
+	if want := sinktest.Payloads(first, second); !slices.Equal(got, want) {
+		t.Errorf("stream holds %v, want each row of both generations once: %v", got, want)
 	}
 }
 

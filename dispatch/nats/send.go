@@ -168,6 +168,11 @@ func (s *Sink) drainRefused() {
 // sends no ack then, only an asynchronous error).
 var errPublishRefused = errors.New("the server refused the publish: permissions violation")
 
+// acked is the result of a PubAck. A duplicate ack counts as delivered:
+// the stream already stores a message with this Nats-Msg-Id, and that id
+// is the event's DedupeID, which names the row (its id and fingerprint),
+// so the message stored is this row's, sent before (a retry, a crash
+// between the send and its mark), never another row's with the same id.
 func acked(ack *jetstream.PubAck) dispatch.Result {
 	r := dispatch.Result{Outcome: dispatch.Delivered, Ref: ack.Stream + "#" + strconv.FormatUint(ack.Sequence, 10)}
 	if ack.Duplicate {
@@ -177,7 +182,8 @@ func acked(ack *jetstream.PubAck) dispatch.Result {
 }
 
 // message builds ev's NATS message: body = payload as is, the contract's
-// headers (Headers) that NATS can carry, Nats-Msg-Id = outbox id.
+// headers (Headers) that NATS can carry, Nats-Msg-Id = ev.DedupeID()
+// ("<id>:<fingerprint>").
 func (s *Sink) message(ev dispatch.Event, token int64) (*nats.Msg, []string, error) {
 	subj, err := s.subject.Render(ev, dispatch.NameRules{Kind: dispatch.NATSSubject})
 	if err != nil {
@@ -197,7 +203,7 @@ func (s *Sink) message(ev dispatch.Event, token int64) (*nats.Msg, []string, err
 		}
 		h[x.Key] = []string{x.Value}
 	}
-	h[jetstream.MsgIDHeader] = []string{strconv.FormatInt(ev.ID, 10)}
+	h[jetstream.MsgIDHeader] = []string{ev.DedupeID()}
 	msg := &nats.Msg{Subject: subj, Data: m.Body, Header: h}
 	if err := checkHeaders(ev, msg); err != nil {
 		return nil, dropped, err

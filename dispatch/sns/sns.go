@@ -2,7 +2,7 @@
 // messages and 256 KiB, the payload as the message, the contract's headers
 // as message attributes, and on a FIFO topic (its ARN ends in ".fifo")
 // MessageGroupId = {aggregate_type}/{aggregate_id} and
-// MessageDeduplicationId = the outbox id. Credentials and, unless set, the
+// MessageDeduplicationId = "<outbox id>:<fingerprint>" (Event.DedupeID). Credentials and, unless set, the
 // region come from the AWS SDK's default chain; else the region is the
 // topic ARN's.
 //
@@ -10,7 +10,9 @@
 // as published. One aggregate has at most one message in flight (see
 // dispatch/internal/awsbatch): on a FIFO topic its events reach FIFO
 // subscriptions in id order per message group, and a retry within the
-// five-minute deduplication window is dropped. What it does not: a standard
+// five-minute deduplication window is dropped, while a new row that reuses
+// an id (a sequence rewind, a re-import) has another deduplication id and
+// is never dropped. What it does not: a standard
 // topic keeps no order and may deliver twice; what a subscription does with
 // a message (a filter policy, a failing endpoint, its own retries) is SNS's,
 // not the relay's: "published" is all the relay can know.

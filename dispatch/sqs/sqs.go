@@ -2,7 +2,7 @@
 // messages and 256 KiB, the payload as the body, the contract's headers as
 // message attributes, and on a FIFO queue (its URL ends in ".fifo")
 // MessageGroupId = {aggregate_type}/{aggregate_id} and
-// MessageDeduplicationId = the outbox id. Credentials and, unless set, the
+// MessageDeduplicationId = "<outbox id>:<fingerprint>" (Event.DedupeID). Credentials and, unless set, the
 // region come from the AWS SDK's default chain (environment, shared config,
 // web identity, container and instance roles); else the region is the one
 // in the queue URL's host.
@@ -11,7 +11,9 @@
 // as successful. One aggregate has at most one message in flight (see
 // dispatch/internal/awsbatch): on a FIFO queue its events are in id order
 // in their message group, and a retry within SQS's five-minute
-// deduplication window is dropped by the queue. What it does not: a
+// deduplication window is dropped by the queue, while a new row that
+// reuses an id (a sequence rewind, a re-import) has another deduplication
+// id and is never dropped. What it does not: a
 // standard queue keeps no order and may deliver a message twice, so its
 // consumers order by id per aggregate and dedupe on it; a FIFO retry after
 // the window lands twice (consumers dedupe on the id attribute).

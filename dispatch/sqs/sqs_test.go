@@ -160,7 +160,8 @@ func TestCloudEventsDecodeWithTheSDK(t *testing.T) {
 
 // TestFIFOQueueKeepsEachAggregateInOrder: on a FIFO queue each event's
 // group is {aggregate_type}/{aggregate_id} and its deduplication id the
-// outbox id; read back group by group, each aggregate's events are in id
+// outbox id (these events carry no fingerprint: see
+// TestFIFORewindWithinTheWindowIsDelivered); read back group by group, each aggregate's events are in id
 // order; the same batch sent again is Delivered and the queue drops it.
 func TestFIFOQueueKeepsEachAggregateInOrder(t *testing.T) {
 	t.Parallel()
@@ -194,6 +195,36 @@ func TestFIFOQueueKeepsEachAggregateInOrder(t *testing.T) {
 		if len(ids) != 6 || !slices.IsSorted(ids) {
 			t.Errorf("aggregate %s: %v, want its 6 ids in order", agg, ids)
 		}
+	}
+}
+
+// TestFIFORewindWithinTheWindowIsDelivered: rows that reuse the ids of
+// rows sent a moment before (a sequence rewind, a re-import) have other
+// deduplication ids, so the FIFO queue keeps every one of them inside its
+// five-minute window; the same rows sent twice are still kept once.
+func TestFIFORewindWithinTheWindowIsDelivered(t *testing.T) {
+	t.Parallel()
+	m := testenv.StartMoto(t)
+	url := m.CreateQueue(t, "rewind.fifo", nil)
+	s := newSink(t, m, url, false)
+	first, second := sinktest.Generation("deal", 1), sinktest.Generation("deal", 2)
+	for _, evs := range [][]dispatch.Event{first, second, second} {
+		if got := sinktest.Outcomes(s.Send(t.Context(), sinktest.Batch(evs...))); !slices.Equal(got, []dispatch.Outcome{dispatch.Delivered, dispatch.Delivered, dispatch.Delivered}) {
+			t.Fatalf("outcomes %v, want every event delivered", got)
+		}
+	}
+	var bodies []string
+	for _, msg := range m.Receive(t, url, len(first)+len(second)) {
+		bodies = append(bodies, aws.ToString(msg.Body))
+		if d, want := msg.Attributes["MessageDeduplicationId"], attrs(msg)["id"]+":"; !strings.HasPrefix(d, want) || len(d) == len(want) {
+			t.Errorf("deduplication id %q, want the id, a colon and the fingerprint", d)
+		}
+	}
+	if want := sinktest.Payloads(first, second); !slices.Equal(slices.Sorted(slices.Values(bodies)), want) {
+		t.Errorf("the queue held %v, want each row of both generations: %v", bodies, want)
+	}
+	if n, err := m.Count(t.Context(), url); err != nil || n != 0 {
+		t.Errorf("after reading both generations the queue still holds %d (%v): the repeat was not deduplicated", n, err)
 	}
 }
 

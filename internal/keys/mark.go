@@ -1,6 +1,7 @@
 package keys
 
 import (
+	"crypto/sha256"
 	"strconv"
 	"strings"
 	"time"
@@ -9,19 +10,23 @@ import (
 // The delivered mark: what an idempotency key holds once its row was sent.
 //
 // Guarantee: a mark names one row, not one id. It is "1:<fingerprint>",
-// the fingerprint taken from what the row was created with (Fingerprint),
-// so a key left by an earlier row that had the same id (the ids came round
-// again: TRUNCATE ... RESTART IDENTITY, a sequence restart, a database
-// re-created under the same redis.key_prefix, a restored backup or a
-// failover to a replica that lost the newest rows) is recognised as
-// foreign and never taken for "delivered". The poller and reconciliation's
-// repair sweep both decide with Judge.
+// the fingerprint taken from what the row was created with (Fingerprint):
+// its created_at, its three names, its payload and its headers. So a key
+// left by an earlier row that had the same id (the ids came round again:
+// TRUNCATE ... RESTART IDENTITY, a sequence restart, a database re-created
+// under the same redis.key_prefix, a restored backup or a failover to a
+// replica that lost the newest rows) is recognised as foreign and never
+// taken for "delivered", even when a producer that sets created_at itself
+// writes the earlier rows again with other payloads. The poller and
+// reconciliation's repair sweep both decide with Judge. Brokers that
+// deduplicate are given the same fingerprint (dispatch.Event.Fingerprint),
+// so their dedupe window never swallows a new row that reuses an id either.
 //
-// Edges: an operator who rewrites a row's created_at, aggregate_type,
-// aggregate_id or event_type by hand after its delivery gets it sent again
-// (a duplicate, never a loss). Two rows with the same id, the same
-// created_at to the microsecond and the same three names (a copy of the same
-// row) count as one.
+// Edges: an operator who rewrites a row's created_at, names, payload or
+// headers by hand after its delivery gets it sent again (a duplicate, never
+// a loss). Two rows with the same id, the same created_at to the
+// microsecond, the same three names and the same payload and headers (a
+// copy of the same row) count as one.
 
 // DeliveredTTL is how long a key says "delivered".
 const DeliveredTTL = 24 * time.Hour
@@ -35,26 +40,48 @@ const LegacyDelivered = "1"
 // of the relay and of Postgres may differ by this much.
 const LegacySkew = 5 * time.Second
 
+// Content is the digest of a row's payload and headers: the first 8 bytes
+// of SHA-256(SHA-256(payload) || SHA-256(headers)), each taken over the
+// JSON text Postgres renders for the jsonb value (what a read of the
+// column returns, binary or text; a NULL is empty). The poller takes it
+// with ContentOf from the bytes it loaded to send; store computes the same
+// in SQL for the rows it does not load (store.Store.ContentDigests). A
+// digest of digests keeps the two parts apart without a copy of either.
+type Content [8]byte
+
+// ContentOf is the Content of a row whose payload and headers read as
+// payload and headers. It allocates nothing.
+func ContentOf(payload, headers []byte) Content {
+	var both [2 * sha256.Size]byte
+	p, h := sha256.Sum256(payload), sha256.Sum256(headers)
+	copy(both[:sha256.Size], p[:])
+	copy(both[sha256.Size:], h[:])
+	sum := sha256.Sum256(both[:])
+	return Content(sum[:len(Content{})])
+}
+
 // Fingerprint identifies a row beyond its id: its created_at in unix
-// microseconds (Postgres' precision) in base 36, a dot, and the FNV-1a
-// 32-bit hash of aggregate_type, aggregate_id and event_type, in hex. A
-// restored copy of the same row keeps it; a new row that reuses the id gets
-// another (created_at moves on; rows that set created_at by hand usually
-// differ in their names).
+// microseconds (Postgres' precision) in base 36, a dot, the FNV-1a 32-bit
+// hash of aggregate_type, aggregate_id and event_type in hex, a dot, and
+// content (the payload and headers, ContentOf) in hex. A restored copy of
+// the same row keeps it; a new row that reuses the id gets another
+// (created_at moves on; a row written again with its created_at and names
+// set by hand differs in its payload or headers). At most 41 characters,
+// all of them [0-9a-z.-]: a broker's deduplication id may carry it.
 //
 // It is built in one allocation (the string): the poller takes one per
 // event, and hash/fnv, fmt and concatenation cost five.
-func Fingerprint(createdAt time.Time, aggregateType, aggregateID, eventType string) string {
-	var buf [32]byte // 14 base-36 digits and a sign at most, a dot, 8 hex digits
-	return string(appendFingerprint(buf[:0], createdAt, aggregateType, aggregateID, eventType))
+func Fingerprint(createdAt time.Time, aggregateType, aggregateID, eventType string, content Content) string {
+	var buf [48]byte // 14 base-36 digits and a sign at most, a dot, 8 hex digits, a dot, 16 hex digits
+	return string(appendFingerprint(buf[:0], createdAt, aggregateType, aggregateID, eventType, content))
 }
 
 // Mark is Delivered(Fingerprint(...)) in one allocation: the poller makes
 // one per event it claims; its fingerprint is Mark's text after "1:".
-func Mark(createdAt time.Time, aggregateType, aggregateID, eventType string) string {
-	var buf [40]byte
+func Mark(createdAt time.Time, aggregateType, aggregateID, eventType string, content Content) string {
+	var buf [48]byte
 	b := append(buf[:0], LegacyDelivered+":"...)
-	return string(appendFingerprint(b, createdAt, aggregateType, aggregateID, eventType))
+	return string(appendFingerprint(b, createdAt, aggregateType, aggregateID, eventType, content))
 }
 
 // MarkFingerprint is the fingerprint a "1:<fingerprint>" mark names.
@@ -63,7 +90,7 @@ func MarkFingerprint(mark string) string {
 }
 
 // appendFingerprint appends Fingerprint's text to b.
-func appendFingerprint(b []byte, createdAt time.Time, aggregateType, aggregateID, eventType string) []byte {
+func appendFingerprint(b []byte, createdAt time.Time, aggregateType, aggregateID, eventType string, content Content) []byte {
 	h := uint32(fnvOffset32)
 	for _, s := range [...]string{aggregateType, aggregateID, eventType} {
 		for i := 0; i < len(s); i++ {
@@ -74,10 +101,16 @@ func appendFingerprint(b []byte, createdAt time.Time, aggregateType, aggregateID
 	b = strconv.AppendInt(b, createdAt.UnixMicro(), 36)
 	b = append(b, '.')
 	for shift := 28; shift >= 0; shift -= 4 {
-		b = append(b, "0123456789abcdef"[h>>shift&0xf])
+		b = append(b, hexDigits[h>>shift&0xf])
+	}
+	b = append(b, '.')
+	for _, c := range content {
+		b = append(b, hexDigits[c>>4], hexDigits[c&0xf])
 	}
 	return b
 }
+
+const hexDigits = "0123456789abcdef"
 
 // FNV-1a, 32 bits (hash/fnv's New32a, without its allocations).
 const (
@@ -95,6 +128,7 @@ const (
 	NotAMark Verdict = iota // no delivered mark: absent, a claim, or anything else
 	ThisRow                 // this row's mark: the row was delivered
 	OtherRow                // a mark left by another row with the same id: never trusted
+	Unnamed                 // a mark of the earlier format, which does not name the content: never trusted
 )
 
 func (v Verdict) String() string {
@@ -103,6 +137,8 @@ func (v Verdict) String() string {
 		return "this row"
 	case OtherRow:
 		return "other row"
+	case Unnamed:
+		return "mark without content"
 	default:
 		return "not a mark"
 	}
@@ -119,6 +155,14 @@ func (v Verdict) String() string {
 // a TTL was not written by outboxd and is not trusted. Bare marks expire
 // within DeliveredTTL of the last write by an earlier version: that is the
 // upgrade window.
+//
+// A mark "1:<created_at>.<names>" (the format of earlier versions: no
+// payload and headers digest) whose two parts are this row's is Unnamed,
+// never this row's: it cannot tell this row from one written again with
+// the same created_at and names and another payload, and trusting it could
+// lose that row. Its row is sent again (a possible duplicate); such marks
+// are left only on rows whose delivery was not yet written to Postgres
+// when an earlier version stopped. One whose parts differ is OtherRow.
 func Judge(found string, pttl time.Duration, fp string, createdAt, now time.Time) Verdict {
 	switch {
 	case found == LegacyDelivered:
@@ -131,8 +175,12 @@ func Judge(found string, pttl time.Duration, fp string, createdAt, now time.Time
 		}
 		return ThisRow
 	case strings.HasPrefix(found, LegacyDelivered+":"):
-		if found[len(LegacyDelivered)+1:] == fp {
+		got := found[len(LegacyDelivered)+1:]
+		switch {
+		case got == fp:
 			return ThisRow
+		case strings.Count(got, ".") == 1 && strings.HasPrefix(fp, got+"."):
+			return Unnamed
 		}
 		return OtherRow
 	default:

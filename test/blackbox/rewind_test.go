@@ -80,12 +80,7 @@ func testRewind(t *testing.T, rewind func(*env, *replica) (*env, *replica)) {
 	if ids[0] != 1 {
 		t.Fatalf("the rewind did not rewind: the first new id is %d", ids[0])
 	}
-	waitFor(t, "generation 2 settled", func() bool {
-		if rep.exited() {
-			t.Fatalf("the relay exited: %v; logs:\n%s", rep.proc.Err(), rep.tail(20))
-		}
-		return e.count(`dispatched_at IS NULL AND dead_at IS NULL`) == 0
-	}, e.describeRows("true"))
+	e.waitSettled(rep, "generation 2 settled")
 
 	marked := e.count(`dispatched_at IS NOT NULL`)
 	got := okGen(rc, 2)
@@ -167,10 +162,27 @@ func (e *env) exec(sql string) {
 // statement, and returns their ids.
 func (e *env) insertGen(gen, n int) []int64 {
 	e.t.Helper()
-	rows, err := e.pool.Query(context.Background(),
-		`INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+	return e.insertIDs(`INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
 		 SELECT 'rw', (g % 3)::text, 'test.event', jsonb_build_object('gen', $1::int, 'n', g)
 		 FROM generate_series(1, $2::int) g ORDER BY g RETURNING id`, gen, n)
+}
+
+// waitSettled waits until no row is pending, failing at once if the
+// relay exits.
+func (e *env) waitSettled(rep *replica, what string) {
+	e.t.Helper()
+	waitFor(e.t, what, func() bool {
+		if rep.exited() {
+			e.t.Fatalf("the relay exited: %v; logs:\n%s", rep.proc.Err(), rep.tail(20))
+		}
+		return e.count(`dispatched_at IS NULL AND dead_at IS NULL`) == 0
+	}, e.describeRows("true"))
+}
+
+// insertIDs runs an INSERT ... RETURNING id and returns the ids.
+func (e *env) insertIDs(sql string, args ...any) []int64 {
+	e.t.Helper()
+	rows, err := e.pool.Query(context.Background(), sql, args...)
 	if err != nil {
 		e.t.Fatal(err)
 	}

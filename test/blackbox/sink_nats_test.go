@@ -127,15 +127,18 @@ func natsEnv(t *testing.T, ns *natsStream) *env {
 	return e
 }
 
-// natsCase: subject <prefix>.order, Nats-Msg-Id = the outbox id, and the
-// start-up check that found the stream's duplicate window.
+// natsCase: subject <prefix>.order, Nats-Msg-Id = "<outbox id>:<fingerprint>"
+// (its delivered mark's), and the start-up check that found the stream's
+// duplicate window.
 func natsCase() sinkCase {
 	var ns *natsStream
+	var e *env
 	return sinkCase{
 		name: "nats",
 		setup: func(t *testing.T) (*env, func(int) []delivered) {
 			ns = newNATSStream(t, ">")
-			return natsEnv(t, ns), func(int) []delivered {
+			e = natsEnv(t, ns)
+			return e, func(int) []delivered {
 				var out []delivered
 				for _, m := range ns.consume() {
 					h := map[string]string{"subject": m.Subject()}
@@ -149,8 +152,8 @@ func natsCase() sinkCase {
 		},
 		check: func(t *testing.T, r *replica, msgs []delivered) {
 			for _, m := range msgs {
-				if m.headers["subject"] != ns.prefix+".order" || m.headers["Nats-Msg-Id"] != m.headers["id"] {
-					t.Errorf("%s: subject %s, Nats-Msg-Id %q, want %s.order and the outbox id", m.where, m.headers["subject"], m.headers["Nats-Msg-Id"], ns.prefix)
+				if want := e.dedupeID(m.headers["id"]); m.headers["subject"] != ns.prefix+".order" || m.headers["Nats-Msg-Id"] != want {
+					t.Errorf("%s: subject %s, Nats-Msg-Id %q, want %s.order and %q (the id and its mark's fingerprint)", m.where, m.headers["subject"], m.headers["Nats-Msg-Id"], ns.prefix, want)
 				}
 			}
 			// The start-up check found the stream's window (2 min,

@@ -133,8 +133,8 @@ func TestSQSSinkMissingQueue(t *testing.T) {
 	}
 	for _, msg := range msgs {
 		id, agg := aws.ToString(msg.MessageAttributes["id"].StringValue), aws.ToString(msg.MessageAttributes["aggregate_id"].StringValue)
-		if g, d := msg.Attributes["MessageGroupId"], msg.Attributes["MessageDeduplicationId"]; g != "order/"+agg || d != id {
-			t.Errorf("event %s: group %q deduplication id %q, want order/%s and %s", id, g, d, agg, id)
+		if g, d := msg.Attributes["MessageGroupId"], msg.Attributes["MessageDeduplicationId"]; g != "order/"+agg || d != e.dedupeID(id) {
+			t.Errorf("event %s: group %q deduplication id %q, want order/%s and %s", id, g, d, agg, e.dedupeID(id))
 		}
 	}
 }

@@ -116,13 +116,16 @@ func printableASCII(s string) bool {
 
 // NewMessage is ev's message: the payload as the body (in CloudEvents'
 // structured mode the event in the JSON format), Attributes, and on a
-// FIFO destination GroupID and the id as the deduplication id.
+// FIFO destination GroupID and ev.DedupeID() ("<id>:<fingerprint>") as
+// the deduplication id: SQS and SNS take a success for a repeat within
+// five minutes, which is then the same row's message, never another row's
+// with the id.
 func NewMessage(ev dispatch.Event, token int64, ce dispatch.CloudEvents, fifo bool) (Message, []string) {
 	enc := dispatch.Encode(ev, token, ce, Binding)
 	attrs, dropped := Attributes(enc.Headers, enc.Dropped)
 	m := Message{Body: string(enc.Body), Attributes: attrs}
 	if fifo {
-		m.GroupID, m.DedupID = GroupID(ev), strconv.FormatInt(ev.ID, 10)
+		m.GroupID, m.DedupID = GroupID(ev), ev.DedupeID()
 	}
 	return m, dropped
 }

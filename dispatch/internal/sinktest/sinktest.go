@@ -6,6 +6,7 @@ package sinktest
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -24,6 +25,33 @@ func Event(id int64, typ, agg string) dispatch.Event {
 	return dispatch.Event{ID: id, AggregateType: typ, AggregateID: agg, EventType: typ + ".changed",
 		Payload: json.RawMessage(fmt.Sprintf(`{"n": %d}`, id)), Headers: json.RawMessage(`{"traceparent":"00-abc-def-01"}`),
 		CreatedAt: time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC)}
+}
+
+// Generation is the rows 1, 2 and 3 of aggregates typ/0 and typ/1 as
+// generation gen wrote them: payload {"gen": gen, "n": id}, and a
+// fingerprint of the generation's own, as the ids of a rewound sequence
+// (or a re-import with the same created_at and names) carry them.
+func Generation(typ string, gen int) []dispatch.Event {
+	var out []dispatch.Event
+	for id := int64(1); id <= 3; id++ {
+		ev := Event(id, typ, strconv.FormatInt(id%2, 10))
+		ev.Payload = json.RawMessage(fmt.Sprintf(`{"gen": %d, "n": %d}`, gen, id))
+		ev.Fingerprint = fmt.Sprintf("hogob5ml4w.e345fcd3.%016x", gen*10+int(id))
+		out = append(out, ev)
+	}
+	return out
+}
+
+// Payloads are the payloads of every event of gens, sorted.
+func Payloads(gens ...[]dispatch.Event) []string {
+	var out []string
+	for _, g := range gens {
+		for _, ev := range g {
+			out = append(out, string(ev.Payload))
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // Batch is events under Token with a trust deadline a minute away.
