@@ -25,7 +25,10 @@ SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM run)`, []*int64{&n}, 
 	return n == 1, err
 }
 
-// FinishRun stores a run's summary, fenced.
+// FinishRun stores a run's summary, fenced. The summary goes as JSON text
+// cast in the statement ($5::jsonb): the same in every query exec mode a
+// postgres.dsn can choose (bytes go as bytea in the exec and
+// simple_protocol modes, which jsonb refuses: every run would fail).
 func (s *Store) FinishRun(ctx context.Context, f Fence, fireTime time.Time, summary any) error {
 	b, err := json.Marshal(summary)
 	if err != nil {
@@ -34,10 +37,10 @@ func (s *Store) FinishRun(ctx context.Context, f Fence, fireTime time.Time, summ
 	var n int64
 	return s.fenced(ctx, f, fenceCTE+`,
 run AS (
-  UPDATE reconcile_runs SET finished_at = now(), summary = $5
+  UPDATE reconcile_runs SET finished_at = now(), summary = $5::jsonb
   WHERE fire_time = $4 AND EXISTS (SELECT 1 FROM fence)
   RETURNING 1)
-SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM run)`, []*int64{&n}, fireTime, b)
+SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM run)`, []*int64{&n}, fireTime, string(b))
 }
 
 // RunDone reports whether fireTime was already reconciled (started).
