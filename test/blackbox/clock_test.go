@@ -1,0 +1,126 @@
+package blackbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/internal/testkit"
+	"github.com/outboxd/outboxd/migrations"
+)
+
+// The built binary against a Postgres whose clock is ahead of the relay's
+// or behind it, by seconds and by an hour (DESIGN "Time"): the first event
+// of an aggregate keeps failing (503 with Retry-After: 1), and the
+// aggregate's later events wait for it; it is retried after its backoff
+// (available_at = Postgres's now() + at most poller.backoff_max, so it is
+// backing off, after created_at, and never an hour out); /status and
+// outboxd_pending_events count all three pending; once the receiver
+// accepts, the three arrive in id order. With available_at from the
+// relay's clock, a relay behind Postgres wrote it before created_at: the
+// later events went first and the failed one waited for the rescan,
+// uncounted; a relay ahead of Postgres held it back by the difference.
+func TestOrderAndRetriesWhateverPostgresClock(t *testing.T) {
+	t.Parallel()
+	for _, offset := range []time.Duration{5 * time.Second, -5 * time.Second, time.Hour, -time.Hour} {
+		t.Run(fmt.Sprintf("postgres%+ds", int(offset.Seconds())), func(t *testing.T) {
+			t.Parallel()
+			clockCase(t, offset)
+		})
+	}
+}
+
+func clockCase(t *testing.T, offset time.Duration) {
+	e := clockEnv(t, offset)
+	var failing atomic.Int64 // the id the receiver refuses, 0: none
+	rc := newRecorder(t, func(req testkit.Request) testkit.Reply {
+		if req.ID != 0 && req.ID == failing.Load() {
+			return testkit.Reply{Status: 503, Header: http.Header{"Retry-After": {"1"}}}
+		}
+		return testkit.Reply{}
+	})
+	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL())
+	rep := e.start()
+	// The relay has read (and saved its cursor) before the aggregate's
+	// rows come, as in a relay that runs.
+	warm := e.insert("deal", "warm", `{}`, "")
+	waitFor(t, "the relay delivering", func() bool { return rc.OKCounts()[warm] > 0 }, e.describeRows("true"))
+
+	first := e.insert("deal", "A", `{"n":1}`, "")
+	failing.Store(first)
+	later := []int64{e.insert("deal", "A", `{"n":2}`, ""), e.insert("deal", "A", `{"n":3}`, "")}
+	all := "id >= $1"
+	waitFor(t, "the first event failing and retried twice", func() bool { return e.row(first).Attempts >= 3 },
+		e.describeRows(all, first))
+
+	for _, id := range later {
+		for _, r := range rc.Requests() {
+			if r.ID == id {
+				t.Fatalf("event %d was sent while %d, earlier in its aggregate, failed:\n%s", id, first, e.describeRows(all, first)())
+			}
+		}
+	}
+	var after, within bool
+	if err := e.pool.QueryRow(context.Background(), `SELECT available_at > created_at, available_at <= now() + interval '1 second'
+		FROM outbox WHERE id = $1 AND dispatched_at IS NULL`, first).Scan(&after, &within); err != nil {
+		t.Fatal(err)
+	}
+	if !after || !within {
+		t.Fatalf("the failed event's available_at: after created_at %v, within backoff_max of Postgres's now() %v:\n%s",
+			after, within, e.describeRows(all, first)())
+	}
+	if _, body := rep.get("/status"); statusPending(t, body) != 3 {
+		t.Fatalf("/status counts %d pending events, want the 3 of the aggregate: %s", statusPending(t, body), trunc(body, 500))
+	}
+	waitFor(t, "outboxd_pending_events 3", func() bool {
+		_, m := rep.get("/metrics")
+		return strings.Contains(m, "\noutboxd_pending_events 3\n")
+	}, func() string { _, m := rep.get("/metrics"); return grepLines(m, "outboxd_pending_events") })
+
+	failing.Store(0)
+	waitFor(t, "the aggregate delivered", func() bool {
+		ok := rc.OKCounts()
+		return ok[first] > 0 && ok[later[0]] > 0 && ok[later[1]] > 0
+	}, e.describeRows(all, first))
+	if v := testkit.OrderViolations(rc.Requests()); len(v) > 0 {
+		t.Fatalf("order broken: %v", v)
+	}
+	if late := rep.logsMatching(func(_ string, rec map[string]any) bool { return rec["msg"] == "late commit" }); len(late) > 0 {
+		t.Errorf("a row of one producer at a time was taken for a late commit: %s", late[0])
+	}
+}
+
+// clockEnv is newEnv on a private Postgres whose clock is offset from the
+// machine's (and so the relay's).
+func clockEnv(t *testing.T, offset time.Duration) *env {
+	t.Helper()
+	pg := testenv.StartPostgresServerClock(t, offset)
+	ctx := context.Background()
+	if _, err := migrations.Up(ctx, pg.DSN, nil); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, pg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return envOn(t, pool, pg.DSN)
+}
+
+// statusPending is /status's pending count.
+func statusPending(t *testing.T, body string) int64 {
+	t.Helper()
+	var st struct{ Pending int64 }
+	if err := json.Unmarshal([]byte(body), &st); err != nil {
+		t.Fatalf("/status: %v: %s", err, trunc(body, 300))
+	}
+	return st.Pending
+}
