@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/internal/testenv"
-	"github.com/outboxd/outboxd/migrations"
-	"github.com/outboxd/outboxd/store"
 )
 
 // Retention is measured on Postgres's clock, the one that wrote
@@ -71,15 +69,6 @@ func TestRunIsRecordedInEveryQueryExecMode(t *testing.T) {
 // setupOn is setup on the migrated database at dsn.
 func setupOn(t *testing.T, dsn string) *testBundle {
 	t.Helper()
-	ctx := context.Background()
-	if _, err := migrations.Up(ctx, dsn, nil); err != nil {
-		t.Fatal(err)
-	}
-	st, err := store.Open(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
 	rdb, prefix := testenv.Redis(t)
-	return &testBundle{t: t, st: st, rdb: rdb, prefix: prefix}
+	return &testBundle{t: t, st: testenv.StoreAt(t, dsn), rdb: rdb, prefix: prefix}
 }

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/internal/testenv"
-	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/store"
 )
 
@@ -23,15 +22,7 @@ func TestCompleteWritesPostgresClock(t *testing.T) {
 		t.Run(fmt.Sprintf("postgres%+ds", int(offset.Seconds())), func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			pg := testenv.StartPostgresServerClock(t, offset)
-			if _, err := migrations.Up(ctx, pg.DSN, nil); err != nil {
-				t.Fatal(err)
-			}
-			st, err := store.Open(ctx, pg.DSN)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(st.Close)
+			st := testenv.StoreAt(t, testenv.StartPostgresServerClock(t, offset).DSN)
 			exec(t, st, `CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
 				IF NEW.last_error = 'refused' THEN RAISE EXCEPTION 'refused' USING ERRCODE = '22023'; END IF;
 				RETURN NEW; END $$`)

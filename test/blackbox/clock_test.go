@@ -10,11 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testkit"
-	"github.com/outboxd/outboxd/migrations"
 )
 
 // The built binary against a Postgres whose clock is ahead of the relay's
@@ -103,16 +100,7 @@ func clockCase(t *testing.T, offset time.Duration) {
 func clockEnv(t *testing.T, offset time.Duration) *env {
 	t.Helper()
 	pg := testenv.StartPostgresServerClock(t, offset)
-	ctx := context.Background()
-	if _, err := migrations.Up(ctx, pg.DSN, nil); err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.New(ctx, pg.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return envOn(t, pool, pg.DSN)
+	return envOn(t, testenv.StoreAt(t, pg.DSN).Pool(), pg.DSN)
 }
 
 // statusPending is /status's pending count.
