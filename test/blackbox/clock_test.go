@@ -112,3 +112,38 @@ func statusPending(t *testing.T, body string) int64 {
 	}
 	return st.Pending
 }
+
+// `dead list --since/--until` with a duration counts back from Postgres's
+// now(), the clock that wrote dead_at: with Postgres an hour ahead of the
+// CLI's clock or an hour behind it, --since 1h lists the row dead-lettered
+// 30 minutes ago and --until 1h the one of 90 minutes ago.
+func TestDeadListDurationsCountOnPostgresClock(t *testing.T) {
+	t.Parallel()
+	for _, offset := range []time.Duration{time.Hour, -time.Hour} {
+		t.Run(fmt.Sprintf("postgres%+ds", int(offset.Seconds())), func(t *testing.T) {
+			t.Parallel()
+			e := clockEnv(t, offset)
+			var recent, old int64
+			if err := e.pool.QueryRow(context.Background(), `WITH r AS (
+				INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, attempts, last_error, dead_at)
+				VALUES ('deal', 'recent', 'test.event', '{}', 1, '400', now() - interval '30 minutes'),
+				       ('deal', 'old', 'test.event', '{}', 1, '400', now() - interval '90 minutes') RETURNING id, aggregate_id)
+				SELECT (SELECT id FROM r WHERE aggregate_id = 'recent'), (SELECT id FROM r WHERE aggregate_id = 'old')`).Scan(&recent, &old); err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range []struct {
+				flag string
+				want int64
+			}{{"--since", recent}, {"--until", old}} {
+				res := runBinary(t, e.vars, exitLimit, "dead", "list", c.flag, "1h", "--json")
+				var page struct{ Events []struct{ ID int64 } }
+				if res.code != 0 || json.Unmarshal([]byte(res.stdout), &page) != nil {
+					t.Fatalf("dead list %s 1h: %s", c.flag, res)
+				}
+				if len(page.Events) != 1 || page.Events[0].ID != c.want {
+					t.Errorf("dead list %s 1h listed %+v, want row %d alone (recent %d, old %d)", c.flag, page.Events, c.want, recent, old)
+				}
+			}
+		})
+	}
+}
