@@ -12,13 +12,15 @@ import (
 // from [step/2, step], step = backoff_base·2^(n-1) capped at backoff_max:
 // jitter spreads retries, and the floor makes max_attempts a minimum time
 // before dead-lettering (see RetryHorizon). A receiver's Retry-After is
-// honoured up to backoff_max.
+// honoured up to backoff_max. The wait is a duration: Postgres adds it to
+// its own now() (store.Failure.Delay), so the relay's clock never enters
+// available_at.
 //
 // Total over every row: attempts is read from the row as it is, and an
 // operator may have written anything there. A negative count counts from 0
 // (as Postgres stores it: store.Complete), and a count at or above
 // max_attempts dead-letters, however large; nothing overflows or panics.
-func (p *Poller) failure(it item, now time.Time) store.Failure {
+func (p *Poller) failure(it item) store.Failure {
 	prior := max(it.row.Attempts, 0)
 	f := store.Failure{ID: it.row.ID, CreatedAt: it.row.CreatedAt, Error: it.err.Error()}
 	if dispatch.IsPermanent(it.err) || prior >= p.cfg.MaxAttempts-1 {
@@ -28,7 +30,7 @@ func (p *Poller) failure(it item, now time.Time) store.Failure {
 	step := p.step(prior + 1)
 	delay := step/2 + time.Duration(rand.Int64N(int64(step-step/2)+1))
 	delay = max(delay, min(dispatch.RetryAfter(it.err), p.cfg.BackoffMax))
-	f.RetryAt = now.Add(delay)
+	f.Delay = delay
 	return f
 }
 

@@ -43,9 +43,9 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 			names, ops, marks = append(names, p.keyOf(it)), append(ops, 'u'), append(marks, "")
 		case failed:
 			names, ops, marks = append(names, p.keyOf(it)), append(ops, 'u'), append(marks, "")
-			failures = append(failures, p.failure(it, now))
+			failures = append(failures, p.failure(it))
 		case refused, poisoned:
-			failures = append(failures, p.failure(it, now))
+			failures = append(failures, p.failure(it))
 		}
 	}
 	if err := p.settleKeys(ctx, names, ops, marks, ours); err != nil {
@@ -89,7 +89,7 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 			p.m.DeadLettered.Inc()
 			p.log.Warn("event dead-lettered", "outbox_id", f.ID, "error", f.Error)
 		} else {
-			p.log.Debug("delivery failed, will retry", "outbox_id", f.ID, "error", f.Error, "retry_at", f.RetryAt)
+			p.log.Debug("delivery failed, will retry", "outbox_id", f.ID, "error", f.Error, "retry_in_ms", f.Delay.Milliseconds())
 		}
 	}
 	p.m.BatchDuration.Observe(time.Since(start).Seconds())

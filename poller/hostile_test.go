@@ -180,20 +180,19 @@ func TestSendsCutByTheLeaseCountAsAttempts(t *testing.T) {
 func TestBackoffHasAFloorAndRetryAfterAStop(t *testing.T) {
 	cfg := Config{BackoffBase: time.Second, BackoffMax: time.Hour, MaxAttempts: 25}
 	p := &Poller{cfg: cfg.withDefaults()}
-	now := time.Now()
 	for attempts := range 24 {
 		step := p.step(attempts + 1)
 		for range 200 {
 			it := item{err: &dispatch.Error{Err: fmt.Errorf("503")}}
 			it.row.Attempts = attempts
-			f := p.failure(it, now)
-			if d := f.RetryAt.Sub(now); f.Dead || d < step/2 || d > step {
+			f := p.failure(it)
+			if d := f.Delay; f.Dead || d < step/2 || d > step {
 				t.Fatalf("after attempt %d: wait %s (dead %t), want within [%s, %s]", attempts+1, d, f.Dead, step/2, step)
 			}
 		}
 	}
 	it := item{err: &dispatch.Error{Err: fmt.Errorf("429"), RetryAfter: dispatch.MaxRetryAfter}}
-	if d := p.failure(it, now).RetryAt.Sub(now); d != time.Hour {
+	if d := p.failure(it).Delay; d != time.Hour {
 		t.Fatalf("Retry-After of %s scheduled %s ahead, want backoff_max (1h)", dispatch.MaxRetryAfter, d)
 	}
 	lo, hi := RetryHorizon(cfg)

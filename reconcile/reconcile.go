@@ -289,12 +289,11 @@ func (r *Reconciler) sweep(ctx context.Context, fence store.Fence, sum *Summary)
 	if sum.MarkedFromRedis, err = r.markFromRedis(ctx, fence); err != nil {
 		return fmt.Errorf("reconcile: mark from redis: %w", err)
 	}
-	now := time.Now()
-	if sum.PurgedDelivered, err = r.purge(ctx, fence, store.PurgeDelivered, now.Add(-r.cfg.Retention)); err != nil {
+	if sum.PurgedDelivered, err = r.purge(ctx, fence, store.PurgeDelivered, r.cfg.Retention); err != nil {
 		return fmt.Errorf("reconcile: purge delivered: %w", err)
 	}
 	if r.cfg.DeadRetention > 0 {
-		if sum.PurgedDead, err = r.purge(ctx, fence, store.PurgeDead, now.Add(-r.cfg.DeadRetention)); err != nil {
+		if sum.PurgedDead, err = r.purge(ctx, fence, store.PurgeDead, r.cfg.DeadRetention); err != nil {
 			return fmt.Errorf("reconcile: purge dead: %w", err)
 		}
 	}
@@ -487,7 +486,9 @@ func legacyAges(ctx context.Context, rdb redis.UniversalClient, names, vals []st
 	return out, nil
 }
 
-func (r *Reconciler) purge(ctx context.Context, fence store.Fence, kind store.PurgeKind, cutoff time.Time) (int64, error) {
+// purge deletes kind's rows older than age (on Postgres's clock: see
+// store.Purge) in batches.
+func (r *Reconciler) purge(ctx context.Context, fence store.Fence, kind store.PurgeKind, age time.Duration) (int64, error) {
 	label := map[store.PurgeKind]string{store.PurgeDelivered: "purged", store.PurgeDead: "purged_dead"}[kind]
 	var cursor store.PurgeCursor
 	var total int64
@@ -496,7 +497,7 @@ func (r *Reconciler) purge(ctx context.Context, fence store.Fence, kind store.Pu
 			return total, context.Cause(ctx)
 		}
 		wctx, cancel := writeCtx(ctx)
-		n, last, err := r.store.Purge(wctx, fence, kind, cutoff, cursor, r.cfg.BatchSize)
+		n, last, err := r.store.Purge(wctx, fence, kind, age, cursor, r.cfg.BatchSize)
 		cancel()
 		if err != nil {
 			return total, err

@@ -4,6 +4,7 @@
 #   2. else a Docker engine answers? start postgres:15 / redis:7 containers;
 #   3. else Debian/Ubuntu as root? apt-get install and start them;
 #   4. else say precisely what to install.
+# It also installs faketime (Debian/Ubuntu as root) when missing.
 # Idempotent: run it as often as you like.
 set -euo pipefail
 
@@ -44,6 +45,15 @@ start_redis_debian() {
   redis-server --daemonize yes --bind 127.0.0.1 -::1 --port "$REDIS_PORT" --save "" --appendonly no \
     --dir /var/lib/redis --logfile /var/log/redis/ci.log
 }
+
+# Tests run private Postgres servers whose clock is offset (libfaketime,
+# preloaded; internal/testenv StartPostgresServerClock).
+if [ -z "$(ls /usr/lib/*/faketime/libfaketime.so.1 /usr/lib/faketime/libfaketime.so.1 2>/dev/null)" ] &&
+  command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  say "installing faketime with apt-get"
+  { DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime; } >/dev/null ||
+    say "faketime could not be installed: the tests of a Postgres clock apart from the relay's will fail"
+fi
 
 if pg_up && redis_up; then say "Postgres and Redis are up"; exit 0; fi
 

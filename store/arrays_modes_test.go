@@ -3,10 +3,8 @@ package store_test
 import (
 	"context"
 	"slices"
-	"strings"
 	"testing"
 
-	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/store"
 )
 
@@ -19,18 +17,8 @@ import (
 // skipped rows all the same, without an error.
 func TestIDArraysMeanTheSameInEveryQueryExecMode(t *testing.T) {
 	t.Parallel()
-	_, dsn := testenv.Store(t)
-	sep := "?"
-	if strings.Contains(dsn, "?") {
-		sep = "&"
-	}
 	ctx := context.Background()
-	for _, mode := range []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"} {
-		st, err := store.Open(ctx, dsn+sep+"default_query_exec_mode="+mode)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(st.Close)
+	inEveryExecMode(t, func(_ int, mode string, st *store.Store) {
 		// One aggregate per mode: the rows of the modes before are delivered.
 		enqueue(t, st, ev(mode, "1", 1), ev(mode, "2", 2), ev(mode, "3", 3))
 		f := store.Fence{Lock: "lock:outbox:poller", Token: 1, Owner: "o"}
@@ -72,5 +60,5 @@ func TestIDArraysMeanTheSameInEveryQueryExecMode(t *testing.T) {
 		if _, _, err := st.Complete(ctx, f, done(t, st, all.Rows[1].ID), nil); err != nil {
 			t.Fatalf("%s: Complete: %v", mode, err)
 		}
-	}
+	})
 }

@@ -32,6 +32,10 @@ type DeadFilter struct {
 	EventType string
 	Since     time.Time // dead_at at or after this; zero: no bound
 	Until     time.Time // dead_at before this; zero: no bound
+	// SinceAgo and UntilAgo are Since and Until as durations before
+	// Postgres's now() (--since 90m), measured on the clock that wrote
+	// dead_at, not the caller's; zero: no bound.
+	SinceAgo, UntilAgo time.Duration
 	// Error is a substring of last_error, compared case-insensitively
 	// (lower() of the database's LC_CTYPE: all of Unicode under a UTF-8
 	// locale, ASCII only under "C").
@@ -72,6 +76,12 @@ func (f DeadFilter) where(args []any) (string, []any) {
 	}
 	if !f.Until.IsZero() {
 		add("dead_at < $?", f.Until)
+	}
+	if f.SinceAgo > 0 {
+		add("dead_at >= now() - $?::bigint * interval '1 microsecond'", f.SinceAgo.Microseconds())
+	}
+	if f.UntilAgo > 0 {
+		add("dead_at < now() - $?::bigint * interval '1 microsecond'", f.UntilAgo.Microseconds())
 	}
 	if f.Error != "" {
 		// strpos, not ILIKE: the operator's text is literal, % and _ included.

@@ -126,9 +126,14 @@ type Failure struct {
 	// written, so a row that took the id since gets no attempt from a
 	// send it never had.
 	CreatedAt time.Time
-	Error     string    // stored as last_error: made valid UTF-8 without NUL, cut to MaxErrorBytes
-	RetryAt   time.Time // when to try again; ignored when Dead
-	Dead      bool      // dead-letter now
+	Error     string // stored as last_error: made valid UTF-8 without NUL, cut to MaxErrorBytes
+	// Delay is how long to wait before trying again, from the write's
+	// now() on Postgres's clock (available_at = now() + Delay), never the
+	// relay's: a relay whose clock is off would otherwise write an
+	// available_at the reader, judging by created_at and now(), does not
+	// take for a backoff. Ignored when Dead; a negative one is 0.
+	Delay time.Duration
+	Dead  bool // dead-letter now
 }
 
 // MaxErrorBytes bounds last_error.
@@ -164,9 +169,9 @@ delivered AS (
   RETURNING 1),
 failed AS (
   UPDATE outbox o SET attempts = LEAST(GREATEST(o.attempts, 0), 2147483646) + 1, last_error = x.err,
-    available_at = CASE WHEN x.dead THEN o.available_at ELSE x.retry_at END,
+    available_at = CASE WHEN x.dead THEN o.available_at ELSE now() + x.delay_us * interval '1 microsecond' END,
     dead_at = CASE WHEN x.dead THEN now() END
-  FROM unnest($5::bigint[], $6::text[], $7::timestamptz[], $8::bool[], $10::timestamptz[]) AS x(id, err, retry_at, dead, created_at)
+  FROM unnest($5::bigint[], $6::text[], $7::bigint[], $8::bool[], $10::timestamptz[]) AS x(id, err, delay_us, dead, created_at)
   WHERE o.id = x.id AND (x.created_at IS NULL OR o.created_at = x.created_at)
     AND COALESCE(o.dispatched_at IS NULL AND o.dead_at IS NULL, false) AND EXISTS (SELECT 1 FROM fence)
   RETURNING 1)
@@ -184,7 +189,8 @@ type Delivered struct {
 
 // Complete writes a batch's outcome in one fenced statement: delivered rows
 // get dispatched_at, failures bump attempts and get last_error plus either a
-// new available_at or dead_at. A negative attempts (an operator's edit)
+// new available_at (now() + Delay) or dead_at. Every instant it writes is
+// Postgres's now(), whatever the relay's clock says. A negative attempts (an operator's edit)
 // counts from 0, and the count stops at the largest int, so no stored value
 // makes the write fail. The id sets must be disjoint. It returns how
 // many rows each part changed (rows already delivered by someone are skipped).
@@ -227,7 +233,7 @@ func (s *Store) Complete(ctx context.Context, f Fence, delivered []Delivered, fa
 		_, n, err := s.complete(ctx, f, nil, []Failure{x})
 		if isDataError(err) {
 			x.Error = cleanText("outboxd could not store this failure ("+err.Error()+"); it was: "+x.Error, MaxErrorBytes)
-			x.RetryAt = time.Now()
+			x.Delay = 0
 			_, n, err = s.complete(ctx, f, nil, []Failure{x})
 		}
 		if err != nil {
@@ -243,20 +249,17 @@ func (s *Store) complete(ctx context.Context, f Fence, delivered []Delivered, fa
 		return 0, 0, nil
 	}
 	n := len(failures)
-	ids, errs, at, dead := make([]int64, n), make([]string, n), make([]time.Time, n), make([]bool, n)
+	ids, errs, delay, dead := make([]int64, n), make([]string, n), make([]int64, n), make([]bool, n)
 	made := make([]pgtype.Timestamptz, n) // NULL: unknown (infinite), by id alone
 	for i, x := range failures {
-		ids[i], errs[i], at[i], dead[i] = x.ID, x.Error, x.RetryAt, x.Dead
-		if at[i].IsZero() {
-			at[i] = time.Now()
-		}
+		ids[i], errs[i], delay[i], dead[i] = x.ID, x.Error, max(x.Delay, 0).Microseconds(), x.Dead
 		made[i] = pgtype.Timestamptz{Time: x.CreatedAt, Valid: !x.CreatedAt.IsZero()}
 	}
 	done, created := make([]int64, len(delivered)), make([]time.Time, len(delivered))
 	for i, d := range delivered {
 		done[i], created[i] = d.ID, d.CreatedAt
 	}
-	err = s.fenced(ctx, f, completeSQL, []*int64{&nDelivered, &nFailed}, int8Array(done), ids, errs, at, dead, created, made)
+	err = s.fenced(ctx, f, completeSQL, []*int64{&nDelivered, &nFailed}, int8Array(done), ids, errs, delay, dead, created, made)
 	return nDelivered, nFailed, err
 }
 

@@ -593,7 +593,7 @@ func TestHotPathCostDoesNotGrowWithHistory(t *testing.T) {
 		args, _ := store.ReadArgs(lim, store.ReadPos{Cursor: cursor, Frontier: cursor, Watch: []int64{max(cursor-5, 1)}})
 		read = explain(`EXECUTE rd($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`, args...)
 		complete = explain(`EXECUTE cp($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`, fence.Lock, fence.Token, fence.Owner,
-			[]int64{cursor + 1}, []int64{}, []string{}, []time.Time{}, []bool{}, []time.Time{done(t, st, cursor+1)[0].CreatedAt}, []time.Time{})
+			[]int64{cursor + 1}, []int64{}, []string{}, []int64{}, []bool{}, []time.Time{done(t, st, cursor+1)[0].CreatedAt}, []time.Time{})
 		save = explain(`EXECUTE sc($1, $2, $3, $4, $5, $6, $7)`, fence.Lock, fence.Token, fence.Owner, cursor, epoch, cursor, int64(0))
 		stats = planBuffers(t, explainUndoneJSONWith(t, conn, store.StatsSettings, `EXECUTE st(NULL)`))
 		return read, complete, save, stats
@@ -696,8 +696,8 @@ func TestStatsCountsFromTheCursor(t *testing.T) {
 	exec(t, st, `UPDATE outbox SET created_at = now() - interval '1 hour', available_at = now() - interval '1 hour'`)
 	enqueue(t, st, ev("deal", "A", 2), ev("deal", "B", 3), ev("deal", "C", 4), ev("deal", "D", 5))
 	first := maxID(t, st) - 4
-	if _, _, err := st.Complete(ctx, fence, done(t, st, first+1, first+3), []store.Failure{{ID: first, Error: "x", RetryAt: time.Now().Add(time.Hour)},
-		{ID: first + 4, Error: "x", RetryAt: time.Now().Add(time.Hour)}}); err != nil {
+	if _, _, err := st.Complete(ctx, fence, done(t, st, first+1, first+3), []store.Failure{{ID: first, Error: "x", Delay: time.Hour},
+		{ID: first + 4, Error: "x", Delay: time.Hour}}); err != nil {
 		t.Fatal(err)
 	}
 	exec(t, st, `UPDATE outbox SET dead_at = now() WHERE id = $1`, first+2)

@@ -47,7 +47,7 @@ func FuzzPendingRowsAndAttempts(f *testing.F) {
 		if r.Finite && r.CreatedAt.UnixMicro() != createdUS {
 			t.Fatalf("created_at %v, want %d µs", r.CreatedAt, createdUS)
 		}
-		if _, n, err := st.Complete(ctx, fence, nil, []store.Failure{{ID: id, Error: "boom", RetryAt: time.Now()}}); err != nil || n != 1 {
+		if _, n, err := st.Complete(ctx, fence, nil, []store.Failure{{ID: id, Error: "boom", Delay: 0}}); err != nil || n != 1 {
 			t.Fatalf("Complete: %d rows, %v", n, err)
 		}
 		var got int32

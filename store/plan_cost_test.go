@@ -130,12 +130,13 @@ func hotPathPlans(t *testing.T, planCacheMode string) {
 		{"the batch's delivery and failure write (Complete, completeSQL)", "async AS (SELECT set_config('synchronous_commit', 'off', true))", func(p *planProbe) []any {
 			// 990 delivered, 10 failed (retried in an hour), as one write.
 			var ids, fids []int64
-			var created, retry, fcreated []time.Time
+			var created, fcreated []time.Time
+			var retry []int64 // microseconds
 			var errs []string
 			var dead []bool
 			for i, r := range p.rows {
 				if i%100 == 99 {
-					fids, errs, retry, dead = append(fids, r.ID), append(errs, "503"), append(retry, time.Now().Add(time.Hour)), append(dead, false)
+					fids, errs, retry, dead = append(fids, r.ID), append(errs, "503"), append(retry, time.Hour.Microseconds()), append(dead, false)
 					fcreated = append(fcreated, r.CreatedAt)
 					continue
 				}
@@ -188,7 +189,7 @@ func hotPathPlans(t *testing.T, planCacheMode string) {
 		}
 		a, b := res.Rows[0], res.Rows[1]
 		if _, _, err := relay.Complete(ctx, fence, []store.Delivered{{ID: a.ID, CreatedAt: a.CreatedAt}},
-			[]store.Failure{{ID: b.ID, Error: "x", RetryAt: time.Now()}}); err != nil {
+			[]store.Failure{{ID: b.ID, Error: "x", Delay: 0}}); err != nil {
 			t.Fatal(err)
 		}
 		if err := relay.SaveCursor(ctx, fence, 0, a.ID, 0, epoch); err != nil {

@@ -128,7 +128,7 @@ func TestCompleteStoresAnyText(t *testing.T) {
 	texts := []string{"500 Bad \xe9 thing", "500 Bad \x00 thing", "500 " + strings.Repeat("é", 3000)}
 	var failures []store.Failure
 	for i, s := range texts {
-		failures = append(failures, store.Failure{ID: rows[i].ID, Error: s, RetryAt: time.Now().Add(time.Hour)})
+		failures = append(failures, store.Failure{ID: rows[i].ID, Error: s, Delay: time.Hour})
 	}
 	f := store.Fence{Lock: "lock:outbox:poller", Token: 1, Owner: "o"}
 	nd, nf, err := st.Complete(ctx, f, done(t, st, rows[3].ID), failures)
@@ -147,9 +147,10 @@ func TestCompleteStoresAnyText(t *testing.T) {
 	}
 }
 
-// One value Postgres refuses (here a retry time beyond its range) does not
-// hold back the batch: the deliveries and the other failures are written,
-// and the refused one is stored saying so, with its attempt counted.
+// One value Postgres refuses (here a last_error an operator's trigger
+// refuses with a data exception) does not hold back the batch: the
+// deliveries and the other failures are written, and the refused one is
+// stored saying so, with its attempt counted.
 func TestCompleteFallsBackWhenOneValueIsRefused(t *testing.T) {
 	t.Parallel()
 	st, _ := testenv.Store(t)
@@ -157,10 +158,19 @@ func TestCompleteFallsBackWhenOneValueIsRefused(t *testing.T) {
 	enqueue(t, st, ev("deal", "1", 1), ev("deal", "2", 2), ev("deal", "3", 3))
 	rows, _ := st.FetchDue(ctx, store.FetchLimits{Rows: 10})
 	f := store.Fence{Lock: "lock:outbox:poller", Token: 1, Owner: "o"}
-	far := time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC) // beyond timestamptz
+	for _, sql := range []string{
+		`CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+		   IF NEW.last_error = 'refused 503' THEN RAISE EXCEPTION 'refused' USING ERRCODE = '22023'; END IF;
+		   RETURN NEW; END $$`,
+		`CREATE TRIGGER refuse BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION refuse()`,
+	} {
+		if _, err := st.Pool().Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
 	nd, nf, err := st.Complete(ctx, f, done(t, st, rows[0].ID), []store.Failure{
-		{ID: rows[1].ID, Error: "503", RetryAt: far},
-		{ID: rows[2].ID, Error: "503", RetryAt: time.Now().Add(time.Hour)},
+		{ID: rows[1].ID, Error: "refused 503", Delay: time.Hour},
+		{ID: rows[2].ID, Error: "503", Delay: time.Hour},
 	})
 	if err != nil || nd != 1 || nf != 2 {
 		t.Fatalf("delivered %d failed %d err %v, want 1 and 2", nd, nf, err)
@@ -177,7 +187,7 @@ func TestCompleteFallsBackWhenOneValueIsRefused(t *testing.T) {
 	}
 	// A stale writer is still refused, also on the fallback path.
 	stale := store.Fence{Lock: f.Lock, Token: 0}
-	if _, _, err := st.Complete(ctx, stale, nil, []store.Failure{{ID: rows[2].ID, Error: "x", RetryAt: far}}); err == nil {
+	if _, _, err := st.Complete(ctx, stale, nil, []store.Failure{{ID: rows[2].ID, Error: "refused 503"}}); err == nil {
 		t.Fatal("a write without a token passed")
 	}
 }

@@ -40,7 +40,7 @@ func TestPurgeKeepsARowMadePendingWhileItRuns(t *testing.T) {
 		}
 		done := make(chan result, 1)
 		go func() {
-			n, _, err := st.Purge(ctx, fence, kind, time.Now().Add(-time.Hour), store.PurgeCursor{}, 100)
+			n, _, err := st.Purge(ctx, fence, kind, time.Hour, store.PurgeCursor{}, 100)
 			done <- result{n, err}
 		}()
 		// The purge is waiting for the operator's row lock.

@@ -25,7 +25,10 @@ SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM run)`, []*int64{&n}, 
 	return n == 1, err
 }
 
-// FinishRun stores a run's summary, fenced.
+// FinishRun stores a run's summary, fenced. The summary goes as JSON text
+// cast in the statement ($5::jsonb): the same in every query exec mode a
+// postgres.dsn can choose (bytes go as bytea in the exec and
+// simple_protocol modes, which jsonb refuses: every run would fail).
 func (s *Store) FinishRun(ctx context.Context, f Fence, fireTime time.Time, summary any) error {
 	b, err := json.Marshal(summary)
 	if err != nil {
@@ -34,10 +37,10 @@ func (s *Store) FinishRun(ctx context.Context, f Fence, fireTime time.Time, summ
 	var n int64
 	return s.fenced(ctx, f, fenceCTE+`,
 run AS (
-  UPDATE reconcile_runs SET finished_at = now(), summary = $5
+  UPDATE reconcile_runs SET finished_at = now(), summary = $5::jsonb
   WHERE fire_time = $4 AND EXISTS (SELECT 1 FROM fence)
   RETURNING 1)
-SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM run)`, []*int64{&n}, fireTime, b)
+SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM run)`, []*int64{&n}, fireTime, string(b))
 }
 
 // RunDone reports whether fireTime was already reconciled (started).
@@ -212,21 +215,23 @@ type PurgeCursor struct {
 }
 
 // Purge deletes one batch (up to limit rows after cursor, oldest first) of
-// delivered or dead rows older than cutoff, fenced. It returns how many it
+// delivered or dead rows older than age, fenced. It returns how many it
 // deleted and the cursor of the next batch. Pending rows are never touched.
+// Age is measured on Postgres's clock (now() - age), the clock that wrote
+// dispatched_at and dead_at, never the relay's.
 //
 // It walks the rows older than cutoff through the index on their time
 // (outbox_dispatched_idx, outbox_dead_list_idx), never the table: the walk
 // by id it replaced read every row of the table on each sweep when
 // nothing was old enough (every 5 minutes by default; 200k rows: ~286k
 // buffers), and with a snapshot held that grew with each row delivered.
-func (s *Store) Purge(ctx context.Context, f Fence, kind PurgeKind, cutoff time.Time, cursor PurgeCursor, limit int) (n int64, next PurgeCursor, err error) {
+func (s *Store) Purge(ctx context.Context, f Fence, kind PurgeKind, age time.Duration, cursor PurgeCursor, limit int) (n int64, next PurgeCursor, err error) {
 	from := cursor.at
 	if !from.Valid {
 		from = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 	}
 	next = cursor
-	err = s.fencedScan(ctx, f, purgeSQL(kind), []any{&n, &next.at, &next.id}, cutoff, from, cursor.id, limit)
+	err = s.fencedScan(ctx, f, purgeSQL(kind), []any{&n, &next.at, &next.id}, max(age, 0).Microseconds(), from, cursor.id, limit)
 	return n, next, err
 }
 
@@ -245,9 +250,9 @@ func purgeSQL(kind PurgeKind) string {
 	return fenceCTE + `,
 del AS (
   DELETE FROM outbox WHERE id = ANY (ARRAY(
-    SELECT id FROM outbox WHERE ` + col + ` < $4 AND ` + col + ` >= $5 AND (` + col + ` > $5 OR id > $6)
+    SELECT id FROM outbox WHERE ` + col + ` < now() - $4::bigint * interval '1 microsecond' AND ` + col + ` >= $5 AND (` + col + ` > $5 OR id > $6)
     ORDER BY ` + col + `, id LIMIT $7))
-  AND ` + col + ` < $4 AND EXISTS (SELECT 1 FROM fence)
+  AND ` + col + ` < now() - $4::bigint * interval '1 microsecond' AND EXISTS (SELECT 1 FROM fence)
   RETURNING id, ` + col + ` AS at),
 lastrow AS (SELECT at, id FROM del ORDER BY at DESC, id DESC LIMIT 1)
 SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM del),

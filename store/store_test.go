@@ -152,7 +152,7 @@ func TestStaleFenceIsRejectedAndChangesNothing(t *testing.T) {
 	}
 
 	// The current holder (and a newer one) may write; the fence only rises.
-	nd, nf, err := st.Complete(ctx, newer, done(t, st, a), []store.Failure{{ID: b, Error: "boom", RetryAt: time.Now().Add(time.Hour)}})
+	nd, nf, err := st.Complete(ctx, newer, done(t, st, a), []store.Failure{{ID: b, Error: "boom", Delay: time.Hour}})
 	if err != nil || nd != 1 || nf != 1 {
 		t.Fatalf("current holder: delivered %d failed %d err %v", nd, nf, err)
 	}
@@ -183,7 +183,7 @@ func TestFetchDueKeepsAggregateOrderBehindBackoff(t *testing.T) {
 	first := rows[0].ID
 	f := store.Fence{Lock: "lock:outbox:poller", Token: 1}
 	// A's first row backs off: A's later rows must wait; B flows.
-	if _, _, err := st.Complete(ctx, f, nil, []store.Failure{{ID: first, Error: "503", RetryAt: time.Now().Add(time.Hour)}}); err != nil {
+	if _, _, err := st.Complete(ctx, f, nil, []store.Failure{{ID: first, Error: "503", Delay: time.Hour}}); err != nil {
 		t.Fatal(err)
 	}
 	rows, _ = st.FetchDue(ctx, store.FetchLimits{Rows: 10})

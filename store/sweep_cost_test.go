@@ -49,7 +49,7 @@ func TestSweepCostDoesNotGrowWithHistory(t *testing.T) {
 	// As a sweep runs them: the repair's first batch, the histogram, a
 	// purge with nothing old enough (the default 7-day retention).
 	measure := func() (pending, attempts, purge, purgeDead int64) {
-		cutoff := time.Now().Add(-168 * time.Hour)
+		cutoff := (168 * time.Hour).Microseconds()
 		return explain(`EXECUTE pr(0, 1000, NULL)`), explain(`EXECUTE pa(NULL)`),
 			explain(`EXECUTE pu($1, $2, $3, $4, '-infinity', 0, 1000)`, fence.Lock, fence.Token, fence.Owner, cutoff),
 			explain(`EXECUTE pd($1, $2, $3, $4, '-infinity', 0, 1000)`, fence.Lock, fence.Token, fence.Owner, cutoff)
@@ -154,7 +154,7 @@ func TestPurgeWalksBatchesThroughRowsMarkedTogether(t *testing.T) {
 	var total int64
 	batches := 0
 	for {
-		n, next, err := st.Purge(ctx, fence, store.PurgeDelivered, time.Now().Add(-2*time.Hour), cursor, 400)
+		n, next, err := st.Purge(ctx, fence, store.PurgeDelivered, 2*time.Hour, cursor, 400)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -25,11 +25,48 @@ type PostgresServer struct {
 	dir  string
 	port int
 	asPG bool // run the server as the postgres user (we are root)
+	// fake is the environment that offsets the server's clock
+	// (LD_PRELOAD of libfaketime, FAKETIME); nil: the machine's clock.
+	fake []string
 	DSN  string
 }
 
 // StartPostgresServer creates, starts and (at cleanup) removes an instance.
 func StartPostgresServer(t testing.TB) *PostgresServer {
+	t.Helper()
+	return startPostgresServer(t, nil)
+}
+
+// StartPostgresServerClock is StartPostgresServer with the server's clock
+// offset from the machine's (libfaketime, Debian's faketime package):
+// now(), clock_timestamp() and every default and instant the server
+// writes run offset ahead (positive) or behind (negative), while the test
+// and the relay keep the machine's clock. The offset is in whole seconds
+// and holds across CrashRestart, Stop and Start.
+//
+// The library is preloaded into pg_ctl, whose server inherits it; not
+// through the faketime command, which waits for every process holding its
+// pipe, the server included, and so never returns from pg_ctl start.
+func StartPostgresServerClock(t testing.TB, offset time.Duration) *PostgresServer {
+	t.Helper()
+	lib := fakeTimeLib()
+	if lib == "" {
+		t.Fatal("testenv: libfaketime not found (install the faketime package; scripts/services.sh does)")
+	}
+	return startPostgresServer(t, []string{"LD_PRELOAD=" + lib, fmt.Sprintf("FAKETIME=%+d", int64(offset/time.Second))})
+}
+
+// fakeTimeLib is the path of libfaketime.so.1, "" when it is not installed.
+func fakeTimeLib() string {
+	for _, pattern := range []string{"/usr/lib/*/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1", "/usr/local/lib/faketime/libfaketime.so.1"} {
+		if m, _ := filepath.Glob(pattern); len(m) > 0 {
+			return m[0]
+		}
+	}
+	return ""
+}
+
+func startPostgresServer(t testing.TB, fake []string) *PostgresServer {
 	t.Helper()
 	bin := pgBin(t)
 	initdb := filepath.Join(bin, "initdb")
@@ -43,7 +80,7 @@ func StartPostgresServer(t testing.TB) *PostgresServer {
 	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s := &PostgresServer{t: t, bin: bin, dir: dir, port: FreePort(t), asPG: os.Geteuid() == 0}
+	s := &PostgresServer{t: t, bin: bin, dir: dir, port: FreePort(t), asPG: os.Geteuid() == 0, fake: fake}
 	if s.asPG {
 		u, err := user.Lookup("postgres")
 		if err != nil {
@@ -126,10 +163,15 @@ func (s *PostgresServer) run(name string, args ...string) *exec.Cmd {
 func (s *PostgresServer) pgctl(args ...string) error {
 	opts := fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -k %s -c fsync=off -c full_page_writes=off", s.port, s.dir)
 	full := append([]string{"-D", filepath.Join(s.dir, "data"), "-l", filepath.Join(s.dir, "log"), "-w", "-t", "60"}, args...)
+	name := filepath.Join(s.bin, "pg_ctl")
 	if args[0] == "start" || args[0] == "restart" {
 		full = append(full, "-o", opts)
+		if s.fake != nil {
+			full = append(append(append([]string{}, s.fake...), name), full...)
+			name = "env"
+		}
 	}
-	out, err := s.run(filepath.Join(s.bin, "pg_ctl"), full...).CombinedOutput()
+	out, err := s.run(name, full...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("testenv: pg_ctl %v: %v\n%s", args, err, out)
 	}

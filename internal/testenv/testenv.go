@@ -206,6 +206,22 @@ func Store(t testing.TB) (*store.Store, string) {
 	return st, dsn
 }
 
+// StoreAt migrates the database at dsn (a private server's) and opens a
+// pool on it, closed at cleanup.
+func StoreAt(t testing.TB, dsn string) *store.Store {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := migrations.Up(ctx, dsn, nil); err != nil {
+		t.Fatalf("testenv: migrate: %v", err)
+	}
+	st, err := store.Open(ctx, dsn)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	t.Cleanup(st.Close)
+	return st
+}
+
 // RedisAddr is the test Redis' host:port.
 func RedisAddr() string { return redisAddr }
 

@@ -83,13 +83,19 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	st, dsn := testenv.Store(t)
+	return envOn(t, st.Pool(), dsn)
+}
+
+// envOn is newEnv on a database of the caller's (migrated).
+func envOn(t *testing.T, pool *pgxpool.Pool, dsn string) *env {
+	t.Helper()
 	rdb, prefix := testenv.Redis(t)
 	vars := baseEnv()
 	vars["OUTBOXD_POSTGRES_DSN"] = dsn
 	vars["OUTBOXD_REDIS_ADDRS"] = testenv.RedisAddr()
 	vars["OUTBOXD_REDIS_KEY_PREFIX"] = prefix
 	vars["OUTBOXD_HTTP_ADDR"] = freeAddr(t)
-	return &env{t: t, pool: st.Pool(), dsn: dsn, rdb: rdb, prefix: prefix, vars: vars}
+	return &env{t: t, pool: pool, dsn: dsn, rdb: rdb, prefix: prefix, vars: vars}
 }
 
 // set overrides environment variables: key, value, key, value...

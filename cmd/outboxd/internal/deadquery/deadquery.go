@@ -87,7 +87,8 @@ type ParamError struct {
 func (e *ParamError) Error() string { return e.Name + ": " + e.Err.Error() }
 func (e *ParamError) Unwrap() error { return e.Err }
 
-// Parse reads the parameters get says were given; now anchors durations.
+// Parse reads the parameters get says were given; now orders since and
+// until when one of them is a duration ago.
 func Parse(get func(name string) (string, bool), now time.Time) (Query, error) {
 	q := Query{Limit: DefaultLimit}
 	bad := func(name string, format string, a ...any) (Query, error) {
@@ -118,20 +119,27 @@ func Parse(get func(name string) (string, bool), now time.Time) (Query, error) {
 	if v, ok := get(Error); ok {
 		q.Filter.Error = v
 	}
-	for _, b := range []struct {
+	// A duration ago is passed as one (SinceAgo, UntilAgo), for Postgres
+	// to count back from its own now(); now only orders the two bounds.
+	var bound [2]time.Time
+	for i, b := range []struct {
 		name string
 		to   *time.Time
-	}{{Since, &q.Filter.Since}, {Until, &q.Filter.Until}} {
+		ago  *time.Duration
+	}{{Since, &q.Filter.Since, &q.Filter.SinceAgo}, {Until, &q.Filter.Until, &q.Filter.UntilAgo}} {
 		if v, ok := get(b.name); ok {
-			t, err := parseTime(v, now)
+			t, ago, err := parseTime(v)
 			if err != nil {
 				return bad(b.name, "%w", err)
 			}
-			*b.to = t
+			*b.to, *b.ago, bound[i] = t, ago, t
+			if ago > 0 {
+				bound[i] = now.Add(-ago)
+			}
 		}
 	}
-	if f := q.Filter; !f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until) {
-		return bad(Since, "%s is not before until (%s)", f.Since.Format(time.RFC3339), f.Until.Format(time.RFC3339))
+	if !bound[0].IsZero() && !bound[1].IsZero() && !bound[0].Before(bound[1]) {
+		return bad(Since, "%s is not before until (%s)", bound[0].Format(time.RFC3339), bound[1].Format(time.RFC3339))
 	}
 	if v, ok := get(Limit); ok {
 		n, err := strconv.Atoi(v)
@@ -150,11 +158,11 @@ func Parse(get func(name string) (string, bool), now time.Time) (Query, error) {
 	return q, nil
 }
 
-// parseTime reads RFC 3339 or a positive duration before now (Go's units
+// parseTime reads RFC 3339 (t) or a positive duration ago (Go's units
 // plus d for 24 h).
-func parseTime(v string, now time.Time) (time.Time, error) {
+func parseTime(v string) (t time.Time, ago time.Duration, err error) {
 	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
-		return t, nil
+		return t, 0, nil
 	}
 	d, err := time.ParseDuration(v)
 	if days, ok := strings.CutSuffix(v, "d"); ok && err != nil {
@@ -164,7 +172,7 @@ func parseTime(v string, now time.Time) (time.Time, error) {
 		}
 	}
 	if err != nil || d <= 0 {
-		return time.Time{}, errors.New("wants an RFC 3339 time (2026-11-24T03:00:00Z) or a positive duration ago (90m, 24h, 7d), got " + strconv.Quote(v))
+		return time.Time{}, 0, errors.New("wants an RFC 3339 time (2026-11-24T03:00:00Z) or a positive duration ago (90m, 24h, 7d), got " + strconv.Quote(v))
 	}
-	return now.Add(-d), nil
+	return time.Time{}, d, nil
 }

@@ -33,14 +33,14 @@ func TestParseReadsEachParameter(t *testing.T) {
 	f := q.Filter
 	until := time.Date(2026, 11, 24, 1, 30, 0, 5e8, time.UTC)
 	if f.AggregateType != "deal" || f.AggregateID != "42/a" || f.EventType != "deal.*" || f.Error != "HTTP 5" ||
-		!f.Since.Equal(now.Add(-7*24*time.Hour)) || !f.Until.Equal(until) || q.Limit != 1000 ||
+		!f.Since.IsZero() || f.SinceAgo != 7*24*time.Hour || !f.Until.Equal(until) || f.UntilAgo != 0 || q.Limit != 1000 ||
 		q.After == nil || q.After.ID != 17 || !q.After.DeadAt.Time.Equal(cursor.DeadAt.Time) {
 		t.Errorf("parsed %+v after %+v", q, q.After)
 	}
 
 	q, err = parse(map[string]string{"aggregate": "deal", "since": "90m"})
 	if err != nil || q.Filter.AggregateType != "deal" || q.Filter.AggregateID != "" ||
-		!q.Filter.Since.Equal(now.Add(-90*time.Minute)) || q.Limit != deadquery.DefaultLimit || q.After != nil {
+		q.Filter.SinceAgo != 90*time.Minute || !q.Filter.Since.IsZero() || q.Limit != deadquery.DefaultLimit || q.After != nil {
 		t.Errorf("type alone, a duration: %+v, %v", q, err)
 	}
 	if q, err := parse(nil); err != nil || q.Limit != deadquery.DefaultLimit || q.After != nil || q.Filter.AggregateType != "" {
