@@ -47,7 +47,7 @@ func TestMeasureBulkGaps(t *testing.T) {
 	}
 	reads := func() int64 {
 		if rd := r.rd; rd != nil {
-			return rd.reads // racy read: a measurement, run without -race
+			return rd.gaps.reads // racy read: a measurement, run without -race
 		}
 		return 0
 	}

@@ -100,8 +100,8 @@ func TestGapFoundVisibleStaysParkedOverTheReadsParkedAnswer(t *testing.T) {
 	p := e.poller(testConfig(), "")
 	now := time.Now()
 	a := store.Aggregate{Type: "deal", ID: "A"}
-	r := &reader{cursor: 100, frontier: 100, parked: map[store.Aggregate]int64{a: 50}, lastSent: map[store.Aggregate]int64{},
-		lateDone: map[int64]struct{}{}, gaps: gapSet{{lo: 20, hi: 20, gapState: gapState{seen: now.Add(-time.Minute), givenUp: true}}}}
+	r := &reader{cur: readCursor{at: 100, frontier: 100}, parked: parkedSet{a: 50},
+		gaps: gapWatch{runs: gapSet{{lo: 20, hi: 20, gapState: gapState{seen: now.Add(-time.Minute), givenUp: true}}}}}
 	p.advance(r, store.ReadResult{Classified: 100, XMin: 1, XMax: 2,
 		Visible: []store.Watched{{ID: 20, Aggregate: a, Pending: true}},
 		Parked:  map[store.Aggregate]int64{a: 0}}, 100, now)

@@ -23,10 +23,10 @@ func TestMergeKeepsAHoldingRunApartFromAGivenUpOne(t *testing.T) {
 		if !holdingBelow {
 			lower, upper = givenUp, holding
 		}
-		r := &reader{gaps: gapSet{{lo: 10, hi: 19, gapState: lower}, {lo: 20, hi: 29, gapState: upper}}}
-		r.gaps.merge()
+		w := &gapWatch{runs: gapSet{{lo: 10, hi: 19, gapState: lower}, {lo: 20, hi: 29, gapState: upper}}}
+		w.runs.merge()
 		var pos store.ReadPos
-		r.watch(&pos, now, time.Second)
+		w.watch(&pos, now, time.Second)
 		var held []int64
 		for _, g := range pos.Holding {
 			held = append(held, g.ID)
@@ -40,18 +40,18 @@ func TestMergeKeepsAHoldingRunApartFromAGivenUpOne(t *testing.T) {
 			if holdingBelow {
 				where = "below"
 			}
-			t.Errorf("a holding run %s a given-up one: after merge the read holds ids %v, want %v (%d runs)", where, held, want, len(r.gaps))
+			t.Errorf("a holding run %s a given-up one: after merge the read holds ids %v, want %v (%d runs)", where, held, want, len(w.runs))
 		}
 	}
 
 	// Two adjacent runs holding are one run, held as long as either would be.
-	r := &reader{gaps: gapSet{
+	s := gapSet{
 		{lo: 10, hi: 19, gapState: gapState{horizon: 7, seen: now.Add(-time.Second)}},
 		{lo: 20, hi: 29, gapState: gapState{horizon: 9, seen: now}},
-	}}
-	r.gaps.merge()
-	if len(r.gaps) != 1 || r.gaps[0].lo != 10 || r.gaps[0].hi != 29 || r.gaps[0].horizon != 9 || !r.gaps[0].seen.Equal(now) {
-		t.Fatalf("two adjacent holding runs after merge: %+v, want one run 10-29 with horizon 9 and the later first-missed time", r.gaps)
+	}
+	s.merge()
+	if len(s) != 1 || s[0].lo != 10 || s[0].hi != 29 || s[0].horizon != 9 || !s[0].seen.Equal(now) {
+		t.Fatalf("two adjacent holding runs after merge: %+v, want one run 10-29 with horizon 9 and the later first-missed time", s)
 	}
 }
 

@@ -22,7 +22,7 @@ func TestOldGivenUpGapsAreLookedUpInTurns(t *testing.T) {
 	// Ids three apart (coprime to k): each a run of its own, as gaps
 	// between committed rows.
 	for id := int64(3); id <= 3*old; id += 3 {
-		r.gaps = append(r.gaps, gapRun{lo: id, hi: id, gapState: gapState{seen: now.Add(-time.Minute), givenUp: true}})
+		r.gaps.runs = append(r.gaps.runs, gapRun{lo: id, hi: id, gapState: gapState{seen: now.Add(-time.Minute), givenUp: true}})
 	}
 	always := map[int64]gapState{
 		4001: {seen: now},                                              // holding
@@ -30,12 +30,14 @@ func TestOldGivenUpGapsAreLookedUpInTurns(t *testing.T) {
 		4005: {seen: now.Add(-time.Minute), givenUp: true, ended: now}, // transactions ended: lateWatch
 	}
 	for _, id := range []int64{4001, 4003, 4005} {
-		r.gaps = append(r.gaps, gapRun{lo: id, hi: id, gapState: always[id]})
+		r.gaps.runs = append(r.gaps.runs, gapRun{lo: id, hi: id, gapState: always[id]})
 	}
 	k := (old + watchOldPerRead - 1) / watchOldPerRead
 	seen := map[int64]int{}
 	for i := range k {
-		w := r.pos(now, gapWait).Watch
+		var pos store.ReadPos
+		r.gaps.watch(&pos, now, gapWait)
+		w := pos.Watch
 		if len(w) > watchOldPerRead+len(always) {
 			t.Fatalf("read %d watched %d gaps, want at most %d of the %d old ones plus the %d others", i+1, len(w), watchOldPerRead, old, len(always))
 		}
@@ -43,7 +45,7 @@ func TestOldGivenUpGapsAreLookedUpInTurns(t *testing.T) {
 			seen[id]++
 		}
 	}
-	for _, g := range r.gaps {
+	for _, g := range r.gaps.runs {
 		id := g.lo
 		want := 1
 		if _, ok := always[id]; ok {

@@ -519,13 +519,13 @@ func TestShortReadDoesNotPassUnreadRows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("read 1: %d rows, cursor %d frontier %d", len(rows), r.rd.cursor, r.rd.frontier)
+	t.Logf("read 1: %d rows, cursor %d frontier %d", len(rows), r.rd.cur.at, r.rd.cur.frontier)
 	skip := []int64{rows[0].ID}
 	rows, _, err = r.fetch(ctx, f, store.FetchLimits{Rows: 2, Skip: skip})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("read 2 (rows 2): %d rows, cursor %d frontier %d", len(rows), r.rd.cursor, r.rd.frontier)
+	t.Logf("read 2 (rows 2): %d rows, cursor %d frontier %d", len(rows), r.rd.cur.at, r.rd.cur.frontier)
 	for _, x := range rows {
 		skip = append(skip, x.ID)
 	}
@@ -533,7 +533,7 @@ func TestShortReadDoesNotPassUnreadRows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("read 3 (rows 10): %d rows, cursor %d", len(rows), r.rd.cursor)
+	t.Logf("read 3 (rows 10): %d rows, cursor %d", len(rows), r.rd.cur.at)
 	if len(rows) != 7 {
 		t.Fatalf("read 3 returned %d rows, want the 7 not yet taken", len(rows))
 	}
@@ -558,6 +558,6 @@ func TestComputedCursorIsSavedAtTheFirstRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(rows) != 2 || n != 1 {
-		t.Fatalf("after the first read (%d rows taken, cursor %d): %d cursors saved, want the computed one", len(rows), r.rd.cursor, n)
+		t.Fatalf("after the first read (%d rows taken, cursor %d): %d cursors saved, want the computed one", len(rows), r.rd.cur.at, n)
 	}
 }

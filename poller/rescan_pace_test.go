@@ -5,8 +5,6 @@ import (
 	"math"
 	"testing"
 	"time"
-
-	"github.com/outboxd/outboxd/store"
 )
 
 // A rescan step runs in the read loop, so it is paced by its own cost,
@@ -21,7 +19,7 @@ func TestRescanStepsArePacedByTheirCost(t *testing.T) {
 	e := newEnv(t)
 	e.insert(2000, 10)
 	p := e.poller(testConfig(), "")
-	r := &reader{rescanTo: 1 << 40, rescanAt: time.Now(), inflightLow: math.MaxInt64, parked: map[store.Aggregate]int64{}}
+	r := &reader{rescan: rescanPacer{to: 1 << 40, at: time.Now()}, cur: readCursor{inflightLow: math.MaxInt64}, parked: parkedSet{}}
 	ctx := context.Background()
 	const want = 4 // three spacings checked
 	steps := 0
@@ -30,15 +28,15 @@ func TestRescanStepsArePacedByTheirCost(t *testing.T) {
 		if time.Now().After(limit) {
 			t.Fatalf("%d rescan steps in 1m of idle reads, want %d", steps, want)
 		}
-		lo, prevAt, prevTook := r.rescanLo, r.stepAt, r.stepTook
+		lo, prevAt, prevTook := r.rescan.lo, r.rescan.stepAt, r.rescan.last
 		if err := p.maintain(ctx, r, true, 0); err != nil {
 			t.Fatal(err)
 		}
-		if r.rescanLo == lo {
+		if r.rescan.lo == lo {
 			continue
 		}
 		steps++
-		if began := r.stepAt.Add(-r.stepTook); !prevAt.IsZero() && began.Sub(prevAt) < stepSpacing*prevTook {
+		if began := r.rescan.stepAt.Add(-r.rescan.last); !prevAt.IsZero() && began.Sub(prevAt) < stepSpacing*prevTook {
 			t.Fatalf("rescan step %d began %v after the last one ended, which took %v: want at least %d× that", steps, began.Sub(prevAt), prevTook, stepSpacing)
 		}
 	}
@@ -52,12 +50,12 @@ func TestRescanPauseAfterASlowStepIsCapped(t *testing.T) {
 	e.insert(100, 10)
 	p := e.poller(testConfig(), "")
 	now := time.Now()
-	r := &reader{rescanTo: 1 << 20, rescanAt: now, inflightLow: math.MaxInt64, parked: map[store.Aggregate]int64{},
-		stepSpan: rescanMin, stepTook: time.Hour, stepAt: now.Add(-maxStepPause - time.Second)}
+	r := &reader{cur: readCursor{inflightLow: math.MaxInt64}, parked: parkedSet{},
+		rescan: rescanPacer{to: 1 << 20, at: now, span: rescanMin, last: time.Hour, stepAt: now.Add(-maxStepPause - time.Second)}}
 	if err := p.maintain(context.Background(), r, true, 0); err != nil {
 		t.Fatal(err)
 	}
-	if r.rescanLo == 0 {
-		t.Fatalf("no rescan step %v after one that took %v: want the pause capped at %v", time.Since(r.stepAt), time.Hour, maxStepPause)
+	if r.rescan.lo == 0 {
+		t.Fatalf("no rescan step %v after one that took %v: want the pause capped at %v", time.Since(r.rescan.stepAt), time.Hour, maxStepPause)
 	}
 }

@@ -29,18 +29,18 @@ CREATE TRIGGER slow_save BEFORE INSERT OR UPDATE ON outbox_cursor FOR EACH ROW E
 		t.Fatal(err)
 	}
 	p := e.poller(testConfig(), "")
-	r := &reader{fence: store.Fence{Lock: keys.PollerLock, Token: 1, Owner: "review"}, cursor: 2000,
-		rescanTo: 1 << 40, rescanAt: time.Now(), inflightLow: math.MaxInt64,
-		parked: map[store.Aggregate]int64{}}
+	r := &reader{fence: store.Fence{Lock: keys.PollerLock, Token: 1, Owner: "review"},
+		cur: readCursor{at: 2000, inflightLow: math.MaxInt64}, rescan: rescanPacer{to: 1 << 40, at: time.Now()},
+		parked: parkedSet{}}
 	if err := p.maintain(ctx, r, true, 0); err != nil {
 		t.Fatal(err)
 	}
-	if r.saved != 2000 || r.rescanLo == 0 {
-		t.Fatalf("maintain saved %d and stepped to %d: the test needs a save (2000) and a step in one call", r.saved, r.rescanLo)
+	if r.cur.saved != 2000 || r.rescan.lo == 0 {
+		t.Fatalf("maintain saved %d and stepped to %d: the test needs a save (2000) and a step in one call", r.cur.saved, r.rescan.lo)
 	}
-	if r.stepTook >= 300*time.Millisecond {
+	if r.rescan.last >= 300*time.Millisecond {
 		t.Errorf("the rescan step was judged to take %v: the cursor save before it (300 ms) was counted in (the next step's span cut to %d from %d)",
-			r.stepTook, r.stepSpan, rescanFirst)
+			r.rescan.last, r.rescan.span, rescanFirst)
 	}
 }
 
@@ -104,22 +104,22 @@ func TestColdTimerPassIsTheTermsPass(t *testing.T) {
 	const cursor = 20_000
 	due := time.Now().Add(-time.Hour)
 	r := &reader{fence: store.Fence{Lock: keys.PollerLock, Token: 1, Owner: "review"}, loaded: true,
-		cursor: cursor, saved: cursor, savedSent: cursor, coldTo: cursor, coldHorizon: math.MaxUint32,
-		coldAt: due, rescanAt: due, inflightLow: math.MaxInt64,
-		parked: map[store.Aggregate]int64{}}
+		cur:      readCursor{at: cursor, saved: cursor, savedSent: cursor, inflightLow: math.MaxInt64},
+		coldPass: coldPass{to: cursor, horizon: math.MaxUint32, at: due}, rescan: rescanPacer{at: due},
+		parked: parkedSet{}}
 	ctx := context.Background()
 	// Idle reads until one that found no pass running started none (not
 	// for 3 s: a pass is paced by its steps' cost, seconds under load).
 	for limit := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
-		idle := r.rescanLo >= r.rescanTo && p.rescanned.Load() > 0
+		idle := !r.rescan.passing() && p.rescanned.Load() > 0
 		if err := p.maintain(ctx, r, true, 0); err != nil {
 			t.Fatal(err)
 		}
-		if idle && r.rescanLo >= r.rescanTo {
+		if idle && !r.rescan.passing() {
 			break
 		}
 		if time.Now().After(limit) {
-			t.Fatalf("a pass still runs after 1m of idle reads (at %d of %d): the test needs them done", r.rescanLo, r.rescanTo)
+			t.Fatalf("a pass still runs after 1m of idle reads (at %d of %d): the test needs them done", r.rescan.lo, r.rescan.to)
 		}
 	}
 	if n := p.rescanned.Load(); n != cursor {
