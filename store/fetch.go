@@ -27,8 +27,8 @@ const epochSQL = `(SELECT ` + epochOfSQL + ` FROM ` + idSeqSQL + `)`
 const epochOfSQL = `pg_relation_filenode('outbox'::regclass)::text || '/' || COALESCE(pg_relation_filenode(idseq.seq)::text, '')`
 
 // idSeqSQL is a FROM item naming the outbox id sequence idseq.seq (NULL
-// without one). OFFSET 0 keeps it one lookup (a pg_depend scan, 3 buffers)
-// however often the query uses it; inlined, each use was a lookup.
+// without one). OFFSET 0 keeps it one lookup (a pg_depend scan) however
+// often the query uses it; inlined, each use would be a lookup.
 const idSeqSQL = `(SELECT pg_get_serial_sequence('outbox', 'id')::regclass AS seq OFFSET 0) idseq`
 
 // LoadCursor returns where a new holder's reads start: the cursor the last
@@ -47,12 +47,11 @@ const idSeqSQL = `(SELECT pg_get_serial_sequence('outbox', 'id')::regclass AS se
 //
 // The lowest pending row is found by a bitmap scan of a pending index
 // (pendingFloor), once per term that starts without a saved cursor: it
-// reads every entry a snapshot held elsewhere keeps from vacuum, about 26
-// buffers per 1,000 rows delivered under it (25.7k behind 1M here), and
-// no bound is possible without a saved cursor. Written as min(id) in this
-// query, the planner walked outbox_pending_aggregate_idx whole whenever
-// its estimates saw few pending rows: a buffer per row (1.01M behind 1M;
-// TestFirstStartCostsNoMoreThanABitmapOfThePendingIndex).
+// reads every entry a snapshot held elsewhere keeps from vacuum, and no
+// bound is possible without a saved cursor. It is not min(id) in this
+// query: the planner may walk outbox_pending_aggregate_idx whole for that
+// whenever its estimates see few pending rows, a buffer per row
+// (TestFirstStartCostsNoMoreThanABitmapOfThePendingIndex).
 //
 // sent is the highest id the earlier holders handed on (SaveCursor), at
 // least cursor; with none known (no cursor saved, or saved before
@@ -120,15 +119,13 @@ SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM saved)`
 //
 // The walk is one per call, whatever the plan: the dispatched rows'
 // highest id per aggregate is taken over the range once and paired with
-// the rows in Go. Joined in SQL (each row's own range (row, sent]), the
-// plan Postgres made after ANALYZE saw the history scanned the range once
-// per row: 438,793 buffers for 1,000 rows over 1,000 ids
+// the rows in Go, not joined in SQL (each row's own range (row, sent]),
+// which a plan made after ANALYZE saw the history may scan once per row
 // (TestHotPathPlansMadeOnASmallTableStayFlat).
 //
 // Rows at or above sent have no such id and are not looked up: the query
-// for them alone was planned as a walk of the aggregates' whole history
-// (104k buffers behind 1M settled rows under a held snapshot, at the first
-// read of a holder that computed its cursor, LoadCursor).
+// for them alone may be planned as a walk of the aggregates' whole
+// history.
 func (s *Store) LaterSent(ctx context.Context, rows []Row, sent int64) (map[int64]int64, error) {
 	return laterSent(ctx, s.pool, rows, sent)
 }
@@ -262,18 +259,12 @@ func (h *Inherited) InHole(id int64) bool {
 //
 // Not flat: the generic plan made on a small table finds the late rows
 // through outbox_pending_aggregate_idx, whose pages hold every entry a
-// snapshot held elsewhere keeps of the delivered history (426 -> 1,422
-// buffers behind 20k -> 200k such rows, about 5.5 per 1,000; once a
-// term). Written in the opaque COALESCE form that keeps the other
-// statements off that index, the generic plan became a nested loop over
-// the range per dispatched aggregate (772k buffers), so it is left so;
+// snapshot held elsewhere keeps of the delivered history (once a term).
+// It is not written in the opaque COALESCE form that keeps the other
+// statements off that index: that form's generic plan is a nested loop
+// over the range per dispatched aggregate.
 // TestHotPathPlansMadeOnASmallTableStayFlat bounds it as a once-a-term
 // statement.
-//
-// It replaced DispatchedAbove, which held every aggregate dispatched in
-// the range, in memory, up to 100,000 of them; with more (one event per
-// order) each read fell back to a LaterSent walk up to the mark, and a
-// backlog drain was quadratic again.
 func (s *Store) InheritedLate(ctx context.Context, lo, hi int64, limit int) (in *Inherited, complete bool, err error) {
 	rows, err := s.pool.Query(ctx, `WITH d AS MATERIALIZED (
   SELECT aggregate_type, aggregate_id, max(id) AS top FROM outbox
