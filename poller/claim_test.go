@@ -2,7 +2,9 @@ package poller
 
 import (
 	"context"
+	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/outboxd/outboxd/internal/keys"
+	"github.com/outboxd/outboxd/store"
 )
 
 // fingerprints reads each row's fingerprint as the poller computes it.
@@ -150,5 +153,181 @@ func TestClaimReportsLegacyMarkAge(t *testing.T) {
 	}
 	if _, _, err := claimReply(got[2]); err == nil {
 		t.Errorf("absent key: want redis.Nil (ours), got nil error")
+	}
+}
+
+// Whose claim a batch takes over at once (claimValue.supersedes): an
+// earlier term's (lower token), or an earlier batch of its own term (same
+// token and owner). Not a newer term's, and not one of the same token from
+// another owner: two acquisitions can get one token after Redis lost its
+// data (the counter is floored by the highest token Postgres accepted,
+// which the first may not have written yet), and the other one may be
+// sending that row now; it is left for the next batch (foreign).
+func TestClaimsTakenOverByTokenAndOwner(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.insert(1, 1)
+	r := e.poller(testConfig(), "")
+	rows, err := e.st.FetchDue(ctx, store.FetchLimits{Rows: 10})
+	if err != nil || len(rows) != 1 {
+		t.Fatalf("%d rows, %v", len(rows), err)
+	}
+	ours := claimValue{token: 7, owner: "ours", batch: "b2"}
+	key := keys.New(e.prefix).Idempotency(rows[0].ID)
+	for _, tc := range []struct {
+		found claimValue
+		want  outcome
+	}{
+		{claimValue{token: 6, owner: "other", batch: "b1"}, pending},
+		{claimValue{token: 7, owner: "ours", batch: "b1"}, pending},
+		{claimValue{token: 7, owner: "other", batch: "b1"}, foreign},
+		{claimValue{token: 8, owner: "other", batch: "b1"}, foreign},
+	} {
+		if err := e.rdb.Set(ctx, key, tc.found.String(), time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		items := []item{{row: rows[0]}}
+		if err := r.claimKeys(ctx, items, ours); err != nil {
+			t.Fatal(err)
+		}
+		if items[0].outcome != tc.want {
+			t.Errorf("our claim %s over %s: outcome %d, want %d", ours, tc.found, items[0].outcome, tc.want)
+		}
+		v, err := e.rdb.Get(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := map[outcome]string{pending: ours.String(), foreign: tc.found.String()}[tc.want]; v != want {
+			t.Errorf("our claim %s over %s: the key holds %q, want %q", ours, tc.found, v, want)
+		}
+	}
+}
+
+// A crashed leader's claims are taken over at once by its successor (a
+// higher token), not left to expire: with a claim TTL of an hour, every row
+// is still delivered, in order, within seconds.
+func TestCrashedLeadersClaimsAreTakenOver(t *testing.T) {
+	e := newEnv(t)
+	ids := e.insert(200, 20)
+	cfg := testConfig()
+	cfg.LockTTL, cfg.BatchSize, cfg.ClaimTTL = time.Second, 100, time.Hour
+	c := e.startChild("after-send", cfg) // sent its batch, keys still say "claim"
+	_ = c.wait()
+	claims := 0
+	for _, id := range ids {
+		if v, _ := e.rdb.Get(context.Background(), e.prefix+"idempotency:notify:"+fmt.Sprint(id)).Result(); strings.HasPrefix(v, "claim:1:") {
+			claims++
+		}
+	}
+	if claims == 0 {
+		t.Fatal("the crashed leader left no claims: the test did not hit the window")
+	}
+	cfg = testConfig()
+	cfg.ClaimTTL = time.Hour
+	r := e.poller(cfg, "")
+	e.run(r)
+	e.waitAllDispatched(20 * time.Second) // an hour without the takeover
+	e.checkDelivered(ids)
+	e.checkOrder()
+	if got := testutil.ToFloat64(r.m.ClaimsTakenOver); got != float64(claims) {
+		t.Fatalf("took over %v claims, want the %d the crashed leader left", got, claims)
+	}
+}
+
+// A claim carrying a higher token than ours (a newer leader's) is left
+// alone, and its aggregate waits behind it; other aggregates flow.
+func TestNewerHoldersClaimIsLeftAlone(t *testing.T) {
+	e := newEnv(t)
+	ids := e.insert(20, 10) // deal/0 gets ids[0] and ids[10]
+	key := e.prefix + "idempotency:notify:" + fmt.Sprint(ids[0])
+	newer := "claim:999:someone-else:x"
+	if err := e.rdb.Set(context.Background(), key, newer, time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := e.poller(testConfig(), "")
+	e.run(r)
+	e.waitFor("the other aggregates delivered", 10*time.Second, func() bool {
+		return e.count("dispatched_at IS NULL") == 2
+	})
+	for _, r := range e.rc.Requests() {
+		if r.Agg == "deal/0" {
+			t.Fatalf("event %d of the aggregate behind a newer claim was sent", r.ID)
+		}
+	}
+	if v, _ := e.rdb.Get(context.Background(), key).Result(); v != newer {
+		t.Fatalf("the newer claim was replaced by %q", v)
+	}
+	if n := e.count("attempts > 0"); n != 0 {
+		t.Fatalf("%d rows counted attempts while waiting behind a live claim", n)
+	}
+}
+
+// An idempotency key of the wrong type, or holding a value outboxd did not
+// write, fails that row alone: counted, named in last_error, dead-lettered
+// after max_attempts; every other row is delivered.
+func TestPoisonedIdempotencyKeysFailTheirRowOnly(t *testing.T) {
+	e := newEnv(t)
+	ids := e.insert(30, 10)
+	ctx := context.Background()
+	hashKey := e.prefix + "idempotency:notify:" + fmt.Sprint(ids[3])
+	oddKey := e.prefix + "idempotency:notify:" + fmt.Sprint(ids[4])
+	if err := e.rdb.HSet(ctx, hashKey, "f", "v").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rdb.Set(ctx, oddKey, "garbage", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig()
+	cfg.MaxAttempts = 3
+	r := e.poller(cfg, "")
+	e.run(r)
+	e.waitFor("the two poisoned rows dead, all others delivered", 20*time.Second, func() bool {
+		return e.count("dead_at IS NOT NULL") == 2 && e.count("dispatched_at IS NOT NULL") == 28
+	})
+	for _, c := range []struct {
+		id   int64
+		key  string
+		want string
+	}{{ids[3], hashKey, "WRONGTYPE"}, {ids[4], oddKey, `"garbage"`}} {
+		var attempts int
+		var lastErr string
+		if err := e.st.Pool().QueryRow(ctx, `SELECT attempts, last_error FROM outbox WHERE id = $1`, c.id).Scan(&attempts, &lastErr); err != nil {
+			t.Fatal(err)
+		}
+		if attempts != 3 || !strings.Contains(lastErr, c.key) || !strings.Contains(lastErr, c.want) {
+			t.Errorf("row %d: attempts %d last_error %q; want 3 attempts, the key and %s named", c.id, attempts, lastErr, c.want)
+		}
+	}
+	if typ, _ := e.rdb.Type(ctx, hashKey).Result(); typ != "hash" {
+		t.Fatalf("the operator's key was changed to a %s", typ)
+	}
+}
+
+// claim.lua sent twice for one batch (a Cluster node answered NOSCRIPT and
+// the pipeline was sent again) finds the batch's own claim on the keys the
+// first run set: those rows are still the batch's to send, not another's.
+func TestOwnClaimSeenAgainIsOurs(t *testing.T) {
+	e := newEnv(t)
+	e.insert(3, 3)
+	r := e.poller(testConfig(), "")
+	ctx := context.Background()
+	rows, err := e.st.FetchDue(ctx, store.FetchLimits{Rows: 10})
+	if err != nil || len(rows) != 3 {
+		t.Fatalf("%d rows, %v", len(rows), err)
+	}
+	c := claimValue{token: 1, owner: "o", batch: "b"}
+	for round := range 2 {
+		items := make([]item, len(rows))
+		for i, row := range rows {
+			items[i].row = row
+		}
+		if err := r.claimKeys(ctx, items, c); err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range items {
+			if it.outcome != pending {
+				t.Fatalf("claim run %d: row %d outcome %d, want pending (ours to send)", round+1, it.row.ID, it.outcome)
+			}
+		}
 	}
 }

@@ -315,3 +315,49 @@ func TestSetvalBackNotCalledUnderARunningRelay(t *testing.T) {
 		t.Errorf("outboxd_read_restarts_total{reason=sequence_rewound} = %v, want 1", got)
 	}
 }
+
+// A batch in flight whose row fails for good (a 400) while its id goes to
+// another row (ids handed out again under the leader: a failover to a
+// replica that lagged, a restore, setval; here by hand): the failure is
+// not written to the new row, which is read again and sent. By id alone,
+// the new row was dead-lettered unsent.
+func TestFailedBatchInFlightLeavesTheRowThatTookItsID(t *testing.T) {
+	e := newEnv(t)
+	cfg := testConfig()
+	cfg.LockTTL = 30 * time.Second // the held send must outlive the swap
+	r, _ := e.loggedRunner(cfg)
+	r.rescanEvery = time.Hour // only reading again can find the new row in time
+	e.rc.SetRespond(testkit.Statuses(map[string]int{"deal/held": 400}))
+	release := e.rc.Hold(testkit.HoldAggregate("deal/held"))
+	defer release()
+	e.run(r)
+
+	id := produceAs(t, e.st, "held")[0]
+	e.rc.WaitHeld(t, 20*time.Second, 1)
+	ctx := context.Background()
+	if _, err := e.st.Pool().Exec(ctx, `DELETE FROM outbox WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.st.Pool().Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, created_at)
+		OVERRIDING SYSTEM VALUE VALUES ($1, 'deal', 'new', 'deal.funded', '{}', now() + interval '1 second')`, id); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	e.waitFor("the held row's 400 answered", 20*time.Second, func() bool {
+		for _, q := range e.rc.Requests() {
+			if q.ID == id && q.Agg == "deal/held" && q.Status == 400 {
+				return true
+			}
+		}
+		return false
+	})
+	var dead bool
+	var attempts int
+	e.waitFor("the row that took the id delivered", 20*time.Second, func() bool {
+		_ = e.st.Pool().QueryRow(ctx, `SELECT dead_at IS NOT NULL, attempts FROM outbox WHERE id = $1`, id).Scan(&dead, &attempts)
+		return dead || e.deliveredAs(id, "new")
+	})
+	if dead || attempts != 0 {
+		t.Fatalf("the row that took the id: dead %v, attempts %d; want delivered, never failed (the failure of the row sent before was written to it)", dead, attempts)
+	}
+}
