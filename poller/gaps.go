@@ -7,39 +7,72 @@ import (
 	"github.com/outboxd/outboxd/store"
 )
 
-// Watched gaps are kept as runs of consecutive ids that share one state,
-// so that what a term keeps, and what each read does, depends on the
-// number of runs, not of ids. One producer transaction that inserts N rows
-// and stays open while others commit leaves N consecutive gaps: as single
-// ids (a map entry and a gapState each) 1M of them cost ~120 MB of heap and
-// every read walked them all (pos, advance, saveable), looked up every one
-// not yet given up by primary key, and, once their transaction ended, every
-// one again by every read for lateWatch: 187 ms of CPU a read behind 1M
-// (BENCHMARKS.md, "Session 7, bounds"; TestBulkTransactionGapsAreBounded).
+// gapWatch holds a term's watched gaps: ids below a visible row that were
+// not visible when first read (a producer that took the id earlier and has
+// not committed, or rolled back). Rows read above a gap are not sent while
+// it may still commit: until every transaction in progress at the read
+// that first missed it has ended (snapshot xmin past its horizon), or
+// gap_wait has passed (then it is given up). A rolled-back gap therefore
+// settles as soon as its transactions end.
 //
-// Bound: a read looks up at most maxWatchPerRead ids of the runs holding,
-// given up recently or swept (below), and about watchOldPerRead of the
-// runs given up long ago (in turns, as before); the other ids of a run
-// holding stay holding unlooked at (a marker: the first id not looked up,
-// counted as not visible, so the hold is never lower than the truth).
+// A gap given up is still looked up by primary key until its transactions
+// end, and for lateWatch after that, so that a late commit is delivered
+// and reported (lateCommits). While its transactions run, a gap given up
+// over watchRecent ago is looked up in turns: about watchOldPerRead such
+// ids per read, each every k reads, so a long transaction elsewhere that
+// keeps rolled-back gaps from settling does not make every read probe them
+// all.
 //
-// A run is swept, maxWatchPerRead ids a read from its lowest, when its
-// transactions ended (pass after pass until lateWatch passed and one pass
-// was done: every id is looked up at least once after its transactions
-// ended, and a small run by every read for lateWatch, as before), and for
+// Gaps are kept as runs of consecutive ids that share one state, so that
+// what a term keeps, and what each read does, depends on the number of
+// runs, not of ids (one producer transaction inserting N rows leaves N
+// consecutive gaps). A read looks up at most maxWatchPerRead ids of the
+// runs holding, given up recently or swept, and about watchOldPerRead of
+// the runs given up long ago; the other ids of a run holding stay holding
+// unlooked at (a marker: the first id not looked up is passed as holding,
+// so the hold is never lower than the truth). A run is swept,
+// maxWatchPerRead ids a read from its lowest, when its transactions ended
+// (pass after pass until lateWatch passed and one pass was done), and for
 // one pass when one of its ids was found visible (its transaction
-// committed: the rest of its rows most likely with it, and found at
-// maxWatchPerRead a read rather than watchOldPerRead).
+// committed: the rest of its rows most likely with it).
 //
-// Not bounded: gaps that are not consecutive (a batch job that inserts one
+// Not bounded: gaps that are not consecutive (a batch job inserting one
 // row per statement while other producers commit between them) are a run
-// each, as before a gap each: the memory is a run (~80 bytes) per gap and
-// each read walks the runs in memory (no more lookups than the bound).
+// each: the memory is a run per gap and each read walks the runs in
+// memory (no more lookups than the bound). Not guaranteed: order when a
+// producer is descheduled for longer than one poll between taking its id
+// and its first write (it has no transaction id yet, so the read's
+// snapshot cannot name it; lateWatch and the rescan still deliver its row,
+// reported when late). See docs/design.md.
+type gapWatch struct {
+	runs  gapSet
+	reads int64 // reads so far: whose turn it is among old runs
+}
 
-// maxWatchPerRead bounds the ids of runs holding, recently given up or
-// swept that one read looks up (primary-key probes); old runs add about
-// watchOldPerRead. 4,096 probes are about a fetch of a full batch's work.
-const maxWatchPerRead = 4096
+const (
+	// lateWatch is how long a gap is still looked up after its
+	// transactions ended without it becoming visible.
+	lateWatch = 10 * time.Second
+	// watchRecent is how long after its give-up a gap whose transactions
+	// run is still looked up by every read; later, in turns.
+	watchRecent = time.Second
+	// watchOldPerRead is about how many ids of runs given up long ago one
+	// read looks up.
+	watchOldPerRead = 64
+	// maxWatchPerRead bounds the ids of runs holding, recently given up or
+	// swept that one read looks up (primary-key probes); old runs add
+	// about watchOldPerRead. It is about a fetch of a full batch's work.
+	maxWatchPerRead = 4096
+)
+
+// gapState is what a run of gaps shares.
+type gapState struct {
+	horizon uint64    // store.Gap.Horizon
+	seen    time.Time // first missed
+	givenUp bool      // gap_wait passed: rows above it are no longer held
+	ended   time.Time // when its transactions were seen ended, invisible
+	lastGen int       // sentMemory.gen when given up
+}
 
 // gapRun is the gaps lo to hi, consecutive ids that share one state.
 type gapRun struct {
@@ -159,23 +192,44 @@ func (g *gapRun) old(now time.Time, gapWait time.Duration, budget int64) bool {
 	return g.givenUp && g.ended.IsZero() && !g.sweeping && (now.Sub(g.seen) >= gapWait+watchRecent || g.size() > budget)
 }
 
-// watch fills pos.Watch and pos.Holding from r.gaps for one read (see the
-// type's comment for the bound). The turn of runs given up long ago, k, is
-// counted from this read's: counted from the last read's, the first read
-// to find a run old (or a run grown old at once) looked it up whole.
-func (r *reader) watch(pos *store.ReadPos, now time.Time, gapWait time.Duration) {
-	budget := int64(maxWatchPerRead)
+// watch fills pos.Watch and pos.Holding for one read (see gapWatch for
+// the bound). The turn of runs given up long ago, k, is counted from this
+// read's, so the first read to find a run old looks up only its turn.
+func (w *gapWatch) watch(pos *store.ReadPos, now time.Time, gapWait time.Duration) {
+	w.reads++
+	budget := w.watchHolding(pos)
 	var old int64
-	for i := range r.gaps {
-		if g := &r.gaps[i]; g.old(now, gapWait, budget) {
+	for i := range w.runs {
+		if g := &w.runs[i]; g.old(now, gapWait, maxWatchPerRead) {
 			old += g.size()
 		}
 	}
 	k := max(1, (old+watchOldPerRead-1)/watchOldPerRead)
-	// Runs holding first: they hold the rows above them, so what of them
-	// became visible is what releases the most.
-	for i := range r.gaps {
-		g := &r.gaps[i]
+	for i := range w.runs {
+		g := &w.runs[i]
+		switch {
+		case g.holding():
+		case g.sweeping || !g.ended.IsZero():
+			budget = g.watchSweep(pos, budget)
+		case g.old(now, gapWait, maxWatchPerRead):
+			g.watchTurn(pos, w.reads, k)
+		default: // given up recently: every read, within the budget
+			for id := g.lo; id <= min(g.hi, g.lo+budget-1); id++ {
+				pos.Watch = append(pos.Watch, id)
+			}
+			budget -= min(g.size(), budget)
+		}
+	}
+}
+
+// watchHolding passes the runs holding first (what of them became visible
+// releases the most), within maxWatchPerRead ids, and returns the budget
+// left. A run longer than the budget is passed holding from its first id
+// not looked up (the marker).
+func (w *gapWatch) watchHolding(pos *store.ReadPos) int64 {
+	budget := int64(maxWatchPerRead)
+	for i := range w.runs {
+		g := &w.runs[i]
 		g.win, g.turned = 0, false
 		if !g.holding() {
 			continue
@@ -190,60 +244,54 @@ func (r *reader) watch(pos *store.ReadPos, now time.Time, gapWait time.Duration)
 			pos.Holding = append(pos.Holding, store.Gap{ID: to + 1, Horizon: g.horizon})
 		}
 	}
-	for i := range r.gaps {
-		g := &r.gaps[i]
-		switch {
-		case g.holding():
-		case g.sweeping || !g.ended.IsZero():
-			from := min(max(g.next, g.lo), g.hi)
-			to := min(g.hi, from+budget-1)
-			for id := from; id <= to; id++ {
-				pos.Watch = append(pos.Watch, id)
-			}
-			if to >= from {
-				g.next, g.win = from, to
-				budget -= to - from + 1
-			}
-		case g.old(now, gapWait, maxWatchPerRead):
-			// Given up long ago, transactions running: in turns, the
-			// ids whose remainder mod k is this read's.
-			g.turned = true
-			first := g.lo + ((-(g.lo+r.reads))%k+k)%k
-			for id := first; id <= g.hi; id += k {
-				pos.Watch = append(pos.Watch, id)
-			}
-		default: // given up recently: every read, within the budget
-			for id := g.lo; id <= min(g.hi, g.lo+budget-1); id++ {
-				pos.Watch = append(pos.Watch, id)
-			}
-			budget -= min(g.size(), budget)
-		}
+	return budget
+}
+
+// watchSweep passes the sweep's next ids of g within budget and returns
+// the budget left.
+func (g *gapRun) watchSweep(pos *store.ReadPos, budget int64) int64 {
+	from := min(max(g.next, g.lo), g.hi)
+	to := min(g.hi, from+budget-1)
+	for id := from; id <= to; id++ {
+		pos.Watch = append(pos.Watch, id)
+	}
+	if to >= from {
+		g.next, g.win = from, to
+		budget -= to - from + 1
+	}
+	return budget
+}
+
+// watchTurn passes the ids of g, given up long ago, whose remainder mod k
+// is this read's turn.
+func (g *gapRun) watchTurn(pos *store.ReadPos, reads, k int64) {
+	g.turned = true
+	first := g.lo + ((-(g.lo+reads))%k+k)%k
+	for id := first; id <= g.hi; id += k {
+		pos.Watch = append(pos.Watch, id)
 	}
 }
 
-// holdBack keeps in r.gaps, unsent, the rows a read found visible by turn
+// holdBack keeps watched, unsent, the rows a read found visible by turn
 // (scattered ids of a run given up long ago) above their run's lowest id,
-// and has the run swept from its lowest id instead. The lookups by turn
-// find a committed transaction's rows in no order: sent at once, each one
-// went before the lower rows of its aggregate that the next reads found,
-// and all those were late commits (18,253 WARNs for a 30,000-row bulk over
-// 50 aggregates that committed after gap_wait, where the sweep from the
-// lowest id, as every read's lookup of all gaps before, keeps their order
-// and warns for the one row that is late).
-func (r *reader) holdBack(res *store.ReadResult) {
+// and has the run swept from its lowest id instead: lookups by turn find a
+// committed transaction's rows in no order, and sent at once each would go
+// before the lower rows of its aggregate that the next reads find. The
+// sweep keeps their order.
+func (w *gapWatch) holdBack(res *store.ReadResult) {
 	var held map[int64]bool
-	res.Visible = slices.DeleteFunc(res.Visible, func(w store.Watched) bool {
-		i := r.gaps.find(w.ID)
-		if i < 0 || !r.gaps[i].turned || w.ID == r.gaps[i].lo {
+	res.Visible = slices.DeleteFunc(res.Visible, func(v store.Watched) bool {
+		i := w.runs.find(v.ID)
+		if i < 0 || !w.runs[i].turned || v.ID == w.runs[i].lo {
 			return false
 		}
-		if g := &r.gaps[i]; !g.sweeping {
+		if g := &w.runs[i]; !g.sweeping {
 			g.sweeping, g.next = true, g.lo
 		}
 		if held == nil {
 			held = map[int64]bool{}
 		}
-		held[w.ID] = true
+		held[v.ID] = true
 		return true
 	})
 	if held != nil {
@@ -251,25 +299,13 @@ func (r *reader) holdBack(res *store.ReadResult) {
 	}
 }
 
-// settle moves each run on after a read (advance): the sweep's position,
-// transactions ended, given up, deleted once watched long enough.
-func (p *Poller) settle(r *reader, xmin uint64, now time.Time) {
-	out := r.gaps[:0]
-	for _, g := range r.gaps {
-		if g.win != 0 {
-			if g.win >= g.next {
-				g.next = g.win + 1
-			}
-			g.win = 0
-			if g.next > g.hi {
-				g.next = g.lo
-				if g.ended.IsZero() {
-					g.sweeping = false // one pass: a row of it was found visible
-				} else {
-					g.passes++
-				}
-			}
-		}
+// settle moves each run on after a read: the sweep's position,
+// transactions ended, given up (gen: the sent memory's generation then),
+// deleted once watched long enough. It returns the runs given up now.
+func (w *gapWatch) settle(xmin uint64, now time.Time, gapWait time.Duration, gen int) (givenUp []gapRun) {
+	out := w.runs[:0]
+	for _, g := range w.runs {
+		g.sweepDone()
 		switch {
 		case xmin >= g.horizon:
 			// Every transaction that could own them has ended: rolled back.
@@ -278,13 +314,34 @@ func (p *Poller) settle(r *reader, xmin uint64, now time.Time) {
 			} else if now.Sub(g.ended) > lateWatch && g.passes > 0 {
 				continue
 			}
-		case !g.givenUp && now.Sub(g.seen) >= p.cfg.GapWait:
-			g.givenUp, g.lastGen = true, r.gen
-			p.m.GapsGivenUp.Add(float64(g.size()))
-			p.log.Debug("gap given up", "outbox_id", g.lo, "to_id", g.hi, "waited_ms", now.Sub(g.seen).Milliseconds())
+		case !g.givenUp && now.Sub(g.seen) >= gapWait:
+			g.givenUp, g.lastGen = true, gen
+			givenUp = append(givenUp, g)
 		}
 		out = append(out, g)
 	}
-	clear(r.gaps[len(out):])
-	r.gaps = out
+	clear(w.runs[len(out):])
+	w.runs = out
+	return givenUp
+}
+
+// sweepDone moves g's sweep past the ids this read looked up; a pass over
+// the whole run ends the sweep of a run found partly visible, or counts
+// one more pass of a run whose transactions ended.
+func (g *gapRun) sweepDone() {
+	if g.win == 0 {
+		return
+	}
+	if g.win >= g.next {
+		g.next = g.win + 1
+	}
+	g.win = 0
+	if g.next > g.hi {
+		g.next = g.lo
+		if g.ended.IsZero() {
+			g.sweeping = false // one pass: a row of it was found visible
+		} else {
+			g.passes++
+		}
+	}
 }

@@ -299,3 +299,75 @@ func (e *env) privatePostgres() (*testenv.PostgresServer, *store.Store) {
 	e.st = st
 	return pg, st
 }
+
+// loggedRunner is a runner whose log lines (debug included) the test reads.
+func (e *env) loggedRunner(cfg testCfg) (*runner, *testkit.Logs) {
+	cfg.KeyPrefix = e.prefix
+	sink, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: e.rc.URL(), Timeout: 5 * time.Second, Concurrency: cfg.Concurrency})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	logs := &testkit.Logs{}
+	m := metrics.New()
+	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(e.prefix), lock.WithHooks(term.Hooks(m)))
+	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	return &runner{New(cfg.Config, Deps{Store: e.st, Locks: locks, Redis: e.rdb, Sink: sink, Log: log, Metrics: m}), m}, logs
+}
+
+// racer is a producer transaction left open after taking its id.
+type racer struct {
+	tx pgx.Tx
+	id int64
+}
+
+func (e *env) race(agg string) *racer {
+	e.t.Helper()
+	ctx := context.Background()
+	tx, err := e.st.Pool().Begin(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	if err := store.Enqueue(ctx, tx, event(agg)); err != nil {
+		e.t.Fatal(err)
+	}
+	var id int64
+	if err := tx.QueryRow(ctx, `SELECT currval(pg_get_serial_sequence('outbox', 'id'))`).Scan(&id); err != nil {
+		e.t.Fatal(err)
+	}
+	return &racer{tx: tx, id: id}
+}
+
+func (r *racer) commit(t *testing.T) {
+	t.Helper()
+	if err := r.tx.Commit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func event(agg string) store.Event {
+	return store.Event{AggregateType: "deal", AggregateID: agg, EventType: "deal.funded", Payload: json.RawMessage(`{}`)}
+}
+
+// produce commits one event of agg and returns its id.
+func (e *env) produce(agg string) int64 {
+	e.t.Helper()
+	r := e.race(agg)
+	r.commit(e.t)
+	return r.id
+}
+
+// delivered reports whether id got a 2xx.
+func (e *env) delivered(id int64) bool { return e.rc.OKCounts()[id] > 0 }
+
+// firstArrival is the Seq of id's first 2xx, -1 if none.
+func (e *env) firstArrival(id int64) int {
+	for _, r := range e.rc.Requests() {
+		if r.ID == id && r.OK() {
+			return r.Seq
+		}
+	}
+	return -1
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }

@@ -54,8 +54,8 @@ func (e *env) dispatched(id int64) bool {
 // producer had no transaction id while the gap was seen, and wrote and
 // committed after lateWatch) is found by the rescan below the cursor, not
 // by the read's gap lookup. A later row of its aggregate went first: it is
-// delivered with the WARN "late commit" and counted all the same (issue
-// 17: never silent). Before, it was delivered without either.
+// delivered with the WARN "late commit" and counted all the same: a late
+// commit is never silent.
 func TestLateCommitFoundByTheRescanIsWarned(t *testing.T) {
 	e := newEnv(t)
 	e.privatePostgres() // the gap must be seen ended: no other test's transaction in the snapshots

@@ -1,14 +1,12 @@
 package poller
 
 import (
-	"context"
 	"net/http"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/outboxd/outboxd/store"
 
-	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/internal/testkit"
 )
 
@@ -95,25 +93,21 @@ func TestSavedCursorStaysBelowParkedRows(t *testing.T) {
 	e.checkOrder()
 }
 
-// A failed delivery releases its claim (DESIGN, delivery protocol, step 5:
-// "Failure: delete the claim"): the row's idempotency key is gone while it
-// backs off, so nothing but its own retry decides when it goes again, and
-// that retry takes over no claim. Left in place, the retry took over the
-// term's own claim and counted it in outboxd_claims_taken_over_total.
-func TestFailedDeliveryReleasesItsClaim(t *testing.T) {
+// A gap found visible parks its aggregate below the cursor; the same
+// read's answer for that aggregate's old first row (nothing left from it)
+// must not drop it: the row would then wait for the rescan while later
+// rows of its aggregate went.
+func TestGapFoundVisibleStaysParkedOverTheReadsParkedAnswer(t *testing.T) {
 	e := newEnv(t)
-	x1, cfg := e.refusedOnce("2")
-	cfg.ClaimTTL = time.Minute
-	r := e.poller(cfg, "")
-	e.run(r)
-	e.waitFor("the row refused with Retry-After", 20*time.Second, func() bool { return e.count("attempts = 1") == 1 })
-	key := keys.New(e.prefix).Idempotency(x1)
-	if n, err := e.rdb.Exists(context.Background(), key).Result(); err != nil || n != 0 {
-		v, _ := e.rdb.Get(context.Background(), key).Result()
-		t.Fatalf("after the failure the row's key %s holds %q (%v), want none", key, v, err)
-	}
-	e.waitFor("the row delivered on its retry", 30*time.Second, func() bool { return e.delivered(x1) })
-	if n := testutil.ToFloat64(r.m.ClaimsTakenOver); n != 0 {
-		t.Fatalf("outboxd_claims_taken_over_total %v after one holder's retry, want 0", n)
+	p := e.poller(testConfig(), "")
+	now := time.Now()
+	a := store.Aggregate{Type: "deal", ID: "A"}
+	r := &reader{cur: readCursor{at: 100, frontier: 100}, parked: parkedSet{a: 50},
+		gaps: gapWatch{runs: gapSet{{lo: 20, hi: 20, gapState: gapState{seen: now.Add(-time.Minute), givenUp: true}}}}}
+	p.advance(r, store.ReadResult{Classified: 100, XMin: 1, XMax: 2,
+		Visible: []store.Watched{{ID: 20, Aggregate: a, Pending: true}},
+		Parked:  map[store.Aggregate]int64{a: 0}}, 100, now)
+	if got, ok := r.parked[a]; !ok || got != 20 {
+		t.Fatalf("aggregate parked at %d (%v) after its gap 20 was found pending below the cursor, want 20", got, ok)
 	}
 }

@@ -439,7 +439,7 @@ type writtenNote struct {
 // noteWritten tells the term's reader, on the lead goroutine (the reader's
 // only user), what the writer has written since the last call: delivered
 // rows for its late-commit memory, rows left pending below the cursor to
-// park, and the rows of a failed write to read again (reader.sent, rewind).
+// park, and the rows of a failed write to read again (reader.sent, readCursor.rewind).
 func (pl *pipeline) noteWritten(r *reader) {
 	pl.mu.Lock()
 	notes := pl.notes
@@ -452,7 +452,7 @@ func (pl *pipeline) noteWritten(r *reader) {
 			for i, it := range n.items {
 				ids[i] = it.row.ID
 			}
-			r.rewind(ids)
+			r.cur.rewind(ids)
 		}
 	}
 }

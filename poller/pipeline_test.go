@@ -131,3 +131,48 @@ func TestNextBatchFillsFreeSlots(t *testing.T) {
 	release()
 	e.waitAllDispatched(60 * time.Second)
 }
+
+// slowWrites holds every batch's result write for d, so the next batch is
+// fetched, claimed and sent while the previous one's results are not written.
+func slowWrites(r *runner, d time.Duration) {
+	r.hooks.beforeFinish = func() { time.Sleep(d) }
+}
+
+// The next batch leaves the rows of the batch still being written alone:
+// without FetchLimits.Skip it would fetch them again, find its own earlier
+// claims, take them over and send every row twice.
+func TestNextBatchLeavesTheFinishingBatchAlone(t *testing.T) {
+	e := newEnv(t)
+	ids := e.insert(60, 60)
+	cfg := testConfig()
+	cfg.BatchSize = 10
+	r := e.poller(cfg, "")
+	slowWrites(r, 200*time.Millisecond)
+	e.run(r)
+	e.waitAllDispatched(30 * time.Second)
+	if dups := e.checkDelivered(ids); dups != 0 {
+		t.Fatalf("%d events sent twice while their batch's results were being written", dups)
+	}
+}
+
+// A row that failed holds its aggregate while its failure is being written:
+// the next batch waits for that write, so the aggregate's later rows do not
+// look due and overtake it.
+func TestFailureHoldsItsAggregateWhileItIsWritten(t *testing.T) {
+	e := newEnv(t)
+	ids := e.insert(6, 1) // one aggregate, one row per batch
+	e.rc.SetRespond(func(r testkit.Request) testkit.Reply {
+		if r.Attempt == 1 && r.ID == ids[0] {
+			return testkit.Reply{Status: http.StatusServiceUnavailable}
+		}
+		return testkit.Reply{Status: http.StatusOK}
+	})
+	cfg := testConfig()
+	cfg.BatchSize = 1
+	r := e.poller(cfg, "")
+	slowWrites(r, 300*time.Millisecond)
+	e.run(r)
+	e.waitAllDispatched(30 * time.Second)
+	e.checkDelivered(ids)
+	e.checkOrder()
+}

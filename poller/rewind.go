@@ -51,26 +51,37 @@ const (
 	restartSequence    = "sequence_rewound" // setval() back
 )
 
+// epochWatch is what the reads of a term saw of the ids: the epoch the
+// cursor belongs to (store.ReadResult.Epoch, loaded and saved with it), the
+// server the reads run on ("" before the first), and the lowest value the
+// id sequence may show.
+type epochWatch struct {
+	epoch       string
+	incarnation string
+	seqFloor    int64
+}
+
 // idsReused checks a read against what the reader saw before. It returns the
 // reason to drop the read state ("" when the read stands) and whether the
 // new state must start cold (ignoring the saved cursor).
 func (p *Poller) idsReused(r *reader, res store.ReadResult) (reason string, cold bool) {
+	w := &r.epoch
 	switch {
-	case res.Epoch != r.epoch:
+	case res.Epoch != w.epoch:
 		// TRUNCATE or an id RESTART: the saved cursor belongs to the old
 		// epoch, so LoadCursor starts cold by itself.
-		p.log.Warn("outbox ids started again (TRUNCATE, id RESTART): reading from the start", "cursor", r.cursor)
+		p.log.Warn("outbox ids started again (TRUNCATE, id RESTART): reading from the start", "cursor", r.cur.at)
 		return restartEpoch, false
-	case r.incarnation != "" && res.Incarnation != r.incarnation:
+	case w.incarnation != "" && res.Incarnation != w.incarnation:
 		p.log.Warn("database server changed (failover, restore or restart): reloading the saved cursor",
-			"cursor", r.cursor, "was", r.incarnation, "now", res.Incarnation)
+			"cursor", r.cur.at, "was", w.incarnation, "now", res.Incarnation)
 		return restartIncarnation, false
-	case res.SeqLast >= 0 && res.SeqLast < r.seqFloor:
+	case res.SeqLast >= 0 && res.SeqLast < w.seqFloor:
 		p.log.Warn("outbox id sequence went back (setval): reading from the start",
-			"cursor", r.cursor, "sequence_last_value", res.SeqLast, "seen", r.seqFloor)
+			"cursor", r.cur.at, "sequence_last_value", res.SeqLast, "seen", w.seqFloor)
 		return restartSequence, true
 	}
-	r.incarnation = res.Incarnation
-	r.seqFloor = max(r.seqFloor, res.SeqLast)
+	w.incarnation = res.Incarnation
+	w.seqFloor = max(w.seqFloor, res.SeqLast)
 	return "", false
 }

@@ -79,35 +79,47 @@ func (p *Poller) lead(ctx, work context.Context, t *term.Term) (err error) {
 			return nil
 		case err != nil:
 			t.Log().Error("batch failed", "error", err)
-			idle = p.cfg.PollInterval
-		case res.full:
-			idle = p.cfg.PollInterval // or until the pipeline has room (pl.wake)
-		case res.more:
-			idle = 0 // more waiting: go again at once
-		case res.fetched > 0 || res.held:
-			// A stream, or rows waiting for an earlier id to commit: the next
-			// rows are due within about a poll.
-			idle = time.Millisecond
-		default:
-			// Quiet: back off 1, 2, 4 ... ms up to poll_interval, so a short
-			// gap in a stream costs a millisecond or two, not a poll interval.
-			idle = min(max(2*idle, time.Millisecond), p.cfg.PollInterval)
 		}
-		if idle == 0 {
-			continue
-		}
-		timer := time.NewTimer(idle)
-		select {
-		case <-ctx.Done():
-		case <-work.Done():
-		case <-p.wake:
+		idle = p.pause(res, err, idle)
+		if idle > 0 && p.wait(ctx, work, pl, idle) {
 			idle = 0
-		case <-pl.wake:
-			idle = 0
-		case <-timer.C:
 		}
-		timer.Stop()
 	}
+}
+
+// pause is how long the lead waits before the next batch, after one that
+// returned res and err, when it waited idle before that one.
+func (p *Poller) pause(res batchResult, err error, idle time.Duration) time.Duration {
+	switch {
+	case err != nil, res.full:
+		return p.cfg.PollInterval // or until the pipeline has room (pl.wake)
+	case res.more:
+		return 0 // more waiting: go again at once
+	case res.fetched > 0 || res.held:
+		// A stream, or rows waiting for an earlier id to commit: the next
+		// rows are due within about a poll.
+		return time.Millisecond
+	}
+	// Quiet: back off 1, 2, 4 ... ms up to poll_interval, so a short gap in
+	// a stream costs a millisecond or two, not a poll interval.
+	return min(max(2*idle, time.Millisecond), p.cfg.PollInterval)
+}
+
+// wait waits d, or until ctx or work ends; it returns true when woken
+// early by a NOTIFY or by the pipeline (room, an error, rows written).
+func (p *Poller) wait(ctx, work context.Context, pl *pipeline, d time.Duration) (woken bool) {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+	case <-work.Done():
+	case <-p.wake:
+		return true
+	case <-pl.wake:
+		return true
+	case <-timer.C:
+	}
+	return false
 }
 
 // listen wakes the leader on NOTIFY outbox_events. Polling continues either

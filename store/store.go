@@ -1,5 +1,6 @@
-// Package store is outboxd's Postgres side: the pool, the producer API
-// (Enqueue), the poller's queries, and fenced writes.
+// Package store is outboxd's Postgres side: the pool, the poller's and the
+// reconciler's queries, and fenced writes. Enqueue and Event are the
+// producer package's, kept here for producers that import store.
 //
 // Fencing guarantee: every write the poller or reconciler makes to outbox runs
 // in one statement (one transaction) that first upserts the lock's
@@ -23,6 +24,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxd/outboxd/producer"
 )
 
 // ErrStaleFence: a fenced write carried a token lower than one Postgres has
@@ -114,57 +117,13 @@ func (s *Store) Close() { s.pool.Close() }
 // Ping checks that Postgres answers.
 func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
 
-// Event is what a producer writes.
-type Event struct {
-	AggregateType string
-	AggregateID   string
-	EventType     string
-	Payload       json.RawMessage   // any JSON value
-	Headers       map[string]string // optional; e.g. traceparent
-	AvailableAt   time.Time         // optional; zero means now
-}
+// Event is what a producer writes (producer.Event).
+type Event = producer.Event
 
-const enqueueSQL = `
-INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, headers, available_at)
-SELECT t, a, e, p::jsonb, h::jsonb, COALESCE(v, now())
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::timestamptz[]) AS x(t, a, e, p, h, v)`
-
-// Enqueue writes events inside the caller's transaction, in one round trip,
-// so they commit or roll back with the business rows. Their ids follow the
-// order given.
+// Enqueue writes events inside the caller's transaction (producer.Enqueue,
+// which a producer imports on its own).
 func Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) error {
-	if len(events) == 0 {
-		return nil
-	}
-	n := len(events)
-	types, ids, kinds := make([]string, n), make([]string, n), make([]string, n)
-	payloads, headers := make([]string, n), make([]string, n)
-	avail := make([]*time.Time, n)
-	for i, ev := range events {
-		switch {
-		case ev.AggregateType == "":
-			return fmt.Errorf("store: event %d: aggregate_type is empty", i)
-		case ev.AggregateID == "":
-			return fmt.Errorf("store: event %d: aggregate_id is empty", i)
-		case ev.EventType == "":
-			return fmt.Errorf("store: event %d: event_type is empty", i)
-		case !json.Valid(ev.Payload):
-			return fmt.Errorf("store: event %d: payload is not valid JSON", i)
-		}
-		h := []byte("{}")
-		if len(ev.Headers) > 0 {
-			h, _ = json.Marshal(ev.Headers)
-		}
-		types[i], ids[i], kinds[i] = ev.AggregateType, ev.AggregateID, ev.EventType
-		payloads[i], headers[i] = string(ev.Payload), string(h)
-		if !ev.AvailableAt.IsZero() {
-			avail[i] = &ev.AvailableAt
-		}
-	}
-	if _, err := tx.Exec(ctx, enqueueSQL, types, ids, kinds, payloads, headers, avail); err != nil {
-		return fmt.Errorf("store: enqueue: %w", err)
-	}
-	return nil
+	return producer.Enqueue(ctx, tx, events...)
 }
 
 // Row is an outbox row as the poller sees it.

@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// TestMeasureBulkGaps is a measurement, not a check (BENCHMARKS.md,
-// "Session 7, bounds"): with OUTBOXD_MEASURE_BULK=N set, one transaction
+// TestMeasureBulkGaps is a measurement, not a check: with
+// OUTBOXD_MEASURE_BULK=N set, one transaction
 // inserts N rows and stays open while 2,000 events are committed above it
 // (200 transactions of 10) and delivered; it logs the heap in use after a
 // GC, the process's CPU seconds per 1,000 events in that phase (the test's
@@ -47,7 +47,7 @@ func TestMeasureBulkGaps(t *testing.T) {
 	}
 	reads := func() int64 {
 		if rd := r.rd; rd != nil {
-			return rd.reads // racy read: a measurement, run without -race
+			return rd.gaps.reads // racy read: a measurement, run without -race
 		}
 		return 0
 	}

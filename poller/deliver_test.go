@@ -3,11 +3,15 @@ package poller
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxd/outboxd/dispatch"
@@ -15,7 +19,34 @@ import (
 	"github.com/outboxd/outboxd/internal/term"
 	"github.com/outboxd/outboxd/internal/testkit"
 	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/store"
 )
+
+// deliver's bookkeeping is a fixed number of allocations per batch, not
+// one per aggregate or per row: a batch of 1,000 rows over 1,000
+// aggregates (one event per order) costs the same few slices as one over
+// 10. Each aggregate's rows grown by append were an allocation per
+// aggregate, a fifth of deliver's bytes in a drain.
+func TestDeliverAllocatesPerBatch(t *testing.T) {
+	p := New(Config{}, Deps{Sink: dispatch.Noop{}, Log: slog.New(slog.DiscardHandler)})
+	trusted := func() time.Time { return time.Now().Add(time.Hour) }
+	for _, aggs := range []int{10, 1000} {
+		items := make([]item, 1000)
+		for i := range items {
+			items[i].row = store.Row{ID: int64(i + 1), AggregateType: "deal", AggregateID: strconv.Itoa(i % aggs), EventType: "deal.funded"}
+		}
+		n := testing.AllocsPerRun(5, func() {
+			for i := range items {
+				items[i].outcome = pending
+			}
+			p.deliver(context.Background(), items, 1, trusted, func([][]int) {})
+		})
+		t.Logf("%d aggregates: %.0f allocations per batch of 1,000", aggs, n)
+		if n > 100 {
+			t.Errorf("%d aggregates: %.0f allocations per batch of 1,000, want at most 100", aggs, n)
+		}
+	}
+}
 
 // scripted is a batch sink that answers each event as told by its
 // aggregate id, records the batches it got, and keeps the contract: per
@@ -133,7 +164,70 @@ func TestWrongNumberOfResultsMarksNothing(t *testing.T) {
 type brokenSink struct{ calls atomic.Int32 }
 
 func (*brokenSink) Capabilities() dispatch.Capabilities { return dispatch.Capabilities{} }
+
 func (b *brokenSink) Send(context.Context, dispatch.Batch) []dispatch.Result {
 	b.calls.Add(1)
 	return []dispatch.Result{{Outcome: dispatch.Delivered}}
+}
+
+// A destination that holds the send without a final answer until the lease
+// cuts it (Result.Unanswered) costs an attempt every time, the first
+// included: with max_attempts 2 the row is dead after 2 sends, not 4. A
+// send cut because the lease itself was lost counts no attempt (cutShort:
+// the cut is ours): under load a 1 s lease was lost once and the row took
+// 3 sends, so each such send, logged "send abandoned", is counted apart.
+func TestHeldSendsCountFromTheFirstCut(t *testing.T) {
+	e := newEnv(t)
+	e.insert(1, 1)
+	var sends atomic.Int32
+	held := dispatch.PerEvent(func(ctx context.Context, _ dispatch.Event, _ int64) error {
+		sends.Add(1)
+		<-ctx.Done() // written, and never answered
+		return &dispatch.Error{Err: ctx.Err(), Unanswered: true}
+	}, 1, dispatch.Capabilities{})
+	cfg := testConfig()
+	cfg.LockTTL, cfg.MaxAttempts, cfg.KeyPrefix = time.Second, 2, e.prefix
+	var logs testkit.Logs
+	m := metrics.New()
+	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(e.prefix), lock.WithHooks(term.Hooks(m)))
+	p := New(cfg.Config, Deps{Store: e.st, Locks: locks, Redis: e.rdb, Sink: held, Log: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})), Metrics: m})
+	e.run(&runner{p, m})
+	e.waitFor("the row dead-lettered", time.Minute, func() bool { return e.count("dead_at IS NOT NULL") == 1 })
+	if n := e.count("attempts = 2 AND last_error LIKE '%held it without a final answer%'"); n != 1 {
+		t.Fatal("the dead row does not say the destination held its sends")
+	}
+	abandoned := logs.Count(`"msg":"send abandoned"`)
+	if n := sends.Load(); int(n) != 2+abandoned {
+		t.Fatalf("%d sends before the row was dead, want 2 (one per attempt) + %d abandoned with a lost lease", n, abandoned)
+	}
+}
+
+// A receiver slower than the lease: the send is cut by the trust deadline
+// while the lease is still held. Once is forgiven; the second cut of the same
+// row counts as an attempt, with a WARN each time, so the row dead-letters
+// instead of retrying forever.
+func TestSendsCutByTheLeaseCountAsAttempts(t *testing.T) {
+	e := newEnv(t)
+	e.insert(1, 1)
+	hang := dispatch.PerEvent(func(ctx context.Context, _ dispatch.Event, _ int64) error {
+		<-ctx.Done() // never answers: each send ends only with its context
+		return ctx.Err()
+	}, 1, dispatch.Capabilities{})
+	cfg := testConfig()
+	cfg.LockTTL, cfg.MaxAttempts, cfg.KeyPrefix = time.Second, 2, e.prefix
+	var logs testkit.Logs
+	m := metrics.New()
+	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(e.prefix), lock.WithHooks(term.Hooks(m)))
+	p := New(cfg.Config, Deps{Store: e.st, Locks: locks, Redis: e.rdb, Sink: hang, Log: slog.New(slog.NewJSONHandler(&logs, nil)), Metrics: m})
+	e.run(&runner{p, m})
+	e.waitFor("the row dead-lettered", 20*time.Second, func() bool { return e.count("dead_at IS NOT NULL") == 1 })
+	if n := e.count("attempts = 2 AND last_error LIKE '%cut short by the lock''s trust deadline%'"); n != 1 {
+		t.Fatal("the dead row does not say its sends were cut by the lease")
+	}
+	if got := strings.Count(logs.String(), `"msg":"send cut short by the lease"`); got < 4 {
+		t.Fatalf("%d WARN lines for 4 cut sends:\n%s", got, logs.String())
+	}
+	if testutil.ToFloat64(m.SendsCut) < 4 {
+		t.Fatalf("outboxd_sends_cut_total %v, want >= 4", testutil.ToFloat64(m.SendsCut))
+	}
 }

@@ -1,0 +1,42 @@
+package poller
+
+import (
+	"cmp"
+
+	"github.com/outboxd/outboxd/store"
+)
+
+// maxLastSent bounds the per-aggregate memory of the highest id sent.
+const maxLastSent = 100_000
+
+// sentMemory is what a term knows was sent: per aggregate the highest id
+// sent this term, the highest id sent this term, and the sent mark the
+// holders before it handed on. Every late-commit check asks it whether a
+// later row of an aggregate went first, and the cursor save stores its
+// mark. The per-aggregate memory is bounded: full, it is cleared and its
+// generation moves on, so a check can tell "nothing sent" from
+// "forgotten".
+type sentMemory struct {
+	last   map[store.Aggregate]int64 // highest id sent per aggregate, this term
+	gen    int                       // bumped when last is cleared
+	top    int64                     // highest id sent, this term
+	handed int64                     // the sent mark loaded: the highest id the holders before handed on
+	limit  int                       // bound on last (0: maxLastSent); tests lower it
+}
+
+// note records that id of aggregate a is sent (or on its way).
+func (s *sentMemory) note(a store.Aggregate, id int64) {
+	if _, ok := s.last[a]; !ok && len(s.last) >= cmp.Or(s.limit, maxLastSent) {
+		clear(s.last)
+		s.gen++
+	}
+	if s.last == nil {
+		s.last = map[store.Aggregate]int64{}
+	}
+	s.last[a] = max(s.last[a], id)
+	s.top = max(s.top, id)
+}
+
+// mark is the sent mark a successor needs: no id above it was handed on to
+// the sink by this holder or the ones before it.
+func (s *sentMemory) mark() int64 { return max(s.handed, s.top) }

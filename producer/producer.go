@@ -1,0 +1,73 @@
+// Package producer is what a service that writes events imports: Enqueue
+// writes them into the outbox inside the service's own transaction, so
+// they commit or roll back with its business rows; outboxd relays them
+// once committed, in id order per aggregate.
+//
+// It imports nothing of outboxd: a producer needs neither the daemon's
+// parts nor its dependencies beyond pgx. store.Enqueue and store.Event
+// are the same function and type.
+package producer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Event is what a producer writes.
+type Event struct {
+	AggregateType string            // with AggregateID, the ordering key
+	AggregateID   string            // events of one aggregate are relayed in the order written
+	EventType     string            // e.g. deal.funded
+	Payload       json.RawMessage   // any JSON value
+	Headers       map[string]string // optional; e.g. traceparent
+	AvailableAt   time.Time         // optional; zero means now
+}
+
+const enqueueSQL = `
+INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, headers, available_at)
+SELECT t, a, e, p::jsonb, h::jsonb, COALESCE(v, now())
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::timestamptz[]) AS x(t, a, e, p, h, v)`
+
+// Enqueue writes events inside the caller's transaction, in one round trip,
+// so they commit or roll back with the business rows. Their ids follow the
+// order given. An event without its aggregate type, aggregate id or event
+// type, or whose payload is not valid JSON, is refused, and nothing is
+// written.
+func Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) error {
+	if len(events) == 0 {
+		return nil
+	}
+	n := len(events)
+	types, ids, kinds := make([]string, n), make([]string, n), make([]string, n)
+	payloads, headers := make([]string, n), make([]string, n)
+	avail := make([]*time.Time, n)
+	for i, ev := range events {
+		switch {
+		case ev.AggregateType == "":
+			return fmt.Errorf("producer: event %d: aggregate_type is empty", i)
+		case ev.AggregateID == "":
+			return fmt.Errorf("producer: event %d: aggregate_id is empty", i)
+		case ev.EventType == "":
+			return fmt.Errorf("producer: event %d: event_type is empty", i)
+		case !json.Valid(ev.Payload):
+			return fmt.Errorf("producer: event %d: payload is not valid JSON", i)
+		}
+		h := []byte("{}")
+		if len(ev.Headers) > 0 {
+			h, _ = json.Marshal(ev.Headers)
+		}
+		types[i], ids[i], kinds[i] = ev.AggregateType, ev.AggregateID, ev.EventType
+		payloads[i], headers[i] = string(ev.Payload), string(h)
+		if !ev.AvailableAt.IsZero() {
+			avail[i] = &ev.AvailableAt
+		}
+	}
+	if _, err := tx.Exec(ctx, enqueueSQL, types, ids, kinds, payloads, headers, avail); err != nil {
+		return fmt.Errorf("producer: enqueue: %w", err)
+	}
+	return nil
+}
