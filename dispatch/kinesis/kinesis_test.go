@@ -27,7 +27,7 @@ import (
 )
 
 // Tests run against kinesalite (npm), started per test on a loopback port
-// (internal/testenv); they skip when npm cannot install it.
+// (internal/testenv); they fail when it cannot be had.
 
 func TestMain(m *testing.M) { testkit.VerifyTestMain(m) }
 
