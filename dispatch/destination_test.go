@@ -39,6 +39,18 @@ func TestRenderedDestinations(t *testing.T) {
 		{"redis fence", "{aggregate_type}", "fence:{lock:outbox:poller}", "x", dispatch.RedisStreamKey, "p:", "!key space"},
 		{"redis idempotency", "{aggregate_type}:{event_type}", "idempotency", "notify:1000", dispatch.RedisStreamKey, "p:", "!key space"},
 		{"redis other prefix", "{aggregate_type}", "lock:x", "x", dispatch.RedisStreamKey, "q:", "q:lock:x"},
+		{"pubsub legal", "t.{aggregate_type}", "deal-1_x.~+%", "x", dispatch.PubSubTopic, "", "t.deal-1_x.~+%"},
+		{"pubsub 3", "{aggregate_type}", "abc", "x", dispatch.PubSubTopic, "", "abc"},
+		{"pubsub 2", "{aggregate_type}", "ab", "x", dispatch.PubSubTopic, "", "!3 to 255"},
+		{"pubsub 255", "t.{aggregate_type}", strings.Repeat("a", 253), "x", dispatch.PubSubTopic, "", "t." + strings.Repeat("a", 253)},
+		{"pubsub 256", "t.{aggregate_type}", strings.Repeat("a", 254), "x", dispatch.PubSubTopic, "", "!3 to 255"},
+		{"pubsub not a letter first", "{aggregate_type}", "1deal", "x", dispatch.PubSubTopic, "", "!start with a letter"},
+		{"pubsub goog", "{aggregate_type}", "Google", "x", dispatch.PubSubTopic, "", "!goog"},
+		{"pubsub illegal char", "t.{aggregate_type}", "deal/1", "x", dispatch.PubSubTopic, "", "!Pub/Sub allows"},
+		{"kinesis legal", "s.{aggregate_type}", "deal-1_x", "x", dispatch.KinesisStream, "", "s.deal-1_x"},
+		{"kinesis 128", "s.{aggregate_type}", strings.Repeat("a", 126), "x", dispatch.KinesisStream, "", "s." + strings.Repeat("a", 126)},
+		{"kinesis 129", "s.{aggregate_type}", strings.Repeat("a", 127), "x", dispatch.KinesisStream, "", "!Kinesis allows 128"},
+		{"kinesis illegal char", "s.{aggregate_type}", "deal~1", "x", dispatch.KinesisStream, "", "!Kinesis allows ASCII"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tm := mustTemplate(t, c.tmpl)

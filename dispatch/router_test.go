@@ -373,3 +373,89 @@ func TestDestinationOf(t *testing.T) {
 		t.Errorf("a router: %q, want hook", got)
 	}
 }
+
+// doneSink sends a batch's events one by one and reports each through Done
+// as it goes, as a sink that learns results one at a time does; before
+// sending an event for which hold gives a channel, it waits on it.
+type doneSink struct {
+	name string
+	j    *journal
+	hold func(dispatch.Event) chan struct{}
+}
+
+func (s *doneSink) Capabilities() dispatch.Capabilities { return dispatch.Capabilities{} }
+
+func (s *doneSink) Send(_ context.Context, b dispatch.Batch) []dispatch.Result {
+	out := make([]dispatch.Result, len(b.Events))
+	for i, ev := range b.Events {
+		if c := s.hold(ev); c != nil {
+			<-c
+		}
+		s.j.add(s.name, ev.ID)
+		out[i].Outcome = dispatch.Delivered
+		b.Done(i, out[i])
+	}
+	return out
+}
+
+// An aggregate's runs of several events each: the next run is released to
+// the other destination only once every event of the run before it was
+// delivered, not when the first of them was. Each destination holds the
+// second event of its first run; while it is held, nothing later of the
+// aggregate may reach the other destination. synctest.Wait returns once
+// every goroutine is blocked, so what the journal holds then is all the
+// router sent.
+func TestRouterReleasesARunOnlyAfterTheWholeRunBeforeIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		j := &journal{}
+		hold2, hold4 := make(chan struct{}), make(chan struct{})
+		hook := perEventSink("hook", j, func(ev dispatch.Event) error {
+			if ev.ID == 2 {
+				<-hold2
+			}
+			return nil
+		})
+		stream := &doneSink{name: "stream", j: j, hold: func(ev dispatch.Event) chan struct{} {
+			if ev.ID == 4 {
+				return hold4
+			}
+			return nil
+		}}
+		r := mustRouter(t, []dispatch.Destination{{Name: "hook", Sink: hook}, {Name: "stream", Sink: stream}}, hookAndStream)
+		//                       1 hook               2 hook (held)          3 stream             4 stream (held)     5 hook
+		b := typedBatch([2]string{"a", "x.notify"}, [2]string{"a", "x.notify"}, [2]string{"a", "x.paid"}, [2]string{"a", "x.paid"}, [2]string{"a", "x.notify"})
+		var res []dispatch.Result
+		finished := make(chan struct{})
+		go func() {
+			defer close(finished)
+			res = r.Send(context.Background(), b)
+		}()
+		journaled := func() []sent {
+			j.mu.Lock()
+			defer j.mu.Unlock()
+			return slices.Clone(j.order)
+		}
+		release2, release4 := sync.OnceFunc(func() { close(hold2) }), sync.OnceFunc(func() { close(hold4) })
+		expect := func(when, want string) {
+			if got := fmt.Sprint(journaled()); got != want {
+				release2()
+				release4()
+				<-finished // the bubble ends only with its goroutines
+				t.Fatalf("%s: sent %s, want %s", when, got, want)
+			}
+		}
+		synctest.Wait()
+		expect("while event 2 is held at hook", "[{hook 1}]")
+		release2()
+		synctest.Wait()
+		expect("while event 4 is held at stream", "[{hook 1} {hook 2} {stream 3}]")
+		release4()
+		<-finished
+		expect("at the end", "[{hook 1} {hook 2} {stream 3} {stream 4} {hook 5}]")
+		for i, rs := range res {
+			if rs.Outcome != dispatch.Delivered {
+				t.Errorf("event %d: %s", i+1, rs.Outcome)
+			}
+		}
+	})
+}

@@ -351,13 +351,24 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 	return 0
 }
 
-// traceHeader returns the event headers' string named name, if any.
+// traceHeader returns the event headers' string named name, if any. Names
+// match in any case, as HTTP header names do ("Traceparent" is the
+// header); the exact name wins over other spellings, and among those the
+// first in byte order, so the choice does not depend on map order.
 func traceHeader(headers json.RawMessage, name string) (string, bool) {
 	var m map[string]any
 	if json.Unmarshal(headers, &m) != nil {
 		return "", false
 	}
-	s, ok := m[name].(string)
+	key, found := name, false
+	if _, found = m[name]; !found {
+		for k := range m {
+			if strings.EqualFold(k, name) && (!found || k < key) {
+				key, found = k, true
+			}
+		}
+	}
+	s, ok := m[key].(string)
 	return s, ok
 }
 

@@ -346,6 +346,45 @@ func TestInvalidTraceparentIsDroppedNotRetried(t *testing.T) {
 	}
 }
 
+// A row's trace headers are found whatever the case of their names (HTTP
+// header names are case-insensitive, and producers write "Traceparent"):
+// forwarded as traceparent and tracestate. An exact "traceparent" wins over
+// another spelling beside it.
+func TestTraceHeadersAreMatchedInAnyCase(t *testing.T) {
+	const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	const other = "00-11111111111111111111111111111111-2222222222222222-01"
+	const state = "rojo=00f067aa0ba902b7"
+	var mu sync.Mutex
+	var got http.Header
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = r.Header.Clone()
+		mu.Unlock()
+	}))
+	defer srv.Close()
+	w, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ headers, wantParent, wantState string }{
+		{`{"Traceparent":"` + tp + `","TraceState":"` + state + `"}`, tp, state},
+		{`{"TRACEPARENT":"` + tp + `"}`, tp, ""},
+		{`{"Traceparent":"` + other + `","traceparent":"` + tp + `","tracestate":"` + state + `"}`, tp, state},
+	} {
+		ev := event()
+		ev.Headers = json.RawMessage(c.headers)
+		if err := w.SendEvent(context.Background(), ev, 1); err != nil {
+			t.Fatalf("headers %s: %v", c.headers, err)
+		}
+		mu.Lock()
+		h := got
+		mu.Unlock()
+		if h.Get("traceparent") != c.wantParent || h.Get("tracestate") != c.wantState {
+			t.Errorf("row headers %s: sent traceparent %q, tracestate %q; want %q, %q", c.headers, h.Get("traceparent"), h.Get("tracestate"), c.wantParent, c.wantState)
+		}
+	}
+}
+
 // Error texts never carry the URL's credentials or query.
 func TestErrorsDoNotLeakTheURLsSecrets(t *testing.T) {
 	closed := httptest.NewServer(http.NotFoundHandler())

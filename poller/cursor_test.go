@@ -29,9 +29,14 @@ func TestSavedCursorStaysBelowEarlierBatchesInFlight(t *testing.T) {
 	cfg.LockTTL = 5 * time.Second
 	c := e.startChild("", cfg)
 	e.rc.WaitHeld(t, 20*time.Second, 1)
-	// Reads with the batch in flight; a cursor save needs saveEvery since
-	// the last (the computed cursor's, at the first read).
-	time.Sleep(2 * saveEvery)
+	// Reads with the batch in flight, and a save among them: a row of
+	// another aggregate, delivered, moves the sent mark, which is saved
+	// (with the cursor) once saveEvery has passed since the last save (the
+	// computed cursor's, at the first read).
+	other := e.produce("T")
+	e.waitFor("a save after the batch was taken (the sent mark at the other row)", 20*time.Second, func() bool {
+		return e.savedSent() >= other
+	})
 	c.signal(t, syscall.SIGKILL)
 	_ = c.wait()
 	release()

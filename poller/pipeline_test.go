@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
@@ -175,4 +176,60 @@ func TestFailureHoldsItsAggregateWhileItIsWritten(t *testing.T) {
 	e.waitAllDispatched(30 * time.Second)
 	e.checkDelivered(ids)
 	e.checkOrder()
+}
+
+// The rows fetched and not yet written stay within
+// max(pipelineDepth × batch_size, 2 × the sink's Parallel): the next fetch
+// waits (the pipeline is full) once a whole batch more would pass that,
+// and until then asks for a whole batch that skips every row in flight.
+// The pipeline is checked directly: a relay that stops fetching shows
+// nothing to wait for, and flights still sending (a slow aggregate in
+// each) are what the bound alone holds back (their settled rows are not
+// writable before earlyWrite), so they are put in flight here as launch
+// counts them, without sending.
+func TestPipelineBoundsRowsFetchedAndNotWritten(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		sink     dispatch.Sink
+		batches  int // of 4 rows in flight with room for one more; one more fills it
+		capacity int
+	}{
+		{"batch sink", dispatch.Noop{}, 3, 16},
+		{"per-event sink, 4 at once", dispatch.PerEvent(nil, 4, dispatch.Capabilities{}), 3, 16},
+		{"per-event sink, 16 at once", dispatch.PerEvent(nil, 16, dispatch.Capabilities{}), 7, 32},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := &Poller{cfg: Config{BatchSize: 4}.withDefaults(), sink: c.sink}
+			pl := p.newPipeline(t.Context(), store.Fence{}, func() time.Time { return time.Now().Add(time.Minute) })
+			t.Cleanup(func() {
+				pl.mu.Lock()
+				pl.flights, pl.unwritten = nil, 0 // nothing of them to write
+				pl.mu.Unlock()
+				_ = pl.close()
+			})
+			var ids []int64
+			hold := func() {
+				f := &flight{written: make([]bool, 4), left: 4, sending: true}
+				for range 4 {
+					ids = append(ids, int64(len(ids)+1))
+					f.ids = append(f.ids, int64(len(ids)))
+				}
+				pl.mu.Lock()
+				pl.flights, pl.unwritten = append(pl.flights, f), pl.unwritten+4
+				pl.mu.Unlock()
+			}
+			for range c.batches {
+				hold()
+			}
+			lim, ok := pl.limits()
+			if !ok || lim.Rows != 4 || !slices.Equal(lim.Skip, ids) {
+				t.Fatalf("%d rows in flight: limits %+v, %v; want a batch of 4 skipping %v", len(ids), lim, ok, ids)
+			}
+			hold()
+			if lim, ok := pl.limits(); ok || !pl.full {
+				t.Fatalf("%d rows in flight, room for %d: the next fetch may take %d more rows (full %v); want it to wait",
+					len(ids), c.capacity, lim.Rows, pl.full)
+			}
+		})
+	}
 }

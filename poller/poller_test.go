@@ -277,7 +277,12 @@ func TestPausedLeaderIsFencedOut(t *testing.T) {
 		return n >= 10
 	})
 	old.signal(t, syscall.SIGSTOP)
-	time.Sleep(2 * cfg.LockTTL) // the fault: paused for 2x TTL
+	// The fault: paused past its lease, until after its successor took over.
+	leased := func() bool { return e.rdb.Exists(context.Background(), e.prefix+keys.PollerLock).Val() != 0 }
+	if !leased() {
+		t.Fatal("premise: the old leader holds no lease when paused")
+	}
+	e.waitFor("the paused leader's lease expired", 10*cfg.LockTTL, func() bool { return !leased() })
 
 	r := e.poller(testConfig(), "")
 	e.run(r)

@@ -92,6 +92,18 @@ func (e *env) waitSaved(st *store.Store, id int64) {
 	})
 }
 
+// readAfter waits for a read that began after the call: it inserts a row
+// with id (above the cursor; the id sequence is left as it is) and waits
+// until it is delivered.
+func (e *env) readAfter(id int64) {
+	e.t.Helper()
+	if _, err := e.st.Pool().Exec(context.Background(), `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) OVERRIDING SYSTEM VALUE
+		VALUES ($1, 'deal', 'probe', 'deal.funded', '{}')`, id); err != nil {
+		e.t.Fatal(err)
+	}
+	e.waitFor(fmt.Sprintf("a read after the change (row %d delivered)", id), 20*time.Second, func() bool { return e.delivered(id) })
+}
+
 func aggs(prefix string, n int) []string {
 	out := make([]string, n)
 	for i := range out {
@@ -280,9 +292,8 @@ func TestSetvalForwardNotCalledIsNoRewind(t *testing.T) {
 	if _, err := e.st.Pool().Exec(ctx, `SELECT setval(pg_get_serial_sequence('outbox', 'id'), $1, false)`, ids[9]+1000); err != nil {
 		t.Fatal(err)
 	}
-	// Idle reads run every PollInterval (20 ms): let a few of them see the
-	// sequence before any id is handed out.
-	time.Sleep(time.Second)
+	// A read sees the sequence before any id is handed out.
+	e.readAfter(ids[9] + 1)
 	names := aggs("fwd", 4)
 	fwd := produceAs(t, e.st, names...)
 	if fwd[0] != ids[9]+1000 {
@@ -303,7 +314,7 @@ func TestSetvalForwardNotCalledIsNoRewind(t *testing.T) {
 // out after it), and the rows with reused ids are delivered.
 func TestSetvalBackNotCalledUnderARunningRelay(t *testing.T) {
 	e, r, _, ids := setvalBackUnderARunningRelay(t, false)
-	time.Sleep(time.Second) // idle reads see the sequence not called
+	e.readAfter(ids[19] + 1) // a read sees the sequence not called
 	names := aggs("back", 6)
 	reused := produceAs(t, e.st, names...)
 	if reused[0] != ids[10] {

@@ -235,13 +235,16 @@ func TestEachFireTimeRunsOnceAcrossReplicas(t *testing.T) {
 	}
 }
 
-// A sweep longer than 3 TTLs keeps its lock (watchdog) and finishes.
+// A sweep longer than 3 TTLs keeps its lock (watchdog) and finishes. The
+// lease is 5 s, as in lock's TestWatchdogKeepsLockPastThreeTTLs: renewals
+// every TTL/3 give each Redis call TTL/10, so with a 1 s lease a loaded
+// machine whose Redis answers slower than 100 ms for a moment loses it.
 func TestWatchdogKeepsLongSweepAlive(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	ids := e.insertPending(3)
 	e.markKeyDelivered(ids[0])
-	ttl := time.Second
+	ttl := 5 * time.Second
 	r := e.reconciler(Config{LockTTL: ttl})
 	r.hooks.beforeMark = func(ctx context.Context) {
 		select {

@@ -169,6 +169,32 @@ func TestReplayDryRunAndFilters(t *testing.T) {
 	}
 }
 
+// An event-type glob's other characters are literal, LIKE's own (_ and %)
+// included: deal_* lists and replays the row of type deal_funded, not the
+// deal.funded and deal.closed rows a LIKE '_' would also match.
+func TestDeadFiltersTakeLikeCharactersLiterally(t *testing.T) {
+	t.Parallel()
+	dsn, st := deadDB(t)
+	if _, err := st.Pool().Exec(context.Background(), `
+INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, attempts, last_error, dead_at)
+VALUES ('deal', '7', 'deal_funded', '{}', 25, 'refused', timestamptz '2026-11-20T13:00:00Z')`); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := cli(dsn, "dead", "list", "--event-type", "deal_*")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if code != 0 || len(lines) != 2 || !strings.HasPrefix(lines[1], "15 ") {
+		t.Errorf("dead list --event-type deal_*: exit %d, want only row 15 (deal_funded):\n%s%s", code, out, errs)
+	}
+	code, out, _ = cli(dsn, "dead", "list", "--event-type", "deal%*")
+	if code != 0 || strings.TrimSpace(out) != "no dead-lettered events" {
+		t.Errorf("dead list --event-type deal%%*: exit %d, want no rows:\n%s", code, out)
+	}
+	code, out, errs = cli(dsn, "replay", "--dead", "--dry-run", "--event-type", "deal_*")
+	if code != 0 || strings.TrimSpace(out) != "would requeue 1 dead-lettered events (dry run: nothing changed)" {
+		t.Errorf("replay --dry-run --event-type deal_*: exit %d %q %s, want 1 (row 15)", code, out, errs)
+	}
+}
+
 func TestDeadUsageErrorsExit2NamingTheFlag(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {

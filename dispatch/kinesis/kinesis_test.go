@@ -27,7 +27,7 @@ import (
 )
 
 // Tests run against kinesalite (npm), started per test on a loopback port
-// (internal/testenv); they skip when npm cannot install it.
+// (internal/testenv); they fail when it cannot be had.
 
 func TestMain(m *testing.M) { testkit.VerifyTestMain(m) }
 
@@ -258,6 +258,34 @@ func TestMissingStreamIsRetried(t *testing.T) {
 	if got := sinktest.Outcomes(s.Send(context.Background(), sinktest.Batch(evs[0], evs[2], evs[3]))); !slices.Equal(got,
 		[]dispatch.Outcome{dispatch.Delivered, dispatch.Delivered, dispatch.Delivered}) {
 		t.Fatalf("after the stream was created: %v", got)
+	}
+}
+
+// TestAnAggregateStopsAtItsFirstFailureInTheStream: with {event_type} in
+// the template one aggregate's events go to several streams. Aggregate a's
+// event 2 goes to a stream that does not exist (the call fails), aggregate
+// b's event 5 has a stream name Kinesis refuses; their later events (4, 6),
+// whose stream exists, are never written: the stream holds what the
+// results say was delivered, nothing more. Results alone cannot tell, as
+// later results of a failed aggregate read NotAttempted whatever was sent.
+func TestAnAggregateStopsAtItsFirstFailureInTheStream(t *testing.T) {
+	t.Parallel()
+	k := testenv.StartKinesalite(t)
+	createStream(t, k, "outbox.x", 1)
+	s := newSink(t, k, Config{Stream: "outbox.{event_type}"})
+	rs := s.Send(context.Background(), sinktest.Batch(sinktest.Typed(1, "a", "x"), sinktest.Typed(2, "a", "y"), sinktest.Typed(3, "b", "x"), sinktest.Typed(4, "a", "x"),
+		sinktest.Typed(5, "b", "bad~"), sinktest.Typed(6, "b", "x"), sinktest.Typed(7, "c", "x")))
+	want := []dispatch.Outcome{dispatch.Delivered, dispatch.Retryable, dispatch.Delivered, dispatch.NotAttempted,
+		dispatch.Permanent, dispatch.NotAttempted, dispatch.Delivered}
+	if got := sinktest.Outcomes(rs); !slices.Equal(got, want) {
+		t.Fatalf("outcomes %v, want %v (%v, %v)", got, want, rs[1].Err, rs[4].Err)
+	}
+	var got []string
+	for _, r := range read(t, k, "outbox.x") {
+		got = append(got, r.PartitionKey+":"+r.env.Headers["id"])
+	}
+	if fmt.Sprint(got) != "[order/a:1 order/b:3 order/c:7]" {
+		t.Errorf("outbox.x holds %v, want [order/a:1 order/b:3 order/c:7]: events 4 and 6 must not be written after their aggregate's 2 and 5 failed", got)
 	}
 }
 

@@ -15,6 +15,8 @@ import (
 
 	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"cloud.google.com/go/pubsub/v2/pstest"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/dispatch/internal/sinktest"
@@ -38,7 +40,14 @@ type emulator struct {
 
 func newEmulator(t testing.TB, topics ...string) *emulator {
 	t.Helper()
-	e := &emulator{t: t, srv: pstest.NewServerWithAddress("127.0.0.1:0")}
+	return newEmulatorWith(t, nil, topics...)
+}
+
+// newEmulatorWith is newEmulator with the server's reactors (pstest's
+// hooks on its calls).
+func newEmulatorWith(t testing.TB, opts []pstest.ServerReactorOption, topics ...string) *emulator {
+	t.Helper()
+	e := &emulator{t: t, srv: pstest.NewServerWithAddress("127.0.0.1:0", opts...)}
 	t.Cleanup(func() { _ = e.srv.Close() })
 	for _, tp := range topics {
 		e.createTopic(tp)
@@ -233,12 +242,7 @@ func TestOversizeIsPermanentAndTheKeyFlowsOn(t *testing.T) {
 func TestAnAggregateAcrossTopicsKeepsItsOrder(t *testing.T) {
 	e := newEmulator(t, "outbox.x")
 	s := e.sink(Config{Topic: "outbox.{event_type}"})
-	typed := func(id int64, agg, typ string) dispatch.Event {
-		ev := sinktest.Event(id, "order", agg)
-		ev.EventType = typ
-		return ev
-	}
-	rs := s.Send(context.Background(), sinktest.Batch(typed(1, "a", "x"), typed(2, "a", "y"), typed(3, "b", "x"), typed(4, "a", "x"), typed(5, "b", "x")))
+	rs := s.Send(context.Background(), sinktest.Batch(sinktest.Typed(1, "a", "x"), sinktest.Typed(2, "a", "y"), sinktest.Typed(3, "b", "x"), sinktest.Typed(4, "a", "x"), sinktest.Typed(5, "b", "x")))
 	want := []dispatch.Outcome{dispatch.Delivered, dispatch.Retryable, dispatch.Delivered, dispatch.NotAttempted, dispatch.Delivered}
 	if got := sinktest.Outcomes(rs); !slices.Equal(got, want) {
 		t.Fatalf("outcomes %v, want %v", got, want)
@@ -249,6 +253,79 @@ func TestAnAggregateAcrossTopicsKeepsItsOrder(t *testing.T) {
 	}
 	if fmt.Sprint(got) != "[order/a:1 order/b:3 order/b:5]" {
 		t.Errorf("outbox.x holds %v: event 4 must not be published after event 2 failed", got)
+	}
+}
+
+// held lists the ordering key and id of each message the emulator holds
+// for topic id, in publish order.
+func (e *emulator) held(id string) []string {
+	var out []string
+	for _, m := range e.messages(id) {
+		out = append(out, m.OrderingKey+":"+m.Attributes["id"])
+	}
+	return out
+}
+
+// TestARefusedEventStopsItsAggregateAtTheEmulator: an event whose topic
+// name Pub/Sub would refuse (event 2) is dead-lettered without being sent,
+// and its aggregate's later event (3), whose topic exists, is never
+// published: the emulator holds what the results say was delivered,
+// nothing more. Results alone cannot tell, as later results of a failed
+// aggregate read NotAttempted whatever was sent.
+func TestARefusedEventStopsItsAggregateAtTheEmulator(t *testing.T) {
+	e := newEmulator(t, "outbox.x")
+	s := e.sink(Config{Topic: "outbox.{event_type}"})
+	rs := s.Send(context.Background(), sinktest.Batch(sinktest.Typed(1, "a", "x"), sinktest.Typed(2, "a", "bad/type"), sinktest.Typed(3, "a", "x"), sinktest.Typed(4, "b", "x")))
+	want := []dispatch.Outcome{dispatch.Delivered, dispatch.Permanent, dispatch.NotAttempted, dispatch.Delivered}
+	if got := sinktest.Outcomes(rs); !slices.Equal(got, want) {
+		t.Fatalf("outcomes %v, want %v (%v)", got, want, rs[1].Err)
+	}
+	if got := e.held("outbox.x"); fmt.Sprint(got) != "[order/a:1 order/b:4]" {
+		t.Errorf("outbox.x holds %v, want [order/a:1 order/b:4]: event 3 must not be published after event 2 was refused", got)
+	}
+}
+
+// refuseID is a pstest reactor that refuses (PermissionDenied, which the
+// client does not retry) every publish request holding the message whose
+// id attribute is id.
+type refuseID struct{ id string }
+
+func (r refuseID) React(req any) (bool, any, error) {
+	if p, ok := req.(*pubsubpb.PublishRequest); ok && slices.ContainsFunc(p.Messages, func(m *pubsubpb.PubsubMessage) bool {
+		return m.Attributes["id"] == r.id
+	}) {
+		return false, nil, status.Error(codes.PermissionDenied, "refused by the test")
+	}
+	return false, nil, nil
+}
+
+// TestAFailedRequestStopsItsAggregatesLaterRequests: aggregate a's 1,001
+// events to one topic take two requests (1,000 messages at most each);
+// the service refuses the first. Event 1,001 of a, in the second request,
+// is never published; b's event in that request is.
+func TestAFailedRequestStopsItsAggregatesLaterRequests(t *testing.T) {
+	e := newEmulatorWith(t, []pstest.ServerReactorOption{{FuncName: "Publish", Reactor: refuseID{"1"}}}, "outbox.event.order")
+	s := e.sink(Config{})
+	var evs []dispatch.Event
+	for id := int64(1); id <= maxRequestMessages+1; id++ {
+		evs = append(evs, sinktest.Event(id, "order", "a"))
+	}
+	evs = append(evs, sinktest.Event(maxRequestMessages+2, "order", "b"))
+	rs := s.Send(context.Background(), sinktest.Batch(evs...))
+	for i, r := range rs {
+		want := dispatch.NotAttempted // a's after its first
+		switch {
+		case i == 0:
+			want = dispatch.Retryable
+		case i > maxRequestMessages:
+			want = dispatch.Delivered
+		}
+		if r.Outcome != want {
+			t.Fatalf("event %d: %v (%v), want %v", evs[i].ID, r.Outcome, r.Err, want)
+		}
+	}
+	if got := e.held("outbox.event.order"); fmt.Sprint(got) != "[order/b:1002]" {
+		t.Errorf("the topic holds %v, want [order/b:1002]: event 1001 must not be published after its aggregate's request failed", got)
 	}
 }
 

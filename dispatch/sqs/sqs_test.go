@@ -1,12 +1,19 @@
 package sqs
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	neturl "net/url"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -398,4 +405,88 @@ func TestBadConfigIsRefused(t *testing.T) {
 func ceWant(ev dispatch.Event) cetest.Want {
 	return cetest.Want{ID: ev.ID, Source: "outboxd", Type: ev.EventType, Time: ev.CreatedAt,
 		AggregateType: ev.AggregateType, AggregateID: ev.AggregateID, Data: string(ev.Payload)}
+}
+
+// TestAnEntryMissingFromTheAnswerIsRetried: moto behind a proxy that
+// removes entry "1" (event 2, aggregate 1's first) from the first
+// SendMessageBatch answer. An event the service did not answer for is not
+// known to be delivered: it is Retryable, saying so, and its aggregate's
+// next event (5) is NotAttempted and never sent; the other aggregates'
+// events are Delivered.
+func TestAnEntryMissingFromTheAnswerIsRetried(t *testing.T) {
+	t.Parallel()
+	m := testenv.StartMoto(t)
+	url := m.CreateQueue(t, "dropped", nil)
+	target, err := neturl.Parse(m.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dropped atomic.Bool
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	tr := &http.Transport{}
+	proxy.Transport = tr
+	proxy.ModifyResponse = func(resp *http.Response) error {
+		if resp.Request.Header.Get("X-Amz-Target") != "AmazonSQS.SendMessageBatch" || dropped.Load() {
+			return nil
+		}
+		var answer map[string]json.RawMessage
+		var ok []map[string]any
+		body, err := io.ReadAll(resp.Body)
+		if err == nil {
+			err = json.Unmarshal(body, &answer)
+		}
+		if err == nil {
+			err = json.Unmarshal(answer["Successful"], &ok)
+		}
+		if err != nil {
+			return fmt.Errorf("answer %s: %w", body, err)
+		}
+		ok = slices.DeleteFunc(ok, func(e map[string]any) bool { return e["Id"] == "1" })
+		answer["Successful"], _ = json.Marshal(ok)
+		body, _ = json.Marshal(answer)
+		dropped.Store(true)
+		resp.Body, resp.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+		resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
+		return nil
+	}
+	srv := httptest.NewServer(proxy)
+	t.Cleanup(func() { srv.Close(); tr.CloseIdleConnections() })
+
+	s, err := New(t.Context(), Config{QueueURL: url, Region: testenv.MotoRegion, Endpoint: srv.URL, Log: testkit.Logger(t),
+		Options: []func(*config.LoadOptions) error{config.WithCredentialsProvider(m.Credentials())}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	evs := events("order", 3, 2, 1) // round 1: events 1-3 (entries 0-2), round 2: events 4-6
+	out := s.Send(t.Context(), batch(evs))
+	if !dropped.Load() {
+		t.Fatal("the proxy saw no SendMessageBatch answer to drop an entry from")
+	}
+	for i, r := range out {
+		want := dispatch.Delivered
+		switch evs[i].ID {
+		case 2:
+			want = dispatch.Retryable
+		case 5:
+			want = dispatch.NotAttempted
+		}
+		if r.Outcome != want {
+			t.Errorf("event %d: %v %q (%v), want %v", evs[i].ID, r.Outcome, r.Ref, r.Err, want)
+		}
+	}
+	if err := out[1].Err; err == nil || !strings.Contains(err.Error(), "without this entry") || !strings.Contains(err.Error(), "event 2") {
+		t.Errorf("last_error %v: want it to say the answer left the event out", err)
+	}
+	if n, err := m.Count(t.Context(), url); err != nil || n != 5 {
+		t.Errorf("queue holds %d messages (%v), want 5: events 1-4 and 6 (event 2 arrived; its answer was lost)", n, err)
+	}
+	var ids []int
+	for _, msg := range m.Receive(t, url, 5) {
+		id, _ := strconv.Atoi(attrs(msg)["id"])
+		ids = append(ids, id)
+	}
+	if slices.Sort(ids); fmt.Sprint(ids) != "[1 2 3 4 6]" {
+		t.Errorf("queue holds events %v, want [1 2 3 4 6]: event 5 is sent only after event 2 is known delivered", ids)
+	}
 }

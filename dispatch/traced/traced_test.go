@@ -185,6 +185,37 @@ func TestSendSpansFollowTheRowsTraceAndAreInjected(t *testing.T) {
 	}
 }
 
+// A row's trace headers count whatever the case of their names, as HTTP
+// header names do: a "Traceparent" and "TraceState" parent the span as the
+// lower-case names would, and the sink sees the span's own context under
+// the lower-case names only.
+func TestRowsTraceHeadersAreFoundInAnyCase(t *testing.T) {
+	rec := &recorder{}
+	s, exp, tr := setup(t, rec)
+	ctx, call := tr.Start(context.Background(), "send")
+	out := s.Send(ctx, dispatch.Batch{Events: []dispatch.Event{event(1, "a", `{"Traceparent":"`+producer+`","TraceState":"`+state+`"}`)},
+		Token: 7, Until: until})
+	call.End()
+	if out[0].Outcome != dispatch.Delivered {
+		t.Fatalf("%v, want delivered", out[0].Outcome)
+	}
+	var sp tracetest.SpanStub
+	for _, s := range exp.GetSpans() {
+		if s.SpanKind == trace.SpanKindProducer {
+			sp = s
+		}
+	}
+	if got := sp.Parent; got.TraceID().String() != producerTrace || got.SpanID().String() != producerSpan || !got.IsRemote() {
+		t.Errorf("the span's parent = %v, want the row's Traceparent %s", got, producer)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	h := rec.headers[1]
+	if len(h) != 2 || h["traceparent"] != traceparentOf(sp.SpanContext) || h["tracestate"] != state {
+		t.Errorf("sent headers %s, want only traceparent %s and the row's tracestate", rec.raw[1], traceparentOf(sp.SpanContext))
+	}
+}
+
 // A failed event's span says so (status, error.type, the error); the
 // events after it in its aggregate end as not attempted; every span ends
 // once, and the caller's Done still hears every result.

@@ -81,6 +81,24 @@ func TestJudge(t *testing.T) {
 			t.Errorf("%s: Judge(%q, %s) = %s, want %s", c.name, c.found, c.pttl, got, c.want)
 		}
 	}
+	// A row older than DeliveredTTL: read as if written with the TTL, a bare
+	// "1" without one would date from after the row, yet nothing of
+	// outboxd's left it; only one still counting down its TTL is the row's.
+	old := now.Add(-DeliveredTTL - time.Hour)
+	oldFP := Fingerprint(old, "deal", "42", "deal.funded", Content{})
+	for _, c := range []struct {
+		name string
+		pttl time.Duration
+		want Verdict
+	}{
+		{"legacy 1 without a TTL on a row older than the TTL", -1, OtherRow},
+		{"legacy 1, key gone, on a row older than the TTL", -2, OtherRow},
+		{"legacy 1 with its TTL on a row older than the TTL", bare(time.Hour), ThisRow},
+	} {
+		if got := Judge(LegacyDelivered, c.pttl, oldFP, old, now); got != c.want {
+			t.Errorf("%s: Judge(%q, %s) = %s, want %s", c.name, LegacyDelivered, c.pttl, got, c.want)
+		}
+	}
 }
 
 // Judge and MarkCreatedAt are total over whatever a key may hold, and a

@@ -27,7 +27,8 @@ import (
 const KinesaliteVersion = "3.3.3"
 
 // ErrNoNPM: npm is not installed or the npm registry cannot be reached, so
-// kinesalite cannot be installed. Tests that need it skip, saying so.
+// kinesalite cannot be installed (scripts/kinesalite.sh installs it before
+// the tests). Tests that need it fail, saying so.
 var ErrNoNPM = errors.New("testenv: kinesalite is not installed and npm cannot install it")
 
 // KinesaliteDir is where kinesalite is installed: $OUTBOXD_KINESALITE_DIR,
@@ -139,16 +140,14 @@ func (k *Kinesalite) Stop() {
 }
 
 // StartKinesalite runs kinesalite for t on a free port, stopped at
-// cleanup; it skips t when npm cannot install kinesalite. kinesalite
+// cleanup. It fails t, never skips it, when kinesalite cannot be had: a
+// skipped Kinesis test would pass having checked nothing. kinesalite
 // accepts any AWS credentials, but requests must be signed.
 func StartKinesalite(t testing.TB) *Kinesalite {
 	t.Helper()
 	k, err := RunKinesalite(context.Background(), FreePort(t))
-	if errors.Is(err, ErrNoNPM) {
-		t.Skipf("kinesalite unavailable, Kinesis tests skipped: %v", err)
-	}
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v (scripts/kinesalite.sh installs kinesalite)", err)
 	}
 	t.Cleanup(k.Stop)
 	return k

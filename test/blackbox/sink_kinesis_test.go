@@ -12,8 +12,7 @@ import (
 
 // Black-box tests of dispatch.sink=kinesis: the built binary writes to
 // kinesalite (npm), started by the test on a loopback port; the test reads
-// the streams back shard by shard. They skip when npm cannot install
-// kinesalite.
+// the streams back shard by shard. They fail when kinesalite cannot be had.
 
 // kinesisEnv is an env whose replica writes to k with the default stream
 // template (outbox.event.{aggregate_type}) and the static credentials

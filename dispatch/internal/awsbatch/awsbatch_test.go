@@ -3,6 +3,7 @@ package awsbatch
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -85,5 +86,30 @@ func TestAttributesDropWhatAnAttributeCannotCarry(t *testing.T) {
 	}
 	if fmt.Sprint(dropped) != "[bad name empty odd outboxd-headers]" {
 		t.Errorf("dropped %v", dropped)
+	}
+}
+
+// TestAnswersFailAnEntryTheServiceLeftOut: the answers of a call of four
+// whose service named entry 0 accepted, entry 2 refused, entry 3 twice
+// over (ignoring an id out of range and one that is not a number): entry 1,
+// never named, is refused with NoAnswer, which SQS and SNS retry.
+func TestAnswersFailAnEntryTheServiceLeftOut(t *testing.T) {
+	id := func(s string) *string { return &s }
+	x := NewAnswers(4)
+	x.Accepted(id("0"), "m0")
+	x.Refused(id("2"), id("InternalError"), id("try again"), false)
+	x.Accepted(id("3"), "m3")
+	x.Accepted(id("3"), "m3")
+	x.Accepted(id("4"), "m4")
+	x.Accepted(id("x"), "mx")
+	list := x.List()
+	want := []Answer{{Ref: "m0"}, {Code: "NoAnswer", Message: "the service answered the call without this entry"},
+		{Code: "InternalError", Message: "try again"}, {Ref: "m3"}}
+	if !slices.Equal(list, want) {
+		t.Fatalf("answers %+v, want %+v", list, want)
+	}
+	s := NewSender(Sender{Service: "sqs", Target: `queue "q"`, Permanent: func(string) bool { return false }}, 1)
+	if r := s.entryResult(2, list[1]); r.Outcome != dispatch.Retryable || !strings.Contains(r.Err.Error(), "without this entry") {
+		t.Errorf("entry left out: %v (%v), want retryable, saying so", r.Outcome, r.Err)
 	}
 }

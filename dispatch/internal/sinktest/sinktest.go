@@ -54,6 +54,14 @@ func Payloads(gens ...[]dispatch.Event) []string {
 	return out
 }
 
+// Typed is Event(id, "order", agg) with event type typ, for a template
+// that names its destination by {event_type}.
+func Typed(id int64, agg, typ string) dispatch.Event {
+	ev := Event(id, "order", agg)
+	ev.EventType = typ
+	return ev
+}
+
 // Batch is events under Token with a trust deadline a minute away.
 func Batch(events ...dispatch.Event) dispatch.Batch {
 	until := time.Now().Add(time.Minute)
