@@ -186,6 +186,22 @@ type Webhook struct {
 	Secret     string        `mapstructure:"secret"`
 	SecretFile string        `mapstructure:"secret_file"`
 	Timeout    time.Duration `mapstructure:"timeout"`
+	// Headers are static request headers, name -> value (values are
+	// secrets: redacted); HeadersFile holds more, one "Name: value" a line.
+	Headers     map[string]string `mapstructure:"headers"`
+	HeadersFile string            `mapstructure:"headers_file"`
+	// SigningKey is a Standard Webhooks asymmetric key (whsk_...).
+	SigningKey     string     `mapstructure:"signing_key"`
+	SigningKeyFile string     `mapstructure:"signing_key_file"`
+	TLS            WebhookTLS `mapstructure:"tls"`
+}
+
+// WebhookTLS is the webhook's TLS to an https receiver: a CA bundle and a
+// client certificate (mTLS).
+type WebhookTLS struct {
+	CAFile   string `mapstructure:"ca_file"`
+	CertFile string `mapstructure:"cert_file"`
+	KeyFile  string `mapstructure:"key_file"`
 }
 
 type HTTP struct {
@@ -241,6 +257,7 @@ var secrets = []secret{
 	{key: "postgres.dsn", file: "postgres.dsn_file", section: PostgresSection, redact: RedactDSN},
 	{key: "redis.password", file: "redis.password_file", section: RedisSection, exclusive: true, redact: redactWhole},
 	{key: "dispatch.webhook.secret", file: "dispatch.webhook.secret_file", section: DispatchSection, exclusive: true, redact: redactWhole},
+	{key: "dispatch.webhook.signing_key", file: "dispatch.webhook.signing_key_file", section: DispatchSection, exclusive: true, redact: redactWhole},
 	{key: "dispatch.kafka.sasl.password", file: "dispatch.kafka.sasl.password_file", section: DispatchSection, exclusive: true, redact: redactWhole},
 	{key: "dispatch.webhook.url", section: DispatchSection, redact: RedactURL},
 	{key: "dispatch.nats.url", section: DispatchSection, redact: RedactURL},
@@ -410,6 +427,12 @@ func checkType(key string, val any) error {
 			if _, ok := val.(time.Duration); !ok {
 				return &KeyError{Key: key, Err: fmt.Errorf("want a duration such as \"30s\", got %v", val)}
 			}
+		}
+		return nil
+	}
+	if _, isMap := fields[tk].(map[string]string); isMap && !stringMapEntry(key) {
+		if val != nil && reflect.ValueOf(val).Kind() != reflect.Map {
+			return &KeyError{Key: key, Err: errors.New("want a map of names to values (from the environment: use the matching _file key)")}
 		}
 		return nil
 	}
@@ -716,6 +739,11 @@ func (c *Config) Redacted() map[string]any {
 			flat[sec.key] = sec.redact(v)
 		}
 	}
+	for k, v := range flat {
+		if m, ok := v.(map[string]string); ok {
+			flat[k] = redactValues(m)
+		}
+	}
 	flat[routesKey] = routesShown(c.Dispatch.Routes)
 	if !c.TopLevelDestination() {
 		// Routed, dispatch.sink unset: the top-level section is no
@@ -757,7 +785,7 @@ func walk(v reflect.Value, prefix string, out map[string]any) {
 			walk(f, name, out)
 			continue
 		}
-		if f.Kind() == reflect.Map && f.Len() > 0 {
+		if f.Kind() == reflect.Map && f.Type().Elem().Kind() == reflect.Pointer && f.Len() > 0 {
 			walkDestinations(f, name, out)
 			continue
 		}

@@ -70,6 +70,13 @@ func Defaults() map[string]any {
 		"dispatch.webhook.secret":                 "",
 		"dispatch.webhook.secret_file":            "",
 		"dispatch.webhook.timeout":                time.Duration(0), // follows poller.lock_ttl (config.WebhookTimeout)
+		"dispatch.webhook.headers":                map[string]string{},
+		"dispatch.webhook.headers_file":           "",
+		"dispatch.webhook.signing_key":            "",
+		"dispatch.webhook.signing_key_file":       "",
+		"dispatch.webhook.tls.ca_file":            "",
+		"dispatch.webhook.tls.cert_file":          "",
+		"dispatch.webhook.tls.key_file":           "",
 		"dispatch.kafka.brokers":                  []string{},
 		"dispatch.kafka.topic":                    kafka.DefaultTopic,
 		"dispatch.kafka.client_id":                kafka.DefaultClientID,
