@@ -30,6 +30,9 @@ type Config struct {
 	HTTP            HTTP          `mapstructure:"http"`
 	Log             Log           `mapstructure:"log"`
 	ShutdownTimeout time.Duration `mapstructure:"shutdown_timeout"`
+	// InstanceID names this replica as a lock holder (/status, `outboxd
+	// status`, the lock log lines' "holder").
+	InstanceID string `mapstructure:"instance_id"`
 
 	// sinkSet: dispatch.sink was set, not left at its default (see
 	// TopLevelDestination).
@@ -546,7 +549,24 @@ func (c *Config) Validate(sections ...Section) error {
 	if c.ShutdownTimeout <= 0 {
 		return bad("shutdown_timeout", "must be a positive duration, got %s", c.ShutdownTimeout)
 	}
+	if err := validateInstanceID(c.InstanceID); err != nil {
+		return err
+	}
 	return c.validateLog()
+}
+
+// validateInstanceID: printable ASCII without spaces, at most 253 bytes
+// (a DNS name's length: a host or pod name fits).
+func validateInstanceID(id string) error {
+	if id == "" || len(id) > 253 {
+		return bad("instance_id", "want 1..253 characters (default: the host name), got %d", len(id))
+	}
+	for i := range len(id) {
+		if id[i] <= ' ' || id[i] > '~' {
+			return bad("instance_id", "want printable ASCII without spaces, got %q", id)
+		}
+	}
+	return nil
 }
 
 func (c *Config) validatePostgres() error {

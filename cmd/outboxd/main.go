@@ -4,6 +4,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -219,13 +220,13 @@ func statusCmd(g *globals, stdout io.Writer) *cobra.Command {
 				return enc.Encode(st)
 			}
 			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "LOCK\tHOLDER (owner)\tTTL LEFT\tTOKEN ISSUED (redis)\tFENCE ACCEPTED (postgres)")
+			fmt.Fprintln(tw, "LOCK\tHOLDER (instance)\tOWNER\tTTL LEFT\tTOKEN ISSUED (redis)\tFENCE ACCEPTED (postgres)")
 			for _, l := range st.Locks {
-				holder, ttl := "-", "-"
+				holder, owner, ttl := "-", "-", "-"
 				if l.Owner != "" {
-					holder, ttl = l.Owner, (time.Duration(l.TTLMillis) * time.Millisecond).Round(100*time.Millisecond).String()
+					holder, owner, ttl = cmp.Or(l.Holder, "?"), l.Owner, (time.Duration(l.TTLMillis) * time.Millisecond).Round(100*time.Millisecond).String()
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\n", l.Name, holder, ttl, l.RedisCounter, l.FenceToken)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\n", l.Name, holder, owner, ttl, l.RedisCounter, l.FenceToken)
 			}
 			_ = tw.Flush()
 			for _, l := range st.Locks {
@@ -313,8 +314,8 @@ func replayCmd(g *globals, stdout io.Writer) *cobra.Command {
 			var held *lock.HolderError
 			switch {
 			case errors.As(err, &held):
-				return fmt.Errorf("%s is held by owner %s for %s more (a reconciliation is running); nothing was requeued: try again later or with a longer --lock-wait (waited %s)",
-					keys.ReconcileLock, held.Owner, held.TTL.Round(time.Second), lockWait)
+				return fmt.Errorf("%s is held by %s for %s more (a reconciliation is running); nothing was requeued: try again later or with a longer --lock-wait (waited %s)",
+					keys.ReconcileLock, held.Holder(), held.TTL.Round(time.Second), lockWait)
 			case errors.Is(err, store.ErrStaleFence):
 				return fmt.Errorf("replay stopped after requeuing %d events: %s was taken over by a newer holder, whose fence refused the replay's next write; the other rows are still dead: run the replay again: %w",
 					n, keys.ReconcileLock, err)
@@ -571,8 +572,8 @@ func reconcileCmd(g *globals, stdout io.Writer) *cobra.Command {
 			sum, err := rec.RunOnce(s.ctx, time.Now(), s.cfg.Poller.LockWait)
 			var held *lock.HolderError
 			if errors.As(err, &held) {
-				return fmt.Errorf("%s is held by owner %s for %s more; try again later", keys.ReconcileLock,
-					held.Owner, held.TTL.Round(time.Second))
+				return fmt.Errorf("%s is held by %s for %s more; try again later", keys.ReconcileLock,
+					held.Holder(), held.TTL.Round(time.Second))
 			}
 			if err != nil {
 				return err

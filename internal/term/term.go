@@ -10,7 +10,8 @@
 //   - raises Postgres' fence to the new token before the work starts, so the
 //     predecessor's writes are refused from then on;
 //   - logs "lock acquired", "lock lost" (once, however the term ended),
-//     "lock released" and "fence rejected", and counts fence rejections;
+//     "lock released" and "fence rejected" (with the token and the holder,
+//     Options.Instance), and counts fence rejections;
 //   - publishes the token for /status while the term is held;
 //   - bounds the work after the caller stops: the term's context is cancelled
 //     ShutdownTimeout after the caller's (stop fetching, finish in flight);
@@ -59,6 +60,9 @@ type Options struct {
 	ShutdownTimeout time.Duration
 	// QueryTimeout bounds the floor read and the fence claim; default TTL.
 	QueryTimeout time.Duration
+	// Instance names this replica as the holder (instance_id): recorded
+	// beside the lock (lock.Options.Instance) and logged as "holder".
+	Instance string
 }
 
 // Deps are what a seat acts on.
@@ -126,7 +130,7 @@ func (s *Seat) Run(ctx context.Context, wait time.Duration, work func(ctx contex
 		return errors.Join(ErrNotAcquired, err)
 	}
 	t := &Term{l: l, fence: store.Fence{Lock: s.name, Token: l.Token(), Owner: l.Owner()},
-		log: s.log.With("fencing_token", l.Token())}
+		log: s.log.With("fencing_token", l.Token(), "holder", s.opts.Instance)}
 	t.log.Info("lock acquired")
 	s.token.Store(l.Token())
 	defer s.release(ctx, t)
@@ -174,7 +178,7 @@ func (s *Seat) acquire(ctx context.Context, wait time.Duration) (*lock.Lock, err
 	if wait <= 0 {
 		wait = s.opts.Wait
 	}
-	return s.d.Locks.Acquire(ctx, s.name, lock.Options{TTL: s.opts.TTL, Wait: wait, Floor: floor})
+	return s.d.Locks.Acquire(ctx, s.name, lock.Options{TTL: s.opts.TTL, Wait: wait, Floor: floor, Instance: s.opts.Instance})
 }
 
 // release ends the term: however it ended (a refused write, a failed

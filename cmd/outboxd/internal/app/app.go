@@ -224,7 +224,7 @@ func (a *App) pollerConfig() poller.Config {
 		MaxAttempts: c.MaxAttempts, ClaimTTL: c.ClaimTTL,
 		BackoffBase: c.BackoffBase, BackoffMax: c.BackoffMax, ShutdownTimeout: a.Cfg.ShutdownTimeout,
 		MaxPayloadBytes: int64(c.MaxPayloadBytes), BatchMaxBytes: int64(c.BatchMaxBytes),
-		KeyPrefix: a.Cfg.Redis.KeyPrefix, Notify: c.Notify, GapWait: c.GapWait,
+		KeyPrefix: a.Cfg.Redis.KeyPrefix, Notify: c.Notify, GapWait: c.GapWait, Instance: a.Cfg.InstanceID,
 	}
 }
 
@@ -234,6 +234,7 @@ func (a *App) Reconciler() (*reconcile.Reconciler, error) {
 	return reconcile.New(reconcile.Config{
 		Schedule: c.Schedule, LockTTL: c.LockTTL, Retention: c.Retention, DeadRetention: c.DeadRetention,
 		BatchSize: c.BatchSize, ShutdownTimeout: a.Cfg.ShutdownTimeout, KeyPrefix: a.Cfg.Redis.KeyPrefix,
+		Instance: a.Cfg.InstanceID,
 	}, reconcile.Deps{Store: a.Store, Locks: a.Locks, Redis: a.KV, Log: a.Log, Metrics: a.Metrics})
 }
 
@@ -401,6 +402,7 @@ type LockStatus struct {
 	HeldByMe     bool   `json:"held_by_this_replica"`
 	Token        int64  `json:"token,omitempty"`
 	Owner        string `json:"owner,omitempty"`
+	Holder       string `json:"holder,omitempty"` // the holder's instance_id
 	TTLMillis    int64  `json:"ttl_ms,omitempty"`
 	FenceToken   int64  `json:"postgres_fence_token"`
 	RedisCounter int64  `json:"redis_fence_counter"`
@@ -465,11 +467,11 @@ func (a *App) status(ctx context.Context, held map[string]func() int64, built ma
 		if f := held[name]; f != nil && f() > 0 {
 			ls.HeldByMe, ls.Token = true, f()
 		}
-		owner, ttl, err := a.Locks.Holder(ctx, name)
+		h, err := a.Locks.Holder(ctx, name)
 		if err != nil && !errors.Is(err, lock.ErrCorrupt) {
 			return Status{}, fmt.Errorf("redis: %w", err)
 		}
-		ls.Owner, ls.TTLMillis = owner, ttl.Milliseconds()
+		ls.Owner, ls.Holder, ls.TTLMillis = h.Owner, h.Instance, h.TTL.Milliseconds()
 		counter, cerr := a.Locks.LastToken(ctx, name)
 		ls.RedisCounter = counter
 		// A corrupted key stops every replica from leading: show it here,

@@ -2,6 +2,7 @@ package app
 
 import (
 	"fmt"
+	"os"
 	"slices"
 	"time"
 
@@ -123,10 +124,21 @@ func Defaults() map[string]any {
 		"log.level":                               "info",
 		"log.format":                              "json",
 		"shutdown_timeout":                        poller.DefaultShutdownTimeout,
+		"instance_id":                             hostname(),
 
 		// A destination template may start with a placeholder only when set.
 		"dispatch.allow_row_prefixed_destinations": false,
 	}
+}
+
+// hostname is instance_id's default: the host name (in Kubernetes, the
+// pod's name); "outboxd" when the system names none.
+func hostname() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "outboxd"
+	}
+	return h
 }
 
 // LoadConfig loads the configuration (file, environment, sets; see
