@@ -360,7 +360,7 @@ func classify(id int64, resp *http.Response, body []byte, now time.Time) error {
 	if len(bytes.TrimSpace(body)) > 0 {
 		msg += fmt.Sprintf(": %q", Clip(string(bytes.TrimSpace(body)), 200))
 	}
-	err := &Error{Err: errors.New(msg)}
+	err := &Error{Err: errors.New(msg), Status: code}
 	switch {
 	case code == http.StatusMovedPermanently, code == http.StatusPermanentRedirect:
 		err.Permanent = true // the URL is wrong for good: fix dispatch.webhook.url, then replay

@@ -2,9 +2,12 @@ package blackbox
 
 import (
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outboxd/outboxd/internal/testkit"
 )
 
 // instance_id names the holder wherever the holder is shown: the lock log
@@ -50,4 +53,64 @@ func TestInstanceIDNamesTheLockHolder(t *testing.T) {
 	if len(rep.logsMatching(holderLine("lock released"))) != 1 {
 		t.Fatalf("no lock released line with holder relay-7; logs:\n%s", rep.tail(20))
 	}
+}
+
+// metricLine is the value of the series exactly as written in /metrics
+// (name{labels}), and whether it is there.
+func metricLine(body, series string) (float64, bool) {
+	for _, l := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(l, series+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			return f, err == nil
+		}
+	}
+	return 0, false
+}
+
+// The operators' series: every counter is there from the start at 0 (the
+// lock and reconciliation ones included); a failure carries its reason
+// (a 500 is http_5xx, a 404 http_4xx) and the destination; a dead letter
+// its destination; each send's duration is a histogram by destination and
+// outcome; outboxd_build_info says which build runs.
+func TestOperatorsMetrics(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	rc := newRecorder(t, func(req testkit.Request) testkit.Reply {
+		switch req.Agg {
+		case "retry/1":
+			return testkit.Reply{Status: 500}
+		case "gone/1":
+			return testkit.Reply{Status: 404}
+		}
+		return testkit.Reply{}
+	})
+	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL())
+	rep := e.start()
+	_, body := rep.get("/metrics")
+	for _, s := range []string{
+		`outboxd_lock_losses_total{lock="lock:outbox:poller"}`, `outboxd_lock_renew_failures_total{lock="lock:reconciliation"}`,
+		`outboxd_reconcile_runs_total{result="failed"}`, `outboxd_reconcile_rows_total{sweep="purged_dead"}`,
+		`outboxd_dispatch_failures_total{destination="default",reason="timeout"}`, `outboxd_dead_lettered_total{destination="default"}`,
+		`outboxd_send_duration_seconds_count{destination="default",outcome="retryable"}`,
+	} {
+		if v, ok := metricLine(body, s); !ok || v != 0 {
+			t.Errorf("at start: %s = %v (there: %v), want 0", s, v, ok)
+		}
+	}
+	if !strings.Contains(body, `outboxd_build_info{commit=`) {
+		t.Errorf("no outboxd_build_info in /metrics")
+	}
+	e.insert("ok", "1", `{}`, "")
+	e.insert("retry", "1", `{}`, "")
+	e.insert("gone", "1", `{}`, "")
+	waitFor(t, "the failures counted by reason", func() bool {
+		_, body = rep.get("/metrics")
+		f5, _ := metricLine(body, `outboxd_dispatch_failures_total{destination="default",reason="http_5xx"}`)
+		f4, _ := metricLine(body, `outboxd_dispatch_failures_total{destination="default",reason="http_4xx"}`)
+		dead, _ := metricLine(body, `outboxd_dead_lettered_total{destination="default"}`)
+		ok, _ := metricLine(body, `outboxd_send_duration_seconds_count{destination="default",outcome="delivered"}`)
+		retry, _ := metricLine(body, `outboxd_send_duration_seconds_count{destination="default",outcome="retryable"}`)
+		perm, _ := metricLine(body, `outboxd_send_duration_seconds_count{destination="default",outcome="permanent"}`)
+		return f5 >= 1 && f4 == 1 && dead == 1 && ok >= 1 && retry >= 1 && perm == 1
+	}, func() string { return body })
 }

@@ -15,10 +15,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/httpapi"
+
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/internal/keys"
@@ -155,7 +157,7 @@ func (a *App) Sink() (dispatch.Sink, error) {
 	for i, b := range built {
 		names[i] = b.Name
 	}
-	a.Metrics.Destinations(names...)
+	a.Metrics.Destinations(names, dispatch.FailureReasons, dispatch.SendOutcomes)
 	if len(built) == 1 && built[0].Name == dispatch.DefaultDestination {
 		return built[0].Sink, nil // every event goes there: no routing
 	}
@@ -185,7 +187,11 @@ func (a *App) buildSink(d destination) (dispatch.Sink, error) {
 	if err != nil {
 		return nil, err
 	}
-	return a.traced(d, s), nil // the one place every sink gets its send spans
+	// The one place every sink gets its send spans and its send durations.
+	send := a.Metrics.SendDuration.MustCurryWith(prometheus.Labels{"destination": d.name})
+	return dispatch.Timed(a.traced(d, s), func(outcome string, took time.Duration) {
+		send.WithLabelValues(outcome).Observe(took.Seconds())
+	}), nil
 }
 
 // sinksOf are the destinations' sinks by name: a Router's, or sink
