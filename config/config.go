@@ -210,6 +210,10 @@ type WebhookTLS struct {
 type HTTP struct {
 	Addr  string `mapstructure:"addr"`
 	Pprof bool   `mapstructure:"pprof"` // serve /debug/pprof/ on http.addr (profiling; off by default)
+	// AuthToken, when set, is the bearer token /metrics, /status and /dead
+	// require (a secret); AuthTokenFile reads it from a file.
+	AuthToken     string `mapstructure:"auth_token"`
+	AuthTokenFile string `mapstructure:"auth_token_file"`
 }
 
 type Log struct {
@@ -262,6 +266,7 @@ var secrets = []secret{
 	{key: "dispatch.webhook.secret", file: "dispatch.webhook.secret_file", section: DispatchSection, exclusive: true, redact: redactWhole},
 	{key: "dispatch.webhook.signing_key", file: "dispatch.webhook.signing_key_file", section: DispatchSection, exclusive: true, redact: redactWhole},
 	{key: "dispatch.kafka.sasl.password", file: "dispatch.kafka.sasl.password_file", section: DispatchSection, exclusive: true, redact: redactWhole},
+	{key: "http.auth_token", file: "http.auth_token_file", section: HTTPSection, exclusive: true, redact: redactWhole},
 	{key: "dispatch.webhook.url", section: DispatchSection, redact: RedactURL},
 	{key: "dispatch.nats.url", section: DispatchSection, redact: RedactURL},
 	{key: "dispatch.rabbitmq.url", section: DispatchSection, redact: RedactURL},
@@ -533,6 +538,7 @@ func (c *Config) Validate(sections ...Section) error {
 		{RedisSection, c.validateRedis},
 		{PollerSection, c.validatePoller},
 		{ReconcileSection, c.validateReconcile},
+		{HTTPSection, c.validateAuthToken},
 	} {
 		if !uses(sections, v.section) {
 			continue
@@ -564,6 +570,17 @@ func validateInstanceID(id string) error {
 	for i := range len(id) {
 		if id[i] <= ' ' || id[i] > '~' {
 			return bad("instance_id", "want printable ASCII without spaces, got %q", id)
+		}
+	}
+	return nil
+}
+
+// validateAuthToken: a bearer token is one header word: no spaces or
+// control characters (the message never shows it).
+func (c *Config) validateAuthToken() error {
+	for _, r := range c.HTTP.AuthToken {
+		if r <= ' ' || r == 0x7f {
+			return &KeyError{Key: c.SourceKey("http.auth_token"), Err: errors.New("holds a space or a control character; a bearer token is one word")}
 		}
 	}
 	return nil

@@ -2,6 +2,10 @@ package blackbox
 
 import (
 	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -113,4 +117,58 @@ func TestOperatorsMetrics(t *testing.T) {
 		perm, _ := metricLine(body, `outboxd_send_duration_seconds_count{destination="default",outcome="permanent"}`)
 		return f5 >= 1 && f4 == 1 && dead == 1 && ok >= 1 && retry >= 1 && perm == 1
 	}, func() string { return body })
+}
+
+// getWith fetches path on the replica's operations port with an
+// Authorization header ("" sends none): status and body.
+func (r *replica) getWith(path, authorization string) (int, string) {
+	req, err := http.NewRequest(http.MethodGet, "http://"+r.addr+path, nil)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if authorization != "" {
+		req.Header.Set("Authorization", authorization)
+	}
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// With http.auth_token_file, /metrics, /status and /dead answer 401
+// without the bearer token (or with another one) and 200 with it; /livez
+// and /readyz stay open; `outboxd config` does not show the token.
+func TestHTTPAuthToken(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte("s3cret-op-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.set("OUTBOXD_HTTP_AUTH_TOKEN_FILE", file, "OUTBOXD_DISPATCH_SINK", "noop")
+	rep := e.start()
+	for _, path := range []string{"/metrics", "/status", "/dead"} {
+		for _, bad := range []string{"", "Bearer wrong", "Bearer s3cret-op-toke", "Basic czNjcmV0LW9wLXRva2Vu", "s3cret-op-token"} {
+			if code, body := rep.getWith(path, bad); code != http.StatusUnauthorized || strings.Contains(body, "outboxd_") {
+				t.Errorf("%s with Authorization %q: %d, want 401: %s", path, bad, code, trunc(body, 200))
+			}
+		}
+		if code, body := rep.getWith(path, "Bearer s3cret-op-token"); code != http.StatusOK {
+			t.Errorf("%s with the token: %d, want 200: %s", path, code, trunc(body, 200))
+		}
+	}
+	for _, path := range []string{"/livez", "/readyz"} {
+		if code, _ := rep.getWith(path, ""); code != http.StatusOK {
+			t.Errorf("%s without a token: %d, want 200", path, code)
+		}
+	}
+	if res := runBinary(t, e.vars, 30*time.Second, "config"); res.code != 0 || strings.Contains(res.stdout+res.stderr, "s3cret-op-token") {
+		t.Fatalf("outboxd config: want exit 0 without the token: %s", res)
+	}
+	for _, l := range rep.logsMatching(func(line string, _ map[string]any) bool { return strings.Contains(line, "s3cret-op-token") }) {
+		t.Errorf("the token is in a log line: %s", l)
+	}
 }

@@ -282,6 +282,7 @@ func (a *App) Run(ctx context.Context) error {
 		Registry:     a.Metrics.Registry,
 		BeforeScrape: a.refreshBacklog,
 		Pprof:        a.Cfg.HTTP.Pprof,
+		AuthToken:    a.Cfg.HTTP.AuthToken,
 		Dead:         a.Store,
 		Status: func(ctx context.Context) (any, error) {
 			st, err := a.status(ctx, map[string]func() int64{keys.PollerLock: p.HeldToken, keys.ReconcileLock: rec.HeldToken}, sinksOf(sink))

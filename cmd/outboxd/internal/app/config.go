@@ -121,6 +121,8 @@ func Defaults() map[string]any {
 		"dispatch.cloudevents_mode":               dispatch.CloudEventsBinary,
 		"http.addr":                               DefaultHTTPAddr,
 		"http.pprof":                              false,
+		"http.auth_token":                         "",
+		"http.auth_token_file":                    "",
 		"log.level":                               "info",
 		"log.format":                              "json",
 		"shutdown_timeout":                        poller.DefaultShutdownTimeout,
