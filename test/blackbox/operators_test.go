@@ -1,6 +1,7 @@
 package blackbox
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -170,5 +171,63 @@ func TestHTTPAuthToken(t *testing.T) {
 	}
 	for _, l := range rep.logsMatching(func(line string, _ map[string]any) bool { return strings.Contains(line, "s3cret-op-token") }) {
 		t.Errorf("the token is in a log line: %s", l)
+	}
+}
+
+// `outboxd dead discard` removes exactly the dead rows its filters select,
+// printing each, under lock:reconciliation; --dry-run counts them and
+// changes nothing; no filter needs --all; pending and delivered rows are
+// never touched, and a reconciliation brings nothing back.
+func TestDeadDiscardRemovesExactlyTheFilteredRows(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	if _, err := e.pool.Exec(context.Background(), `
+INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, attempts, last_error, dead_at)
+SELECT 'deal', (g % 2)::text, CASE WHEN g % 3 = 0 THEN 'deal.funded' ELSE 'deal.closed' END,
+  jsonb_build_object('n', g), 25, 'receiver answered 503', now() - g * interval '1 minute'
+FROM generate_series(1, 12) g;
+INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('deal', '1', 'deal.funded', '{}');
+INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, dispatched_at) VALUES ('deal', '1', 'deal.funded', '{}', now())`); err != nil {
+		t.Fatal(err)
+	}
+	ids := func(where string) []string {
+		var out []string
+		for _, r := range e.rows(where) {
+			out = append(out, strconv.FormatInt(r.ID, 10))
+		}
+		return out
+	}
+	funded := ids("dead_at IS NOT NULL AND event_type = 'deal.funded' AND aggregate_id = '1'")
+	keep := ids("NOT (dead_at IS NOT NULL AND event_type = 'deal.funded' AND aggregate_id = '1')")
+	if len(funded) != 2 || len(keep) != 12 {
+		t.Fatalf("setup: %d to discard, %d to keep", len(funded), len(keep))
+	}
+	filters := []string{"dead", "discard", "--event-type", "deal.fun*", "--aggregate", "deal/1"}
+
+	res := runBinary(t, e.vars, 30*time.Second, append(filters, "--dry-run")...)
+	if res.code != 0 || !strings.Contains(res.stdout, "would discard 2 dead-lettered events") || len(ids("true")) != 14 {
+		t.Fatalf("dry run: %s; rows now %d, want 14", res, len(ids("true")))
+	}
+	if res := runBinary(t, e.vars, 30*time.Second, "dead", "discard"); res.code != 2 || !strings.Contains(res.stderr, "--all") {
+		t.Fatalf("discard without a filter: %s, want exit 2 naming --all", res)
+	}
+
+	res = runBinary(t, e.vars, 30*time.Second, filters...)
+	if res.code != 0 || !strings.Contains(res.stdout, "discarded 2 dead-lettered events") {
+		t.Fatalf("discard: %s", res)
+	}
+	for _, id := range funded {
+		if !strings.Contains(res.stdout, "discarded "+id+" deal/1 deal.funded\n") {
+			t.Errorf("discard does not print row %s: %s", id, res.stdout)
+		}
+	}
+	if got := ids("true"); strings.Join(got, ",") != strings.Join(keep, ",") {
+		t.Fatalf("rows left %v, want exactly %v", got, keep)
+	}
+	if res := runBinary(t, e.vars, 60*time.Second, "reconcile", "--once"); res.code != 0 {
+		t.Fatalf("reconcile --once: %s", res)
+	}
+	if got := ids("true"); strings.Join(got, ",") != strings.Join(keep, ",") {
+		t.Fatalf("after a reconciliation rows are %v, want exactly %v", got, keep)
 	}
 }
