@@ -30,6 +30,9 @@ type Config struct {
 	HTTP            HTTP          `mapstructure:"http"`
 	Log             Log           `mapstructure:"log"`
 	ShutdownTimeout time.Duration `mapstructure:"shutdown_timeout"`
+	// InstanceID names this replica as a lock holder (/status, `outboxd
+	// status`, the lock log lines' "holder").
+	InstanceID string `mapstructure:"instance_id"`
 
 	// sinkSet: dispatch.sink was set, not left at its default (see
 	// TopLevelDestination).
@@ -186,11 +189,31 @@ type Webhook struct {
 	Secret     string        `mapstructure:"secret"`
 	SecretFile string        `mapstructure:"secret_file"`
 	Timeout    time.Duration `mapstructure:"timeout"`
+	// Headers are static request headers, name -> value (values are
+	// secrets: redacted); HeadersFile holds more, one "Name: value" a line.
+	Headers     map[string]string `mapstructure:"headers"`
+	HeadersFile string            `mapstructure:"headers_file"`
+	// SigningKey is a Standard Webhooks asymmetric key (whsk_...).
+	SigningKey     string     `mapstructure:"signing_key"`
+	SigningKeyFile string     `mapstructure:"signing_key_file"`
+	TLS            WebhookTLS `mapstructure:"tls"`
+}
+
+// WebhookTLS is the webhook's TLS to an https receiver: a CA bundle and a
+// client certificate (mTLS).
+type WebhookTLS struct {
+	CAFile   string `mapstructure:"ca_file"`
+	CertFile string `mapstructure:"cert_file"`
+	KeyFile  string `mapstructure:"key_file"`
 }
 
 type HTTP struct {
 	Addr  string `mapstructure:"addr"`
 	Pprof bool   `mapstructure:"pprof"` // serve /debug/pprof/ on http.addr (profiling; off by default)
+	// AuthToken, when set, is the bearer token /metrics, /status and /dead
+	// require (a secret); AuthTokenFile reads it from a file.
+	AuthToken     string `mapstructure:"auth_token"`
+	AuthTokenFile string `mapstructure:"auth_token_file"`
 }
 
 type Log struct {
@@ -250,7 +273,9 @@ var secrets = []secret{
 	{key: "postgres.dsn", file: "postgres.dsn_file", section: PostgresSection, redact: RedactDSN},
 	{key: "redis.password", file: "redis.password_file", section: RedisSection, exclusive: true, redact: redactWhole},
 	{key: "dispatch.webhook.secret", file: "dispatch.webhook.secret_file", section: DispatchSection, exclusive: true, redact: redactWhole},
+	{key: "dispatch.webhook.signing_key", file: "dispatch.webhook.signing_key_file", section: DispatchSection, exclusive: true, redact: redactWhole},
 	{key: "dispatch.kafka.sasl.password", file: "dispatch.kafka.sasl.password_file", section: DispatchSection, exclusive: true, redact: redactWhole},
+	{key: "http.auth_token", file: "http.auth_token_file", section: HTTPSection, exclusive: true, redact: redactWhole},
 	{key: "dispatch.webhook.url", section: DispatchSection, redact: RedactURL},
 	{key: "dispatch.nats.url", section: DispatchSection, redact: RedactURL},
 	{key: "dispatch.rabbitmq.url", section: DispatchSection, redact: RedactURL},
@@ -422,6 +447,12 @@ func checkType(key string, val any) error {
 		}
 		return nil
 	}
+	if _, isMap := fields[tk].(map[string]string); isMap && !stringMapEntry(key) {
+		if val != nil && reflect.ValueOf(val).Kind() != reflect.Map {
+			return &KeyError{Key: key, Err: errors.New("want a map of names to values (from the environment: use the matching _file key)")}
+		}
+		return nil
+	}
 	if !isString {
 		return nil
 	}
@@ -517,6 +548,7 @@ func (c *Config) Validate(sections ...Section) error {
 		{PollerSection, c.validatePoller},
 		{ReconcileSection, c.validateReconcile},
 		{HTTPSection, c.validateHTTP},
+		{HTTPSection, c.validateAuthToken},
 	} {
 		if !uses(sections, v.section) {
 			continue
@@ -533,7 +565,35 @@ func (c *Config) Validate(sections ...Section) error {
 	if c.ShutdownTimeout <= 0 {
 		return bad("shutdown_timeout", "must be a positive duration, got %s", c.ShutdownTimeout)
 	}
+	if err := validateInstanceID(c.InstanceID); err != nil {
+		return err
+	}
 	return c.validateLog()
+}
+
+// validateInstanceID: printable ASCII without spaces, at most 253 bytes
+// (a DNS name's length: a host or pod name fits).
+func validateInstanceID(id string) error {
+	if id == "" || len(id) > 253 {
+		return bad("instance_id", "want 1..253 characters (default: the host name), got %d", len(id))
+	}
+	for i := range len(id) {
+		if id[i] <= ' ' || id[i] > '~' {
+			return bad("instance_id", "want printable ASCII without spaces, got %q", id)
+		}
+	}
+	return nil
+}
+
+// validateAuthToken: a bearer token is one header word: no spaces or
+// control characters (the message never shows it).
+func (c *Config) validateAuthToken() error {
+	for _, r := range c.HTTP.AuthToken {
+		if r <= ' ' || r == 0x7f {
+			return &KeyError{Key: c.SourceKey("http.auth_token"), Err: errors.New("holds a space or a control character; a bearer token is one word")}
+		}
+	}
+	return nil
 }
 
 func (c *Config) validatePostgres() error {
@@ -754,6 +814,11 @@ func (c *Config) Redacted() map[string]any {
 			flat[sec.key] = sec.redact(v)
 		}
 	}
+	for k, v := range flat {
+		if m, ok := v.(map[string]string); ok {
+			flat[k] = redactValues(m)
+		}
+	}
 	flat[routesKey] = routesShown(c.Dispatch.Routes)
 	if !c.TopLevelDestination() {
 		// Routed, dispatch.sink unset: the top-level section is no
@@ -795,7 +860,7 @@ func walk(v reflect.Value, prefix string, out map[string]any) {
 			walk(f, name, out)
 			continue
 		}
-		if f.Kind() == reflect.Map && f.Len() > 0 {
+		if f.Kind() == reflect.Map && f.Type().Elem().Kind() == reflect.Pointer && f.Len() > 0 {
 			walkDestinations(f, name, out)
 			continue
 		}

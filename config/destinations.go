@@ -102,7 +102,26 @@ func typeKey(key string) (string, bool) {
 	if _, mirror, ok := destinationKey(key); ok {
 		return mirror, true
 	}
+	if stringMapEntry(key) {
+		tk, _ := typeKey(key[:strings.LastIndex(key, ".")])
+		return tk, true
+	}
 	return "", false
+}
+
+// stringMapEntry: key is one entry of a map of strings
+// (dispatch.webhook.headers.<name>, a destination's likewise).
+func stringMapEntry(key string) bool {
+	i := strings.LastIndex(key, ".")
+	if i < 0 {
+		return false
+	}
+	tk, ok := typeKey(key[:i])
+	if !ok {
+		return false
+	}
+	_, isMap := fields[tk].(map[string]string)
+	return isMap
 }
 
 // setDestinationDefaults gives every destination named in v each dispatch

@@ -61,6 +61,16 @@ func redactQuery(q string) string {
 	return b.String()
 }
 
+// redactValues is m with every value redacted (static headers: an API
+// key, a bearer token); the names stay.
+func redactValues(m map[string]string) map[string]string {
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[k] = redactWhole(v)
+	}
+	return out
+}
+
 func secretParam(rawName string) bool {
 	name, err := url.QueryUnescape(rawName)
 	if err != nil {

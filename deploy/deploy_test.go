@@ -383,7 +383,7 @@ func exported(t *testing.T) map[string]bool {
 	m.LockWait.WithLabelValues("x")
 	m.ReconcileRuns.WithLabelValues("x")
 	m.ReconcileSwept.WithLabelValues("x")
-	m.Destinations("x")
+	m.Destinations([]string{"x"}, []string{"x"}, []string{"x"})
 	fams, err := m.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -404,7 +404,7 @@ func TestAlertsAndDashboardQueryExportedMetrics(t *testing.T) {
 	have := exported(t)
 	rules := get(docs(t, "prometheus/alerts.yaml")[0], "groups").([]any)[0].(map[string]any)["rules"].([]any)
 	want := map[string]bool{"OutboxdNoLeader": false, "OutboxdMoreThanOneLeader": false, "OutboxdOldestPendingTooOld": false, "OutboxdSequenceRewind": false,
-		"OutboxdFenceRejections": false, "OutboxdDeadLetters": false}
+		"OutboxdFenceRejections": false, "OutboxdDeadLetters": false, "OutboxdNotScraped": false}
 	for _, r := range rules {
 		name, _ := get(r, "alert").(string)
 		want[name] = true
@@ -416,6 +416,9 @@ func TestAlertsAndDashboardQueryExportedMetrics(t *testing.T) {
 			if !have[m] {
 				t.Errorf("alert %s queries %s, which outboxd does not export", name, m)
 			}
+		}
+		if name == "OutboxdNotScraped" && !strings.HasPrefix(expr, "absent(") {
+			t.Errorf("alert %s: %q, want absent(...): it fires when no replica is scraped at all", name, expr)
 		}
 	}
 	for name, ok := range want {

@@ -71,6 +71,19 @@ type Batch struct {
 	// the Result it will also return; a sink that sends the batch at once
 	// may ignore it (the caller reads what Send returns). It must be cheap.
 	Done func(i int, r Result)
+	// Sent, if set, is told how long each event's own send took (the
+	// request alone, not the wait behind earlier events of its aggregate),
+	// with its result, right before Done. Only a sink that sends events
+	// one by one (PerEvent) calls it; a sink that sends the batch at once
+	// does not (see Timed). It must be cheap and safe for concurrent use.
+	Sent func(i int, r Result, took time.Duration)
+}
+
+// sent reports event i's send to b.Sent, if set.
+func (b Batch) sent(i int, r Result, took time.Duration) {
+	if b.Sent != nil {
+		b.Sent(i, r, took)
+	}
 }
 
 // done reports event i's result to b.Done, if set.
@@ -172,6 +185,7 @@ type Sink interface {
 // Error is a failed delivery with the sink's advice; SendFunc returns it.
 type Error struct {
 	Err        error
+	Status     int           // the receiver's HTTP status (webhook); 0 for none
 	Permanent  bool          // retrying will not help: dead-letter now
 	RetryAfter time.Duration // the receiver asked to wait at least this long
 	Unanswered bool          // written, and no final answer came (Result.Unanswered)

@@ -71,7 +71,9 @@ func (p *perEvent) sendAggregate(ctx context.Context, b Batch, idx []int, out []
 			return
 		}
 		sctx, cancel := context.WithDeadline(ctx, until)
+		start := time.Now()
 		err := p.send(sctx, b.Events[i], b.Token)
+		took := time.Since(start)
 		// Read before cancel, which sets it. Past the deadline the webhook
 		// refuses to write (ErrDeadlinePassed), maybe before the context's
 		// timer fired: that is the deadline's doing too, not the receiver's.
@@ -80,11 +82,13 @@ func (p *perEvent) sendAggregate(ctx context.Context, b Batch, idx []int, out []
 		if err != nil {
 			out[i] = Failed(err)
 			out[i].Cut = cut
+			b.sent(i, out[i], took)
 			b.done(i, out[i])
 			notAttempted(b, idx[k+1:])
 			return
 		}
 		out[i].Outcome = Delivered
+		b.sent(i, out[i], took)
 		b.done(i, out[i])
 	}
 }

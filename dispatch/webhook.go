@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/ed25519"
 	"crypto/hmac"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -35,7 +37,23 @@ type WebhookConfig struct {
 	// contract's JSON envelope), or sends the event as
 	// application/cloudevents+json (structured mode; data = the payload).
 	CloudEvents CloudEvents
+	// Headers are static request headers (an API key, a tenant): each
+	// request carries them; a header of the webhook's own is refused
+	// (CheckStaticHeader).
+	Headers map[string]string
+	// SigningKey adds a Standard Webhooks asymmetric signature (v1a,
+	// ed25519; ParseSigningKey) beside any v1 HMAC signatures.
+	SigningKey string
+	// TLS configures the connection to an https receiver (a custom CA, a
+	// client certificate); nil: the system roots, no client certificate.
+	// Ignored with Client.
+	TLS *tls.Config
+	// UserAgent is every request's User-Agent; DefaultUserAgent when "".
+	UserAgent string
 }
+
+// DefaultUserAgent is the User-Agent when WebhookConfig.UserAgent is "".
+const DefaultUserAgent = "outboxd"
 
 // MaxRetryAfter caps a receiver's Retry-After, so an absurd value cannot
 // overflow a duration; callers clamp further to their own backoff ceiling.
@@ -63,6 +81,9 @@ type Webhook struct {
 	url    string
 	target string // the URL without userinfo and query, for error texts
 	secret [][]byte
+	sigKey ed25519.PrivateKey // v1a signing; nil: none
+	static http.Header        // static headers (WebhookConfig.Headers)
+	agent  string
 	client *http.Client
 	log    *slog.Logger
 	ce     CloudEvents
@@ -82,6 +103,14 @@ func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 	if err != nil {
 		return nil, err
 	}
+	sigKey, err := ParseSigningKey(cfg.SigningKey)
+	if err != nil {
+		return nil, err
+	}
+	static, err := staticHeaders(cfg.Headers)
+	if err != nil {
+		return nil, err
+	}
 	var client http.Client
 	if cfg.Client != nil {
 		client = *cfg.Client
@@ -93,6 +122,9 @@ func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 		conns := cmp.Or(cfg.Concurrency, DefaultConcurrency)
 		tr.MaxIdleConns, tr.MaxIdleConnsPerHost, tr.MaxConnsPerHost = conns, conns, conns
 		tr.ForceAttemptHTTP2 = false // one request per connection: the write deadline is per request
+		if cfg.TLS != nil {
+			tr.TLSClientConfig = cfg.TLS.Clone()
+		}
 		tr.DialContext = dialDeadlineConns((&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext)
 		client.Transport = tr
 	}
@@ -102,7 +134,8 @@ func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	w := &Webhook{url: cfg.URL, target: displayURL(u), secret: secrets, client: &client, log: log, ce: cfg.CloudEvents, now: time.Now}
+	w := &Webhook{url: cfg.URL, target: displayURL(u), secret: secrets, sigKey: sigKey, static: static,
+		agent: cmp.Or(cfg.UserAgent, DefaultUserAgent), client: &client, log: log, ce: cfg.CloudEvents, now: time.Now}
 	w.Sink = PerEvent(w.SendEvent, cfg.Concurrency, Capabilities{
 		Ordering: "per aggregate: its requests one after another, each after the previous one's 2xx",
 	})
@@ -202,6 +235,19 @@ func Signatures(secrets [][]byte, id string, ts int64, body []byte) string {
 	return strings.Join(sigs, " ")
 }
 
+// signatures is the webhook-signature header value: the v1 signatures,
+// then the v1a one; "" when nothing signs.
+func (w *Webhook) signatures(id string, ts int64, body []byte) string {
+	sigs := make([]string, 0, 2)
+	if len(w.secret) > 0 {
+		sigs = append(sigs, Signatures(w.secret, id, ts, body))
+	}
+	if w.sigKey != nil {
+		sigs = append(sigs, SignAsymmetric(w.sigKey, id, ts, body))
+	}
+	return strings.Join(sigs, " ")
+}
+
 // Sign returns the Standard Webhooks signature header value for body.
 func Sign(secret []byte, id string, ts int64, body []byte) string {
 	mac := hmac.New(sha256.New, secret)
@@ -225,13 +271,17 @@ func (w *Webhook) SendEvent(ctx context.Context, ev Event, token int64) error {
 	id := strconv.FormatInt(ev.ID, 10)
 	ts := w.now().Unix()
 	h := req.Header
+	for name, values := range w.static {
+		h[name] = values
+	}
+	h.Set("User-Agent", w.agent)
 	h.Set("Content-Type", contentType)
 	h.Set("Idempotency-Key", id)
 	h.Set("X-Fencing-Token", strconv.FormatInt(token, 10))
 	h.Set("webhook-id", id)
 	h.Set("webhook-timestamp", strconv.FormatInt(ts, 10))
-	if len(w.secret) > 0 {
-		h.Set("webhook-signature", Signatures(w.secret, id, ts, body))
+	if sig := w.signatures(id, ts, body); sig != "" {
+		h.Set("webhook-signature", sig)
 	}
 	if w.ce.Enabled && w.ce.Mode != CloudEventsStructured {
 		for _, a := range w.ce.binary(ev, HTTPBinding) {
@@ -310,7 +360,7 @@ func classify(id int64, resp *http.Response, body []byte, now time.Time) error {
 	if len(bytes.TrimSpace(body)) > 0 {
 		msg += fmt.Sprintf(": %q", Clip(string(bytes.TrimSpace(body)), 200))
 	}
-	err := &Error{Err: errors.New(msg)}
+	err := &Error{Err: errors.New(msg), Status: code}
 	switch {
 	case code == http.StatusMovedPermanently, code == http.StatusPermanentRedirect:
 		err.Permanent = true // the URL is wrong for good: fix dispatch.webhook.url, then replay

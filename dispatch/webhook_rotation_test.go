@@ -1,12 +1,9 @@
 package dispatch_test
 
 import (
-	"context"
 	"encoding/base64"
 	"errors"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -22,20 +19,7 @@ func whsec(key string) string { return "whsec_" + base64.StdEncoding.EncodeToStr
 // returns what the receiver got.
 func signedRequest(t *testing.T, secret string) (http.Header, []byte) {
 	t.Helper()
-	var h http.Header
-	var body []byte
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h, body = r.Header.Clone(), must(io.ReadAll(r.Body))
-	}))
-	defer srv.Close()
-	w, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: srv.URL, Secret: secret})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.SendEvent(context.Background(), event(), 1); err != nil {
-		t.Fatal(err)
-	}
-	return h, body
+	return reachRequest(t, dispatch.WebhookConfig{Secret: secret})
 }
 
 // Rotation: with the new secret first and the old one after, every request

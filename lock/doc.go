@@ -5,7 +5,10 @@
 //   - Acquire is one Lua script per node: SET key owner NX PX ttl and, only when
 //     that set the key, advance the fence counter beside it (fence:{key}, same
 //     hash slot) and return it as the fencing token. The owner is a fresh UUID
-//     per acquisition.
+//     per acquisition, and the lock key's value is the owner alone. Who holds
+//     it for operators (Options.Instance) goes to a holder record beside it
+//     (holder:{key}, same slot, a hash {owner, instance}), written in the same
+//     script and believed only while its owner is the lock key's value.
 //   - Tokens per lock strictly increase, even after Redis loses its data
 //     (restart without persistence, FLUSHALL, failover), provided the caller
 //     passes Options.Floor = the highest token its downstream store accepted:

@@ -83,6 +83,10 @@ type Options struct {
 	// Floor is the highest token already accepted downstream; the issued token
 	// is always greater.
 	Floor int64
+	// Instance names the acquiring process for operators (a host or pod
+	// name). It is recorded beside the owner in the holder record
+	// (HolderKey) and reported by Holder and HolderError; "" records none.
+	Instance string
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -161,6 +165,12 @@ func (c *Client) Key(name string) string { return c.prefix + name }
 // key's hash slot whatever the prefix.
 func (c *Client) FenceKey(name string) string { return c.prefix + "fence:{" + c.Key(name) + "}" }
 
+// HolderKey is the holder record of lock name: a hash {owner, instance}
+// in the fence counter's hash slot, overwritten at each acquisition and
+// believed only while its owner is the lock key's value. The lock key's
+// value stays the owner alone.
+func (c *Client) HolderKey(name string) string { return c.prefix + "holder:{" + c.Key(name) + "}" }
+
 func (c *Client) channel(name string) string { return c.Key(name) + ":released" }
 
 // Acquire waits for the lock until it is obtained, opts.Wait passes or ctx is
@@ -229,13 +239,23 @@ func (c *Client) TryAcquire(ctx context.Context, name string, opts Options) (*Lo
 
 // HolderError tells who holds a lock when an attempt fails.
 type HolderError struct {
-	Key   string
-	Owner string        // the holder's owner value
-	TTL   time.Duration // time left on the holder's lease
+	Key      string
+	Owner    string        // the holder's owner value
+	Instance string        // the holder's Options.Instance; "" when unknown
+	TTL      time.Duration // time left on the holder's lease
 }
 
 func (e *HolderError) Error() string {
-	return fmt.Sprintf("%s is held by owner %s for %s more", e.Key, e.Owner, e.TTL.Round(time.Millisecond))
+	return fmt.Sprintf("%s is held by %s for %s more", e.Key, e.Holder(), e.TTL.Round(time.Millisecond))
+}
+
+// Holder names the holder: "instance <id> (owner <uuid>)", or the owner
+// alone when the instance is unknown.
+func (e *HolderError) Holder() string {
+	if e.Instance == "" {
+		return "owner " + e.Owner
+	}
+	return "instance " + e.Instance + " (owner " + e.Owner + ")"
 }
 
 func (e *HolderError) Unwrap() error { return ErrNotObtained }
@@ -253,14 +273,15 @@ type nodeResult struct {
 	token     int64
 	pttl      int64
 	owner     string
+	instance  string
 	ok        bool
 	recovered bool // the floor lifted the counter: this node had lost its state
 	err       error
 }
 
-// parseAcquire reads acquire.lua's {token, pttl|recovered, owner}.
+// parseAcquire reads acquire.lua's {token, pttl|recovered, owner, instance}.
 func parseAcquire(vals []any) nodeResult {
-	if len(vals) != 3 {
+	if len(vals) != 4 {
 		return nodeResult{err: fmt.Errorf("lock: acquire script returned %v", vals)}
 	}
 	text, _ := vals[0].(string)
@@ -270,7 +291,8 @@ func parseAcquire(vals []any) nodeResult {
 	}
 	pttl, _ := vals[1].(int64)
 	holder, _ := vals[2].(string)
-	return nodeResult{token: token, pttl: pttl, owner: holder, ok: token > 0, recovered: token > 0 && pttl == 1}
+	instance, _ := vals[3].(string)
+	return nodeResult{token: token, pttl: pttl, owner: holder, instance: instance, ok: token > 0, recovered: token > 0 && pttl == 1}
 }
 
 // attempt folds the nodes' answers to one acquisition attempt.
@@ -279,6 +301,7 @@ type attempt struct {
 	token     int64
 	recovered bool
 	holder    string
+	instance  string
 	holderTTL int64
 	errs      []error // nodes that failed: unreachable, slow, unexpected replies
 	corrupt   []error // nodes that failed with a *CorruptError
@@ -297,7 +320,7 @@ func (a *attempt) add(r nodeResult) {
 		a.recovered = a.recovered || r.recovered
 	default:
 		if r.pttl >= a.holderTTL {
-			a.holderTTL, a.holder = r.pttl, r.owner
+			a.holderTTL, a.holder, a.instance = r.pttl, r.owner, r.instance
 		}
 	}
 }
@@ -310,7 +333,7 @@ func (c *Client) failure(key string, a attempt) (final bool, err error) {
 	if len(a.corrupt) > len(c.nodes)-c.quorum {
 		return true, errors.Join(append(a.corrupt, a.errs...)...)
 	}
-	var base error = &HolderError{Key: key, Owner: a.holder, TTL: time.Duration(a.holderTTL) * time.Millisecond}
+	var base error = &HolderError{Key: key, Owner: a.holder, Instance: a.instance, TTL: time.Duration(a.holderTTL) * time.Millisecond}
 	if a.holderTTL <= 0 {
 		base = ErrNotObtained
 	}
@@ -321,11 +344,11 @@ func (c *Client) failure(key string, a attempt) (final bool, err error) {
 // reports a failure no retry can cure (see failure).
 func (c *Client) try(opCtx context.Context, name string, opts Options, waitStart time.Time) (l *Lock, final bool, err error) {
 	owner := uuid.NewString()
-	key, fence := c.Key(name), c.FenceKey(name)
+	key, fence, holder := c.Key(name), c.FenceKey(name), c.HolderKey(name)
 	start := time.Now()
 
 	results := c.on(opCtx, opts.TTL, c.nodes, func(ctx context.Context, n redis.UniversalClient) nodeResult {
-		vals, err := acquireScript.Run(ctx, n, []string{key, fence}, owner, opts.TTL.Milliseconds(), opts.Floor).Slice()
+		vals, err := acquireScript.Run(ctx, n, []string{key, fence, holder}, owner, opts.TTL.Milliseconds(), opts.Floor, opts.Instance).Slice()
 		if err != nil {
 			return nodeResult{err: nodeErr(n, key, fence, err)}
 		}
@@ -510,27 +533,28 @@ type view struct {
 	lockProblem  string // what the lock key holds instead of a lease; "" when fine
 	counter      int64
 	fenceProblem string // what the fence counter holds instead of an integer; "" when fine
+	instance     string // the holder's instance; "" when unknown
 	err          error
 }
 
 // inspect reads the lock on every node, in parallel; views are in node order.
 func (c *Client) inspect(ctx context.Context, name string) []view {
-	key, fence := c.Key(name), c.FenceKey(name)
+	key, fence, holder := c.Key(name), c.FenceKey(name), c.HolderKey(name)
 	out := make([]view, len(c.nodes))
 	var wg sync.WaitGroup
 	for i, n := range c.nodes {
-		wg.Go(func() { out[i] = inspectNode(ctx, n, key, fence) })
+		wg.Go(func() { out[i] = inspectNode(ctx, n, key, fence, holder) })
 	}
 	wg.Wait()
 	return out
 }
 
-func inspectNode(ctx context.Context, n redis.UniversalClient, key, fence string) view {
-	vals, err := inspectScript.Run(ctx, n, []string{key, fence}).Slice()
+func inspectNode(ctx context.Context, n redis.UniversalClient, key, fence, holder string) view {
+	vals, err := inspectScript.Run(ctx, n, []string{key, fence, holder}).Slice()
 	if err != nil {
 		return view{err: nodeErr(n, key, fence, err)}
 	}
-	if len(vals) != 5 {
+	if len(vals) != 6 {
 		return view{err: fmt.Errorf("lock: redis %s: inspect script returned %v", nodeName(n), vals)}
 	}
 	var v view
@@ -539,17 +563,26 @@ func inspectNode(ctx context.Context, n redis.UniversalClient, key, fence string
 	v.lockProblem, _ = vals[2].(string)
 	counter, _ := vals[3].(string)
 	v.fenceProblem, _ = vals[4].(string)
+	v.instance, _ = vals[5].(string)
 	if v.counter, err = strconv.ParseInt(counter, 10, 64); err != nil {
 		return view{err: fmt.Errorf("lock: redis %s: inspect script returned counter %q: %w", nodeName(n), counter, err)}
 	}
 	return v
 }
 
-// Holder reports the current holder's owner value and time left, as seen by
-// the first node that answers; owner is "" when the lock is free. When the
-// lock key on any node holds something other than a lease (another type, a
-// string without expiry) the error matches ErrCorrupt and names key and node.
-func (c *Client) Holder(ctx context.Context, name string) (owner string, ttl time.Duration, err error) {
+// HolderInfo describes a lock's current holder.
+type HolderInfo struct {
+	Owner    string        // the lock key's value; "" when the lock is free
+	Instance string        // the holder's Options.Instance; "" when unknown
+	TTL      time.Duration // time left on its lease
+}
+
+// Holder reports the current holder, as seen by the first node that
+// answers; Owner is "" when the lock is free. When the lock key on any node
+// holds something other than a lease (another type, a string without
+// expiry) the error matches ErrCorrupt and names key and node.
+func (c *Client) Holder(ctx context.Context, name string) (HolderInfo, error) {
+	var h HolderInfo
 	var errs, corrupt []error
 	answered := -1
 	for i, v := range c.inspect(ctx, name) {
@@ -560,16 +593,16 @@ func (c *Client) Holder(ctx context.Context, name string) (owner string, ttl tim
 			corrupt = append(corrupt, &CorruptError{Node: nodeName(c.nodes[i]), Key: c.Key(name), Holds: v.lockProblem})
 		case answered < 0:
 			answered = i
-			owner, ttl = v.owner, time.Duration(max(v.pttl, 0))*time.Millisecond
+			h = HolderInfo{Owner: v.owner, Instance: v.instance, TTL: time.Duration(max(v.pttl, 0)) * time.Millisecond}
 		}
 	}
 	switch {
 	case len(corrupt) > 0:
-		return "", 0, errors.Join(corrupt...)
+		return HolderInfo{}, errors.Join(corrupt...)
 	case answered < 0:
-		return "", 0, errors.Join(errs...)
+		return HolderInfo{}, errors.Join(errs...)
 	}
-	return owner, ttl, nil
+	return h, nil
 }
 
 // LastToken reads the fence counter (the last token issued): the highest over

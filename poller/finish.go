@@ -28,6 +28,7 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 	// finish's allocated bytes.
 	delivered := make([]store.Delivered, 0, len(items))
 	var failures []store.Failure
+	var failedTo []string // each failure's destination
 	names := make([]string, 0, len(items))
 	ops := make([]byte, 0, len(items))     // finish.lua's letter per key
 	marks := make([]string, 0, len(items)) // and the row's delivered mark per key
@@ -43,9 +44,9 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 			names, ops, marks = append(names, p.keyOf(it)), append(ops, 'u'), append(marks, "")
 		case failed:
 			names, ops, marks = append(names, p.keyOf(it)), append(ops, 'u'), append(marks, "")
-			failures = append(failures, p.failure(it))
+			failures, failedTo = append(failures, p.failure(it)), append(failedTo, p.destination(it.row))
 		case refused, poisoned:
-			failures = append(failures, p.failure(it))
+			failures, failedTo = append(failures, p.failure(it)), append(failedTo, p.destination(it.row))
 		}
 	}
 	if err := p.settleKeys(ctx, names, ops, marks, ours); err != nil {
@@ -81,12 +82,12 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 				p.log.Debug("event already delivered, marked", "outbox_id", it.row.ID)
 			}
 		case failed, refused:
-			p.m.DispatchFailures.WithLabelValues(p.destination(it.row)).Inc()
+			p.m.DispatchFailures.WithLabelValues(p.destination(it.row), dispatch.FailureReason(it.err)).Inc()
 		}
 	}
-	for _, f := range failures {
+	for i, f := range failures {
 		if f.Dead {
-			p.m.DeadLettered.Inc()
+			p.m.DeadLettered.WithLabelValues(failedTo[i]).Inc()
 			p.log.Warn("event dead-lettered", "outbox_id", f.ID, "error", f.Error)
 		} else {
 			p.log.Debug("delivery failed, will retry", "outbox_id", f.ID, "error", f.Error, "retry_in_ms", f.Delay.Milliseconds())

@@ -94,6 +94,7 @@ const (
 // Config tunes the runner. Zero fields get the Default* values.
 type Config struct {
 	LockTTL         time.Duration // lease of lock:outbox:poller
+	Instance        string        // names this replica as the lock's holder (instance_id)
 	LockWait        time.Duration // how long a standby waits per attempt
 	BatchSize       int           // rows per batch
 	PollInterval    time.Duration // idle poll ceiling
@@ -192,7 +193,7 @@ func New(cfg Config, d Deps) *Poller {
 		spans: tracer(d.Tracer),
 		seat: term.New(keys.PollerLock, term.Options{
 			TTL: cfg.LockTTL, Wait: cfg.LockWait, WaitAfterDataLoss: true, ShutdownTimeout: cfg.ShutdownTimeout,
-			QueryTimeout: queryTimeout(cfg),
+			QueryTimeout: queryTimeout(cfg), Instance: cfg.Instance,
 		}, term.Deps{Locks: d.Locks, Store: d.Store, Log: d.Log, Metrics: d.Metrics}),
 		wake: make(chan struct{}, 1), cuts: map[int64]int{}, rescanEvery: rescanEvery, earlyWrite: earlyWrite,
 		maxInherit: maxInherit, maxLastSent: maxLastSent,

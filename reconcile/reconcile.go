@@ -67,6 +67,7 @@ type Config struct {
 	BatchSize       int           // rows per sweep batch
 	ShutdownTimeout time.Duration // how long a sweep goes on after shutdown begins
 	KeyPrefix       string        // before every Redis key
+	Instance        string        // names this replica as the lock's holder (instance_id)
 }
 
 func (c Config) withDefaults() Config {
@@ -119,6 +120,7 @@ func New(cfg Config, d Deps) (*Reconciler, error) {
 		log: d.Log.With("lock", keys.ReconcileLock), m: d.Metrics,
 		seat: term.New(keys.ReconcileLock, term.Options{
 			TTL: cfg.LockTTL, Wait: cfg.LockWait, ShutdownTimeout: cfg.ShutdownTimeout, QueryTimeout: queryTimeout,
+			Instance: cfg.Instance,
 		}, term.Deps{Locks: d.Locks, Store: d.Store, Log: d.Log, Metrics: d.Metrics}),
 	}, nil
 }

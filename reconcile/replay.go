@@ -26,19 +26,45 @@ const DefaultReplayLockWait = 30 * time.Second
 // is an error wrapping lock.ErrNotObtained (a *lock.HolderError names the
 // holder); nothing was requeued then.
 func (r *Reconciler) Replay(ctx context.Context, f store.ReplayFilter, wait time.Duration, progress func(requeued int64)) (int64, error) {
-	var n int64
-	err := r.seat.Run(ctx, wait, func(tctx context.Context, t *term.Term) error {
-		// The term outlives ctx by the shutdown timeout (in-flight work);
-		// an interrupted replay stops after the batch in flight instead,
-		// never within one: a statement cancelled as it commits would
-		// leave the count it reports short of what it requeued.
-		wctx, cancel := context.WithCancelCause(tctx)
-		defer cancel(nil)
-		var err error
-		n, err = r.store.ReplayDead(wctx, t.Fence(), f, r.cfg.BatchSize, func(done int64) {
+	return r.deadWrite(ctx, wait, func(wctx context.Context, fence store.Fence, batchDone func()) (int64, error) {
+		return r.store.ReplayDead(wctx, fence, f, r.cfg.BatchSize, func(done int64) {
 			if progress != nil {
 				progress(done)
 			}
+			batchDone()
+		})
+	})
+}
+
+// Discard deletes f's dead rows (store.DiscardDead) under a term of
+// lock:reconciliation, as Replay requeues them: fenced, waiting up to wait
+// for the lock, stopping after the batch in flight when ctx ends, and
+// returning how many it deleted, also when it stopped early. removed gets
+// each batch's rows.
+func (r *Reconciler) Discard(ctx context.Context, f store.DeadFilter, wait time.Duration, removed func([]store.Discarded)) (int64, error) {
+	return r.deadWrite(ctx, wait, func(wctx context.Context, fence store.Fence, batchDone func()) (int64, error) {
+		return r.store.DiscardDead(wctx, fence, f, r.cfg.BatchSize, func(rows []store.Discarded) {
+			if removed != nil {
+				removed(rows)
+			}
+			batchDone()
+		})
+	})
+}
+
+// deadWrite runs write, a batched fenced write over dead rows, under a
+// term of lock:reconciliation; write calls batchDone after each batch.
+func (r *Reconciler) deadWrite(ctx context.Context, wait time.Duration, write func(wctx context.Context, fence store.Fence, batchDone func()) (int64, error)) (int64, error) {
+	var n int64
+	err := r.seat.Run(ctx, wait, func(tctx context.Context, t *term.Term) error {
+		// The term outlives ctx by the shutdown timeout (in-flight work);
+		// an interrupted write stops after the batch in flight instead,
+		// never within one: a statement cancelled as it commits would
+		// leave the count it reports short of what it changed.
+		wctx, cancel := context.WithCancelCause(tctx)
+		defer cancel(nil)
+		var err error
+		n, err = write(wctx, t.Fence(), func() {
 			if ctx.Err() != nil {
 				cancel(context.Cause(ctx))
 			}

@@ -298,20 +298,32 @@ func (s *Store) ShowDead(ctx context.Context, id int64) (DeadEvent, error) {
 // many rows it requeued and the last of them (dead_at, id) as the next
 // cursor.
 func replaySQL(f DeadFilter) (string, []any) {
-	where, args := f.where(make([]any, 6))
+	picked, args := pickDeadSQL(f)
 	return fenceCTE + `,
-picked AS (
-  SELECT id, dead_at FROM outbox
-  WHERE ` + where + ` AND (dead_at, id) > ($4::timestamptz, $5::bigint) AND EXISTS (SELECT 1 FROM fence)
-  ORDER BY dead_at, id LIMIT $6
-  FOR UPDATE SKIP LOCKED),
+` + picked + `,
 requeued AS (
   UPDATE outbox o SET dead_at = NULL, attempts = 0, available_at = now()
   FROM picked WHERE o.id = picked.id AND o.dead_at IS NOT NULL AND EXISTS (SELECT 1 FROM fence)
   RETURNING o.id, picked.dead_at),
 last AS (SELECT dead_at, id FROM requeued ORDER BY dead_at DESC, id DESC LIMIT 1)
 SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM requeued),
-  (SELECT dead_at FROM last), COALESCE((SELECT id FROM last), 0)`, args[3:]
+  (SELECT dead_at FROM last), COALESCE((SELECT id FROM last), 0)`, args
+}
+
+// pickDeadSQL is the CTE "picked" of a fenced batch over dead rows
+// (replaySQL, discardSQL): the next batch of f's dead rows after the
+// cursor ($4, $5: dead_at, id), at most $6, oldest first along
+// outbox_dead_list_idx, locked (SKIP LOCKED: a row another replay, discard
+// or purge holds is left to it), picked only under the fence (fenceCTE:
+// $1..$3). args are the statement's arguments from $4 on ($4..$6 left to
+// the caller), then the filter's.
+func pickDeadSQL(f DeadFilter) (string, []any) {
+	where, args := f.where(make([]any, 6))
+	return `picked AS (
+  SELECT id, dead_at FROM outbox
+  WHERE ` + where + ` AND (dead_at, id) > ($4::timestamptz, $5::bigint) AND EXISTS (SELECT 1 FROM fence)
+  ORDER BY dead_at, id LIMIT $6
+  FOR UPDATE SKIP LOCKED)`, args[3:]
 }
 
 // ReplayDead requeues dead rows (clears dead_at, resets attempts, due now;
@@ -323,10 +335,26 @@ SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM requeued),
 // so a replay whose term was taken over changes nothing more: it returns
 // how many rows it requeued before, and ErrStaleFence.
 func (s *Store) ReplayDead(ctx context.Context, fence Fence, f ReplayFilter, batchSize int, progress func(done int64)) (int64, error) {
+	sql, args := replaySQL(f)
+	var total int64
+	return s.deadBatches(ctx, fence, "replay", sql, args, batchSize, nil, func(n int64) {
+		total += n
+		if progress != nil && n > 0 {
+			progress(total)
+		}
+	})
+}
+
+// deadBatches runs a fenced batch statement over dead rows (replaySQL,
+// discardSQL: after the fence's outcome it returns the batch's count, its
+// last row's dead_at and id, then extra) from before every row, each batch
+// after the last row of the one before, until a batch comes back short.
+// each is called after every batch with its count (extra scanned). It
+// returns the total, also when a batch failed.
+func (s *Store) deadBatches(ctx context.Context, fence Fence, op, sql string, args []any, batchSize int, extra []any, each func(n int64)) (int64, error) {
 	if batchSize <= 0 {
 		batchSize = 1000
 	}
-	sql, args := replaySQL(f)
 	// From before every row: ids are bigint, dead_at can be -infinity.
 	cursor := DeadCursor{DeadAt: pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}, ID: math.MinInt64}
 	args[2] = batchSize
@@ -335,16 +363,14 @@ func (s *Store) ReplayDead(ctx context.Context, fence Fence, f ReplayFilter, bat
 		args[0], args[1] = cursor.DeadAt, cursor.ID
 		var n int64
 		var last DeadCursor
-		if err := s.fencedScan(ctx, fence, sql, []any{&n, &last.DeadAt, &last.ID}, args...); err != nil {
-			return total, wrap("replay", err)
+		if err := s.fencedScan(ctx, fence, sql, append([]any{&n, &last.DeadAt, &last.ID}, extra...), args...); err != nil {
+			return total, wrap(op, err)
 		}
 		if n > 0 && last.after(cursor) {
 			cursor = last
 		}
 		total += n
-		if progress != nil && n > 0 {
-			progress(total)
-		}
+		each(n)
 		if n < int64(batchSize) {
 			return total, nil
 		}

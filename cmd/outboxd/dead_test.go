@@ -201,7 +201,7 @@ func TestDeadUsageErrorsExit2NamingTheFlag(t *testing.T) {
 		args []string
 		says string
 	}{
-		{[]string{"dead"}, "list or show"},
+		{[]string{"dead"}, "list, show or discard"},
 		{[]string{"dead", "lsit"}, "lsit"},
 		{[]string{"dead", "list", "--limit", "0"}, "--limit"},
 		{[]string{"dead", "list", "--limit", "5000"}, "--limit"},

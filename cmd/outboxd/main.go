@@ -4,6 +4,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -265,13 +266,13 @@ func statusCmd(g *globals, stdout io.Writer) *cobra.Command {
 				return enc.Encode(st)
 			}
 			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "LOCK\tHOLDER (owner)\tTTL LEFT\tTOKEN ISSUED (redis)\tFENCE ACCEPTED (postgres)")
+			fmt.Fprintln(tw, "LOCK\tHOLDER (instance)\tOWNER\tTTL LEFT\tTOKEN ISSUED (redis)\tFENCE ACCEPTED (postgres)")
 			for _, l := range st.Locks {
-				holder, ttl := "-", "-"
+				holder, owner, ttl := "-", "-", "-"
 				if l.Owner != "" {
-					holder, ttl = l.Owner, (time.Duration(l.TTLMillis) * time.Millisecond).Round(100*time.Millisecond).String()
+					holder, owner, ttl = cmp.Or(l.Holder, "?"), l.Owner, (time.Duration(l.TTLMillis) * time.Millisecond).Round(100*time.Millisecond).String()
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\n", l.Name, holder, ttl, l.RedisCounter, l.FenceToken)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\n", l.Name, holder, owner, ttl, l.RedisCounter, l.FenceToken)
 			}
 			_ = tw.Flush()
 			for _, l := range st.Locks {
@@ -314,9 +315,8 @@ func configCmd(g *globals, stdout io.Writer) *cobra.Command {
 }
 
 func replayCmd(g *globals, stdout io.Writer) *cobra.Command {
-	var dead, dryRun bool
-	var ids []int64
-	var lockWait time.Duration
+	var dead bool
+	var w deadWriteFlags
 	cmd := &cobra.Command{
 		Use:   "replay --dead [--id N ...] [filters] [--dry-run] [--lock-wait D]",
 		Short: "Requeue dead-lettered events (all, by id, or those the filters of `dead list` select), fenced under lock:reconciliation",
@@ -325,64 +325,35 @@ func replayCmd(g *globals, stdout io.Writer) *cobra.Command {
 			if !dead {
 				return usageError{errors.New("replay needs --dead (only dead-lettered rows can be replayed)")}
 			}
-			if lockWait <= 0 {
-				return usageError{fmt.Errorf("--lock-wait: want a positive duration, got %s", lockWait)}
-			}
-			q, err := parseDeadQuery(cmd)
+			f, err := w.filter(cmd)
 			if err != nil {
 				return err
 			}
-			f := q.Filter
-			f.IDs = ids
-			if dryRun {
-				return replayDryRun(g, stdout, f)
+			if w.dryRun {
+				return deadCount(g, stdout, f, "would requeue")
 			}
 			// The replay writes under lock:reconciliation (Redis) with its
 			// fencing token, in batches of reconcile.batch_size.
-			s, err := g.start(stdout, config.PostgresSection, config.RedisSection, config.ReconcileSection)
-			if err != nil {
-				return err
-			}
-			defer s.stop()
-			a, err := s.app()
-			if err != nil {
-				return err
-			}
-			defer a.Close()
-			rec, err := a.Reconciler()
-			if err != nil {
-				return err
-			}
-			n, err := rec.Replay(s.ctx, f, lockWait, func(done int64) {
-				s.log.Info("replay progress", "requeued", done)
+			return g.withReconciler(stdout, func(s *session, rec *reconcile.Reconciler) error {
+				n, err := rec.Replay(s.ctx, f, w.lockWait, func(done int64) {
+					s.log.Info("replay progress", "requeued", done)
+				})
+				if err != nil {
+					return deadWriteError("replay", "requeued", "requeuing", n, w.lockWait, err)
+				}
+				s.log.Info("replay finished", "requeued", n)
+				return nil
 			})
-			var held *lock.HolderError
-			switch {
-			case errors.As(err, &held):
-				return fmt.Errorf("%s is held by owner %s for %s more (a reconciliation is running); nothing was requeued: try again later or with a longer --lock-wait (waited %s)",
-					keys.ReconcileLock, held.Owner, held.TTL.Round(time.Second), lockWait)
-			case errors.Is(err, store.ErrStaleFence):
-				return fmt.Errorf("replay stopped after requeuing %d events: %s was taken over by a newer holder, whose fence refused the replay's next write; the other rows are still dead: run the replay again: %w",
-					n, keys.ReconcileLock, err)
-			case err != nil && n > 0:
-				return fmt.Errorf("replay stopped after requeuing %d events; the other rows are still dead: %w", n, err)
-			case err != nil:
-				return err
-			}
-			s.log.Info("replay finished", "requeued", n)
-			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&dead, "dead", false, "requeue dead-lettered rows")
-	cmd.Flags().Int64SliceVar(&ids, "id", nil, "only these outbox ids (repeatable or comma-separated)")
-	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "print how many rows would be requeued and change nothing (takes no lock)")
-	cmd.Flags().DurationVar(&lockWait, "lock-wait", reconcile.DefaultReplayLockWait, "how long to wait for lock:reconciliation while a reconciliation holds it")
-	deadquery.AddFlags(cmd.Flags(), deadquery.Filters...)
+	w.add(cmd, "requeued")
 	return cmd
 }
 
-// replayDryRun prints how many dead rows f selects: Postgres only, no lock.
-func replayDryRun(g *globals, stdout io.Writer, f store.ReplayFilter) error {
+// deadCount prints how many dead rows f selects, after what ("would
+// requeue"): Postgres only, no lock; a dry run.
+func deadCount(g *globals, stdout io.Writer, f store.DeadFilter, what string) error {
 	s, err := g.start(stdout, config.PostgresSection)
 	if err != nil {
 		return err
@@ -397,7 +368,7 @@ func replayDryRun(g *globals, stdout io.Writer, f store.ReplayFilter) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "would requeue %d dead-lettered events (dry run: nothing changed)\n", n)
+	fmt.Fprintf(stdout, "%s %d dead-lettered events (dry run: nothing changed)\n", what, n)
 	return nil
 }
 
@@ -414,19 +385,19 @@ func parseDeadQuery(cmd *cobra.Command) (deadquery.Query, error) {
 
 func deadCmd(g *globals, stdout io.Writer) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "dead list|show",
+		Use:   "dead list|show|discard",
 		Short: "Inspect dead-lettered events (outboxd replay --dead requeues them)",
 		// Runnable, so that a missing or mistyped subcommand is a usage
 		// error (exit 2) rather than help and exit 0.
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
-				return usageError{fmt.Errorf("unknown command %q for %q: want list or show", args[0], cmd.CommandPath())}
+				return usageError{fmt.Errorf("unknown command %q for %q: want list, show or discard", args[0], cmd.CommandPath())}
 			}
-			return usageError{fmt.Errorf("%s needs a command: list or show", cmd.CommandPath())}
+			return usageError{fmt.Errorf("%s needs a command: list, show or discard", cmd.CommandPath())}
 		},
 	}
-	cmd.AddCommand(deadListCmd(g, stdout), deadShowCmd(g, stdout))
+	cmd.AddCommand(deadListCmd(g, stdout), deadShowCmd(g, stdout), deadDiscardCmd(g, stdout))
 	return cmd
 }
 
@@ -598,34 +569,21 @@ func reconcileCmd(g *globals, stdout io.Writer) *cobra.Command {
 			if !once {
 				return usageError{errors.New("reconcile needs --once (scheduled runs happen inside `outboxd run`)")}
 			}
-			// The reconciler waits poller.lock_wait for its lock.
-			s, err := g.start(cmd.ErrOrStderr(), config.PostgresSection, config.RedisSection,
-				config.ReconcileSection, config.PollerSection) // stdout is the summary
-			if err != nil {
-				return err
-			}
-			defer s.stop()
-			a, err := s.app()
-			if err != nil {
-				return err
-			}
-			defer a.Close()
-			rec, err := a.Reconciler()
-			if err != nil {
-				return err
-			}
-			sum, err := rec.RunOnce(s.ctx, time.Now(), s.cfg.Poller.LockWait)
-			var held *lock.HolderError
-			if errors.As(err, &held) {
-				return fmt.Errorf("%s is held by owner %s for %s more; try again later", keys.ReconcileLock,
-					held.Owner, held.TTL.Round(time.Second))
-			}
-			if err != nil {
-				return err
-			}
-			enc := json.NewEncoder(stdout)
-			enc.SetIndent("", "  ")
-			return enc.Encode(sum)
+			// The reconciler waits poller.lock_wait for its lock; stdout is the summary.
+			return g.withReconciler(cmd.ErrOrStderr(), func(s *session, rec *reconcile.Reconciler) error {
+				sum, err := rec.RunOnce(s.ctx, time.Now(), s.cfg.Poller.LockWait)
+				var held *lock.HolderError
+				if errors.As(err, &held) {
+					return fmt.Errorf("%s is held by %s for %s more; try again later", keys.ReconcileLock,
+						held.Holder(), held.TTL.Round(time.Second))
+				}
+				if err != nil {
+					return err
+				}
+				enc := json.NewEncoder(stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(sum)
+			}, config.PollerSection)
 		},
 	}
 	cmd.Flags().BoolVar(&once, "once", false, "run one reconciliation now")

@@ -37,8 +37,11 @@ var workWords = []struct {
 }
 
 // hexWord tells a commit hash from a word or a number: it has a digit and a
-// letter.
+// letter, and it is not a name the product uses (hexNames).
 var hexDigit, hexLetter = regexp.MustCompile(`[0-9]`), regexp.MustCompile(`[a-f]`)
+
+// hexNames are words of the product's that look like a short hash.
+var hexNames = map[string]bool{"ed25519": true}
 
 // codeSpan is Markdown inline code: names, values and commands, not prose.
 var codeSpan = regexp.MustCompile("`[^`]*`")
@@ -49,7 +52,7 @@ func offences(line string) []string {
 	var out []string
 	for _, w := range workWords {
 		for _, m := range w.re.FindAllString(line, -1) {
-			if w.name == "a commit hash" && !(hexDigit.MatchString(m) && hexLetter.MatchString(m)) {
+			if w.name == "a commit hash" && (hexNames[m] || !(hexDigit.MatchString(m) && hexLetter.MatchString(m))) {
 				continue
 			}
 			out = append(out, fmt.Sprintf("%s (%q)", w.name, m))

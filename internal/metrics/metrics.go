@@ -18,10 +18,11 @@ type Metrics struct {
 	// Sends, by destination (the configured names; "default" for the
 	// single-sink configuration; "" for an event no route matches).
 	Dispatched       *prometheus.CounterVec
-	DispatchFailures *prometheus.CounterVec
-	DeadLettered     prometheus.Counter
-	Duplicates       prometheus.Counter // found already delivered in Redis, not resent
-	ClaimsTakenOver  prometheus.Counter // in-flight claims of an earlier holder taken over
+	DispatchFailures *prometheus.CounterVec   // by destination and reason (a bounded kind: http_5xx, timeout, ...)
+	DeadLettered     *prometheus.CounterVec   // by destination
+	SendDuration     *prometheus.HistogramVec // one send's duration, by destination and outcome
+	Duplicates       prometheus.Counter       // found already delivered in Redis, not resent
+	ClaimsTakenOver  prometheus.Counter       // in-flight claims of an earlier holder taken over
 	// IdempotencyForeign counts delivered marks found that belong to an
 	// earlier row with the same id (a sequence rewind), overwritten, row sent.
 	IdempotencyForeign prometheus.Counter
@@ -59,8 +60,10 @@ func New() *Metrics {
 	m := &Metrics{Registry: r}
 
 	m.Dispatched = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_dispatched_total", Help: "Events delivered, by destination."}, []string{"destination"})
-	m.DispatchFailures = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_dispatch_failures_total", Help: "Failed delivery attempts, by destination."}, []string{"destination"})
-	m.DeadLettered = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_dead_lettered_total", Help: "Events dead-lettered (max attempts or permanent error)."})
+	m.DispatchFailures = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_dispatch_failures_total", Help: "Failed delivery attempts, by destination and reason (http_3xx, http_4xx, http_5xx, timeout, refused, connection, rejected, other)."}, []string{"destination", "reason"})
+	m.DeadLettered = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_dead_lettered_total", Help: "Events dead-lettered (max attempts or permanent error), by destination."}, []string{"destination"})
+	m.SendDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "outboxd_send_duration_seconds", Help: "One send's duration (a per-event sink's request; a batch sink's call), by destination and outcome.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}}, []string{"destination", "outcome"})
 	m.Duplicates = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_already_delivered_total", Help: "Events found delivered in Redis and marked without resending."})
 	m.ClaimsTakenOver = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_claims_taken_over_total", Help: "Idempotency claims of an earlier holder (crashed or replaced) taken over at once instead of waiting for their TTL."})
 	m.IdempotencyForeign = prometheus.NewCounter(prometheus.CounterOpts{Name: "outboxd_idempotency_foreign_total", Help: "Idempotency keys found saying delivered for an earlier row with the same id (the ids came round again: a sequence rewind); never trusted: taken over and the row sent."})
@@ -99,7 +102,7 @@ func New() *Metrics {
 	m.BuildInfo.WithLabelValues(b.Version, b.Commit, b.GoVersion).Set(1)
 
 	for _, c := range []prometheus.Collector{
-		m.Dispatched, m.DispatchFailures, m.DeadLettered, m.Duplicates, m.ClaimsTakenOver, m.IdempotencyForeign, m.SendsCut, m.LateCommits, m.GapsGivenUp, m.ReadRestarts, m.FenceRejections, m.DispatchLatency,
+		m.Dispatched, m.DispatchFailures, m.DeadLettered, m.SendDuration, m.Duplicates, m.ClaimsTakenOver, m.IdempotencyForeign, m.SendsCut, m.LateCommits, m.GapsGivenUp, m.ReadRestarts, m.FenceRejections, m.DispatchLatency,
 		m.BatchSize, m.BatchDuration, m.LockHeld, m.LockAcquisitions, m.LockLosses, m.LockRenewFails, m.LockWait,
 		m.PendingEvents, m.OldestPendingAge, m.DeadEvents, m.ReconcileRuns, m.ReconcileSwept, m.BuildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -111,17 +114,42 @@ func New() *Metrics {
 	for _, l := range keys.Locks {
 		m.FenceRejections.WithLabelValues(l)
 		m.LockHeld.WithLabelValues(l)
+		m.LockAcquisitions.WithLabelValues(l)
+		m.LockLosses.WithLabelValues(l)
+		m.LockRenewFails.WithLabelValues(l)
+		m.LockWait.WithLabelValues(l)
+	}
+	for _, r := range ReconcileResults {
+		m.ReconcileRuns.WithLabelValues(r)
+	}
+	for _, s := range ReconcileSweeps {
+		m.ReconcileSwept.WithLabelValues(s)
 	}
 	return m
 }
 
+// ReconcileResults and ReconcileSweeps are the label values of
+// outboxd_reconcile_runs_total{result} and outboxd_reconcile_rows_total{sweep}.
+var (
+	ReconcileResults = []string{"ok", "skipped", "failed"}
+	ReconcileSweeps  = []string{"marked", "purged", "purged_dead"}
+)
+
 // Destinations exports the per-destination series at 0 for each name, so
-// dashboards and alerts see every destination before its first event.
-func (m *Metrics) Destinations(names ...string) {
+// dashboards and alerts see every destination before its first event:
+// failures for each of reasons, send durations for each of outcomes (the
+// sinks' label values: dispatch.FailureReasons, dispatch.SendOutcomes).
+func (m *Metrics) Destinations(names, reasons, outcomes []string) {
 	for _, n := range names {
 		m.Dispatched.WithLabelValues(n)
-		m.DispatchFailures.WithLabelValues(n)
 		m.DispatchLatency.WithLabelValues(n)
+		m.DeadLettered.WithLabelValues(n)
+		for _, r := range reasons {
+			m.DispatchFailures.WithLabelValues(n, r)
+		}
+		for _, o := range outcomes {
+			m.SendDuration.WithLabelValues(n, o)
+		}
 	}
 }
 

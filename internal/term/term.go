@@ -12,7 +12,8 @@
 //   - logs "lock acquired" and, once when the term ends, "lock released"
 //     (the key was still ours: a handover) or "lock lost" (any other end,
 //     a fence rejection included, counted in outboxd_lock_losses_total);
-//     logs and counts "fence rejected";
+//     logs and counts "fence rejected"; every line names the token and the
+//     holder (Options.Instance);
 //   - publishes the token for /status while the term is held;
 //   - bounds the work after the caller stops: the term's context is cancelled
 //     ShutdownTimeout after the caller's (stop fetching, finish in flight);
@@ -61,6 +62,9 @@ type Options struct {
 	ShutdownTimeout time.Duration
 	// QueryTimeout bounds the floor read and the fence claim; default TTL.
 	QueryTimeout time.Duration
+	// Instance names this replica as the holder (instance_id): recorded
+	// beside the lock (lock.Options.Instance) and logged as "holder".
+	Instance string
 }
 
 // Deps are what a seat acts on.
@@ -128,7 +132,7 @@ func (s *Seat) Run(ctx context.Context, wait time.Duration, work func(ctx contex
 		return errors.Join(ErrNotAcquired, err)
 	}
 	t := &Term{l: l, fence: store.Fence{Lock: s.name, Token: l.Token(), Owner: l.Owner()},
-		log: s.log.With("fencing_token", l.Token())}
+		log: s.log.With("fencing_token", l.Token(), "holder", s.opts.Instance)}
 	t.log.Info("lock acquired")
 	s.token.Store(l.Token())
 	defer func() { s.release(ctx, t, err) }()
@@ -176,7 +180,7 @@ func (s *Seat) acquire(ctx context.Context, wait time.Duration) (*lock.Lock, err
 	if wait <= 0 {
 		wait = s.opts.Wait
 	}
-	return s.d.Locks.Acquire(ctx, s.name, lock.Options{TTL: s.opts.TTL, Wait: wait, Floor: floor})
+	return s.d.Locks.Acquire(ctx, s.name, lock.Options{TTL: s.opts.TTL, Wait: wait, Floor: floor, Instance: s.opts.Instance})
 }
 
 // release ends the term and says once how it ended: "lock released" when

@@ -3,7 +3,8 @@
 -- cannot have written, so the scripts can refuse before their first write
 -- (Redis does not roll a script back: a write before a failing call stays).
 -- KEYS / ARGV: none (the functions take the keys as arguments)
--- returns: nothing; defines below, shown, corrupt, lockProblem, fenceProblem.
+-- returns: nothing; defines below, shown, corrupt, lockProblem, fenceProblem,
+-- holderInstance.
 
 -- MAX_TOKEN is the largest counter value INCR can take without overflow.
 local MAX_TOKEN = '9223372036854775806'
@@ -70,3 +71,17 @@ local function fenceProblem(key)
   return shown(key)
 end
 
+
+-- holderInstance: the instance the holder record names when it describes
+-- owner (the record is overwritten at each acquisition and never trusted
+-- for another owner); '' otherwise, or when the record is not a hash.
+local function holderInstance(key, owner)
+  if not owner or owner == '' or redis.call('TYPE', key).ok ~= 'hash' then
+    return ''
+  end
+  local rec = redis.call('HMGET', key, 'owner', 'instance')
+  if rec[1] == owner and rec[2] then
+    return rec[2]
+  end
+  return ''
+end

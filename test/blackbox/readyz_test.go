@@ -3,24 +3,13 @@ package blackbox
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 )
 
 // get fetches path on the replica's operations port: status and body.
-func (r *replica) get(path string) (int, string) {
-	client := &http.Client{Timeout: 5 * time.Second}
-	resp, err := client.Get("http://" + r.addr + path)
-	if err != nil {
-		return 0, err.Error()
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
+func (r *replica) get(path string) (int, string) { return r.getWith(path, "") }
 
 // Issue 21: a leader whose every fetch fails (here its table is out of
 // reach; in the sweep, a statement_timeout breaking every query) while

@@ -15,10 +15,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/httpapi"
+
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/internal/keys"
@@ -155,7 +157,7 @@ func (a *App) Sink() (dispatch.Sink, error) {
 	for i, b := range built {
 		names[i] = b.Name
 	}
-	a.Metrics.Destinations(names...)
+	a.Metrics.Destinations(names, dispatch.FailureReasons, dispatch.SendOutcomes)
 	if len(built) == 1 && built[0].Name == dispatch.DefaultDestination {
 		return built[0].Sink, nil // every event goes there: no routing
 	}
@@ -185,7 +187,11 @@ func (a *App) buildSink(d destination) (dispatch.Sink, error) {
 	if err != nil {
 		return nil, err
 	}
-	return a.traced(d, s), nil // the one place every sink gets its send spans
+	// The one place every sink gets its send spans and its send durations.
+	send := a.Metrics.SendDuration.MustCurryWith(prometheus.Labels{"destination": d.name})
+	return dispatch.Timed(a.traced(d, s), func(outcome string, took time.Duration) {
+		send.WithLabelValues(outcome).Observe(took.Seconds())
+	}), nil
 }
 
 // sinksOf are the destinations' sinks by name: a Router's, or sink
@@ -224,7 +230,7 @@ func (a *App) pollerConfig() poller.Config {
 		MaxAttempts: c.MaxAttempts, ClaimTTL: c.ClaimTTL,
 		BackoffBase: c.BackoffBase, BackoffMax: c.BackoffMax, ShutdownTimeout: a.Cfg.ShutdownTimeout,
 		MaxPayloadBytes: int64(c.MaxPayloadBytes), BatchMaxBytes: int64(c.BatchMaxBytes),
-		KeyPrefix: a.Cfg.Redis.KeyPrefix, Notify: c.Notify, GapWait: c.GapWait,
+		KeyPrefix: a.Cfg.Redis.KeyPrefix, Notify: c.Notify, GapWait: c.GapWait, Instance: a.Cfg.InstanceID,
 	}
 }
 
@@ -234,6 +240,7 @@ func (a *App) Reconciler() (*reconcile.Reconciler, error) {
 	return reconcile.New(reconcile.Config{
 		Schedule: c.Schedule, LockTTL: c.LockTTL, Retention: c.Retention, DeadRetention: c.DeadRetention,
 		BatchSize: c.BatchSize, ShutdownTimeout: a.Cfg.ShutdownTimeout, KeyPrefix: a.Cfg.Redis.KeyPrefix,
+		Instance: a.Cfg.InstanceID,
 	}, reconcile.Deps{Store: a.Store, Locks: a.Locks, Redis: a.KV, Log: a.Log, Metrics: a.Metrics})
 }
 
@@ -275,6 +282,7 @@ func (a *App) Run(ctx context.Context) error {
 		Registry:     a.Metrics.Registry,
 		BeforeScrape: a.refreshBacklog,
 		Pprof:        a.Cfg.HTTP.Pprof,
+		AuthToken:    a.Cfg.HTTP.AuthToken,
 		Dead:         a.Store,
 		Status: func(ctx context.Context) (any, error) {
 			st, err := a.status(ctx, map[string]func() int64{keys.PollerLock: p.HeldToken, keys.ReconcileLock: rec.HeldToken}, sinksOf(sink))
@@ -402,6 +410,7 @@ type LockStatus struct {
 	HeldByMe     bool   `json:"held_by_this_replica"`
 	Token        int64  `json:"token,omitempty"`
 	Owner        string `json:"owner,omitempty"`
+	Holder       string `json:"holder,omitempty"` // the holder's instance_id
 	TTLMillis    int64  `json:"ttl_ms,omitempty"`
 	FenceToken   int64  `json:"postgres_fence_token"`
 	RedisCounter int64  `json:"redis_fence_counter"`
@@ -466,11 +475,11 @@ func (a *App) status(ctx context.Context, held map[string]func() int64, built ma
 		if f := held[name]; f != nil && f() > 0 {
 			ls.HeldByMe, ls.Token = true, f()
 		}
-		owner, ttl, err := a.Locks.Holder(ctx, name)
+		h, err := a.Locks.Holder(ctx, name)
 		if err != nil && !errors.Is(err, lock.ErrCorrupt) {
 			return Status{}, fmt.Errorf("redis: %w", err)
 		}
-		ls.Owner, ls.TTLMillis = owner, ttl.Milliseconds()
+		ls.Owner, ls.Holder, ls.TTLMillis = h.Owner, h.Instance, h.TTL.Milliseconds()
 		counter, cerr := a.Locks.LastToken(ctx, name)
 		ls.RedisCounter = counter
 		// A corrupted key stops every replica from leading: show it here,

@@ -2,6 +2,7 @@ package app
 
 import (
 	"fmt"
+	"os"
 	"slices"
 	"time"
 
@@ -70,6 +71,13 @@ func Defaults() map[string]any {
 		"dispatch.webhook.secret":                 "",
 		"dispatch.webhook.secret_file":            "",
 		"dispatch.webhook.timeout":                time.Duration(0), // follows poller.lock_ttl (config.WebhookTimeout)
+		"dispatch.webhook.headers":                map[string]string{},
+		"dispatch.webhook.headers_file":           "",
+		"dispatch.webhook.signing_key":            "",
+		"dispatch.webhook.signing_key_file":       "",
+		"dispatch.webhook.tls.ca_file":            "",
+		"dispatch.webhook.tls.cert_file":          "",
+		"dispatch.webhook.tls.key_file":           "",
 		"dispatch.kafka.brokers":                  []string{},
 		"dispatch.kafka.topic":                    kafka.DefaultTopic,
 		"dispatch.kafka.client_id":                kafka.DefaultClientID,
@@ -113,13 +121,26 @@ func Defaults() map[string]any {
 		"dispatch.cloudevents_mode":               dispatch.CloudEventsBinary,
 		"http.addr":                               DefaultHTTPAddr,
 		"http.pprof":                              false,
+		"http.auth_token":                         "",
+		"http.auth_token_file":                    "",
 		"log.level":                               "info",
 		"log.format":                              "json",
 		"shutdown_timeout":                        poller.DefaultShutdownTimeout,
+		"instance_id":                             hostname(),
 
 		// A destination template may start with a placeholder only when set.
 		"dispatch.allow_row_prefixed_destinations": false,
 	}
+}
+
+// hostname is instance_id's default: the host name (in Kubernetes, the
+// pod's name); "outboxd" when the system names none.
+func hostname() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "outboxd"
+	}
+	return h
 }
 
 // LoadConfig loads the configuration (file, environment, sets; see

@@ -168,6 +168,7 @@ func TestRedactedCoversEverySecretKey(t *testing.T) {
 		"dispatch.nats.url":            {"nats://u:canary@h:4222", "canary"},
 		"dispatch.rabbitmq.url":        {"amqp://guest:canary@h:5672/", "canary"},
 		"dispatch.sqs.queue_url":       {"https://u:canary@sqs.us-east-1.amazonaws.com/123456789012/q", "canary"},
+		"http.auth_token":              {"canary", "canary"},
 	}
 	for _, key := range config.Keys() {
 		if strings.HasSuffix(key, "_file") {

@@ -146,7 +146,7 @@ func TestOperationsEndpointsWithTwoReplicas(t *testing.T) {
 	if v := metricValue(t, body, `outboxd_dispatch_latency_seconds_count{destination="default"}`); v != 50 {
 		t.Fatalf("latency observations %v, want 50", v)
 	}
-	for _, s := range []string{`outboxd_dispatch_failures_total{destination="default"}`, "outboxd_dead_lettered_total",
+	for _, s := range []string{`outboxd_dispatch_failures_total{destination="default",reason="http_5xx"}`, `outboxd_dead_lettered_total{destination="default"}`,
 		`outboxd_fence_rejections_total{lock="lock:outbox:poller"}`, "outboxd_pending_events", "outboxd_oldest_pending_age_seconds"} {
 		if v := metricValue(t, body, s); v != 0 {
 			t.Fatalf("%s = %v, want 0", s, v)

@@ -2,9 +2,12 @@ package app
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"maps"
+	"net/http"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -19,6 +22,7 @@ import (
 	"github.com/outboxd/outboxd/dispatch/redisstream"
 	"github.com/outboxd/outboxd/dispatch/sns"
 	"github.com/outboxd/outboxd/dispatch/sqs"
+	"github.com/outboxd/outboxd/internal/buildinfo"
 	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/poller"
 )
@@ -80,8 +84,17 @@ var sinks = map[string]sinkKind{
 		check:   checkWebhook,
 		build: func(a *App, d destination) (dispatch.Sink, error) {
 			w := d.d.Webhook
+			headers, err := webhookHeaders(d)
+			if err != nil {
+				return nil, err
+			}
+			t, err := webhookTLS(d)
+			if err != nil {
+				return nil, err
+			}
 			return dispatch.NewWebhook(dispatch.WebhookConfig{URL: w.URL, Secret: w.Secret, Timeout: w.Timeout, Log: a.Log,
-				Concurrency: a.Cfg.Poller.Concurrency, CloudEvents: cloudEvents(d)})
+				Concurrency: a.Cfg.Poller.Concurrency, CloudEvents: cloudEvents(d),
+				Headers: headers, SigningKey: w.SigningKey, TLS: t, UserAgent: "outboxd/" + buildinfo.Get().Version})
 		},
 	},
 	"kafka": {
@@ -336,6 +349,15 @@ func checkWebhook(cfg *config.Config, d destination) error {
 	if _, err := dispatch.ParseSecrets(w.Secret); err != nil {
 		return &config.KeyError{Key: cfg.SourceKey(d.key("webhook.secret")), Err: err}
 	}
+	if _, err := dispatch.ParseSigningKey(w.SigningKey); err != nil {
+		return &config.KeyError{Key: cfg.SourceKey(d.key("webhook.signing_key")), Err: err}
+	}
+	if _, err := webhookHeaders(d); err != nil {
+		return err
+	}
+	if _, err := webhookTLS(d); err != nil {
+		return err
+	}
 	// 0 (the default) follows the lease: config.WebhookTimeout.
 	if w.Timeout < 0 {
 		return &config.KeyError{Key: d.key("webhook.timeout"), Err: fmt.Errorf("must be positive, or 0 to follow poller.lock_ttl, got %s", w.Timeout)}
@@ -349,6 +371,58 @@ func checkWebhook(cfg *config.Config, d destination) error {
 			limit, w.Timeout)}
 	}
 	return nil
+}
+
+// webhookHeaders are d's static webhook headers, canonical names to
+// values: dispatch.webhook.headers and the lines of headers_file, each
+// checked by the webhook's rule (dispatch.CheckStaticHeader). An error
+// names the key and never the value.
+func webhookHeaders(d destination) (map[string]string, error) {
+	w := d.d.Webhook
+	out := map[string]string{}
+	for _, name := range slices.Sorted(maps.Keys(w.Headers)) {
+		if err := dispatch.CheckStaticHeader(name, w.Headers[name]); err != nil {
+			return nil, &config.KeyError{Key: d.key("webhook.headers." + name), Err: err}
+		}
+		out[http.CanonicalHeaderKey(name)] = w.Headers[name]
+	}
+	if w.HeadersFile == "" {
+		return out, nil
+	}
+	key := d.key("webhook.headers_file")
+	b, err := os.ReadFile(w.HeadersFile)
+	if err != nil {
+		return nil, &config.KeyError{Key: key, Err: err}
+	}
+	lines, err := dispatch.ParseHeaderLines(string(b))
+	if err != nil {
+		return nil, &config.KeyError{Key: key, Err: err}
+	}
+	for name, v := range lines {
+		if _, dup := out[name]; dup {
+			return nil, &config.KeyError{Key: key, Err: fmt.Errorf("header %s is also set in %s", name, d.key("webhook.headers"))}
+		}
+		out[name] = v
+	}
+	return out, nil
+}
+
+// webhookTLS is d's TLS to an https receiver (dispatch.webhook.tls.*);
+// nil when none of its files is set.
+func webhookTLS(d destination) (*tls.Config, error) {
+	w := d.d.Webhook
+	if w.TLS == (config.WebhookTLS{}) {
+		return nil, nil
+	}
+	prefix := d.key("webhook.tls")
+	if u, err := dispatch.ParseURL(w.URL); err == nil && u.Scheme != "https" {
+		return nil, &config.KeyError{Key: prefix, Err: fmt.Errorf("set, but %s is not an https URL", d.key("webhook.url"))}
+	}
+	t := config.TLS{Enabled: true, CAFile: w.TLS.CAFile, CertFile: w.TLS.CertFile, KeyFile: w.TLS.KeyFile}
+	if err := config.CheckTLSFiles(prefix, t); err != nil {
+		return nil, err
+	}
+	return tlsConfig(prefix, t)
 }
 
 // checkKafka: the topic's literal parts, the brokers, SASL and TLS files,

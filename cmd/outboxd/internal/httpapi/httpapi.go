@@ -31,11 +31,16 @@ type Deps struct {
 	// heap profiles of the running daemon, for benchmarks and incidents.
 	// Off by default: a profile can be expensive and shows internals.
 	Pprof bool
+	// AuthToken (http.auth_token), when set, is required as a bearer token
+	// by /metrics, /status, /dead and /debug/pprof/; /livez and /readyz
+	// stay open for probes.
+	AuthToken string
 }
 
 // Handler returns the endpoints' mux.
 func Handler(d Deps) http.Handler {
 	mux := http.NewServeMux()
+	guarded := func(pattern string, h http.HandlerFunc) { mux.HandleFunc(pattern, requireToken(d.AuthToken, h)) }
 	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -54,7 +59,7 @@ func Handler(d Deps) http.Handler {
 	})
 	if d.Registry != nil {
 		h := promhttp.HandlerFor(d.Registry, promhttp.HandlerOpts{Registry: d.Registry})
-		mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		guarded("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
 			if d.BeforeScrape != nil {
 				ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 				d.BeforeScrape(ctx)
@@ -63,7 +68,7 @@ func Handler(d Deps) http.Handler {
 			h.ServeHTTP(w, r)
 		})
 	}
-	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
+	guarded("GET /status", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 		defer cancel()
 		st, err := d.Status(ctx)
@@ -74,14 +79,14 @@ func Handler(d Deps) http.Handler {
 		writeJSON(w, http.StatusOK, st)
 	})
 	if d.Dead != nil {
-		mux.HandleFunc("GET /dead", func(w http.ResponseWriter, r *http.Request) { serveDead(w, r, d.Dead) })
+		guarded("GET /dead", func(w http.ResponseWriter, r *http.Request) { serveDead(w, r, d.Dead) })
 	}
 	if d.Pprof {
-		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
-		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
-		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+		guarded("GET /debug/pprof/", pprof.Index)
+		guarded("GET /debug/pprof/cmdline", pprof.Cmdline)
+		guarded("GET /debug/pprof/profile", pprof.Profile)
+		guarded("GET /debug/pprof/symbol", pprof.Symbol)
+		guarded("GET /debug/pprof/trace", pprof.Trace)
 	}
 	return mux
 }

@@ -1,0 +1,61 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/store"
+)
+
+// A discard is a fenced write: with an older token than the lock's newest
+// holder it deletes nothing; taken over between two batches it stops,
+// reporting the rows it deleted; the current holder's deletes exactly the
+// dead rows, oldest first, batch by batch, and never a pending or
+// delivered row.
+func TestDiscardIsFencedAndTouchesOnlyDeadRows(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	t0 := time.Now().Add(-time.Hour)
+	ids := insertRows(t, st, deadRow{"a", "1", "e", "x", t0, false}, deadRow{"a", "2", "e", "x", t0.Add(time.Second), false},
+		deadRow{"a", "3", "e", "x", t0.Add(2 * time.Second), false})
+	if _, err := st.Pool().Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, dispatched_at)
+		VALUES ('a', '1', 'e', '{}', NULL), ('a', '1', 'e', '{}', now())`); err != nil {
+		t.Fatal(err)
+	}
+	mine := store.Fence{Lock: "lock:reconciliation", Token: 3, Owner: "discard"}
+	next := store.Fence{Lock: mine.Lock, Token: 4, Owner: "reconcile"}
+	if err := st.ClaimFence(ctx, next); err != nil {
+		t.Fatal(err)
+	}
+	n, err := st.DiscardDead(ctx, mine, store.DeadFilter{}, 1, nil)
+	if !errors.Is(err, store.ErrStaleFence) || n != 0 || len(listAll(t, st, store.DeadFilter{}, 10)) != 3 {
+		t.Fatalf("stale discard: %d, %v; want 0, ErrStaleFence, every dead row kept", n, err)
+	}
+
+	mine.Token = 5
+	var seen []int64
+	n, err = st.DiscardDead(ctx, mine, store.DeadFilter{}, 1, func(rows []store.Discarded) {
+		for _, r := range rows {
+			seen = append(seen, r.ID)
+		}
+		if len(seen) == 2 {
+			if err := st.ClaimFence(ctx, store.Fence{Lock: mine.Lock, Token: 6, Owner: "reconcile"}); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	if !errors.Is(err, store.ErrStaleFence) || n != 2 || len(seen) != 2 || seen[0] != ids[0] || seen[1] != ids[1] {
+		t.Fatalf("discard taken over after two batches: %d, %v, removed %v; want 2, ErrStaleFence, %v", n, err, seen, ids[:2])
+	}
+	if got := listAll(t, st, store.DeadFilter{}, 10); len(got) != 1 || got[0] != ids[2] {
+		t.Fatalf("dead rows %v, want the one the discard did not reach (%d)", got, ids[2])
+	}
+	var left int
+	if err := st.Pool().QueryRow(ctx, `SELECT count(*) FROM outbox WHERE dead_at IS NULL`).Scan(&left); err != nil || left != 2 {
+		t.Fatalf("pending and delivered rows left: %d, %v; want 2", left, err)
+	}
+}
