@@ -65,7 +65,7 @@ const (
 	DefaultLockTTL         = 30 * time.Second
 	DefaultLockWait        = 5 * time.Second
 	DefaultBatchSize       = 500
-	DefaultPollInterval    = 100 * time.Millisecond // idle poll ceiling (measured: see BENCHMARKS.md)
+	DefaultPollInterval    = 100 * time.Millisecond // idle poll ceiling
 	DefaultMaxAttempts     = 25
 	DefaultClaimTTL        = 60 * time.Second
 	DefaultBackoffBase     = time.Second
@@ -74,20 +74,12 @@ const (
 	DefaultMaxPayloadBytes = 1 << 20  // fits the Kubernetes manifest's 256 Mi with a full batch in flight
 	DefaultBatchMaxBytes   = 16 << 20 // likewise
 	// DefaultGapWait bounds how long rows wait behind an id a producer took
-	// earlier and has not committed (see readpath.go; README "Order when
-	// producers race"). Measured (BENCHMARKS.md, "Session 4"): 4-16 racing
-	// producers holding their transactions 0-20 ms after the INSERT, at 1k
-	// and up to 5k ev/s on a 2-core box at load 15-45, had no late commit
-	// and no gap given up at 200 ms in any of 30 runs; 50 ms had 8 late
-	// commits in 4 runs (all above 1k ev/s at load 24-45, which stretched
-	// some transactions past 50 ms), 10 ms had some in 20 runs, 1 ms in 28.
-	// Rows behind a short transaction wait for its commit, not for
-	// gap_wait, so the larger value costs ordinary producers nothing
-	// measurable. What it costs: every row above an id whose transaction
-	// stays open longer (a producer that keeps its transaction open after
-	// the INSERT; a rollback while a long writing transaction elsewhere
-	// holds the snapshot xmin back) waits this long, once per such id; and
-	// it keeps order for such a transaction only if it ends within the wait.
+	// earlier and has not committed (readpath.go). It outlasts the
+	// transactions of producers racing under load; a shorter wait lets some
+	// of them commit late. Rows behind a short transaction wait for its
+	// commit, not for gap_wait; only an id whose transaction stays open
+	// longer holds the rows above it this long, once. docs/design.md,
+	// "Order when producers race".
 	DefaultGapWait = 200 * time.Millisecond
 )
 

@@ -9,18 +9,9 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"testing"
 )
-
-// goFilesWithWorkWords are the non-test Go files whose comments still speak
-// of how the code was made. The test fails when a file not listed here does,
-// and when a listed file no longer does (or is gone): then remove it.
-var goFilesWithWorkWords = []string{
-	"poller/poller.go",
-	"store/reconcile.go",
-}
 
 // workWords are what the repository's prose must not contain: it speaks of
 // the product, not of how it was made.
@@ -131,9 +122,9 @@ func TestDocsSpeakOfTheProductAlone(t *testing.T) {
 	}
 }
 
-// goComments returns the comment lines of the module's non-test Go files
-// ("line\x00text"), by path relative to the root; code blocks of doc
-// comments are left out.
+// goComments returns the comment lines of every Go file under the root,
+// tests and the bench module included ("line\x00text"), by path relative to
+// the root; code blocks of doc comments are left out.
 func goComments(t *testing.T, root string) map[string][]string {
 	t.Helper()
 	out := map[string][]string{}
@@ -148,7 +139,7 @@ func goComments(t *testing.T, root string) map[string][]string {
 			}
 			return nil
 		}
-		if !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+		if !strings.HasSuffix(p, ".go") {
 			return nil
 		}
 		f, err := parser.ParseFile(fset, p, nil, parser.ParseComments|parser.SkipObjectResolution)
@@ -182,25 +173,12 @@ func goComments(t *testing.T, root string) map[string][]string {
 
 func TestGoCommentsSpeakOfTheProductAlone(t *testing.T) {
 	root := root(t)
-	files := goComments(t, root)
-	offending := map[string]bool{}
-	for path, lines := range files {
+	for path, lines := range goComments(t, root) {
 		for _, l := range lines {
 			n, line, _ := strings.Cut(l, "\x00")
 			for _, o := range offences(line) {
-				offending[path] = true
-				if !slices.Contains(goFilesWithWorkWords, path) {
-					t.Errorf("%s:%s: a comment names %s: say what the code does and why, not how it was made", path, n, o)
-				}
+				t.Errorf("%s:%s: a comment names %s: say what the code does and why, not how it was made", path, n, o)
 			}
-		}
-	}
-	for _, path := range goFilesWithWorkWords {
-		switch _, exists := files[path]; {
-		case !exists:
-			t.Errorf("%s is listed in goFilesWithWorkWords but is no longer a non-test Go file: remove it from the list", path)
-		case !offending[path]:
-			t.Errorf("%s is listed in goFilesWithWorkWords but its comments are clean now: remove it from the list", path)
 		}
 	}
 }

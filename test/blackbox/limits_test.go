@@ -6,8 +6,7 @@ import (
 	"testing"
 )
 
-// Black-box tests of issue 21 item 6: broker limits are known before
-// sending. A message that can never fit is dead-lettered at once, alone;
+// Black-box tests: broker limits are known before sending. A message that can never fit is dead-lettered at once, alone;
 // no other row pays an attempt or a duplicate publish for it.
 
 // bigHeaders is a row headers object of about n bytes.
