@@ -494,12 +494,11 @@ func TestStatsCountsFromTheCursor(t *testing.T) {
 // a drain: 20,000 rows pending after VACUUM (their pages all-visible),
 // 10,000 delivered above the saved cursor, counted right, in a few
 // hundred buffers (the index's pages), not a buffer per heap page or per
-// row. The walk of the primary key it replaced read every row above the
-// cursor in the heap: 12.9k buffers a scrape for 60k such rows, 54k in a
-// 100k drain's scrapes (pg_stat_statements). Its own server: on the
-// shared one, other tests' transactions keep VACUUM from marking the
-// pages all-visible and the delivered rows' entries from being marked
-// dead (593 buffers in a suite run), which is what the test is not about.
+// row, as a walk of the primary key (which reads every row above the
+// cursor in the heap) would. Its own server: on the shared one, other
+// tests' transactions keep VACUUM from marking the pages all-visible and
+// the delivered rows' entries from being marked dead, which is what the
+// test is not about.
 func TestBacklogCountReadsThePendingIndexAlone(t *testing.T) {
 	t.Parallel()
 	st := privateStore(t)

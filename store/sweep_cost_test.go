@@ -94,7 +94,7 @@ func TestSweepCostDoesNotGrowWithHistory(t *testing.T) {
 
 	// The repair's plan walks no pending index: their entries for the
 	// history are walked whole when the planner, after an ANALYZE that saw
-	// few pending rows, scans one and sorts (1,143 buffers, now and then).
+	// few pending rows, scans one and sorts.
 	planRows, err := conn.Query(ctx, "EXPLAIN EXECUTE pr(0, 1000, NULL)", pgx.QueryExecModeSimpleProtocol)
 	if err != nil {
 		t.Fatal(err)
