@@ -49,8 +49,7 @@ func TestReadAllocatesLittlePerRow(t *testing.T) {
 
 // A read's rows take room for the rows it finds, not for its limit: while
 // events stream a read finds a few rows, and room for poller.batch_size of
-// them made per read (500 Rows, 80 KB) was 88% of what the relay allocated
-// at 2k ev/s. In a drain, where every read fills the limit, the room is
+// them made per read would be most of what the relay allocates. In a drain, where every read fills the limit, the room is
 // made once per read at its full size, not grown row by row.
 func TestReadAllocatesForTheRowsItFinds(t *testing.T) {
 	st, _ := testenv.Store(t)
@@ -534,7 +533,7 @@ func TestReadLooksUpSkippedIDsOnlyAtOrBelowTheHighest(t *testing.T) {
 
 // TestReadComputesTheFarBoundOncePerRead: the rows the read scans are
 // judged against now() + 100 years computed once per read (an InitPlan),
-// not per row: the interval added twice a row was 2-3% of a drain's read.
+// not per row, where the interval would be added twice a row.
 // TestFarAvailableAtIsPoison checks what the bound decides.
 func TestReadComputesTheFarBoundOncePerRead(t *testing.T) {
 	t.Parallel()

@@ -83,16 +83,15 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 //
 // And they never JIT-compile (jit = off, unless the config sets it): the
 // read's estimated cost grows with the pending rows, and past
-// jit_above_cost Postgres spent ~400 ms compiling a read that runs in
-// 16-24 ms (1M pending rows, EXPLAIN ANALYZE here; 2-3 s per read on a
-// loaded machine, a 1M backlog drained at ~200 ev/s).
+// jit_above_cost Postgres spends many times longer compiling a read than
+// running it.
 //
 // Nor do they start parallel workers (max_parallel_workers_per_gather = 0,
 // unless the config sets it): each statement here reads a bounded set of
 // rows through an index, and the conditions written opaquely (see
-// backingOff) are estimated at half the table, which made the backlog
-// count a parallel bitmap scan that started two workers on every scrape
-// (~35 ms of a 2-core machine to count no rows).
+// backingOff) are estimated at half the table, which makes the backlog
+// count a parallel bitmap scan that starts two workers on every scrape,
+// even to count no rows.
 func OpenConfig(ctx context.Context, cfg *pgxpool.Config) (*Store, error) {
 	for k, v := range map[string]string{"plan_cache_mode": "force_generic_plan", "jit": "off", "enable_seqscan": "off",
 		"max_parallel_workers_per_gather": "0"} {
@@ -162,8 +161,8 @@ type FetchLimits struct {
 // stored size from the datum header. A compressed jsonb (its stored size can
 // be a hundredth of its real size) is measured decompressed: '[]' || x is an
 // uncompressed copy of x (x itself for an array, [x] otherwise), whatever x
-// holds. Measured here on 30 compressed 10 MB rows: 92 ms, where their text
-// size (jsonb_out) took 3.4 s and jsonb_path_query_first 2.1 s.
+// holds. On large compressed rows that is far cheaper than their text size
+// (jsonb_out) or jsonb_path_query_first.
 const rowSizeSQL = `(CASE WHEN pg_column_compression(o.payload) IS NULL THEN pg_column_size(o.payload)
        ELSE pg_column_size('[]'::jsonb || o.payload) END
   + CASE WHEN pg_column_compression(o.headers) IS NULL THEN pg_column_size(o.headers)
