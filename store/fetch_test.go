@@ -248,8 +248,8 @@ func TestInheritedLateNamesLateRowsAndMissingIDs(t *testing.T) {
 
 // Rows at or above the sent mark cannot have a later dispatched row at or
 // below it, and LaterSent does not ask Postgres about them: a holder's
-// first rows above a computed cursor cost no query (planned, it walked the
-// aggregates' whole history). A cancelled context shows whether it asked.
+// first rows above a computed cursor cost no query (a query there would
+// walk the aggregates' whole history). A cancelled context shows whether it asked.
 func TestLaterSentAsksNothingForRowsAtOrAboveTheMark(t *testing.T) {
 	t.Parallel()
 	st, _ := testenv.Store(t)
@@ -457,7 +457,7 @@ func TestHotPathCostDoesNotGrowWithHistory(t *testing.T) {
 // dead or backing off), and counts the same as a walk of every row: a row
 // backing off below the cursor is pending, and the oldest; one backing off
 // above it is pending once (the rows backing off are counted below the
-// cursor only: counted wherever they are, it was counted twice).
+// cursor only: counted wherever they are, one would be counted twice).
 func TestStatsCountsFromTheCursor(t *testing.T) {
 	t.Parallel()
 	st, _ := testenv.Store(t)

@@ -422,7 +422,7 @@ func TestReadLooksUpSkippedRowsInAHash(t *testing.T) {
 // TestReadCutsItsBatchOnNarrowRows: the read chooses the rows it returns
 // (the row and byte limits: a sort, a window, the CTE out) on their ids
 // and sizes, and takes the payloads and headers from hot and low once the
-// choice is made: carried through the cut they were copied four more
+// choice is made: carried through the cut they would be copied four more
 // times per read. Rows from below the cursor come back in id order all
 // the same (readSQL returns them after the hot ones; Read sorts them).
 func TestReadCutsItsBatchOnNarrowRows(t *testing.T) {

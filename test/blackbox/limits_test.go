@@ -55,7 +55,7 @@ func TestRabbitMQHeaderFrameAboveFrameMax(t *testing.T) {
 }
 
 // NATS JetStream refuses a header block above 64 KiB for ever: such a row
-// is dead-lettered on its first attempt (it was retried for hours), and the
+// is dead-lettered on its first attempt, not retried for hours, and the
 // rest flow.
 func TestNATSHeaderBlockAboveLimit(t *testing.T) {
 	t.Parallel()
