@@ -20,12 +20,11 @@
 //     token of the term that made it, and a holder with a higher token takes
 //     it over at once (compare-and-set), since the older term's trust
 //     deadline has passed by construction. After Redis lost the lock state,
-//     the successor first waits one TTL (see lead).
+//     the successor first waits one TTL (see lead; docs/design.md, "The
+//     lease and the fence").
 //   - A delivered mark names its row, not its id (keys.Judge): a mark left
-//     by an earlier row with the same id (the ids came round again) is never
-//     taken for "delivered"; it is taken over by compare-and-set and the row
-//     is sent, counted in outboxd_idempotency_foreign_total and logged
-//     ("sequence rewind detected") once per term.
+//     by an earlier row with the same id is never taken for "delivered"
+//     (docs/design.md, "Idempotency keys").
 //   - Isolation: nothing about one row stalls the others. A row too large
 //     or unsendable as it is (store.Row.Poison) is dead-lettered unloaded; an
 //     idempotency key Redis cannot use (WRONGTYPE) or holding a value outboxd
