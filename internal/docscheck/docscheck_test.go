@@ -22,6 +22,7 @@ import (
 var goFilesWithWorkWords = []string{
 	"cmd/outboxd/defects_test.go",
 	"cmd/outboxd/internal/app/config_test.go",
+	"cmd/outboxd/main_test.go",
 	"config/secrets_test.go",
 }
 
@@ -34,7 +35,7 @@ var workWords = []struct {
 	{"a work session", regexp.MustCompile(`(?i)\bsessions? [0-9]+\b|\bhelper('s|s'?)? sessions?\b`)},
 	{"a branch", regexp.MustCompile(`(?i)\bbranch(es)?\b`)},
 	{"an issue number", regexp.MustCompile(`(?i)\bissues?[ -]?#?[0-9]+\b`)},
-	{"a review", regexp.MustCompile(`(?i)\breview(ed|s)?\b`)},
+	{"a review", regexp.MustCompile(`(?i)\breview(ed|s)?\b|\bfindings? [0-9]+[a-z]?\b`)},
 	{"a work date", regexp.MustCompile(`\b20[0-9]{2}-[01][0-9]-[0-3][0-9]\b`)},
 	{"a commit hash", regexp.MustCompile(`\b[0-9a-f]{7,40}\b`)},
 }
@@ -288,7 +289,7 @@ func TestRelativeLinksResolve(t *testing.T) {
 func TestTheCheckCatchesWhatItLooksFor(t *testing.T) {
 	for _, s := range []string{
 		"measured in session 12", "while helper sessions ran", "on branch `tail`",
-		"issue 17", "issue #21", "a review finding", "on 2026-11-24", "the build before it (5b0c8bc)",
+		"issue 17", "issue #21", "a review finding", "Findings 5a and 11", "on 2026-11-24", "the build before it (5b0c8bc)",
 	} {
 		if len(offences(s)) == 0 {
 			t.Errorf("%q: nothing found", s)
@@ -296,7 +297,7 @@ func TestTheCheckCatchesWhatItLooksFor(t *testing.T) {
 	}
 	for _, s := range []string{
 		"the producer's session holds a snapshot", "`1:hog0kqe6sw.063a9897`", "deadbeef", "1234567",
-		"dead at `2026-11-24T02:51:10Z`", "outboxd_late_commits_total",
+		"dead at `2026-11-24T02:51:10Z`", "outboxd_late_commits_total", "finding its delivered mark",
 	} {
 		if o := offences(s); len(o) > 0 {
 			t.Errorf("%q: found %v", s, o)
