@@ -14,7 +14,7 @@ type SendFunc func(ctx context.Context, ev Event, token int64) error
 // DefaultConcurrency is how many aggregates a PerEvent sink sends at once
 // when asked for 0: throughput is about concurrency / receiver latency, and
 // 512 keeps a receiver answering in 20 ms (another region) above 10k ev/s
-// with room to spare (chosen by measurement: README "Slow receivers").
+// with room to spare (docs/operations.md, "Slow receivers").
 const DefaultConcurrency = 512
 
 // PerEvent makes a Sink of a destination that takes one event per request

@@ -68,8 +68,8 @@ func TestWebhookSecretRotationVerifiesWithTheReferenceLibrary(t *testing.T) {
 	}
 }
 
-// One secret, as before rotation: one signature. A raw secret (no whsec_)
-// is taken whole, spaces and commas included, as it always was.
+// One secret: one signature. A raw secret (no whsec_) is taken whole,
+// spaces and commas included, as earlier versions took it.
 func TestWebhookSingleSecretsStayCompatible(t *testing.T) {
 	for _, tc := range []struct {
 		setting string

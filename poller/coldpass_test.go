@@ -15,15 +15,14 @@ import (
 // A holder that computed its cursor saves it at its first read, with the
 // cold pass it still owes (the horizon); a successor that takes over before
 // that pass ran owes it in its turn. Without the horizon saved, the
-// successor took the cursor as settled, and a row a producer held in flight
-// across both starts, below the computed cursor, waited for the periodic
-// rescan (an hour here, 5 minutes by default).
+// successor takes the cursor as settled, and a row a producer held in
+// flight across both starts, below the computed cursor, waits for the
+// periodic rescan (an hour here, 5 minutes by default).
 func TestColdPassOwedPassesToTheSuccessor(t *testing.T) {
 	e := newEnv(t)
 	// The pass waits for every transaction of the cluster open at the
-	// start: on the shared server another package's open transaction held
-	// it past the test's 20 s wait (seen in three runs at 21:45-21:48 on
-	// 2026-11-24, branch mutants, with other helpers' suites running).
+	// start: on the shared server another package's open transaction can
+	// hold it past the test's 20 s wait.
 	e.privatePostgres()
 	ctx := context.Background()
 	e.produce("A")

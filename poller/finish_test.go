@@ -63,7 +63,7 @@ func TestBackoffHasAFloorAndRetryAfterAStop(t *testing.T) {
 	if hi != 47295*time.Second || lo != hi/2 {
 		t.Fatalf("retry horizon [%s, %s], want [%s, %s]", lo, hi, 47295*time.Second/2, 47295*time.Second)
 	}
-	// The finding: 5 attempts from 1 s must outlast a 5 s outage.
+	// 5 attempts from 1 s outlast a 5 s outage.
 	if lo, _ := RetryHorizon(Config{BackoffBase: time.Second, BackoffMax: time.Hour, MaxAttempts: 5}); lo < 7*time.Second {
 		t.Fatalf("5 attempts survive at least %s, want 7.5s", lo)
 	}

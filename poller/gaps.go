@@ -43,7 +43,7 @@ import (
 // producer is descheduled for longer than one poll between taking its id
 // and its first write (it has no transaction id yet, so the read's
 // snapshot cannot name it; lateWatch and the rescan still deliver its row,
-// reported when late). See docs/design.md.
+// reported when late). docs/design.md, "Order when producers race".
 type gapWatch struct {
 	runs  gapSet
 	reads int64 // reads so far: whose turn it is among old runs

@@ -28,7 +28,8 @@ import (
 // Not warned: a row whose later sibling was sent above the saved sent mark
 // by a holder that lost the lease before saving it (at most saveEvery of
 // sends); for a row found below the cursor, one whose later sibling was
-// taken and not yet written when it was checked.
+// taken and not yet written when it was checked. What an operator sees:
+// docs/design.md, "Order when producers race".
 type lateCommits struct {
 	sent      sentMemory
 	warned    map[int64]struct{} // ids checked or warned this term

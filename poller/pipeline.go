@@ -368,7 +368,7 @@ func (pl *pipeline) take() (*flight, []piece, bool) {
 func (pl *pipeline) writePieces(f *flight, pieces []piece) {
 	// settle's copies: without payloads, never changed again. A batch whose
 	// aggregates all settled at once is one piece, written as it is: joined
-	// into a new slice, it was copied a second time (200 bytes a row).
+	// into a new slice, it would be copied a second time.
 	items := pieces[0].items
 	if len(pieces) > 1 {
 		n := 0

@@ -20,12 +20,11 @@
 //     token of the term that made it, and a holder with a higher token takes
 //     it over at once (compare-and-set), since the older term's trust
 //     deadline has passed by construction. After Redis lost the lock state,
-//     the successor first waits one TTL (see lead).
+//     the successor first waits one TTL (see lead; docs/design.md, "The
+//     lease and the fence").
 //   - A delivered mark names its row, not its id (keys.Judge): a mark left
-//     by an earlier row with the same id (the ids came round again) is never
-//     taken for "delivered"; it is taken over by compare-and-set and the row
-//     is sent, counted in outboxd_idempotency_foreign_total and logged
-//     ("sequence rewind detected") once per term.
+//     by an earlier row with the same id is never taken for "delivered"
+//     (docs/design.md, "Idempotency keys").
 //   - Isolation: nothing about one row stalls the others. A row too large
 //     or unsendable as it is (store.Row.Poison) is dead-lettered unloaded; an
 //     idempotency key Redis cannot use (WRONGTYPE) or holding a value outboxd
@@ -65,7 +64,7 @@ const (
 	DefaultLockTTL         = 30 * time.Second
 	DefaultLockWait        = 5 * time.Second
 	DefaultBatchSize       = 500
-	DefaultPollInterval    = 100 * time.Millisecond // idle poll ceiling (measured: see BENCHMARKS.md)
+	DefaultPollInterval    = 100 * time.Millisecond // idle poll ceiling
 	DefaultMaxAttempts     = 25
 	DefaultClaimTTL        = 60 * time.Second
 	DefaultBackoffBase     = time.Second
@@ -74,20 +73,12 @@ const (
 	DefaultMaxPayloadBytes = 1 << 20  // fits the Kubernetes manifest's 256 Mi with a full batch in flight
 	DefaultBatchMaxBytes   = 16 << 20 // likewise
 	// DefaultGapWait bounds how long rows wait behind an id a producer took
-	// earlier and has not committed (see readpath.go; README "Order when
-	// producers race"). Measured (BENCHMARKS.md, "Session 4"): 4-16 racing
-	// producers holding their transactions 0-20 ms after the INSERT, at 1k
-	// and up to 5k ev/s on a 2-core box at load 15-45, had no late commit
-	// and no gap given up at 200 ms in any of 30 runs; 50 ms had 8 late
-	// commits in 4 runs (all above 1k ev/s at load 24-45, which stretched
-	// some transactions past 50 ms), 10 ms had some in 20 runs, 1 ms in 28.
-	// Rows behind a short transaction wait for its commit, not for
-	// gap_wait, so the larger value costs ordinary producers nothing
-	// measurable. What it costs: every row above an id whose transaction
-	// stays open longer (a producer that keeps its transaction open after
-	// the INSERT; a rollback while a long writing transaction elsewhere
-	// holds the snapshot xmin back) waits this long, once per such id; and
-	// it keeps order for such a transaction only if it ends within the wait.
+	// earlier and has not committed (readpath.go). It outlasts the
+	// transactions of producers racing under load; a shorter wait lets some
+	// of them commit late. Rows behind a short transaction wait for its
+	// commit, not for gap_wait; only an id whose transaction stays open
+	// longer holds the rows above it this long, once. docs/design.md,
+	// "Order when producers race".
 	DefaultGapWait = 200 * time.Millisecond
 )
 

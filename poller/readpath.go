@@ -31,8 +31,8 @@ import (
 //     the read state.
 //
 // Not guaranteed: order when an identity sequence caches values (CACHE > 1:
-// ids are then not allocated in time order across sessions). See
-// docs/design.md for the whole read path.
+// ids are then not allocated in time order across sessions). The whole
+// read path: docs/design.md, "The read path".
 
 // reader is one term's place in the outbox: the mechanisms above, tied
 // together by fetch. It is used by the lead goroutine only (batch runs

@@ -6,7 +6,7 @@ import (
 
 // Ids reused at or below the cursor while the relay runs: the database went
 // back in time under it, so rows get ids the scan above the cursor never
-// looks at again. Each read says which server it ran on and where the id
+// looks at again (docs/design.md, "The read path"). Each read says which server it ran on and where the id
 // sequence stands (store.ReadResult.Incarnation, SeqLast), and fetch acts
 // on it before it takes anything from that read:
 //

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// Issue 18: robfig/cron v3.0.1 panics on a time zone with no space after it.
+// robfig/cron v3.0.1 panics on a time zone with no space after it.
 // ParseSchedule returns an error for every such spec, and never panics.
 func TestScheduleWithOnlyAZoneIsAnError(t *testing.T) {
 	t.Parallel()

@@ -10,12 +10,11 @@ package store
 // Guarantee: a query for rows backing off never walks outbox_pending_idx or
 // outbox_pending_aggregate_idx, whatever the statistics. Written as a plain
 // conjunction the condition implies those indexes' predicate (every pending
-// row), and once autovacuum had analyzed the table while little was
-// pending, the planner priced a walk of all of outbox_pending_idx below the
-// cursor (ids in heap order: "sequential") under the small index, and took
+// row), and once autovacuum has analyzed the table while little is
+// pending, the planner prices a walk of all of outbox_pending_idx below the
+// cursor (ids in heap order: "sequential") under the small index, and takes
 // it. Under a snapshot held elsewhere that index keeps an entry for every
-// row delivered since, and each read walked them all (180k buffers per read
-// after 3 minutes at 2k ev/s). COALESCE(..., false) means the same in a
+// row delivered since, and each read would walk them all. COALESCE(..., false) means the same in a
 // WHERE clause (a NULL is rejected like false; these columns never give
 // one) but is one expression the planner does not look into: it proves the
 // backoff index's predicate by equality and no other.

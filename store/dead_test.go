@@ -386,7 +386,6 @@ func (p planNode) scans() []planNode {
 // inside the tie, or last, is read through outbox_dead_list_idx from its
 // cursor, touching at most limit+1 rows and a bounded number of buffers,
 // as the generic plan the store's sessions use (plan_cache_mode) has it.
-// The time per page is in BENCHMARKS.md ("Dead-letter list").
 func TestDeadListPagesByKeysetOver100kRows(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -456,7 +455,7 @@ FROM generate_series(1, $1::int) g`, n)
 }
 
 // A replay holding an older token than the lock's newest holder changes
-// nothing: replays are fenced writes like every other (issue 20). One
+// nothing: replays are fenced writes like every other. One
 // whose token is current requeues, and its batches raise nothing.
 func TestReplayWithAStaleFenceChangesNothing(t *testing.T) {
 	t.Parallel()

@@ -248,8 +248,8 @@ func TestInheritedLateNamesLateRowsAndMissingIDs(t *testing.T) {
 
 // Rows at or above the sent mark cannot have a later dispatched row at or
 // below it, and LaterSent does not ask Postgres about them: a holder's
-// first rows above a computed cursor cost no query (planned, it walked the
-// aggregates' whole history). A cancelled context shows whether it asked.
+// first rows above a computed cursor cost no query (a query there would
+// walk the aggregates' whole history). A cancelled context shows whether it asked.
 func TestLaterSentAsksNothingForRowsAtOrAboveTheMark(t *testing.T) {
 	t.Parallel()
 	st, _ := testenv.Store(t)
@@ -457,7 +457,7 @@ func TestHotPathCostDoesNotGrowWithHistory(t *testing.T) {
 // dead or backing off), and counts the same as a walk of every row: a row
 // backing off below the cursor is pending, and the oldest; one backing off
 // above it is pending once (the rows backing off are counted below the
-// cursor only: counted wherever they are, it was counted twice).
+// cursor only: counted wherever they are, one would be counted twice).
 func TestStatsCountsFromTheCursor(t *testing.T) {
 	t.Parallel()
 	st, _ := testenv.Store(t)
@@ -494,12 +494,11 @@ func TestStatsCountsFromTheCursor(t *testing.T) {
 // a drain: 20,000 rows pending after VACUUM (their pages all-visible),
 // 10,000 delivered above the saved cursor, counted right, in a few
 // hundred buffers (the index's pages), not a buffer per heap page or per
-// row. The walk of the primary key it replaced read every row above the
-// cursor in the heap: 12.9k buffers a scrape for 60k such rows, 54k in a
-// 100k drain's scrapes (pg_stat_statements). Its own server: on the
-// shared one, other tests' transactions keep VACUUM from marking the
-// pages all-visible and the delivered rows' entries from being marked
-// dead (593 buffers in a suite run), which is what the test is not about.
+// row, as a walk of the primary key (which reads every row above the
+// cursor in the heap) would. Its own server: on the shared one, other
+// tests' transactions keep VACUUM from marking the pages all-visible and
+// the delivered rows' entries from being marked dead, which is what the
+// test is not about.
 func TestBacklogCountReadsThePendingIndexAlone(t *testing.T) {
 	t.Parallel()
 	st := privateStore(t)

@@ -13,24 +13,24 @@ import (
 	"github.com/outboxd/outboxd/store"
 )
 
-// Before a poller saved a cursor in this epoch (a first start, the first
-// start after an upgrade onto a table with history), LoadCursor looked for
-// the lowest pending row, and the backlog count (Stats, at each scrape
-// until the save) and the reconciler's sweep (PendingRows,
-// PendingByAttempts) counted from id 0. With few pending rows in the
-// planner's estimates (a plan made on a small table and kept, or after
-// ANALYZE) those walked outbox_pending_aggregate_idx or the primary key
-// in an order that made each row of history a buffer. They now take a
-// floor from a bitmap scan of a pending index (store.pendingFloor): each
-// index page and each heap page once. That still grows with the history a
-// held snapshot keeps in the index (no bound is possible without a saved
-// cursor); what the test holds is that it stays under one buffer per 30
-// rows of history, at 20k and at 200k rows, in both plans, and that every
-// pending row is still counted. The purge does not depend on a cursor and
-// stays flat.
+// With no cursor saved by a poller in this epoch (a first start, the first
+// start after an upgrade onto a table with history), LoadCursor, the
+// backlog count (Stats, at each scrape until the save) and the
+// reconciler's sweep (PendingRows, PendingByAttempts) take a floor from a
+// bitmap scan of a pending index (store.pendingFloor): each index page and
+// each heap page once. Counted from id 0 instead, with few pending rows in
+// the planner's estimates (a plan made on a small table and kept, or after
+// ANALYZE), they walk outbox_pending_aggregate_idx or the primary key in
+// an order that makes each row of history a buffer; the test logs those
+// unfloored costs beside the floored ones. The floor still grows with the
+// history a held snapshot keeps in the index (no bound is possible without
+// a saved cursor); what the test holds is that it stays under one buffer
+// per 30 rows of history, at 20k and at 200k rows, in both plans, and that
+// every pending row is still counted. The purge does not depend on a
+// cursor and stays flat.
 func TestFirstStartCostsNoMoreThanABitmapOfThePendingIndex(t *testing.T) {
 	t.Parallel()
-	type cost struct{ load, stats, pending, attempts, purge, oldLoad, oldStats, oldPending, oldAttempts int64 }
+	type cost struct{ load, stats, pending, attempts, purge, unflooredLoad, unflooredStats, unflooredPending, unflooredAttempts int64 }
 	run := func(t *testing.T, history int) cost {
 		st, fence := fencedStore(t, "lock:outbox:poller")
 		ctx := context.Background()
@@ -42,7 +42,7 @@ func TestFirstStartCostsNoMoreThanABitmapOfThePendingIndex(t *testing.T) {
 		for name, sql := range map[string]string{"st": store.StatsSQL, "pr": store.PendingRowsSQL,
 			"pa": store.PendingByAttemptsSQL, "pu": store.PurgeSQL(store.PurgeDelivered), "lc": store.LoadCursorSQL,
 			"pf": store.PendingFloorSQL, "lf": store.LoadFloorSQL,
-			// LoadCursor as it was: the lowest pending row in the same statement.
+			// LoadCursor unfloored: the lowest pending row in the same statement.
 			"lo": strings.Replace(store.LoadCursorSQL, "COALESCE($3::bigint, top.id)",
 				"COALESCE((SELECT min(id) - 1 FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL) + 0 * $3::bigint, top.id)", 1)} {
 			if _, err := conn.Conn().Prepare(ctx, name, sql); err != nil {
@@ -73,7 +73,7 @@ func TestFirstStartCostsNoMoreThanABitmapOfThePendingIndex(t *testing.T) {
 				pf + explainStats(*floor), pf + explain(`EXECUTE pr(0, 1000, $1)`, *floor),
 				pf + explain(`EXECUTE pa($1)`, *floor),
 				explain(`EXECUTE pu($1, $2, $3, $4, '-infinity', 0, 1000)`, fence.Lock, fence.Token, fence.Owner, cutoff),
-				// As they were: from id 0 (a floor of 0).
+				// Unfloored: from id 0 (a floor of 0).
 				explain(`EXECUTE lo($1, $2, 0)`, fence.Lock, 10_000), explainStats(0), explain(`EXECUTE pr(0, 1000, 0)`),
 				explain(`EXECUTE pa(0)`)}
 		}
@@ -125,16 +125,16 @@ func TestFirstStartCostsNoMoreThanABitmapOfThePendingIndex(t *testing.T) {
 		}
 		return cost{max(kept.load, analyzed.load), max(kept.stats, analyzed.stats), max(kept.pending, analyzed.pending),
 			max(kept.attempts, analyzed.attempts), max(kept.purge, analyzed.purge),
-			max(kept.oldLoad, analyzed.oldLoad), max(kept.oldStats, analyzed.oldStats), max(kept.oldPending, analyzed.oldPending),
-			max(kept.oldAttempts, analyzed.oldAttempts)}
+			max(kept.unflooredLoad, analyzed.unflooredLoad), max(kept.unflooredStats, analyzed.unflooredStats), max(kept.unflooredPending, analyzed.unflooredPending),
+			max(kept.unflooredAttempts, analyzed.unflooredAttempts)}
 	}
 	var small, large cost
 	t.Run("20k", func(t *testing.T) { t.Parallel(); small = run(t, 20_000) })
 	t.Run("200k", func(t *testing.T) { t.Parallel(); large = run(t, 200_000) })
 	t.Cleanup(func() {
-		t.Logf("shared buffers (the worse of the kept plan and the plan after ANALYZE), no cursor saved, 20k -> 200k rows delivered under a held snapshot: LoadCursor %d -> %d (was %d -> %d); stats %d -> %d (was %d -> %d); pending rows %d -> %d (was %d -> %d); attempts %d -> %d (was %d -> %d); purge %d -> %d",
-			small.load, large.load, small.oldLoad, large.oldLoad, small.stats, large.stats, small.oldStats, large.oldStats,
-			small.pending, large.pending, small.oldPending, large.oldPending, small.attempts, large.attempts, small.oldAttempts, large.oldAttempts,
+		t.Logf("shared buffers (the worse of the kept plan and the plan after ANALYZE), no cursor saved, 20k -> 200k rows delivered under a held snapshot: LoadCursor %d -> %d (unfloored %d -> %d); stats %d -> %d (unfloored %d -> %d); pending rows %d -> %d (unfloored %d -> %d); attempts %d -> %d (unfloored %d -> %d); purge %d -> %d",
+			small.load, large.load, small.unflooredLoad, large.unflooredLoad, small.stats, large.stats, small.unflooredStats, large.unflooredStats,
+			small.pending, large.pending, small.unflooredPending, large.unflooredPending, small.attempts, large.attempts, small.unflooredAttempts, large.unflooredAttempts,
 			small.purge, large.purge)
 		for _, c := range []struct {
 			name      string

@@ -16,13 +16,12 @@ import (
 // pending rows, far above what one read takes.
 //
 // The read's new-gap check compares each id of (frontier, top] with the
-// rows just read. Written as NOT IN (SELECT id FROM hot), it was a hashed
-// subplan only while the planner's estimate of hot fitted in work_mem ×
-// hash_mem_multiplier; above that (about 4.5M pending rows in the
-// statistics with the default 4 MB) the subplan scanned hot once per id:
-// ~500k rows compared per read of 1,000, 47-53 ms instead of 6-9 ms per
-// read, the same buffers (pg_stat_statements), and the drain behind 10M
-// settled rows at 33-44% of a clean one (BENCHMARKS.md, session 7, tenm).
+// rows just read. Written as NOT IN (SELECT id FROM hot), it is a hashed
+// subplan only while the planner's estimate of hot fits in work_mem ×
+// hash_mem_multiplier; above that (millions of pending rows in the
+// statistics with the default 4 MB) the subplan scans hot once per id:
+// hundreds of thousands of rows compared per read of 1,000, with the same
+// buffers, so the plan's rows show it and its buffers do not.
 // The session's work_mem (64 kB, hash_mem_multiplier 1) is lowered here
 // so that 100k rows pending at the ANALYZE give the plan that the
 // defaults (4 MB, 2) give at millions: the same subplan, unhashed.

@@ -84,11 +84,11 @@ type planCost struct {
 // more after ANALYZE saw the history (autovacuum, where it is on): the
 // plans made again from those statistics, behind 220k and 400k rows.
 //
-// The existing TestHotPathCostDoesNotGrowWithHistory ran one row per
-// batch and counted buffers only, and passed with the delivery write of
-// a734dbf, whose generic plan rescanned the batch's unnest() once per row:
-// 500k rows compared per batch of 1,000, no more buffers; a running relay
-// drained a 100k burst at 12.5k ev/s instead of 62k.
+// TestHotPathCostDoesNotGrowWithHistory runs one row per batch and counts
+// buffers only: a generic plan that rescans the batch's unnest() once per
+// row compares hundreds of thousands of rows per batch of 1,000 with no
+// more buffers, and slows a drain several times. This test counts plan
+// rows too, with full batches.
 func TestHotPathPlansMadeOnASmallTableStayFlat(t *testing.T) {
 	t.Parallel()
 	// force_generic_plan is the relay's own setting; auto is what an
@@ -330,11 +330,10 @@ func hotPathPlans(t *testing.T, planCacheMode string) {
 }
 
 // perBatchRow bounds the plan rows and the buffers a hot statement handles
-// per row of a batch of 1,000. The largest now are the read's plan rows
-// (about 18) and the batch write's buffers (about 14: each delivered row
-// gets new index entries); the delivery write of a734dbf handled about
-// 1,000 plan rows per row, the old late-commit check after ANALYZE 439
-// buffers.
+// per row of a batch of 1,000. The largest are the read's plan rows and
+// the batch write's buffers (each delivered row gets new index entries),
+// well below it; a plan that rescans the batch once per row handles about
+// a thousand plan rows per row.
 const perBatchRow = 30
 
 // enqueueRows writes n pending rows in one statement, spread over 100

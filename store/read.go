@@ -175,7 +175,7 @@ func (s *Store) Read(ctx context.Context, lim FetchLimits, pos ReadPos) (ReadRes
 	defer res.Close()
 	out := ReadResult{SeqLast: -1, Parked: map[Aggregate]int64{}, Rows: make([]Row, 0, readCap(lim.Rows, s.readRows.Load()))}
 	// One row's columns, declared once and scanned into through one list
-	// of destinations: made per row, they were allocations per row.
+	// of destinations: made per row, they would be allocations per row.
 	var x readRow
 	dest := x.dest()
 	for res.Next() {

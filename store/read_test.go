@@ -49,8 +49,7 @@ func TestReadAllocatesLittlePerRow(t *testing.T) {
 
 // A read's rows take room for the rows it finds, not for its limit: while
 // events stream a read finds a few rows, and room for poller.batch_size of
-// them made per read (500 Rows, 80 KB) was 88% of what the relay allocated
-// at 2k ev/s. In a drain, where every read fills the limit, the room is
+// them made per read would be most of what the relay allocates. In a drain, where every read fills the limit, the room is
 // made once per read at its full size, not grown row by row.
 func TestReadAllocatesForTheRowsItFinds(t *testing.T) {
 	st, _ := testenv.Store(t)
@@ -98,16 +97,16 @@ func TestReadAllocatesForTheRowsItFinds(t *testing.T) {
 // The read never walks what was delivered before its cursor, even when a
 // snapshot held elsewhere keeps vacuum from removing a single index entry:
 // its buffer count stays flat across 200k rows delivered under that
-// snapshot, where the stateless scan's (FetchDue, the old fetch) grows.
+// snapshot, where the stateless scan's (FetchDue) grows.
 func TestReadCostDoesNotGrowWithHistory(t *testing.T) {
 	t.Parallel()
 	st, _ := testenv.Store(t)
 	ctx := context.Background()
 	lim := store.FetchLimits{Rows: 100, RowBytes: 1 << 20, Bytes: 16 << 20}
-	old := func() int64 {
+	stateless := func() int64 {
 		return buffers(t, st, store.FetchDueSQL, lim.Rows, lim.RowBytes, lim.Bytes, []int64{}, []string{}, []string{})
 	}
-	// A watched gap and a parked aggregate, so every branch of the read runs.
+	// A watched gap and a parked aggregate, so every part of the read runs.
 	read := func(cursor int64) int64 {
 		args, _ := store.ReadArgs(lim, store.ReadPos{Cursor: cursor, Frontier: cursor, Watch: []int64{cursor - 5},
 			Parked: []store.Parked{{Aggregate: store.Aggregate{Type: "deal", ID: "7"}, MinID: cursor - 5}}})
@@ -126,7 +125,7 @@ func TestReadCostDoesNotGrowWithHistory(t *testing.T) {
 
 	c0 := maxID(t, st)
 	pending()
-	readBefore, oldBefore := read(c0), old()
+	readBefore, statelessBefore := read(c0), stateless()
 	deliverAll()
 
 	// A report's snapshot, held while 200k rows are written and delivered.
@@ -146,9 +145,9 @@ func TestReadCostDoesNotGrowWithHistory(t *testing.T) {
 	deliverAll()
 	c1 := maxID(t, st)
 	pending()
-	readAfter, oldAfter := read(c1), old()
+	readAfter, statelessAfter := read(c1), stateless()
 
-	t.Logf("shared buffers: read %d -> %d, old fetch %d -> %d", readBefore, readAfter, oldBefore, oldAfter)
+	t.Logf("shared buffers: read %d -> %d, stateless fetch %d -> %d", readBefore, readAfter, statelessBefore, statelessAfter)
 	if readAfter > 2*readBefore+10 {
 		args, _ := store.ReadArgs(lim, store.ReadPos{Cursor: c1, Frontier: c1, Watch: []int64{c1 - 5},
 			Parked: []store.Parked{{Aggregate: store.Aggregate{Type: "deal", ID: "7"}, MinID: c1 - 5}}})
@@ -157,8 +156,8 @@ func TestReadCostDoesNotGrowWithHistory(t *testing.T) {
 		t.Log(strings.Join(plan, "\n"))
 		t.Errorf("the read touched %d buffers behind 200k delivered rows, %d before: it walks history", readAfter, readBefore)
 	}
-	if oldAfter < 10*oldBefore {
-		t.Errorf("the old fetch touched %d buffers, %d before: the test no longer shows a history to walk", oldAfter, oldBefore)
+	if statelessAfter < 10*statelessBefore {
+		t.Errorf("the stateless fetch touched %d buffers, %d before: the test shows no history to walk", statelessAfter, statelessBefore)
 	}
 }
 
@@ -326,10 +325,9 @@ func TestBusyAggregatesAreLeftOut(t *testing.T) {
 // A read whose hot rows fill the ids from the frontier on (a drain: no
 // producer in flight, no rollback) does not look for holes among them:
 // the count of hot ids in the span gates that pass, whose sort and window
-// over the hot rows were about a fifth of the read's time in a drain
-// (4.7 -> 3.8 ms per read of 1,000 rows). A hole still makes it run and
-// comes back as a new gap (TestReadHoldsRowsAboveAGap and the gap tests
-// check what it finds).
+// over the hot rows are a sizeable part of the read's time in a drain. A
+// hole still makes it run and comes back as a new gap
+// (TestReadHoldsRowsAboveAGap and the gap tests check what it finds).
 func TestReadLooksForHolesOnlyWhenThereAreSome(t *testing.T) {
 	t.Parallel()
 	st, base := storeWithRows(t, 1000, 100)
@@ -424,7 +422,7 @@ func TestReadLooksUpSkippedRowsInAHash(t *testing.T) {
 // TestReadCutsItsBatchOnNarrowRows: the read chooses the rows it returns
 // (the row and byte limits: a sort, a window, the CTE out) on their ids
 // and sizes, and takes the payloads and headers from hot and low once the
-// choice is made: carried through the cut they were copied four more
+// choice is made: carried through the cut they would be copied four more
 // times per read. Rows from below the cursor come back in id order all
 // the same (readSQL returns them after the hot ones; Read sorts them).
 func TestReadCutsItsBatchOnNarrowRows(t *testing.T) {
@@ -535,7 +533,7 @@ func TestReadLooksUpSkippedIDsOnlyAtOrBelowTheHighest(t *testing.T) {
 
 // TestReadComputesTheFarBoundOncePerRead: the rows the read scans are
 // judged against now() + 100 years computed once per read (an InitPlan),
-// not per row: the interval added twice a row was 2-3% of a drain's read.
+// not per row, where the interval would be added twice a row.
 // TestFarAvailableAtIsPoison checks what the bound decides.
 func TestReadComputesTheFarBoundOncePerRead(t *testing.T) {
 	t.Parallel()

@@ -72,9 +72,9 @@ type Pending struct {
 // those backing off at or below it (by
 // SaveCursor's rule, nothing else pending is there). It never walks the
 // delivered history below that cursor: behind rows delivered while a
-// snapshot was held (whose index entries vacuum cannot remove) a walk from
-// id 0 touched a buffer per delivered row, each sweep (200k rows: ~200k
-// buffers), and competed with the relay for the server. A row left out
+// snapshot is held (whose index entries vacuum cannot remove) a walk from
+// id 0 reads a buffer per delivered row, each sweep, and competes with the
+// relay for the server (docs/design.md, "The read path"). A row left out
 // (re-pended below the cursor by an operator) costs no repair: the poller
 // finds its delivered mark when it claims it, and marks it.
 func (s *Store) PendingRows(ctx context.Context, cursor int64, limit int) ([]Pending, error) {
@@ -151,11 +151,11 @@ func sweepFloorCTE(n string) string {
 
 // savedCursorSQL is the cursor of the outbox_cursor row of this epoch
 // written last (NULL with none): the poller lock's in use. Every row holds
-// a cursor valid when saved, but the lowest of them (as it was) was often
-// a row no poller writes any more: one left by a poller lock name changed
-// in the config (poller.lock_name, redis.key_prefix) kept the backlog
-// count and the sweep walking from its old cursor for ever, more of the
-// history each day, until an operator deleted it. A term under a new lock
+// a cursor valid when saved, but the lowest of them may be a row no
+// poller writes any more: one left by a poller lock name changed in the
+// config (poller.lock_name, redis.key_prefix) would keep the backlog count
+// and the sweep walking from its old cursor for ever, more of the history
+// each day, until an operator deleted it. A term under a new lock
 // name has no row of its own, computes its cursor and saves it at its
 // first read, so its row is the last written from then on; the retired
 // name's row is never written again. Two relays under different lock
@@ -167,12 +167,12 @@ const savedCursorSQL = `(SELECT cursor FROM outbox_cursor WHERE epoch = ` + epoc
 // in id order (never the history below the saved one), and the rows backing
 // off below it through their own index (outbox_backoff_idx, the only
 // index for a condition alone behind OFFSET 0; with the id range beside it
-// the planner walked the primary key over the whole history instead).
+// the planner walks the primary key over the whole history instead).
 // Above the cursors the pending condition is written in an opaque form
 // (COALESCE) that no partial index's predicate follows from: written
-// plainly, a plan made after ANALYZE saw few pending rows sometimes walked
+// plainly, a plan made after ANALYZE saw few pending rows can walk
 // outbox_pending_aggregate_idx whole (its entries for the history a held
-// snapshot keeps included: 1,143 buffers behind 200k rows) and sorted.
+// snapshot keeps included) and sort.
 var pendingRowsSQL = `WITH ` + sweepFloorCTE("$3") + `
 SELECT id, created_at, aggregate_type, aggregate_id, event_type FROM (
   (SELECT id, created_at, aggregate_type, aggregate_id, event_type FROM outbox
@@ -221,10 +221,9 @@ type PurgeCursor struct {
 // dispatched_at and dead_at, never the relay's.
 //
 // It walks the rows older than cutoff through the index on their time
-// (outbox_dispatched_idx, outbox_dead_list_idx), never the table: the walk
-// by id it replaced read every row of the table on each sweep when
-// nothing was old enough (every 5 minutes by default; 200k rows: ~286k
-// buffers), and with a snapshot held that grew with each row delivered.
+// (outbox_dispatched_idx, outbox_dead_list_idx), never the table: a walk
+// by id reads every row of the table on each sweep even when nothing is
+// old enough, and with a snapshot held that grows with each row delivered.
 func (s *Store) Purge(ctx context.Context, f Fence, kind PurgeKind, age time.Duration, cursor PurgeCursor, limit int) (n int64, next PurgeCursor, err error) {
 	from := cursor.at
 	if !from.Valid {
@@ -287,13 +286,10 @@ func (s *Store) PendingByAttempts(ctx context.Context) (map[int]int64, error) {
 // below the lowest pending row not backing off (those are counted through
 // outbox_backoff_idx), or above every id when there is none. Nil when a
 // cursor is saved: the statements read it themselves. One cheap look-up
-// when a cursor is saved; without one, pendingFloor's bitmap scan (25.7k
-// buffers behind 1M rows delivered under a held snapshot), at each call
-// until the poller's first save (a second or so after its first read):
-// counted from id 0, the first batch of the repair sweep walked the
-// history a buffer per row (1.54M buffers behind those 1M rows), and the
-// backlog count 37.9k here, 1.52M and 1.57 s in session 5's relay
-// (BENCHMARKS.md).
+// when a cursor is saved; without one, pendingFloor's bitmap scan, at each
+// call until the poller's first save (a second or so after its first
+// read): counted from id 0, the repair sweep's first batch and the backlog
+// count would walk the history a held snapshot keeps, a buffer per row.
 func (s *Store) SweepFloor(ctx context.Context) (*int64, error) {
 	var saved bool
 	if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_cursor WHERE epoch = `+epochSQL+`)`).Scan(&saved); err != nil {
@@ -326,13 +322,13 @@ var floorSettings = []string{`SET LOCAL enable_indexscan = off`, `SET LOCAL enab
 // pendingFloor runs sql (pendingFloorSQL, loadFloorSQL) with ordered index
 // walks off, so its plan is a bitmap scan of a pending index: each of its
 // pages and each heap page its entries point to read once. That still
-// grows with the history a snapshot held elsewhere keeps in the index
-// (20-26 buffers per 1,000 rows; no bound is possible without a saved
-// cursor), but never more: walked in order, the entries' heap rows were
-// each a buffer (200k buffers behind 200k such rows), and the planner
-// chose that walk (outbox_pending_aggregate_idx, then a sort) for min(id)
-// or ORDER BY id LIMIT 1 whenever its estimates saw few pending rows, on
-// a small table or after ANALYZE.
+// grows with the history a snapshot held elsewhere keeps in the index (a
+// few buffers per 1,000 rows; no bound is possible without a saved
+// cursor), but never more: walked in order, the entries' heap rows are
+// each a buffer, and the planner chooses that walk
+// (outbox_pending_aggregate_idx, then a sort) for min(id) or ORDER BY id
+// LIMIT 1 whenever its estimates see few pending rows, on a small table or
+// after ANALYZE.
 func (s *Store) pendingFloor(ctx context.Context, sql string) (pgtype.Int8, error) {
 	var f pgtype.Int8
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {

@@ -13,7 +13,7 @@ import (
 // incarnation and the id sequence's last value) cost one shared buffer per
 // read, the sequence's page: the read without them, side by side, touches
 // one fewer, idle and with 100 rows pending. The sequence is looked up once
-// per read (idSeqSQL); inlined into each use it cost 10 buffers more.
+// per read (idSeqSQL); inlined into each use it costs several buffers more.
 func TestRewindChecksCostOneBuffer(t *testing.T) {
 	t.Parallel()
 	st, _ := testenv.Store(t)

@@ -74,9 +74,8 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 // table's size when the statement is first run: on a new (or never
 // analyzed, autovacuum off) outbox that is an empty table, where a
 // sequential scan is the cheapest way to find rows by id. Kept while the
-// table grew, that plan read every row of the table in each read and each
-// batch write (a held snapshot's history included: 31 → 12,988 buffers
-// per read, 10 → 6,493 per batch write behind 200k rows), so the relay's
+// table grows, that plan reads every row of the table in each read and each
+// batch write (a held snapshot's history included), so the relay's
 // sessions never plan sequential scans of their own (enable_seqscan = off,
 // unless the config sets it): every statement here has an index for its
 // rows, and with the scan penalised the plan uses it whatever the
@@ -84,16 +83,15 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 //
 // And they never JIT-compile (jit = off, unless the config sets it): the
 // read's estimated cost grows with the pending rows, and past
-// jit_above_cost Postgres spent ~400 ms compiling a read that runs in
-// 16-24 ms (1M pending rows, EXPLAIN ANALYZE here; 2-3 s per read on a
-// loaded machine, a 1M backlog drained at ~200 ev/s).
+// jit_above_cost Postgres spends many times longer compiling a read than
+// running it.
 //
 // Nor do they start parallel workers (max_parallel_workers_per_gather = 0,
 // unless the config sets it): each statement here reads a bounded set of
 // rows through an index, and the conditions written opaquely (see
-// backingOff) are estimated at half the table, which made the backlog
-// count a parallel bitmap scan that started two workers on every scrape
-// (~35 ms of a 2-core machine to count no rows).
+// backingOff) are estimated at half the table, which makes the backlog
+// count a parallel bitmap scan that starts two workers on every scrape,
+// even to count no rows.
 func OpenConfig(ctx context.Context, cfg *pgxpool.Config) (*Store, error) {
 	for k, v := range map[string]string{"plan_cache_mode": "force_generic_plan", "jit": "off", "enable_seqscan": "off",
 		"max_parallel_workers_per_gather": "0"} {
@@ -163,8 +161,8 @@ type FetchLimits struct {
 // stored size from the datum header. A compressed jsonb (its stored size can
 // be a hundredth of its real size) is measured decompressed: '[]' || x is an
 // uncompressed copy of x (x itself for an array, [x] otherwise), whatever x
-// holds. Measured here on 30 compressed 10 MB rows: 92 ms, where their text
-// size (jsonb_out) took 3.4 s and jsonb_path_query_first 2.1 s.
+// holds. On large compressed rows that is far cheaper than their text size
+// (jsonb_out) or jsonb_path_query_first.
 const rowSizeSQL = `(CASE WHEN pg_column_compression(o.payload) IS NULL THEN pg_column_size(o.payload)
        ELSE pg_column_size('[]'::jsonb || o.payload) END
   + CASE WHEN pg_column_compression(o.headers) IS NULL THEN pg_column_size(o.headers)
@@ -181,8 +179,7 @@ const rowSizeSQL = `(CASE WHEN pg_column_compression(o.payload) IS NULL THEN pg_
 // aggregates in $5, $6 (types, ids; see FetchLimits.Busy). Both as NOT IN
 // (the columns are NOT NULL): a hashed subplan filtering the id-ordered
 // scan. An anti-join there lets the planner trade that scan for a full one
-// and a sort once the busy list is long: 285 ms instead of 45 ms over 100k
-// rows with 500 of 1,000 aggregates busy (measured here).
+// and a sort once the busy list is long, several times slower.
 //
 // It walks outbox_pending_idx from its start: the poller reads with Read,
 // which starts at a cursor; FetchDue is the stateless form (tools, tests).
@@ -192,7 +189,7 @@ const rowSizeSQL = `(CASE WHEN pg_column_compression(o.payload) IS NULL THEN pg_
 // gap. A row above $2 bytes is returned without payload and headers (and
 // with its text columns cut), so it is never loaded whole; it costs 0 bytes.
 // One window (a running sum over the LIMIT's output) keeps the cost of the
-// budget at ~0.7 ms per 1,000 rows here.
+// budget small beside the scan.
 const fetchDueSQL = `
 SELECT id,
   CASE WHEN size <= $2 THEN aggregate_type ELSE left(aggregate_type, 200) END,
@@ -337,9 +334,9 @@ type Stats struct {
 // row is delivered, dead or backing off.
 // With none saved yet, from $1, Store.SweepFloor's floor, which has the same
 // property.
-// From id 0 each scrape walked the entry of every row delivered while a
-// snapshot was held elsewhere (vacuum cannot remove them): 1.7 s and 350k
-// buffers per scrape behind 180k such rows, growing without bound. Rows
+// From id 0 each scrape would walk the entry of every row delivered while
+// a snapshot is held elsewhere (vacuum cannot remove them), growing
+// without bound. Rows
 // an operator makes pending again below the cursor count once the
 // poller's rescan has found them (poller.rescanEvery) and saved a cursor
 // below them.
@@ -348,22 +345,19 @@ type Stats struct {
 // on, reading the index alone: its entries of pending rows, and of rows
 // delivered since the save (at most saveEvery's worth), whose heap row is
 // looked at once, the entry then marked dead for later scrapes (under a
-// snapshot held elsewhere, looked at by each scrape, as before). It
-// walked the primary key instead, the pending conditions as FILTERs,
-// reading every row above the cursor in the heap, old and new versions,
-// which a drain scatters: 43 ms and 54k buffers per scrape in a 100k
-// drain (12.9k for 60k rows above the cursor, here 179). The walk is
-// asked for in id order (ORDER BY id in a subquery, which keeps it) and
-// planned with sorts off (statsSettings): outbox_pending_aggregate_idx
-// has the same predicate and holds id too, and a plan made when ANALYZE
-// saw nothing pending read it whole (every entry a held snapshot keeps)
-// and sorted, priced below the walk from the cursor by its leading
-// column's correlation; without a sort, only outbox_pending_idx gives the
-// order (TestHotPathCostDoesNotGrowWithHistory: 6 -> 1,149 buffers behind
-// 200k rows without the setting; TestBacklogCountReadsThePendingIndexAlone:
-// 93 -> 16,121 with the primary-key walk). Below the cursor, the rows backing off through
-// outbox_backoff_idx, alone behind OFFSET 0 (with the id range beside it
-// the planner walked the primary key instead); the lowest of them
+// snapshot held elsewhere, looked at by each scrape). A walk of the
+// primary key instead, the pending conditions as FILTERs, would read every
+// row above the cursor in the heap, old and new versions, which a drain
+// scatters. The walk is asked for in id order (ORDER BY id in a subquery,
+// which keeps it) and planned with sorts off (statsSettings):
+// outbox_pending_aggregate_idx has the same predicate and holds id too,
+// and a plan made when ANALYZE saw nothing pending reads it whole (every
+// entry a held snapshot keeps) and sorts, priced below the walk from the
+// cursor by its leading column's correlation; without a sort, only
+// outbox_pending_idx gives the order (TestHotPathCostDoesNotGrowWithHistory,
+// TestBacklogCountReadsThePendingIndexAlone). Below the cursor, the rows
+// backing off through outbox_backoff_idx, alone behind OFFSET 0 (with the
+// id range beside it the planner walks the primary key instead); the lowest of them
 // likewise, so that min(id) is not planned as a walk of an index from its
 // start.
 const statsSQL = `

@@ -57,9 +57,9 @@ const (
 )
 
 // metadataMinAge is how soon franz-go may refresh metadata again when it
-// needs to (an unknown topic, a moved leader). Its default of 5 s made a
-// missing topic take about 10 s to report and a created one 5 s to be used;
-// at 200 ms both take about a second (measured on kfake).
+// needs to (an unknown topic, a moved leader). Its default of 5 s makes a
+// missing topic slow to report and a created one slow to be used; at
+// 200 ms both take about a second.
 const metadataMinAge = 200 * time.Millisecond
 
 // SASL authenticates to the brokers; Mechanism "" means none.

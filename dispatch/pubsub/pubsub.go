@@ -17,10 +17,9 @@
 // Why not the client's Publisher: with message ordering it bundles per
 // ordering key, one Publish RPC per aggregate in flight, and pauses a key
 // after a failure until ResumePublish. With a batch spread over 1,000
-// aggregates that is 1,000 RPCs per batch: through the built binary to
-// pstest, 619 and 663 events/s and 0.125 to 0.129 s of relay CPU per 1,000
-// events, against 3,538 and 8,295 events/s and 0.021 to 0.025 s here
-// (BENCHMARKS.md). Here a request holds many keys, in batch order; a failed
+// aggregates that is 1,000 RPCs per batch, several times the relay's CPU
+// per event and a fraction of its throughput. Here a request holds many
+// keys, in batch order; a failed
 // key needs no resuming: it is not sent again until the poller retries its
 // row.
 //

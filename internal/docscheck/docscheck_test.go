@@ -3,6 +3,7 @@ package docscheck
 import (
 	"bufio"
 	"fmt"
+	"go/ast"
 	"go/parser"
 	"go/token"
 	"io/fs"
@@ -10,16 +11,19 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
 
-// goFilesWithWorkWords are the non-test Go files whose comments still speak
-// of how the code was made. The test fails when a file not listed here does,
-// and when a listed file no longer does (or is gone): then remove it.
+// goFilesWithWorkWords are the Go files whose comments still speak of how
+// the code was made. The test fails when a file not listed here does, and
+// when a listed file no longer does (or is gone): then remove it.
 var goFilesWithWorkWords = []string{
-	"poller/poller.go",
-	"store/reconcile.go",
+	"cmd/outboxd/defects_test.go",
+	"cmd/outboxd/internal/app/config_test.go",
+	"cmd/outboxd/main_test.go",
+	"config/secrets_test.go",
 }
 
 // workWords are what the repository's prose must not contain: it speaks of
@@ -31,7 +35,7 @@ var workWords = []struct {
 	{"a work session", regexp.MustCompile(`(?i)\bsessions? [0-9]+\b|\bhelper('s|s'?)? sessions?\b`)},
 	{"a branch", regexp.MustCompile(`(?i)\bbranch(es)?\b`)},
 	{"an issue number", regexp.MustCompile(`(?i)\bissues?[ -]?#?[0-9]+\b`)},
-	{"a review", regexp.MustCompile(`(?i)\breview(ed|s)?\b`)},
+	{"a review", regexp.MustCompile(`(?i)\breview(ed|s)?\b|\bfindings? [0-9]+[a-z]?\b`)},
 	{"a work date", regexp.MustCompile(`\b20[0-9]{2}-[01][0-9]-[0-3][0-9]\b`)},
 	{"a commit hash", regexp.MustCompile(`\b[0-9a-f]{7,40}\b`)},
 }
@@ -134,9 +138,11 @@ func TestDocsSpeakOfTheProductAlone(t *testing.T) {
 	}
 }
 
-// goComments returns the comment lines of the module's non-test Go files
-// ("line\x00text"), by path relative to the root; code blocks of doc
-// comments are left out.
+// goComments returns the comment lines of every Go file under the root,
+// tests and the bench module included ("line\x00text"), by path relative to
+// the root; code blocks of doc comments are left out. Of a _test.go file it
+// also returns the test functions' names, as words, and the subtest names
+// and failure messages written as string literals (testWords).
 func goComments(t *testing.T, root string) map[string][]string {
 	t.Helper()
 	out := map[string][]string{}
@@ -151,7 +157,7 @@ func goComments(t *testing.T, root string) map[string][]string {
 			}
 			return nil
 		}
-		if !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+		if !strings.HasSuffix(p, ".go") {
 			return nil
 		}
 		f, err := parser.ParseFile(fset, p, nil, parser.ParseComments|parser.SkipObjectResolution)
@@ -175,11 +181,61 @@ func goComments(t *testing.T, root string) map[string][]string {
 				}
 			}
 		}
+		if strings.HasSuffix(p, "_test.go") {
+			out[rel] = append(out[rel], testWords(fset, f)...)
+		}
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return out
+}
+
+// testFunc names a test, benchmark, example or fuzz function.
+var testFunc = regexp.MustCompile(`^(Test|Benchmark|Example|Fuzz)[A-Z0-9_]`)
+
+// nameWord splits a Go name into words: TestDrainIn2Steps is "Test Drain In 2 Steps".
+var nameWord = regexp.MustCompile(`[A-Z]+[a-z]*|[a-z]+|[0-9]+`)
+
+// testCalls are the testing methods whose first argument, a string
+// literal, names a subtest or says why a test failed or was skipped.
+var testCalls = map[string]bool{
+	"Run": true, "Error": true, "Errorf": true, "Fatal": true, "Fatalf": true,
+	"Log": true, "Logf": true, "Skip": true, "Skipf": true,
+}
+
+// testWords returns the names of f's test functions, as words, and the
+// lines of the string literals that open a testCalls call ("line\x00text").
+func testWords(fset *token.FileSet, f *ast.File) []string {
+	var out []string
+	ast.Inspect(f, func(n ast.Node) bool {
+		switch n := n.(type) {
+		case *ast.FuncDecl:
+			if testFunc.MatchString(n.Name.Name) {
+				words := strings.Join(nameWord.FindAllString(n.Name.Name, -1), " ")
+				out = append(out, fmt.Sprintf("%d\x00%s", fset.Position(n.Pos()).Line, words))
+			}
+		case *ast.CallExpr:
+			sel, ok := n.Fun.(*ast.SelectorExpr)
+			if !ok || !testCalls[sel.Sel.Name] || len(n.Args) == 0 {
+				return true
+			}
+			lit, ok := n.Args[0].(*ast.BasicLit)
+			if !ok || lit.Kind != token.STRING {
+				return true
+			}
+			text, err := strconv.Unquote(lit.Value)
+			if err != nil {
+				return true
+			}
+			line := fset.Position(lit.Pos()).Line
+			for i, l := range strings.Split(text, "\n") {
+				out = append(out, fmt.Sprintf("%d\x00%s", line+i, l))
+			}
+		}
+		return true
+	})
 	return out
 }
 
@@ -193,7 +249,7 @@ func TestGoCommentsSpeakOfTheProductAlone(t *testing.T) {
 			for _, o := range offences(line) {
 				offending[path] = true
 				if !slices.Contains(goFilesWithWorkWords, path) {
-					t.Errorf("%s:%s: a comment names %s: say what the code does and why, not how it was made", path, n, o)
+					t.Errorf("%s:%s: a comment, test name or test message names %s: say what the code does and why, not how it was made", path, n, o)
 				}
 			}
 		}
@@ -201,7 +257,7 @@ func TestGoCommentsSpeakOfTheProductAlone(t *testing.T) {
 	for _, path := range goFilesWithWorkWords {
 		switch _, exists := files[path]; {
 		case !exists:
-			t.Errorf("%s is listed in goFilesWithWorkWords but is no longer a non-test Go file: remove it from the list", path)
+			t.Errorf("%s is listed in goFilesWithWorkWords but is no longer a Go file: remove it from the list", path)
 		case !offending[path]:
 			t.Errorf("%s is listed in goFilesWithWorkWords but its comments are clean now: remove it from the list", path)
 		}
@@ -236,7 +292,7 @@ func TestRelativeLinksResolve(t *testing.T) {
 func TestTheCheckCatchesWhatItLooksFor(t *testing.T) {
 	for _, s := range []string{
 		"measured in session 12", "while helper sessions ran", "on branch `tail`",
-		"issue 17", "issue #21", "a review finding", "on 2026-11-24", "the build before it (5b0c8bc)",
+		"issue 17", "issue #21", "a review finding", "Findings 5a and 11", "on 2026-11-24", "the build before it (5b0c8bc)",
 	} {
 		if len(offences(s)) == 0 {
 			t.Errorf("%q: nothing found", s)
@@ -244,10 +300,41 @@ func TestTheCheckCatchesWhatItLooksFor(t *testing.T) {
 	}
 	for _, s := range []string{
 		"the producer's session holds a snapshot", "`1:hog0kqe6sw.063a9897`", "deadbeef", "1234567",
-		"dead at `2026-11-24T02:51:10Z`", "outboxd_late_commits_total",
+		"dead at `2026-11-24T02:51:10Z`", "outboxd_late_commits_total", "finding its delivered mark",
 	} {
 		if o := offences(s); len(o) > 0 {
 			t.Errorf("%q: found %v", s, o)
 		}
+	}
+}
+
+// TestTestNamesAndMessagesAreChecked keeps testWords honest: a test's name,
+// a subtest's name and a failure message are each looked at.
+func TestTestNamesAndMessagesAreChecked(t *testing.T) {
+	src := `package p
+
+import "testing"
+
+func TestIssue21Relay(t *testing.T) {
+	t.Run("from session 5", func(t *testing.T) {})
+	t.Errorf("a review finding %d", 1)
+	_ = "issue 17" // data, not a message: not looked at
+}
+`
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, "p_test.go", src, parser.SkipObjectResolution)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found []string
+	for _, l := range testWords(fset, f) {
+		n, line, _ := strings.Cut(l, "\x00")
+		for _, o := range offences(line) {
+			found = append(found, n+": "+o)
+		}
+	}
+	want := []string{`5: an issue number ("Issue 21")`, `6: a work session ("session 5")`, `7: a review ("review")`}
+	if !slices.Equal(found, want) {
+		t.Errorf("found %q, want %q", found, want)
 	}
 }

@@ -11,22 +11,13 @@ import (
 //
 // Guarantee: a mark names one row, not one id. It is "1:<fingerprint>",
 // the fingerprint taken from what the row was created with (Fingerprint):
-// its created_at, its three names, its payload and its headers. So a key
-// left by an earlier row that had the same id (the ids came round again:
-// TRUNCATE ... RESTART IDENTITY, a sequence restart, a database re-created
-// under the same redis.key_prefix, a restored backup or a failover to a
-// replica that lost the newest rows) is recognised as foreign and never
-// taken for "delivered", even when a producer that sets created_at itself
-// writes the earlier rows again with other payloads. The poller and
-// reconciliation's repair sweep both decide with Judge. Brokers that
-// deduplicate are given the same fingerprint (dispatch.Event.Fingerprint),
-// so their dedupe window never swallows a new row that reuses an id either.
-//
-// Edges: an operator who rewrites a row's created_at, names, payload or
-// headers by hand after its delivery gets it sent again (a duplicate, never
-// a loss). Two rows with the same id, the same created_at to the
-// microsecond, the same three names and the same payload and headers (a
-// copy of the same row) count as one.
+// its created_at, its three names, its payload and its headers, so a key
+// left by an earlier row that had the same id is recognised as foreign and
+// never taken for "delivered". The poller and reconciliation's repair
+// sweep both decide with Judge; brokers that deduplicate are given the
+// same fingerprint (dispatch.Event.Fingerprint). When ids come round
+// again, and the edges (each toward a duplicate, never a loss):
+// docs/design.md, "Idempotency keys".
 
 // DeliveredTTL is how long a key says "delivered".
 const DeliveredTTL = 24 * time.Hour

@@ -163,7 +163,7 @@ func (k *Kinesalite) Client() *kinesis.Client {
 // CreateStream creates a stream of shards shards and waits until it is
 // ACTIVE. Kinesalite answers CreateStream with the stream CREATING and
 // makes it ACTIVE from a timer even with --createStreamMs 0; under load a
-// PutRecords sent at once was refused ("not found"), and a test failed.
+// PutRecords sent at once is refused ("not found").
 func (k *Kinesalite) CreateStream(ctx context.Context, name string, shards int32) error {
 	c := k.Client()
 	if _, err := c.CreateStream(ctx, &kinesis.CreateStreamInput{StreamName: aws.String(name), ShardCount: aws.Int32(shards)}); err != nil {

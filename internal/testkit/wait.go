@@ -65,8 +65,8 @@ func WaitProgressing(t testing.TB, stall time.Duration, what string, cond func()
 }
 
 // LeakSettle is how long CheckLeaks lets goroutines finish: clients shut
-// down asynchronously, and on a loaded two-core CI machine that took longer
-// than goleak's own half-second of retries (a passing Kafka run failed once).
+// down asynchronously, and on a loaded two-core CI machine that can take
+// longer than goleak's own half-second of retries.
 const LeakSettle = 10 * time.Second
 
 // libraryGoroutines are goroutines libraries own and may leave behind,

@@ -37,7 +37,7 @@ func with(vars map[string]string, kv ...string) map[string]string {
 	return out
 }
 
-// Findings 5a and 11: invalid settings exit 2 naming the key, for `config`
+// Invalid settings exit 2 naming the key, for `config`
 // and for `run` (which must not start).
 func TestBadSettingsExit2NamingTheKey(t *testing.T) {
 	t.Parallel()
@@ -73,7 +73,7 @@ func TestBadSettingsExit2NamingTheKey(t *testing.T) {
 	}
 }
 
-// Finding 10a: `outboxd config` shows no secret of the webhook URL or of
+// `outboxd config` shows no secret of the webhook URL or of
 // any DSN spelling (or, if it rejects a DSN, its error shows none).
 func TestConfigShowsNoSecrets(t *testing.T) {
 	t.Parallel()
@@ -103,7 +103,7 @@ func TestConfigShowsNoSecrets(t *testing.T) {
 	}
 }
 
-// Finding 10b: a webhook URL's password and query token appear neither in
+// A webhook URL's password and query token appear neither in
 // last_error nor in any log line (debug included).
 func TestRunLeaksNoURLSecrets(t *testing.T) {
 	t.Parallel()
@@ -130,7 +130,7 @@ func TestRunLeaksNoURLSecrets(t *testing.T) {
 	}
 }
 
-// Finding 13: `outboxd health` exits 0 against a ready replica on http.addr
+// `outboxd health` exits 0 against a ready replica on http.addr
 // (configured by file or by env) and 1 when nothing listens there.
 func TestHealthCommand(t *testing.T) {
 	t.Parallel()

@@ -7,8 +7,7 @@ import (
 	"time"
 )
 
-// Black-box tests of issue 21 item 5: rendered destinations are validated
-// before use.
+// Black-box tests: rendered destinations are validated before use.
 
 // A template that starts with a placeholder is refused at start (exit 2
 // naming the key) unless dispatch.allow_row_prefixed_destinations is set.

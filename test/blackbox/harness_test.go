@@ -2,7 +2,7 @@
 // (`outboxd run`, configured by OUTBOXD_<SECTION>_<KEY>) against real
 // Postgres and Redis, hostile webhook receivers, poison rows and poison Redis
 // values, and asserts outcomes in Postgres, Redis, the receiver and the JSON
-// log lines. One test per finding of issue 10; each test has its own
+// log lines. Each test has its own
 // database, Redis key prefix, ports and replica process.
 package blackbox
 

@@ -7,8 +7,8 @@ import (
 	"time"
 )
 
-// Black-box tests of issue 21 item 3: a receiver that switches protocols
-// (101) or holds the socket cannot stall the relay or its shutdown.
+// Black-box tests: a receiver that switches protocols (101) or holds the
+// socket cannot stall the relay or its shutdown.
 
 // switchAnswer answers 101 and then keeps the connection open, sending
 // nothing more (the probe's WebSocket-style upgrade).

@@ -13,15 +13,12 @@ import (
 // it delivered while a snapshot was held elsewhere (a report, pg_dump, an
 // idle-in-transaction session): vacuum can remove none of their old
 // versions or index entries, and a read or a delivery write that walks
-// them slows the relay down without bound (issue 17). This is the
-// long-snapshot case of BENCHMARKS.md shortened for CI: 20k events, then
-// 200k delivered under the snapshot, then 20k again; it compares the
-// buffers the outbox table and its indexes were asked for per event
+// them slows the relay down without bound. 20k events, then 200k
+// delivered under the snapshot, then 20k again; it compares the buffers
+// the outbox table and its indexes were asked for per event
 // (pg_statio_user_tables: every backend, the relay's reads, marks and
 // cursor saves alike), not times: a statement whose plan walks history
-// fails it. A plan that costs CPU but no buffers does not (the delivery
-// write of a734dbf drained a 100k burst at 12.5k ev/s instead of 62k and
-// passes here: 12.95 and 12.99 buffers per event).
+// fails it. A plan that costs CPU but no buffers does not.
 func TestHeldSnapshotCostDoesNotGrowWithHistory(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {

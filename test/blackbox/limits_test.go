@@ -6,8 +6,7 @@ import (
 	"testing"
 )
 
-// Black-box tests of issue 21 item 6: broker limits are known before
-// sending. A message that can never fit is dead-lettered at once, alone;
+// Black-box tests: broker limits are known before sending. A message that can never fit is dead-lettered at once, alone;
 // no other row pays an attempt or a duplicate publish for it.
 
 // bigHeaders is a row headers object of about n bytes.
@@ -56,7 +55,7 @@ func TestRabbitMQHeaderFrameAboveFrameMax(t *testing.T) {
 }
 
 // NATS JetStream refuses a header block above 64 KiB for ever: such a row
-// is dead-lettered on its first attempt (it was retried for hours), and the
+// is dead-lettered on its first attempt, not retried for hours, and the
 // rest flow.
 func TestNATSHeaderBlockAboveLimit(t *testing.T) {
 	t.Parallel()

@@ -5,8 +5,8 @@ import (
 	"testing"
 )
 
-// Issue 21: a JSON null header value is left out of the broker message
-// (it reached brokers as ""); other values pass as before.
+// A JSON null header value is left out of the broker message (never sent
+// as ""); other values pass unchanged.
 func TestNullHeaderValueIsOmitted(t *testing.T) {
 	t.Parallel()
 	e := redisStreamEnv(t)

@@ -16,7 +16,7 @@ import (
 	"github.com/outboxd/outboxd/internal/testkit"
 )
 
-// Finding 4: Retry-After is clamped to poller.backoff_max, whether it says
+// Retry-After is clamped to poller.backoff_max, whether it says
 // ten years or overflows a time.Duration, and the batch's write succeeds.
 func TestRetryAfterIsClamped(t *testing.T) {
 	t.Parallel()
@@ -80,7 +80,7 @@ func firstArrival(reqs []testkit.Request, id int64) time.Time {
 	return time.Time{}
 }
 
-// Finding 6: rows of ~10 MB are dead-lettered without being loaded whole,
+// Rows of ~10 MB are dead-lettered without being loaded whole,
 // every other row is delivered, no body above 1 MiB is sent, and the relay's
 // peak RSS stays below the Kubernetes manifest's 256 MiB limit.
 func TestBigPayloadsBoundedMemory(t *testing.T) {
@@ -147,7 +147,7 @@ func TestBigPayloadsBoundedMemory(t *testing.T) {
 	}
 }
 
-// Finding 7: an idempotency key of the wrong type (a hash), or a string
+// An idempotency key of the wrong type (a hash), or a string
 // holding a value the relay never writes, fails its own row (counted, named,
 // dead-lettered) and never the batch.
 func TestPoisonIdempotencyKeys(t *testing.T) {
@@ -185,7 +185,7 @@ func TestPoisonIdempotencyKeys(t *testing.T) {
 	}
 }
 
-// Finding 8: a fence counter that is not a number is reported loudly (an
+// A fence counter that is not a number is reported loudly (an
 // ERROR naming the key, /status), leaves no lock key behind, and the relay
 // recovers by itself once the key is fixed.
 func TestCorruptFenceCounter(t *testing.T) {
@@ -269,7 +269,7 @@ func TestCorruptFenceCounter(t *testing.T) {
 	})
 }
 
-// Finding 9: backoff keeps a floor (each wait at least half its step), so 5
+// Backoff keeps a floor (each wait at least half its step), so 5
 // attempts from a 1 s base take at least 7.5 s: a receiver down for 5 s
 // dead-letters nothing.
 func TestRetriesHaveATimeFloor(t *testing.T) {
@@ -293,7 +293,7 @@ func TestRetriesHaveATimeFloor(t *testing.T) {
 	e.insertMany("down", 50, 4)
 	e.start()
 
-	// Worst case after the fix: the 5th attempt of an aggregate at 1+2+4+8 s.
+	// Worst case: the 5th attempt of an aggregate at 1+2+4+8 s.
 	testkit.WaitFor(t, 30*time.Second, "every row delivered or dead", func() bool {
 		return e.count(`dispatched_at IS NULL AND dead_at IS NULL`) == 0
 	}, func() string {

@@ -11,7 +11,7 @@ import (
 // get fetches path on the replica's operations port: status and body.
 func (r *replica) get(path string) (int, string) { return r.getWith(path, "") }
 
-// Issue 21: a leader whose every fetch fails (here its table is out of
+// A leader whose every fetch fails (here its table is out of
 // reach; in the sweep, a statement_timeout breaking every query) while
 // Postgres and Redis answer pings is not ready: /readyz turns 503 after a
 // lease period, naming the fetch, /status says why; once fetches succeed

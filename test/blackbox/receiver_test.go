@@ -11,7 +11,7 @@ import (
 	"github.com/outboxd/outboxd/internal/testkit"
 )
 
-// Finding 2: redirects are never followed. 302 and 307 are retryable
+// Redirects are never followed. 302 and 307 are retryable
 // failures, 301 and 308 dead-letter at once; the second server, which the
 // Location points at, never sees a request (the signed body goes only to the
 // configured URL), and the configured one sees only POSTs.
@@ -72,7 +72,7 @@ func TestRedirectsAreNotFollowed(t *testing.T) {
 	}
 }
 
-// Finding 3: a receiver's reason phrase (Latin-1, NUL, or 6000 bytes of
+// A receiver's reason phrase (Latin-1, NUL, or 6000 bytes of
 // UTF-8) never stalls other aggregates; the row counts attempts and
 // dead-letters with a readable last_error.
 func TestHostileReasonPhrases(t *testing.T) {
@@ -126,7 +126,7 @@ func TestHostileReasonPhrases(t *testing.T) {
 	}
 }
 
-// Finding 5b: with valid settings, a receiver that never answers one
+// With valid settings, a receiver that never answers one
 // aggregate costs that row attempts (timeouts) until it is dead-lettered;
 // other aggregates flow.
 func TestHangingReceiver(t *testing.T) {
@@ -157,7 +157,7 @@ func TestHangingReceiver(t *testing.T) {
 	}
 }
 
-// Finding 12: a traceparent with CR/LF is dropped (with a WARN naming the
+// A traceparent with CR/LF is dropped (with a WARN naming the
 // row), not retried; a valid one is forwarded unchanged.
 func TestTraceparentWithCRLF(t *testing.T) {
 	t.Parallel()

@@ -15,10 +15,10 @@ import (
 	"github.com/outboxd/outboxd/internal/testkit"
 )
 
-// Issue 21, finding 1: ids that come round again (a sequence rewind) must
-// never find the delivered marks of the earlier rows that had them. Each
-// path delivers 5 rows, rewinds the ids, inserts 8 rows and requires the
-// receiver to get all 8 (before the fix: 8 marked delivered, 3 received).
+// Ids that come round again (a sequence rewind) never find the delivered
+// marks of the earlier rows that had them. Each path delivers 5 rows,
+// rewinds the ids, inserts 8 rows and requires the receiver to get all 8
+// (a row taken for delivered by another's mark is marked, never received).
 
 func TestRewindTruncateRestartIdentity(t *testing.T) {
 	t.Parallel()
@@ -108,7 +108,7 @@ func testRewind(t *testing.T, rewind func(*env, *replica) (*env, *replica)) {
 	}
 }
 
-// Finding 2: a negative attempts value (an operator "giving more retries")
+// A negative attempts value (an operator "giving more retries")
 // on a row that fails once must not crash the relay: it counts from 0, the
 // row retries and is delivered, and every other row is delivered exactly
 // once. A huge attempts value dead-letters without overflowing.

@@ -21,7 +21,7 @@ import (
 	"github.com/outboxd/outboxd/internal/testkit"
 )
 
-// Black-box test of routing (issue 19): one relay, two destinations, a
+// Black-box test of routing: one relay, two destinations, a
 // webhook receiver ("hook") and a Redis stream per aggregate ("stream");
 // the event types of each aggregate alternate between them.
 //

@@ -8,10 +8,8 @@ import (
 	"github.com/outboxd/outboxd/internal/testkit"
 )
 
-// Issue 21, finding 4: one aggregate whose receiver answers in 2 s per
-// event held every other aggregate until all its events were through (15
-// slow events: 5 other aggregates inserted 2 s later were delivered after
-// 28 s). Now the others are delivered while the slow aggregate still has
+// One aggregate whose receiver answers in 2 s per event holds no other
+// aggregate: the others are delivered while the slow aggregate still has
 // events pending, and the slow aggregate's events arrive in id order.
 func TestSlowAggregateDelaysOnlyItself(t *testing.T) {
 	t.Parallel()
@@ -68,7 +66,7 @@ func TestSlowAggregateDelaysOnlyItself(t *testing.T) {
 	}
 }
 
-// Issue 19 (slow receivers): while the receiver holds one aggregate's
+// Slow receivers: while the receiver holds one aggregate's
 // request open (a straggler), the other aggregates' events, their next ones
 // included, all go through, with the default poller.concurrency: more of
 // them than the pipeline holds at once (4 batches of 500), so the
