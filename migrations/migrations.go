@@ -1,6 +1,11 @@
 // Package migrations holds outboxd's SQL schema, embedded in the binary, and
-// applies it with goose under a Postgres advisory lock, so several replicas can
-// run `outboxd migrate` at once.
+// applies it with goose under a lock, so several replicas can run
+// `outboxd migrate` at once.
+//
+// outboxd records its migrations in a table of its own, outboxd_migrations,
+// never in goose's default goose_db_version, which the application may use
+// for its own migrations. An install that recorded them in goose_db_version
+// is carried over (carryover.go) without touching that table.
 package migrations
 
 import (
@@ -9,6 +14,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -18,26 +24,40 @@ import (
 //go:embed *.sql
 var files embed.FS
 
+// Table is where outboxd records the migrations it applied.
+const Table = "outboxd_migrations"
+
 // Result is one applied migration.
 type Result struct {
 	Version  int64
 	Source   string
-	Duration string
+	Duration time.Duration
 }
 
 // Up applies every pending migration to the database at dsn. progress, if
 // not nil, is called after each one.
+//
+// Each migration runs in a transaction with its version record (the
+// CONCURRENTLY ones, which cannot, start by dropping what an interrupted
+// attempt left), so a failed run leaves the schema as the last applied
+// migration made it, and the next run continues from there.
 func Up(ctx context.Context, dsn string, progress func(Result)) ([]Result, error) {
 	db, err := sql.Open("pgx", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("migrations: open: %w", err)
 	}
 	defer db.Close()
-	locker, err := lock.NewPostgresSessionLocker()
+	if _, err := carryOver(ctx, db); err != nil {
+		return nil, err
+	}
+	// goose's session lock: the advisory lock carryOver takes too, so a
+	// replica's goose run and another's carry-over never overlap.
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(lockID))
 	if err != nil {
 		return nil, fmt.Errorf("migrations: locker: %w", err)
 	}
-	p, err := goose.NewProvider(goose.DialectPostgres, db, files, goose.WithSessionLocker(locker))
+	p, err := goose.NewProvider(goose.DialectPostgres, db, files,
+		goose.WithSessionLocker(locker), goose.WithTableName(Table), goose.WithDisableGlobalRegistry(true))
 	if err != nil {
 		return nil, fmt.Errorf("migrations: %w", err)
 	}
@@ -50,12 +70,17 @@ func Up(ctx context.Context, dsn string, progress func(Result)) ([]Result, error
 			}
 			return out, fmt.Errorf("migrations: %w", err)
 		}
-		res := Result{Version: r.Source.Version, Source: r.Source.Path, Duration: r.Duration.String()}
+		res := Result{Version: r.Source.Version, Source: r.Source.Path, Duration: r.Duration}
 		out = append(out, res)
 		if progress != nil {
 			progress(res)
 		}
 	}
 }
+
+// lockID is the advisory lock every `outboxd migrate` takes: goose's
+// default, which outboxd has always used, so a replica of an older build
+// migrating at the same moment waits as well.
+const lockID = lock.DefaultLockID
 
 var _ = stdlib.GetDefaultDriver // registers the "pgx" database/sql driver

@@ -167,7 +167,7 @@ func migrateCmd(g *globals, stdout io.Writer) *cobra.Command {
 			}
 			defer s.stop()
 			applied, err := migrations.Up(s.ctx, s.cfg.Postgres.DSN, func(r migrations.Result) {
-				s.log.Info("migration applied", "version", r.Version, "source", r.Source, "duration", r.Duration)
+				s.log.Info("migration applied", "version", r.Version, "source", r.Source, "duration_ms", r.Duration.Milliseconds())
 			})
 			if err != nil {
 				return err
