@@ -324,6 +324,9 @@ func Load(file string, sets []string, defaults map[string]any, sections ...Secti
 		}
 	}
 	setDestinationDefaults(v, defaults)
+	if err := checkEnvNames(os.Environ(), append(Keys(), v.AllKeys()...)); err != nil {
+		return nil, err
+	}
 	if err := checkUnknown(v); err != nil {
 		return nil, err
 	}
@@ -399,6 +402,9 @@ func joinLists(v *viper.Viper, keys ...string) error {
 
 func checkType(key string, val any) error {
 	tk, _ := typeKey(key)
+	if err := checkShape(key, fields[tk], val); err != nil {
+		return err
+	}
 	s, isString := val.(string)
 	if durationKeys[tk] {
 		switch {
