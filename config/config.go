@@ -39,6 +39,11 @@ type Config struct {
 type Postgres struct {
 	DSN     string `mapstructure:"dsn"`
 	DSNFile string `mapstructure:"dsn_file"` // read the DSN from this file (Kubernetes secret, systemd credential)
+	// Schema holds every table, index, function and trigger of outboxd's.
+	Schema string `mapstructure:"schema"`
+	// Pooler says what the DSN points at: the server ("none"), or a proxy
+	// pooling server sessions per transaction ("transaction"), see pooler.go.
+	Pooler string `mapstructure:"pooler"`
 }
 
 type Redis struct {
@@ -521,6 +526,11 @@ func (c *Config) Validate(sections ...Section) error {
 			return err
 		}
 	}
+	if uses(sections, PostgresSection) && uses(sections, PollerSection) {
+		if err := c.validateNotifyPooler(); err != nil {
+			return err
+		}
+	}
 	if uses(sections, DispatchSection) {
 		if err := c.validateDispatch(); err != nil {
 			return err
@@ -539,7 +549,7 @@ func (c *Config) validatePostgres() error {
 	if err := validateDSN(c.Postgres.DSN); err != nil {
 		return &KeyError{Key: c.SourceKey("postgres.dsn"), Err: err}
 	}
-	return nil
+	return c.validatePooler()
 }
 
 func (c *Config) validateRedis() error {

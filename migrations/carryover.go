@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/database"
 )
@@ -57,7 +58,10 @@ func valid(index string) string {
 // migrations' advisory lock, and only while Table does not exist, so it
 // happens once, whole or not at all; legacyTable is only read. It returns
 // the versions carried over.
-func carryOver(ctx context.Context, db *sql.DB) (n int64, err error) {
+//
+// schema ("" for the server's search_path) is created first when missing,
+// under the same lock, and made the transaction's search_path.
+func carryOver(ctx context.Context, db *sql.DB, schema string) (n int64, err error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, fmt.Errorf("migrations: carry over: %w", err)
@@ -72,6 +76,22 @@ func carryOver(ctx context.Context, db *sql.DB) (n int64, err error) {
 	}()
 	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", lockID); err != nil {
 		return 0, err
+	}
+	if schema != "" {
+		// Created only when missing: CREATE SCHEMA needs a privilege on the
+		// database that a role owning an existing schema may not have.
+		var missing bool
+		if err := tx.QueryRowContext(ctx, "SELECT to_regnamespace($1) IS NULL", schema).Scan(&missing); err != nil {
+			return 0, err
+		}
+		if missing {
+			if _, err := tx.ExecContext(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+				return 0, err
+			}
+		}
+		if _, err := tx.ExecContext(ctx, "SELECT set_config('search_path', $1, true)", schema); err != nil {
+			return 0, err
+		}
 	}
 	var ours, legacy bool
 	if err := tx.QueryRowContext(ctx, "SELECT "+rel(Table)+", "+rel(legacyTable)).Scan(&ours, &legacy); err != nil {

@@ -10,15 +10,17 @@ package migrations
 
 import (
 	"context"
-	"database/sql"
 	"embed"
 	"errors"
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
+
+	"github.com/outboxd/outboxd/internal/pgsession"
 )
 
 //go:embed *.sql
@@ -41,23 +43,27 @@ type Result struct {
 // CONCURRENTLY ones, which cannot, start by dropping what an interrupted
 // attempt left), so a failed run leaves the schema as the last applied
 // migration made it, and the next run continues from there.
-func Up(ctx context.Context, dsn string, progress func(Result)) ([]Result, error) {
-	db, err := sql.Open("pgx", dsn)
+func Up(ctx context.Context, dsn string, progress func(Result), opts ...Option) ([]Result, error) {
+	o := pgsession.Resolve(opts)
+	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("migrations: open: %w", err)
+		return nil, fmt.Errorf("migrations: parse dsn: %w", err)
 	}
+	o.Configure(cfg)
+	db := stdlib.OpenDB(*cfg)
 	defer db.Close()
-	if _, err := carryOver(ctx, db); err != nil {
+	if _, err := carryOver(ctx, db, o.Schema); err != nil {
 		return nil, err
 	}
-	// goose's session lock: the advisory lock carryOver takes too, so a
-	// replica's goose run and another's carry-over never overlap.
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(lockID))
+	if err := checkSchema(ctx, db, o.Schema); err != nil {
+		return nil, err
+	}
+	lockOpt, err := locker(o)
 	if err != nil {
 		return nil, fmt.Errorf("migrations: locker: %w", err)
 	}
 	p, err := goose.NewProvider(goose.DialectPostgres, db, files,
-		goose.WithSessionLocker(locker), goose.WithTableName(Table), goose.WithDisableGlobalRegistry(true))
+		lockOpt, goose.WithTableName(Table), goose.WithDisableGlobalRegistry(true))
 	if err != nil {
 		return nil, fmt.Errorf("migrations: %w", err)
 	}
@@ -82,5 +88,3 @@ func Up(ctx context.Context, dsn string, progress func(Result)) ([]Result, error
 // default, which outboxd has always used, so a replica of an older build
 // migrating at the same moment waits as well.
 const lockID = lock.DefaultLockID
-
-var _ = stdlib.GetDefaultDriver // registers the "pgx" database/sql driver

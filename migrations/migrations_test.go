@@ -250,3 +250,28 @@ func filesOf(t *testing.T) fstest.MapFS {
 	}
 	return out
 }
+
+// Through PgBouncer in transaction mode, replicas migrating at once each
+// succeed and every migration is applied once.
+func TestMigrateThroughATransactionPooler(t *testing.T) {
+	dsn := testenv.EmptyDSN(t)
+	via := testenv.StartPgBouncer(t, dsn).Via(dsn)
+	errs := make(chan error, 3)
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() {
+			_, err := migrations.Up(context.Background(), via, nil, migrations.WithTransactionPooler())
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	db := open(t, dsn)
+	requireVersions(t, db, migrations.Table, upTo(9))
+	requireOutboxdSchema(t, db)
+}

@@ -168,7 +168,10 @@ func migrateCmd(g *globals, stdout io.Writer) *cobra.Command {
 			defer s.stop()
 			applied, err := migrations.Up(s.ctx, s.cfg.Postgres.DSN, func(r migrations.Result) {
 				s.log.Info("migration applied", "version", r.Version, "source", r.Source, "duration_ms", r.Duration.Milliseconds())
-			})
+			}, app.MigrateOptions(s.cfg.Postgres)...)
+			if errors.Is(err, migrations.ErrSearchPath) {
+				return &config.KeyError{Key: "postgres.schema", Err: err}
+			}
 			if err != nil {
 				return err
 			}
@@ -342,7 +345,7 @@ func replayDryRun(g *globals, stdout io.Writer, f store.ReplayFilter) error {
 		return err
 	}
 	defer s.stop()
-	st, err := store.Open(s.ctx, s.cfg.Postgres.DSN)
+	st, err := app.OpenStore(s.ctx, s.cfg.Postgres)
 	if err != nil {
 		return err
 	}
@@ -391,7 +394,7 @@ func (g *globals) openStore(w io.Writer) (*session, *store.Store, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	st, err := store.Open(s.ctx, s.cfg.Postgres.DSN)
+	st, err := app.OpenStore(s.ctx, s.cfg.Postgres)
 	if err != nil {
 		s.stop()
 		return nil, nil, err
