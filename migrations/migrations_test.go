@@ -3,6 +3,7 @@ package migrations_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -274,4 +275,36 @@ func TestMigrateThroughATransactionPooler(t *testing.T) {
 	db := open(t, dsn)
 	requireVersions(t, db, migrations.Table, upTo(9))
 	requireOutboxdSchema(t, db)
+}
+
+// postgres.schema: migrate creates the schema and everything in it; behind
+// a transaction pooler the schema must come from the role's search_path.
+func TestMigrateIntoASchema(t *testing.T) {
+	dsn := testenv.EmptyDSN(t)
+	ctx := context.Background()
+	if _, err := migrations.Up(ctx, dsn, nil, migrations.WithSchema("relay_a")); err != nil {
+		t.Fatal(err)
+	}
+	db := open(t, dsn)
+	requireVersions(t, db, "relay_a."+migrations.Table, upTo(9))
+	if !exists(t, db, "relay_a.outbox") || exists(t, db, "public.outbox") {
+		t.Error("want relay_a.outbox and no public.outbox")
+	}
+
+	pooled := []migrations.Option{migrations.WithSchema("relay_b"), migrations.WithTransactionPooler()}
+	_, err := migrations.Up(ctx, testenv.StartPgBouncer(t, dsn).Via(dsn), nil, pooled...)
+	if !errors.Is(err, migrations.ErrSearchPath) {
+		t.Fatalf("through a transaction pooler, role without search_path: %v, want ErrSearchPath", err)
+	}
+	if _, err := db.Exec(`DO $$ BEGIN
+		EXECUTE format('ALTER ROLE postgres IN DATABASE %I SET search_path = relay_b', current_database()); END $$`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrations.Up(ctx, testenv.StartPgBouncer(t, dsn).Via(dsn), nil, pooled...); err != nil {
+		t.Fatal(err)
+	}
+	requireVersions(t, db, "relay_b."+migrations.Table, upTo(9))
+	if !exists(t, db, "relay_b.outbox_cursor") {
+		t.Error("relay_b.outbox_cursor missing")
+	}
 }
