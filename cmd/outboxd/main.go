@@ -53,6 +53,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return 0
 	}
+	err = app.PoolerRefusal(err)
 	fmt.Fprintln(stderr, "outboxd:", err)
 	var ue usageError
 	var ke *config.KeyError

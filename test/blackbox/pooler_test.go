@@ -48,6 +48,14 @@ func TestPoolerNotDeclaredStopsTheStart(t *testing.T) {
 			if res.code != 2 || !strings.Contains(res.stderr, "postgres.pooler") {
 				t.Fatalf("run behind PgBouncer without postgres.pooler: %s; want exit 2 naming postgres.pooler", res)
 			}
+			if tc.extra != nil {
+				return
+			}
+			for _, args := range [][]string{{"dead", "list"}, {"status"}} {
+				if res := runBinary(t, e.vars, time.Minute, args...); res.code != 2 || !strings.Contains(res.stderr, "postgres.pooler") {
+					t.Errorf("%v behind PgBouncer without postgres.pooler: %s; want exit 2 naming postgres.pooler", args, res)
+				}
+			}
 		})
 	}
 }

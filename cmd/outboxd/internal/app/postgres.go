@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/store"
@@ -75,4 +77,17 @@ func sessionKeyError(c config.Postgres, se *store.SessionError) error {
 			config.PoolerTransaction, strings.Join(se.Fix, " "))
 	}
 	return &config.KeyError{Key: key, Err: fmt.Errorf("%w: %s", se, hint)}
+}
+
+// PoolerRefusal turns err into an error naming postgres.pooler when a
+// proxy refused the startup parameters outboxd sends (a one-shot command
+// behind PgBouncer without postgres.pooler: transaction); else it returns
+// err.
+func PoolerRefusal(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "08P01" && strings.Contains(pgErr.Message, "startup parameter") {
+		return &config.KeyError{Key: "postgres.pooler", Err: fmt.Errorf("%w: the DSN seems to reach a transaction pooler (PgBouncer?): "+
+			"set postgres.pooler: %s (docs/operations.md, \"Behind a connection pooler\")", err, config.PoolerTransaction)}
+	}
+	return err
 }
