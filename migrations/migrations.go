@@ -20,7 +20,7 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
 
-	"github.com/outboxd/outboxd/internal/pgsession"
+	"github.com/outboxd/outboxd/store"
 )
 
 //go:embed *.sql
@@ -44,7 +44,7 @@ type Result struct {
 // attempt left), so a failed run leaves the schema as the last applied
 // migration made it, and the next run continues from there.
 func Up(ctx context.Context, dsn string, progress func(Result), opts ...Option) ([]Result, error) {
-	o := pgsession.Resolve(opts)
+	o := store.Resolve(opts)
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("migrations: parse dsn: %w", err)

@@ -10,28 +10,28 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
 
-	"github.com/outboxd/outboxd/internal/pgsession"
+	"github.com/outboxd/outboxd/store"
 )
 
 // Option configures Up: WithSchema, WithTransactionPooler.
-type Option = pgsession.Option
+type Option = store.Option
 
 // WithSchema applies the migrations in schema, created when missing.
 // "public" leaves the server's search_path as it is.
-func WithSchema(schema string) Option { return pgsession.WithSchema(schema) }
+func WithSchema(schema string) Option { return store.WithSchema(schema) }
 
 // WithTransactionPooler migrates through a proxy that lends a server
 // session per transaction (PgBouncer pool_mode = transaction): no startup
 // parameters, no prepared statements kept, and a lock row in a table
 // (outboxd_migrations_lock, with a lease) instead of a session's advisory
 // lock; the schema comes from the role's search_path (checkSchema).
-func WithTransactionPooler() Option { return pgsession.WithTransactionPooler() }
+func WithTransactionPooler() Option { return store.WithTransactionPooler() }
 
 // locker is goose's session advisory lock (the one carryOver takes too, so
 // a replica's goose run and another's carry-over never overlap), or behind
 // a transaction pooler, where a session lock would stay on whichever
 // server session took it, a lock row.
-func locker(o pgsession.Settings) (goose.ProviderOption, error) {
+func locker(o store.Session) (goose.ProviderOption, error) {
 	if o.TransactionPooler {
 		l, err := lock.NewPostgresTableLocker(lock.WithTableName(Table + "_lock"))
 		return goose.WithLocker(l), err

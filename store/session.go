@@ -10,8 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/outboxd/outboxd/internal/pgsession"
 )
 
 // plannerSettings are the session settings every statement here is
@@ -23,25 +21,65 @@ var plannerSettings = map[string]string{
 	"max_parallel_workers_per_gather": "0",
 }
 
-// Option configures Open and OpenConfig: WithSchema, WithTransactionPooler.
-type Option = pgsession.Option
+// Option configures Open and OpenConfig (and migrations.Up): WithSchema,
+// WithTransactionPooler.
+type Option func(*Session)
+
+// Session is how outboxd's sessions are set up: Options resolved.
+type Session struct {
+	// Schema goes first in search_path; "" leaves the server's as it is.
+	Schema string
+	// TransactionPooler: the DSN reaches a proxy that lends a server
+	// session per transaction; no state is kept on a session.
+	TransactionPooler bool
+}
 
 // WithSchema puts schema first in the sessions' search_path: every
 // statement finds outboxd's tables, functions and triggers there.
 // "public" (the default of postgres.schema) leaves the server's
 // search_path as it is.
-func WithSchema(schema string) Option { return pgsession.WithSchema(schema) }
+func WithSchema(schema string) Option {
+	return func(s *Session) {
+		if schema != "public" {
+			s.Schema = schema
+		}
+	}
+}
 
 // WithTransactionPooler keeps no state on a server session, for a DSN that
 // points at a proxy lending a session per transaction (PgBouncer
 // pool_mode = transaction): no startup parameters beyond the DSN's (the
 // planner settings and search_path come from the role, see CheckSession),
 // and no prepared statement outliving its call (pgx's exec mode).
-func WithTransactionPooler() Option { return pgsession.WithTransactionPooler() }
+func WithTransactionPooler() Option {
+	return func(s *Session) { s.TransactionPooler = true }
+}
+
+// Resolve applies opts.
+func Resolve(opts []Option) Session {
+	var s Session
+	for _, opt := range opts {
+		opt(&s)
+	}
+	return s
+}
+
+// Configure sets cfg's protocol and search_path startup parameter: behind
+// a transaction pooler pgx's exec mode (an unnamed statement per call) and
+// no search_path (the role's, see docs/operations.md).
+func (s Session) Configure(cfg *pgx.ConnConfig) {
+	if s.TransactionPooler {
+		cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
+		return
+	}
+	if s.Schema != "" {
+		cfg.RuntimeParams["search_path"] = s.Schema
+	}
+}
 
 // configure sets cfg for o and returns the settings a session must show
 // (CheckSession).
-func configure(o pgsession.Settings, cfg *pgx.ConnConfig) map[string]string {
+func configure(o Session, cfg *pgx.ConnConfig) map[string]string {
 	o.Configure(cfg)
 	want := map[string]string{}
 	if o.TransactionPooler {

@@ -23,8 +23,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/outboxd/outboxd/internal/pgsession"
 )
 
 // ErrStaleFence: a fenced write carried a token lower than one Postgres has
@@ -103,7 +101,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 // pooler (WithTransactionPooler) they are the role's settings instead,
 // which CheckSession verifies (session.go).
 func OpenConfig(ctx context.Context, cfg *pgxpool.Config, opts ...Option) (*Store, error) {
-	o := pgsession.Resolve(opts)
+	o := Resolve(opts)
 	want := configure(o, cfg.ConnConfig)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -67,8 +67,8 @@ func sessionKeyError(c config.Postgres, se *store.SessionError) error {
 		key = "postgres.schema"
 	}
 	var hint string
-	switch {
-	case c.Pooler == config.PoolerNone:
+	switch c.Pooler {
+	case config.PoolerNone:
 		hint = fmt.Sprintf("postgres.pooler is %s, but the DSN seems to reach a pooler that does not keep outboxd's session settings "+
 			"(PgBouncer?): set postgres.pooler: %s and give outboxd's role the settings (docs/operations.md, \"Behind a connection pooler\")",
 			config.PoolerNone, config.PoolerTransaction)
