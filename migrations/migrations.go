@@ -50,6 +50,13 @@ func Up(ctx context.Context, dsn string, progress func(Result), opts ...Option) 
 		return nil, fmt.Errorf("migrations: parse dsn: %w", err)
 	}
 	o.Configure(cfg)
+	if _, set := cfg.RuntimeParams["jit"]; !o.TransactionPooler && !set {
+		// As on the relay's sessions. A transaction pooler refuses it
+		// (PgBouncer's default): migrate then stops instead of taking a
+		// session lock that a pooler would leave on whichever server
+		// session ran it.
+		cfg.RuntimeParams["jit"] = "off"
+	}
 	db := stdlib.OpenDB(*cfg)
 	defer db.Close()
 	if _, err := carryOver(ctx, db, o.Schema); err != nil {

@@ -51,7 +51,7 @@ func TestPoolerNotDeclaredStopsTheStart(t *testing.T) {
 			if tc.extra != nil {
 				return
 			}
-			for _, args := range [][]string{{"dead", "list"}, {"status"}} {
+			for _, args := range [][]string{{"migrate"}, {"dead", "list"}, {"status"}} {
 				if res := runBinary(t, e.vars, time.Minute, args...); res.code != 2 || !strings.Contains(res.stderr, "postgres.pooler") {
 					t.Errorf("%v behind PgBouncer without postgres.pooler: %s; want exit 2 naming postgres.pooler", args, res)
 				}
