@@ -29,15 +29,18 @@ var files embed.FS
 // Table is where outboxd records the migrations it applied.
 const Table = "outboxd_migrations"
 
-// Result is one applied migration.
+// Result is one applied migration, or one carried over from legacyTable
+// (CarriedOver: Source names that table, Duration is 0).
 type Result struct {
-	Version  int64
-	Source   string
-	Duration time.Duration
+	Version     int64
+	Source      string
+	Duration    time.Duration
+	CarriedOver bool
 }
 
-// Up applies every pending migration to the database at dsn. progress, if
-// not nil, is called after each one.
+// Up applies every pending migration to the database at dsn and returns
+// them. progress, if not nil, is called after each one, and for each
+// version carried over from goose_db_version first.
 //
 // Each migration runs in a transaction with its version record (the
 // CONCURRENTLY ones, which cannot, start by dropping what an interrupted
@@ -59,8 +62,12 @@ func Up(ctx context.Context, dsn string, progress func(Result), opts ...Option) 
 	}
 	db := stdlib.OpenDB(*cfg)
 	defer db.Close()
-	if _, err := carryOver(ctx, db, o.Schema); err != nil {
+	carried, err := carryOver(ctx, db, o.Schema)
+	if err != nil {
 		return nil, err
+	}
+	for v := int64(1); v <= carried && progress != nil; v++ {
+		progress(Result{Version: v, Source: legacyTable, CarriedOver: true})
 	}
 	if err := checkSchema(ctx, db, o.Schema); err != nil {
 		return nil, err

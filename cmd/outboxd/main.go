@@ -168,6 +168,10 @@ func migrateCmd(g *globals, stdout io.Writer) *cobra.Command {
 			}
 			defer s.stop()
 			applied, err := migrations.Up(s.ctx, s.cfg.Postgres.DSN, func(r migrations.Result) {
+				if r.CarriedOver {
+					s.log.Info("migration carried over", "version", r.Version, "from", r.Source)
+					return
+				}
 				s.log.Info("migration applied", "version", r.Version, "source", r.Source, "duration_ms", r.Duration.Milliseconds())
 			}, app.MigrateOptions(s.cfg.Postgres)...)
 			if errors.Is(err, migrations.ErrSearchPath) {
