@@ -313,3 +313,38 @@ func TestMigrateIntoASchema(t *testing.T) {
 		t.Error("relay_b.outbox_cursor missing")
 	}
 }
+
+// A migrate cut short in migration 6 (CREATE INDEX CONCURRENTLY, outside a
+// transaction) leaves an invalid index behind and no record of 6; the next
+// run completes 6-9 and the index is valid.
+func TestMigrateCompletesAnInterruptedRun(t *testing.T) {
+	dsn := testenv.EmptyDSN(t)
+	db := open(t, dsn)
+	fsys := filesOf(t)
+	for name := range fsys {
+		if name > "00006" {
+			delete(fsys, name)
+		}
+	}
+	gooseUp(t, db, fsys, goose.WithTableName(migrations.Table))
+	// What an interrupted CONCURRENTLY build leaves: an index marked invalid.
+	if _, err := db.Exec(`INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('a', '1', 'e', '{}'), ('a', '1', 'e', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`CREATE UNIQUE INDEX CONCURRENTLY outbox_dead_list_idx ON outbox (aggregate_type)`); err == nil {
+		t.Fatal("the unique index over duplicates was built")
+	}
+	var valid bool
+	if err := db.QueryRow(`SELECT indisvalid FROM pg_index WHERE indexrelid = 'outbox_dead_list_idx'::regclass`).Scan(&valid); err != nil || valid {
+		t.Fatalf("want an invalid outbox_dead_list_idx left behind (valid %v, %v)", valid, err)
+	}
+
+	if _, err := migrations.Up(context.Background(), dsn, nil); err != nil {
+		t.Fatal(err)
+	}
+	requireVersions(t, db, migrations.Table, upTo(9))
+	requireOutboxdSchema(t, db)
+	if err := db.QueryRow(`SELECT indisvalid FROM pg_index WHERE indexrelid = 'outbox_dead_list_idx'::regclass`).Scan(&valid); err != nil || !valid {
+		t.Errorf("outbox_dead_list_idx valid %v (%v), want valid", valid, err)
+	}
+}
