@@ -184,12 +184,7 @@ func TestMigrateCarriesOverGooseDBVersion(t *testing.T) {
 func TestMigrateCarriesOverOnlyWhatExists(t *testing.T) {
 	dsn := testenv.EmptyDSN(t)
 	db := open(t, dsn)
-	fsys := filesOf(t)
-	for name := range fsys {
-		if name > "00006" {
-			delete(fsys, name)
-		}
-	}
+	fsys := filesUpTo(t, 5)
 	gooseUp(t, db, fsys)
 	applied, err := migrations.Up(context.Background(), dsn, nil)
 	if err != nil {
@@ -234,6 +229,17 @@ func TestConcurrentMigrate(t *testing.T) {
 			requireOutboxdSchema(t, db)
 		})
 	}
+}
+
+// filesUpTo is filesOf with migrations 1..n only.
+func filesUpTo(t *testing.T, n int) fstest.MapFS {
+	fsys := filesOf(t)
+	for name := range fsys {
+		if name >= fmt.Sprintf("%05d", n+1) {
+			delete(fsys, name)
+		}
+	}
+	return fsys
 }
 
 // filesOf copies the embedded migrations 1-9 into a map file system.
@@ -320,12 +326,7 @@ func TestMigrateIntoASchema(t *testing.T) {
 func TestMigrateCompletesAnInterruptedRun(t *testing.T) {
 	dsn := testenv.EmptyDSN(t)
 	db := open(t, dsn)
-	fsys := filesOf(t)
-	for name := range fsys {
-		if name > "00006" {
-			delete(fsys, name)
-		}
-	}
+	fsys := filesUpTo(t, 5)
 	gooseUp(t, db, fsys, goose.WithTableName(migrations.Table))
 	// What an interrupted CONCURRENTLY build leaves: an index marked invalid.
 	if _, err := db.Exec(`INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('a', '1', 'e', '{}'), ('a', '1', 'e', '{}')`); err != nil {
