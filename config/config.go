@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"os"
 	"reflect"
 	"slices"
 	"strconv"
@@ -42,6 +43,11 @@ type Config struct {
 type Postgres struct {
 	DSN     string `mapstructure:"dsn"`
 	DSNFile string `mapstructure:"dsn_file"` // read the DSN from this file (Kubernetes secret, systemd credential)
+	// Schema holds every table, index, function and trigger of outboxd's.
+	Schema string `mapstructure:"schema"`
+	// Pooler says what the DSN points at: the server ("none"), or a proxy
+	// pooling server sessions per transaction ("transaction"), see pooler.go.
+	Pooler string `mapstructure:"pooler"`
 }
 
 type Redis struct {
@@ -358,6 +364,9 @@ func Load(file string, sets []string, defaults map[string]any, sections ...Secti
 		}
 	}
 	setDestinationDefaults(v, defaults)
+	if err := checkEnvNames(os.Environ(), append(Keys(), v.AllKeys()...)); err != nil {
+		return nil, err
+	}
 	if err := checkUnknown(v); err != nil {
 		return nil, err
 	}
@@ -433,6 +442,9 @@ func joinLists(v *viper.Viper, keys ...string) error {
 
 func checkType(key string, val any) error {
 	tk, _ := typeKey(key)
+	if err := checkShape(key, fields[tk], val); err != nil {
+		return err
+	}
 	s, isString := val.(string)
 	if durationKeys[tk] {
 		switch {
@@ -557,6 +569,11 @@ func (c *Config) Validate(sections ...Section) error {
 			return err
 		}
 	}
+	if uses(sections, PostgresSection) && uses(sections, PollerSection) {
+		if err := c.validateNotifyPooler(); err != nil {
+			return err
+		}
+	}
 	if uses(sections, DispatchSection) {
 		if err := c.validateDispatch(); err != nil {
 			return err
@@ -603,7 +620,7 @@ func (c *Config) validatePostgres() error {
 	if err := validateDSN(c.Postgres.DSN); err != nil {
 		return &KeyError{Key: c.SourceKey("postgres.dsn"), Err: err}
 	}
-	return nil
+	return c.validatePooler()
 }
 
 func (c *Config) validateRedis() error {

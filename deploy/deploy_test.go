@@ -248,33 +248,35 @@ func TestComposeConfigLoads(t *testing.T) {
 }
 
 // The systemd unit's settings load, with its credentials in place.
-func TestSystemdConfigLoads(t *testing.T) {
-	b, err := os.ReadFile("systemd/outboxd@.service")
+// unitEnv sets, in this process, the OUTBOXD_* variables the unit file
+// sets (%d: creds), and returns them.
+func unitEnv(t *testing.T, file, creds string) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
-	}
-	creds := t.TempDir()
-	for _, c := range []struct{ name, body string }{
-		{"postgres-dsn", "postgres://outboxd:pw@db.internal:5432/app?sslmode=disable\n"},
-		{"webhook-secret", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n"},
-	} {
-		if err := os.WriteFile(filepath.Join(creds, c.name), []byte(c.body), 0o600); err != nil {
-			t.Fatal(err)
-		}
 	}
 	set := map[string]string{}
 	for _, m := range regexp.MustCompile(`Environment=(OUTBOXD_[A-Z_]+)=(\S+)`).FindAllStringSubmatch(string(b), -1) {
 		set[m[1]] = strings.ReplaceAll(m[2], "%d", creds)
 		t.Setenv(m[1], set[m[1]])
 	}
-	for _, k := range []string{"OUTBOXD_POSTGRES_DSN_FILE", "OUTBOXD_DISPATCH_WEBHOOK_SECRET_FILE"} {
-		if set[k] == "" {
-			t.Fatalf("the unit sets no %s (it set %v)", k, set)
-		}
+	return set
+}
+
+// The unit alone runs a sink without secrets (Kafka here); with the
+// webhook-secret drop-in, the webhook's secret comes from its credential.
+func TestSystemdConfigLoads(t *testing.T) {
+	creds := t.TempDir()
+	if err := os.WriteFile(filepath.Join(creds, "postgres-dsn"), []byte("postgres://outboxd:pw@db.internal:5432/app?sslmode=disable\n"), 0o600); err != nil {
+		t.Fatal(err)
 	}
-	cfg, err := loadConfig("../config.yaml", nil)
+	if set := unitEnv(t, "systemd/outboxd@.service", creds); set["OUTBOXD_POSTGRES_DSN_FILE"] == "" || len(set) != 1 {
+		t.Fatalf("the unit sets %v, want OUTBOXD_POSTGRES_DSN_FILE alone (a sink's secret belongs in a drop-in)", set)
+	}
+	cfg, err := loadConfig("../config.yaml", []string{"dispatch.sink=kafka", "dispatch.kafka.brokers=kafka.internal:9092"})
 	if err != nil {
-		t.Fatalf("systemd replica config: %v", err)
+		t.Fatalf("systemd replica config, Kafka sink: %v", err)
 	}
 	// The credentials were read from the files the unit names (outboxd
 	// config shows them redacted).
@@ -283,6 +285,17 @@ func TestSystemdConfigLoads(t *testing.T) {
 	}
 	if want := "db.internal:5432/app"; !strings.Contains(cfg.Postgres.DSN, want) || strings.Contains(cfg.Postgres.DSN, ":pw@") {
 		t.Errorf("postgres.dsn %q, want the credential's DSN (%s), redacted", cfg.Postgres.DSN, want)
+	}
+
+	if err := os.WriteFile(filepath.Join(creds, "webhook-secret"), []byte("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if set := unitEnv(t, "systemd/webhook-secret.conf", creds); set["OUTBOXD_DISPATCH_WEBHOOK_SECRET_FILE"] == "" {
+		t.Fatalf("the drop-in sets no OUTBOXD_DISPATCH_WEBHOOK_SECRET_FILE (it set %v)", set)
+	}
+	cfg, err = loadConfig("../config.yaml", nil)
+	if err != nil {
+		t.Fatalf("systemd replica config with the webhook drop-in: %v", err)
 	}
 	if cfg.Dispatch.Webhook.Secret == "" || strings.Contains(cfg.Dispatch.Webhook.Secret, "MfKQ9r8G") {
 		t.Errorf("dispatch.webhook.secret %q, want the credential's secret, redacted", cfg.Dispatch.Webhook.Secret)
@@ -321,6 +334,8 @@ func TestKubernetesManifests(t *testing.T) {
 	if min := get(kinds["PodDisruptionBudget"], "spec", "minAvailable"); min != 2 {
 		t.Fatalf("PDB minAvailable %v", min)
 	}
+	checkSurvivesASecondApply(t, pod, ctr)
+	checkAccountAndPolicies(t, kinds, pod)
 
 	// The ConfigMap's config loads (secret files are mounted at run time).
 	dir := t.TempDir()
@@ -464,4 +479,61 @@ func keys[V any](m map[string]V) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// checkSurvivesASecondApply: the kustomization applies nothing immutable
+// that names an image (a Job's template), every file it lists exists, and
+// the pod migrates in an init container of the relay's own image; a
+// startupProbe covers the start.
+func checkSurvivesASecondApply(t *testing.T, pod, ctr any) {
+	t.Helper()
+	k := docs(t, "kubernetes/kustomization.yaml")[0]
+	for _, r := range get(k, "resources").([]any) {
+		for _, d := range docs(t, filepath.Join("kubernetes", r.(string))) {
+			if d["kind"] == "Job" || d["kind"] == "CronJob" {
+				t.Errorf("%s: a %s's pod template is immutable: a second apply with a new image fails", r, d["kind"])
+			}
+		}
+	}
+	inits, _ := get(pod, "initContainers").([]any)
+	if len(inits) != 1 || get(inits[0], "image") != get(ctr, "image") || !slices.Equal(get(inits[0], "args").([]any)[:1], []any{"migrate"}) {
+		t.Errorf("want one init container running migrate with the relay's image, got %v", inits)
+	}
+	if get(ctr, "startupProbe", "httpGet", "path") != "/livez" {
+		t.Error("the relay has no startupProbe on /livez")
+	}
+	job := docs(t, "kubernetes/migrate-job.yaml")[0]
+	if name, _ := get(job, "metadata", "name").(string); !strings.Contains(name, "VERSION") {
+		t.Errorf("the optional migrate Job is named %q: it must carry the version (a template cannot change)", name)
+	}
+}
+
+// checkAccountAndPolicies: the pods run as a ServiceAccount of their own
+// without an API token; the NetworkPolicy selects them; the
+// ServiceMonitor scrapes the Service's http port.
+func checkAccountAndPolicies(t *testing.T, kinds map[string]map[string]any, pod any) {
+	t.Helper()
+	sa := kinds["ServiceAccount"]
+	if sa == nil || sa["automountServiceAccountToken"] != false {
+		t.Fatalf("want a ServiceAccount with automountServiceAccountToken: false, got %v", sa)
+	}
+	if get(pod, "serviceAccountName") != get(sa, "metadata", "name") || get(pod, "automountServiceAccountToken") != false {
+		t.Error("the pod must use outboxd's ServiceAccount and mount no token")
+	}
+	np := kinds["NetworkPolicy"]
+	if np == nil || get(np, "spec", "podSelector", "matchLabels", "app.kubernetes.io/name") != "outboxd" {
+		t.Errorf("want a NetworkPolicy selecting outboxd's pods, got %v", np)
+	}
+	sm := kinds["ServiceMonitor"]
+	svc := kinds["Service"]
+	if sm == nil || svc == nil {
+		t.Fatalf("want a ServiceMonitor and a Service, got %v", keys(kinds))
+	}
+	if get(sm, "spec", "selector", "matchLabels", "app.kubernetes.io/name") != get(svc, "metadata", "labels", "app.kubernetes.io/name") {
+		t.Error("the ServiceMonitor does not select the Service")
+	}
+	port := get(sm, "spec", "endpoints").([]any)[0]
+	if get(port, "port") != get(svc, "spec", "ports").([]any)[0].(map[string]any)["name"] || get(port, "path") != "/metrics" {
+		t.Errorf("the ServiceMonitor scrapes %v, want the Service's http port at /metrics", port)
+	}
 }

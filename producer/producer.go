@@ -27,8 +27,9 @@ type Event struct {
 	AvailableAt   time.Time         // optional; zero means now
 }
 
+// enqueueSQL's table is %s: outbox, or schema-qualified (EnqueueIn).
 const enqueueSQL = `
-INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, headers, available_at)
+INSERT INTO %s (aggregate_type, aggregate_id, event_type, payload, headers, available_at)
 SELECT t, a, e, p::jsonb, h::jsonb, COALESCE(v, now())
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::timestamptz[]) AS x(t, a, e, p, h, v)`
 
@@ -38,6 +39,12 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::time
 // type, or whose payload is not valid JSON, is refused, and nothing is
 // written.
 func Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) error {
+	return EnqueueIn(ctx, tx, "", events...)
+}
+
+// EnqueueIn is Enqueue into the outbox of schema (the relay's
+// postgres.schema); "" is the outbox the transaction's search_path finds.
+func EnqueueIn(ctx context.Context, tx pgx.Tx, schema string, events ...Event) error {
 	if len(events) == 0 {
 		return nil
 	}
@@ -66,7 +73,11 @@ func Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) error {
 			avail[i] = &ev.AvailableAt
 		}
 	}
-	if _, err := tx.Exec(ctx, enqueueSQL, types, ids, kinds, payloads, headers, avail); err != nil {
+	table := pgx.Identifier{"outbox"}
+	if schema != "" {
+		table = pgx.Identifier{schema, "outbox"}
+	}
+	if _, err := tx.Exec(ctx, fmt.Sprintf(enqueueSQL, table.Sanitize()), types, ids, kinds, payloads, headers, avail); err != nil {
 		return fmt.Errorf("producer: enqueue: %w", err)
 	}
 	return nil

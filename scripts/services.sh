@@ -55,6 +55,19 @@ if [ -z "$(ls /usr/lib/*/faketime/libfaketime.so.1 /usr/lib/faketime/libfaketime
     say "faketime could not be installed: the tests of a Postgres clock apart from the relay's will fail"
 fi
 
+# PgBouncer: the tests start their own (transaction pooling) in front of Postgres.
+if [ ! -x /usr/sbin/pgbouncer ] && ! command -v pgbouncer >/dev/null; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    say "installing pgbouncer with apt-get"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null
+    # The package's own service is not needed: the tests run theirs.
+    { systemctl disable --now pgbouncer || service pgbouncer stop; } >/dev/null 2>&1 || true
+  else
+    say "pgbouncer is missing (the pooler tests need /usr/sbin/pgbouncer): install it"
+  fi
+fi
+
 if pg_up && redis_up; then say "Postgres and Redis are up"; exit 0; fi
 
 # Installed but stopped (a fresh session, a reboot)?

@@ -50,16 +50,21 @@ type Store struct {
 	// readRows is how many rows the last Read returned: the next one's
 	// first guess (readCap).
 	readRows atomic.Int64
+	// want are the session settings the statements rely on, and schema
+	// the one outboxd's objects are in ("" for the server's search_path):
+	// CheckSession verifies both.
+	want   map[string]string
+	schema string
 }
 
 // Open creates a pool for dsn. It does not wait for Postgres to be reachable:
 // callers retry their queries.
-func Open(ctx context.Context, dsn string) (*Store, error) {
+func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("store: parse postgres.dsn: %w", err)
 	}
-	return OpenConfig(ctx, cfg)
+	return OpenConfig(ctx, cfg, opts...)
 }
 
 // OpenConfig creates a pool from a parsed config (tracers, pool sizes).
@@ -92,18 +97,18 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 // backingOff) are estimated at half the table, which makes the backlog
 // count a parallel bitmap scan that starts two workers on every scrape,
 // even to count no rows.
-func OpenConfig(ctx context.Context, cfg *pgxpool.Config) (*Store, error) {
-	for k, v := range map[string]string{"plan_cache_mode": "force_generic_plan", "jit": "off", "enable_seqscan": "off",
-		"max_parallel_workers_per_gather": "0"} {
-		if _, set := cfg.ConnConfig.RuntimeParams[k]; !set {
-			cfg.ConnConfig.RuntimeParams[k] = v
-		}
-	}
+//
+// These are startup parameters of each session; behind a transaction
+// pooler (WithTransactionPooler) they are the role's settings instead,
+// which CheckSession verifies (session.go).
+func OpenConfig(ctx context.Context, cfg *pgxpool.Config, opts ...Option) (*Store, error) {
+	o := Resolve(opts)
+	want := configure(o, cfg.ConnConfig)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
-	return &Store{pool: pool}, nil
+	return &Store{pool: pool, want: want, schema: o.Schema}, nil
 }
 
 // Pool returns the underlying pool.
@@ -122,6 +127,12 @@ type Event = producer.Event
 // which a producer imports on its own).
 func Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) error {
 	return producer.Enqueue(ctx, tx, events...)
+}
+
+// EnqueueIn is Enqueue into the outbox of schema (outboxd's
+// postgres.schema): producer.EnqueueIn.
+func EnqueueIn(ctx context.Context, tx pgx.Tx, schema string, events ...Event) error {
+	return producer.EnqueueIn(ctx, tx, schema, events...)
 }
 
 // Row is an outbox row as the poller sees it.

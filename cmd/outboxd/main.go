@@ -54,6 +54,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return 0
 	}
+	err = app.PoolerRefusal(err)
 	fmt.Fprintln(stderr, "outboxd:", err)
 	var ue usageError
 	var ke *config.KeyError
@@ -214,8 +215,15 @@ func migrateCmd(g *globals, stdout io.Writer) *cobra.Command {
 			}
 			defer s.stop()
 			applied, err := migrations.Up(s.ctx, s.cfg.Postgres.DSN, func(r migrations.Result) {
-				s.log.Info("migration applied", "version", r.Version, "source", r.Source, "duration", r.Duration)
-			})
+				if r.CarriedOver {
+					s.log.Info("migration carried over", "version", r.Version, "from", r.Source)
+					return
+				}
+				s.log.Info("migration applied", "version", r.Version, "source", r.Source, "duration_ms", r.Duration.Milliseconds())
+			}, app.MigrateOptions(s.cfg.Postgres)...)
+			if errors.Is(err, migrations.ErrSearchPath) {
+				return &config.KeyError{Key: "postgres.schema", Err: err}
+			}
 			if err != nil {
 				return err
 			}
@@ -359,7 +367,7 @@ func deadCount(g *globals, stdout io.Writer, f store.DeadFilter, what string) er
 		return err
 	}
 	defer s.stop()
-	st, err := store.Open(s.ctx, s.cfg.Postgres.DSN)
+	st, err := app.OpenStore(s.ctx, s.cfg.Postgres)
 	if err != nil {
 		return err
 	}
@@ -408,7 +416,7 @@ func (g *globals) openStore(w io.Writer) (*session, *store.Store, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	st, err := store.Open(s.ctx, s.cfg.Postgres.DSN)
+	st, err := app.OpenStore(s.ctx, s.cfg.Postgres)
 	if err != nil {
 		s.stop()
 		return nil, nil, err

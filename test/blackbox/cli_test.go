@@ -58,6 +58,10 @@ func TestBadSettingsExit2NamingTheKey(t *testing.T) {
 			[]string{"OUTBOXD_POSTGRES_DSN", "postgres://a b c:%zz@"}},
 		{"empty secret file", "dispatch.webhook.secret_file",
 			[]string{"OUTBOXD_DISPATCH_WEBHOOK_SECRET_FILE", empty}},
+		{"variable of no key, the nearest named", "OUTBOXD_POLLER_BATCH_SIZE",
+			[]string{"OUTBOXD_POLER_BATCH_SIZE", "10"}},
+		{"notify behind a transaction pooler", "postgres.pooler",
+			[]string{"OUTBOXD_POSTGRES_POOLER", "transaction", "OUTBOXD_POLLER_NOTIFY", "true"}},
 	} {
 		for _, cmd := range []string{"config", "run"} {
 			t.Run(tc.name+"/"+cmd, func(t *testing.T) {

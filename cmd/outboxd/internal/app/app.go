@@ -54,7 +54,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, error
 	if err != nil {
 		return nil, err
 	}
-	st, err := store.Open(ctx, cfg.Postgres.DSN)
+	st, err := OpenStore(ctx, cfg.Postgres)
 	if err != nil {
 		return nil, err
 	}
@@ -308,8 +308,15 @@ func (a *App) Run(ctx context.Context) error {
 	a.warnUnsafe(sink, hi)
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { a.warnEviction(gctx); return nil })
-	g.Go(func() error { return p.Run(gctx) })
-	g.Go(func() error { return rec.Run(gctx) })
+	g.Go(func() error {
+		if err := a.awaitSession(gctx); err != nil || gctx.Err() != nil {
+			return err
+		}
+		rg, rctx := errgroup.WithContext(gctx)
+		rg.Go(func() error { return p.Run(rctx) })
+		rg.Go(func() error { return rec.Run(rctx) })
+		return rg.Wait()
+	})
 	g.Go(func() error {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("http: %w", err)

@@ -34,6 +34,8 @@ func Defaults() map[string]any {
 	return map[string]any{
 		"postgres.dsn":                            DefaultPostgresDSN,
 		"postgres.dsn_file":                       "",
+		"postgres.schema":                         "public",
+		"postgres.pooler":                         config.PoolerNone,
 		"redis.addrs":                             []string{DefaultRedisAddr},
 		"redis.mode":                              "single",
 		"redis.username":                          "",

@@ -109,6 +109,17 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{name: "bad cloudevents mode", sets: []string{"dispatch.cloudevents=true", "dispatch.cloudevents_mode=batch"}, key: "dispatch.cloudevents_mode"},
 		{name: "structured without cloudevents", sets: []string{"dispatch.cloudevents_mode=structured"}, key: "dispatch.cloudevents_mode"},
 		{name: "secret list entry not a string", file: "dispatch:\n  webhook:\n    secret: [whsec_AAAA, {a: 1}]\n", key: "dispatch.webhook.secret[1]"},
+		{name: "bad pooler", sets: []string{"postgres.pooler=session"}, key: "postgres.pooler"},
+		{name: "bad schema", sets: []string{"postgres.schema=Outbox-1"}, key: "postgres.schema"},
+		{name: "notify behind a transaction pooler", sets: []string{"postgres.pooler=transaction", "poller.notify=true"}, key: "poller.notify"},
+		{name: "env variable of no key", env: map[string]string{"OUTBOXD_POLER_BATCH_SIZE": "10"}, key: "OUTBOXD_POLER_BATCH_SIZE"},
+		{name: "env variable of a section", env: map[string]string{"OUTBOXD_POLLER": "x"}, key: "OUTBOXD_POLLER"},
+		{name: "list for a string", file: "dispatch:\n  webhook:\n    url: [1, 2]\n", key: "dispatch.webhook.url"},
+		{name: "list for a number", file: "poller:\n  batch_size: [1]\n", key: "poller.batch_size"},
+		{name: "list for a bool", file: "poller:\n  notify: [true]\n", key: "poller.notify"},
+		{name: "list for a duration", file: "poller:\n  lock_ttl: [30s]\n", key: "poller.lock_ttl"},
+		{name: "list of lists", file: "dispatch:\n  kafka:\n    brokers: [[a, b]]\n", key: "dispatch.kafka.brokers[0]"},
+		{name: "map for a list", file: "redis:\n  addrs: {a: b}\n", key: "redis.addrs.a"},
 		{name: "bad secret in a list", file: "dispatch:\n  webhook:\n    secret: [whsec_AAAA, whsec_!!]\n", key: "dispatch.webhook.secret"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -512,5 +523,28 @@ func TestStructuredCloudEventsLoadForEverySink(t *testing.T) {
 	file := writeFile(t, "dispatch:\n  destinations:\n    q:\n      sink: pubsub\n      pubsub: {project: p}\n      cloudevents: true\n      cloudevents_mode: structured\n")
 	if _, err := app.LoadConfig(file, nil); err != nil {
 		t.Errorf("a pubsub destination in structured mode: %v", err)
+	}
+}
+
+// An OUTBOXD_* variable of no key names the nearest key when one is close;
+// OUTBOXD_TEST_* and a named destination's variables are accepted.
+func TestEnvironmentNames(t *testing.T) {
+	t.Setenv("OUTBOXD_POLER_BATCH_SIZE", "10")
+	_, err := app.LoadConfig("", nil)
+	if err == nil || !strings.Contains(err.Error(), "OUTBOXD_POLLER_BATCH_SIZE (key poller.batch_size)") {
+		t.Errorf("got %v, want the nearest key named", err)
+	}
+	os.Unsetenv("OUTBOXD_POLER_BATCH_SIZE")
+	t.Setenv("OUTBOXD_ZZZ", "1")
+	if _, err := app.LoadConfig("", nil); err == nil || strings.Contains(err.Error(), "did you mean") {
+		t.Errorf("got %v, want an error without a suggestion", err)
+	}
+	os.Unsetenv("OUTBOXD_ZZZ")
+	t.Setenv("OUTBOXD_TEST_ANYTHING", "1")
+	t.Setenv("OUTBOXD_DISPATCH_DESTINATIONS_AUDIT_SINK", "nats")
+	t.Setenv("OUTBOXD_DISPATCH_DESTINATIONS_AUDIT_NATS_SUBJECT", "audit")
+	t.Setenv("OUTBOXD_POLLER_BATCH_SIZE", "10")
+	if _, err := app.LoadConfig("", nil); err != nil {
+		t.Errorf("got %v, want the variables accepted", err)
 	}
 }

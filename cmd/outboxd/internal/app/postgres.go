@@ -1,0 +1,93 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/migrations"
+	"github.com/outboxd/outboxd/store"
+)
+
+// OpenStore opens the pool for the postgres section: its schema and,
+// behind a transaction pooler, no state kept on a server session.
+func OpenStore(ctx context.Context, c config.Postgres) (*store.Store, error) {
+	opts := []store.Option{store.WithSchema(c.Schema)}
+	if c.Pooler == config.PoolerTransaction {
+		opts = append(opts, store.WithTransactionPooler())
+	}
+	return store.Open(ctx, c.DSN, opts...)
+}
+
+// MigrateOptions are migrations.Up's options for the postgres section.
+func MigrateOptions(c config.Postgres) []migrations.Option {
+	opts := []migrations.Option{migrations.WithSchema(c.Schema)}
+	if c.Pooler == config.PoolerTransaction {
+		opts = append(opts, migrations.WithTransactionPooler())
+	}
+	return opts
+}
+
+// awaitSession waits until Postgres answers and checks that its sessions
+// have outboxd's settings (store.CheckSession): a pooler that refused or
+// dropped them, or a role without them behind a transaction pooler,
+// stops the start with an error naming postgres.pooler (or
+// postgres.schema), never a relay running with them silently lost. It
+// returns nil when ctx ends first.
+func (a *App) awaitSession(ctx context.Context) error {
+	wait := 100 * time.Millisecond
+	for {
+		err := a.Store.CheckSession(ctx)
+		var se *store.SessionError
+		switch {
+		case err == nil:
+			return nil
+		case errors.As(err, &se):
+			return sessionKeyError(a.Cfg.Postgres, se)
+		}
+		a.Log.Warn("postgres not reachable, retrying", "error", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
+}
+
+// sessionKeyError says which key to change, and how.
+func sessionKeyError(c config.Postgres, se *store.SessionError) error {
+	key := "postgres.pooler"
+	if se.Refused == "" && len(se.Settings) == 0 {
+		key = "postgres.schema"
+	}
+	var hint string
+	switch c.Pooler {
+	case config.PoolerNone:
+		hint = fmt.Sprintf("postgres.pooler is %s, but the DSN seems to reach a pooler that does not keep outboxd's session settings "+
+			"(PgBouncer?): set postgres.pooler: %s and give outboxd's role the settings (docs/operations.md, \"Behind a connection pooler\")",
+			config.PoolerNone, config.PoolerTransaction)
+	default:
+		hint = fmt.Sprintf("with postgres.pooler: %s the settings come from outboxd's role; run once: %s",
+			config.PoolerTransaction, strings.Join(se.Fix, " "))
+	}
+	return &config.KeyError{Key: key, Err: fmt.Errorf("%w: %s", se, hint)}
+}
+
+// PoolerRefusal turns err into an error naming postgres.pooler when a
+// proxy refused the startup parameters outboxd sends (a one-shot command
+// behind PgBouncer without postgres.pooler: transaction); else it returns
+// err.
+func PoolerRefusal(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "08P01" && strings.Contains(pgErr.Message, "startup parameter") {
+		return &config.KeyError{Key: "postgres.pooler", Err: fmt.Errorf("%w: the DSN seems to reach a transaction pooler (PgBouncer?): "+
+			"set postgres.pooler: %s (docs/operations.md, \"Behind a connection pooler\")", err, config.PoolerTransaction)}
+	}
+	return err
+}
