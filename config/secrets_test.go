@@ -24,7 +24,7 @@ func TestSecretsTableNamesStringKeys(t *testing.T) {
 }
 
 // SourceKey names the *_file key of every secret read from a file, the
-// Kafka SASL password included (issue 18: it was forgotten).
+// Kafka SASL password included.
 func TestSourceKeyNamesTheFile(t *testing.T) {
 	t.Parallel()
 	var c Config

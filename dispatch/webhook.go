@@ -184,8 +184,7 @@ func ParseSecret(s string) ([]byte, error) {
 // one per line (a YAML list arrives joined by newlines, a secret_file may
 // hold one per line); a line of several whsec_ secrets separated by spaces
 // or commas (an environment variable) is split. Any other line is one
-// secret, taken whole as before rotation existed: a raw secret may contain
-// spaces or commas. Each is decoded by ParseSecret. "" means no signing.
+// secret, taken whole: a raw secret may contain spaces or commas. Each is decoded by ParseSecret. "" means no signing.
 func ParseSecrets(s string) ([][]byte, error) {
 	var list []string
 	for line := range strings.Lines(s) {

@@ -17,7 +17,7 @@ import (
 )
 
 const (
-	hammerEnv       = "OUTBOXD_LOCK_HAMMER"
+	hammerEnv       = "OUTBOXD_TEST_LOCK_HAMMER"
 	hammerProcs     = 3
 	hammerGoroutine = 20
 	hammerFor       = 10 * time.Second

@@ -7,8 +7,7 @@
 -- has analyzed the table (few rows pending, ids in heap order) the planner
 -- priced a walk of that whole index as cheap as this small one, and took
 -- it. Under a snapshot held elsewhere that index keeps an entry for every
--- row delivered since, and each read walked them all: 4 -> 330 ms p99 at
--- 2k ev/s, 180k buffers per read. Wrapped in COALESCE(..., false), the
+-- row delivered since, and each read walked them all. Wrapped in COALESCE(..., false), the
 -- same condition (a qual treats NULL as false; these columns never give
 -- NULL) is one opaque expression: the planner cannot prove the pending
 -- indexes' predicates from it, so they are not candidates whatever the

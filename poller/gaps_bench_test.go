@@ -13,15 +13,15 @@ import (
 )
 
 // TestMeasureBulkGaps is a measurement, not a check: with
-// OUTBOXD_MEASURE_BULK=N set, one transaction
+// OUTBOXD_TEST_MEASURE_BULK=N set, one transaction
 // inserts N rows and stays open while 2,000 events are committed above it
 // (200 transactions of 10) and delivered; it logs the heap in use after a
 // GC, the process's CPU seconds per 1,000 events in that phase (the test's
 // producers included), and the reads. Skipped otherwise.
 func TestMeasureBulkGaps(t *testing.T) {
-	n, err := strconv.Atoi(os.Getenv("OUTBOXD_MEASURE_BULK"))
+	n, err := strconv.Atoi(os.Getenv("OUTBOXD_TEST_MEASURE_BULK"))
 	if err != nil {
-		t.Skip("OUTBOXD_MEASURE_BULK=N (rows held by one open transaction) runs this measurement")
+		t.Skip("OUTBOXD_TEST_MEASURE_BULK=N (rows held by one open transaction) runs this measurement")
 	}
 	e := newEnv(t)
 	ctx := context.Background()

@@ -175,7 +175,7 @@ func (e *env) checkOrder() {
 
 // ---- a runner in its own process, to kill or pause for real ----
 
-const childEnv = "OUTBOXD_POLLER_CHILD"
+const childEnv = "OUTBOXD_TEST_POLLER_CHILD"
 
 type child struct {
 	cmd      *exec.Cmd

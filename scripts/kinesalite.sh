@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Installs kinesalite (npm: the Kinesis emulator the tests and the benchmark
-# run) where internal/testenv looks for it: $OUTBOXD_KINESALITE_DIR, or
+# run) where internal/testenv looks for it: $OUTBOXD_TEST_KINESALITE_DIR, or
 # ~/.cache/outboxd/kinesalite. Installs npm with apt-get first when it is
 # missing (Debian/Ubuntu, as root). Idempotent; fails, saying why, when it
 # cannot install: the Kinesis tests fail without kinesalite.
 set -euo pipefail
 VERSION=3.3.3 # internal/testenv.KinesaliteVersion
-dir=${OUTBOXD_KINESALITE_DIR:-$HOME/.cache/outboxd/kinesalite}
+dir=${OUTBOXD_TEST_KINESALITE_DIR:-$HOME/.cache/outboxd/kinesalite}
 say() { printf 'kinesalite: %s\n' "$*" >&2; }
 
 if [ -x "$dir/node_modules/.bin/kinesalite" ]; then

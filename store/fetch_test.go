@@ -379,7 +379,7 @@ func TestHotPathCostDoesNotGrowWithHistory(t *testing.T) {
 	// test looks for.
 	holdSnapshot(t, st)
 	history := 200_000
-	if n, err := strconv.Atoi(os.Getenv("OUTBOXD_HISTORY_ROWS")); err == nil && n > 2000 {
+	if n, err := strconv.Atoi(os.Getenv("OUTBOXD_TEST_HISTORY_ROWS")); err == nil && n > 2000 {
 		history = n // docs/testing.md: the same probe behind 1M or 10M rows
 	}
 	exec(t, st, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)

@@ -6,8 +6,8 @@ import (
 	"testing"
 )
 
-// Issue 18: a schedule that names a time zone and nothing else made robfig/cron
-// panic inside `outboxd config` and `outboxd run`; it exits 2 naming the key.
+// A schedule that names a time zone and nothing else, which robfig/cron
+// cannot parse without panicking, exits 2 naming the key.
 func TestScheduleWithOnlyAZoneExits2(t *testing.T) {
 	t.Parallel()
 	for _, spec := range []string{"CRON_TZ=UTC", "TZ=0", "CRON_TZ=UTC ", "TZ=UTC\t*/5 * * * *x"} {
@@ -21,8 +21,8 @@ func TestScheduleWithOnlyAZoneExits2(t *testing.T) {
 	}
 }
 
-// Issue 18: setting only poller.lock_ttl made every command exit 2 about
-// dispatch.webhook.timeout, a key the operator never set. The default follows
+// Setting only poller.lock_ttl never makes a command exit about
+// dispatch.webhook.timeout, a key the operator did not set. The default follows
 // the lease, and migrate and status do not check sink settings at all: with
 // an unreachable Postgres they fail at run time (exit 1), not on the config.
 func TestLockTTLAloneIsAValidConfig(t *testing.T) {

@@ -90,7 +90,7 @@ func buildBinary(t *testing.T) string {
 	return bin
 }
 
-// badSecrets are settings that cannot work (finding 11) and the secret text
+// badSecrets are settings that cannot work and the secret text
 // that must not appear in the error.
 func badSecrets(t *testing.T) []struct {
 	name, key, secret string
@@ -119,7 +119,7 @@ func badSecrets(t *testing.T) []struct {
 	}
 }
 
-// Findings 11 and 5: `config` and `run` both refuse, with exit 2 (systemd's
+// `config` and `run` both refuse, with exit 2 (systemd's
 // RestartPreventExitStatus) naming the key and echoing no secret.
 func TestBadSecretsExit2(t *testing.T) {
 	t.Parallel()
@@ -150,7 +150,7 @@ func TestBadSecretsExit2(t *testing.T) {
 	}
 }
 
-// Finding 11 against the real binary: `run` with an undecodable whsec_
+// Against the real binary: `run` with an undecodable whsec_
 // secret exits 2 at once.
 func TestBinaryRefusesBadSecretWithExit2(t *testing.T) {
 	t.Parallel()
@@ -181,7 +181,7 @@ func TestBinaryRefusesBadSecretWithExit2(t *testing.T) {
 	}
 }
 
-// Finding 10: `outboxd config` shows every DSN spelling and the webhook URL
+// `outboxd config` shows every DSN spelling and the webhook URL
 // with their secrets replaced, and the rest as written.
 func TestConfigShowsNoSecrets(t *testing.T) {
 	t.Parallel()
@@ -217,7 +217,7 @@ func TestConfigShowsNoSecrets(t *testing.T) {
 	}
 }
 
-// Finding 13: `outboxd health` asks a real /readyz: 0 while Postgres and
+// `outboxd health` asks a real /readyz: 0 while Postgres and
 // Redis answer, 1 naming redis once it is gone, 1 when nothing listens.
 // Not parallel: it routes go-redis' process-wide logger (RouteRedisLogs),
 // which every other test's Redis clients would write to.

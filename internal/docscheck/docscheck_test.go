@@ -16,16 +16,6 @@ import (
 	"testing"
 )
 
-// goFilesWithWorkWords are the Go files whose comments still speak of how
-// the code was made. The test fails when a file not listed here does, and
-// when a listed file no longer does (or is gone): then remove it.
-var goFilesWithWorkWords = []string{
-	"cmd/outboxd/defects_test.go",
-	"cmd/outboxd/internal/app/config_test.go",
-	"cmd/outboxd/main_test.go",
-	"config/secrets_test.go",
-}
-
 // workWords are what the repository's prose must not contain: it speaks of
 // the product, not of how it was made.
 var workWords = []struct {
@@ -242,24 +232,12 @@ func testWords(fset *token.FileSet, f *ast.File) []string {
 func TestGoCommentsSpeakOfTheProductAlone(t *testing.T) {
 	root := root(t)
 	files := goComments(t, root)
-	offending := map[string]bool{}
 	for path, lines := range files {
 		for _, l := range lines {
 			n, line, _ := strings.Cut(l, "\x00")
 			for _, o := range offences(line) {
-				offending[path] = true
-				if !slices.Contains(goFilesWithWorkWords, path) {
-					t.Errorf("%s:%s: a comment, test name or test message names %s: say what the code does and why, not how it was made", path, n, o)
-				}
+				t.Errorf("%s:%s: a comment, test name or test message names %s: say what the code does and why, not how it was made", path, n, o)
 			}
-		}
-	}
-	for _, path := range goFilesWithWorkWords {
-		switch _, exists := files[path]; {
-		case !exists:
-			t.Errorf("%s is listed in goFilesWithWorkWords but is no longer a Go file: remove it from the list", path)
-		case !offending[path]:
-			t.Errorf("%s is listed in goFilesWithWorkWords but its comments are clean now: remove it from the list", path)
 		}
 	}
 }

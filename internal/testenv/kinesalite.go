@@ -31,10 +31,10 @@ const KinesaliteVersion = "3.3.3"
 // the tests). Tests that need it fail, saying so.
 var ErrNoNPM = errors.New("testenv: kinesalite is not installed and npm cannot install it")
 
-// KinesaliteDir is where kinesalite is installed: $OUTBOXD_KINESALITE_DIR,
+// KinesaliteDir is where kinesalite is installed: $OUTBOXD_TEST_KINESALITE_DIR,
 // or $HOME/.cache/outboxd/kinesalite.
 func KinesaliteDir() string {
-	if d := os.Getenv("OUTBOXD_KINESALITE_DIR"); d != "" {
+	if d := os.Getenv("OUTBOXD_TEST_KINESALITE_DIR"); d != "" {
 		return d
 	}
 	home, err := os.UserHomeDir()

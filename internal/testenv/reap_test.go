@@ -16,14 +16,14 @@ import (
 // A test process killed before its cleanups leaves its private server
 // running; the next StartPostgresServer stops and removes it.
 func TestOrphanServerIsReaped(t *testing.T) {
-	if os.Getenv("OUTBOXD_TESTENV_ORPHAN") == "1" {
+	if os.Getenv("OUTBOXD_TEST_TESTENV_ORPHAN") == "1" {
 		s := StartPostgresServer(t)
 		os.Stdout.WriteString("dir=" + s.dir + " dsn=" + s.DSN + "\n")
 		time.Sleep(time.Hour) // killed by the parent
 		return
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestOrphanServerIsReaped$", "-test.v")
-	cmd.Env = append(os.Environ(), "OUTBOXD_TESTENV_ORPHAN=1")
+	cmd.Env = append(os.Environ(), "OUTBOXD_TEST_TESTENV_ORPHAN=1")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

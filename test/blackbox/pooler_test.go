@@ -1,6 +1,7 @@
 package blackbox
 
 import (
+	"context"
 	"strconv"
 	"strings"
 	"testing"
@@ -138,5 +139,18 @@ func TestPoolerTransactionDeliversAcrossFailover(t *testing.T) {
 	testkit.WaitFor(t, time.Minute, "the replayed row delivered again", func() bool {
 		return e.count("dead_at IS NULL AND dispatched_at IS NOT NULL AND id = "+strconv.FormatInt(ids[0], 10)) == 1
 	}, e.describeRows("id = "+strconv.FormatInt(ids[0], 10)))
+
+	// Reconciliation through PgBouncer records its run with its summary.
+	if res := runBinary(t, e.vars, time.Minute, "reconcile", "--once"); res.code != 0 {
+		t.Fatalf("reconcile --once through PgBouncer: %s", res)
+	}
+	var finished int
+	if err := e.pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM reconcile_runs WHERE finished_at IS NOT NULL AND summary IS NOT NULL`).Scan(&finished); err != nil {
+		t.Fatal(err)
+	}
+	if finished != 1 {
+		t.Errorf("reconcile --once through PgBouncer: %d runs finished with a summary, want 1", finished)
+	}
 
 }

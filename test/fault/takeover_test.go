@@ -78,7 +78,7 @@ func (c *cluster) flowAfter(killAt time.Time, dead int64, aggs int, timeout time
 // aggregate flows again, and the backlog is drained, within about one lock
 // TTL of the kill, not claim_ttl. The assertion tells the two mechanisms
 // apart (half of claim_ttl), not how fast this machine is: the time itself
-// is a benchmark figure (OUTBOXD_FAULT_REPORT writes it for
+// is a benchmark figure (OUTBOXD_TEST_FAULT_REPORT writes it for
 // BENCHMARKS.md), and a threshold near the TTL fails on a loaded machine.
 // Not parallel: it times what a user sees, so it runs before this
 // package's parallel cases, not among them.
@@ -121,7 +121,7 @@ func TestKillLeaderTimeToFlow(t *testing.T) {
 		t.Errorf("time to flow %s, to drain %s; want both within half of claim_ttl (%s): the claims were waited out",
 			flowing.Round(time.Millisecond), drained.Round(time.Millisecond), maxDelay)
 	}
-	if f := os.Getenv("OUTBOXD_FAULT_REPORT"); f != "" { // for BENCHMARKS.md
+	if f := os.Getenv("OUTBOXD_TEST_FAULT_REPORT"); f != "" { // for BENCHMARKS.md
 		line := fmt.Sprintf("kill9_time_to_flow_ms %d drained_ms %d\n", flowing.Milliseconds(), drained.Milliseconds())
 		af, err := os.OpenFile(filepath.Clean(f), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
 		if err == nil {

@@ -7,15 +7,13 @@ import (
 )
 
 // The backlog gauges are counted from Postgres at each scrape
-// (store.Stats). The count costs in proportion to the pending rows: about
-// 60-300 ms behind a 1M backlog, and a scraper polling every 250 ms (the
-// bench; an impatient dashboard) then took a third of Postgres' time in a
-// drain. So a count that took longer than slowBacklogCount is not run again
-// until backlogSpacing times its duration has passed: the gauges never
-// take more than ~5% of a Postgres core, and between two counts a scrape
-// sees the last values (at most 20× one count old: 6 s behind a count of
-// 300 ms). A quick count (every backlog below ~100k rows) runs at every
-// scrape, as before.
+// (store.Stats). The count costs in proportion to the pending rows, so a
+// scraper polling often during a large drain would take much of Postgres'
+// time. A count that took longer than slowBacklogCount is therefore not
+// run again until backlogSpacing times its duration has passed: the gauges
+// never take more than about a twentieth of a Postgres core, and between
+// two counts a scrape sees the last values (at most backlogSpacing times
+// one count old). A quick count runs at every scrape.
 const (
 	slowBacklogCount = 50 * time.Millisecond
 	backlogSpacing   = 20

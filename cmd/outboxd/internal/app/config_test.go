@@ -255,7 +255,7 @@ func TestRedactURL(t *testing.T) {
 	}
 }
 
-// Finding 11: secrets that cannot work are refused at load, naming the key
+// Secrets that cannot work are refused at load, naming the key
 // they came from, without echoing them.
 func TestBadSecretsAreRefused(t *testing.T) {
 	t.Parallel()
@@ -326,9 +326,9 @@ func TestDSNErrorText(t *testing.T) {
 	}
 }
 
-// Finding 5: a webhook request must fit well inside the lease. Unset, the
-// timeout follows the lease (the lesser of 10s and poller.lock_ttl/2); only
-// a value the operator set that cannot work is an error (issue 18).
+// A webhook request must fit well inside the lease. Unset, the timeout
+// follows the lease (the lesser of 10s and poller.lock_ttl/2); only a value
+// the operator set that cannot work is an error.
 func TestWebhookTimeoutFitsTheLease(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -395,7 +395,7 @@ func TestCommandsCheckTheSectionsTheyUse(t *testing.T) {
 	}
 }
 
-// Finding 6: the poller's byte limits.
+// The poller's byte limits.
 func TestByteLimits(t *testing.T) {
 	c, err := app.LoadConfig("", nil)
 	if err != nil {
