@@ -87,63 +87,107 @@ func (t Template) values(ev Event) []string {
 	return vs
 }
 
+// check applies the rules every kind shares, then the rules of r.Kind.
 func (r NameRules) check(name string, values []string) error {
+	if err := controlFree(values); err != nil {
+		return err
+	}
+	if name == "" {
+		return errors.New("the name is empty (is a placeholder's value empty?)")
+	}
+	if int(r.Kind) < len(kindRules) && kindRules[r.Kind] != nil {
+		return kindRules[r.Kind](r, name)
+	}
+	return nil
+}
+
+// kindRules are each kind's own rules for a non-empty name, indexed by
+// NameKind.
+var kindRules = [...]func(NameRules, string) error{
+	NATSSubject:    NameRules.natsSubject,
+	KafkaTopic:     NameRules.kafkaTopic,
+	AMQPRoutingKey: NameRules.amqpRoutingKey,
+	RedisStreamKey: NameRules.redisStreamKey,
+	PubSubTopic:    NameRules.pubSubTopic,
+	KinesisStream:  NameRules.kinesisStream,
+}
+
+// controlFree refuses placeholder values holding a control character.
+func controlFree(values []string) error {
 	for _, v := range values {
 		if !headerSafe(v) {
 			return errors.New("a row value holds a control character")
 		}
 	}
-	if name == "" {
-		return errors.New("the name is empty (is a placeholder's value empty?)")
-	}
-	switch r.Kind {
-	case NATSSubject:
-		for tok := range strings.SplitSeq(name, ".") {
-			switch {
-			case tok == "":
-				return errors.New("it has an empty token (a leading, trailing or double dot; is a placeholder's value empty?)")
-			case tok == "*" || tok == ">":
-				return fmt.Errorf("it has the wildcard token %q", tok)
-			case tok[0] == '$':
-				return fmt.Errorf("it has the token %q: subjects starting with $ are the server's API and system subjects", Clip(tok, 40))
-			}
+	return nil
+}
+
+// natsSubject refuses empty tokens, wildcard tokens and tokens starting
+// with '$' (the server's API and system subjects).
+func (NameRules) natsSubject(name string) error {
+	for tok := range strings.SplitSeq(name, ".") {
+		switch {
+		case tok == "":
+			return errors.New("it has an empty token (a leading, trailing or double dot; is a placeholder's value empty?)")
+		case tok == "*" || tok == ">":
+			return fmt.Errorf("it has the wildcard token %q", tok)
+		case tok[0] == '$':
+			return fmt.Errorf("it has the token %q: subjects starting with $ are the server's API and system subjects", Clip(tok, 40))
 		}
-	case KafkaTopic:
-		if name == "." || name == ".." {
-			return errors.New("the name is not allowed by Kafka")
-		}
-		if len(name) > 249 {
-			return fmt.Errorf("it is %d bytes long; Kafka allows 249", len(name))
-		}
-		return charset(name, "._-", "Kafka allows ASCII letters, digits, '.', '_' and '-'")
-	case AMQPRoutingKey:
-		if len(name) > 255 {
-			return fmt.Errorf("it is %d bytes long; AMQP allows 255", len(name))
-		}
-	case RedisStreamKey:
-		for _, p := range r.Reserved {
-			if strings.HasPrefix(name, p) {
-				return fmt.Errorf("it is in the relay's own key space (%s...)", p)
-			}
-		}
-	case PubSubTopic:
-		// https://cloud.google.com/pubsub/docs/create-topic#resource_names
-		switch c := name[0]; {
-		case !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'):
-			return errors.New("it does not start with a letter, as Pub/Sub requires")
-		case strings.HasPrefix(strings.ToLower(name), "goog"):
-			return errors.New(`it starts with "goog", which Pub/Sub reserves`)
-		case len(name) < 3 || len(name) > 255:
-			return fmt.Errorf("it is %d bytes long; Pub/Sub allows 3 to 255", len(name))
-		}
-		return charset(name, "-_.~+%", "Pub/Sub allows ASCII letters, digits and - _ . ~ + %")
-	case KinesisStream:
-		if len(name) > 128 {
-			return fmt.Errorf("it is %d bytes long; Kinesis allows 128", len(name))
-		}
-		return charset(name, "_.-", "Kinesis allows ASCII letters, digits, '_', '.' and '-'")
 	}
 	return nil
+}
+
+// kafkaTopic applies Kafka's legal characters and length, and refuses "."
+// and "..".
+func (NameRules) kafkaTopic(name string) error {
+	if name == "." || name == ".." {
+		return errors.New("the name is not allowed by Kafka")
+	}
+	if len(name) > 249 {
+		return fmt.Errorf("it is %d bytes long; Kafka allows 249", len(name))
+	}
+	return charset(name, "._-", "Kafka allows ASCII letters, digits, '.', '_' and '-'")
+}
+
+// amqpRoutingKey applies the AMQP short string's length.
+func (NameRules) amqpRoutingKey(name string) error {
+	if len(name) > 255 {
+		return fmt.Errorf("it is %d bytes long; AMQP allows 255", len(name))
+	}
+	return nil
+}
+
+// redisStreamKey refuses a key in the relay's own key space (r.Reserved).
+func (r NameRules) redisStreamKey(name string) error {
+	for _, p := range r.Reserved {
+		if strings.HasPrefix(name, p) {
+			return fmt.Errorf("it is in the relay's own key space (%s...)", p)
+		}
+	}
+	return nil
+}
+
+// pubSubTopic applies Pub/Sub's topic ID rules:
+// https://cloud.google.com/pubsub/docs/create-topic#resource_names
+func (NameRules) pubSubTopic(name string) error {
+	switch c := name[0]; {
+	case !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'):
+		return errors.New("it does not start with a letter, as Pub/Sub requires")
+	case strings.HasPrefix(strings.ToLower(name), "goog"):
+		return errors.New(`it starts with "goog", which Pub/Sub reserves`)
+	case len(name) < 3 || len(name) > 255:
+		return fmt.Errorf("it is %d bytes long; Pub/Sub allows 3 to 255", len(name))
+	}
+	return charset(name, "-_.~+%", "Pub/Sub allows ASCII letters, digits and - _ . ~ + %")
+}
+
+// kinesisStream applies Kinesis' stream name characters and length.
+func (NameRules) kinesisStream(name string) error {
+	if len(name) > 128 {
+		return fmt.Errorf("it is %d bytes long; Kinesis allows 128", len(name))
+	}
+	return charset(name, "_.-", "Kinesis allows ASCII letters, digits, '_', '.' and '-'")
 }
 
 // charset checks that name holds only ASCII letters, digits and the bytes

@@ -72,8 +72,43 @@ func (c claimValue) supersedes(other claimValue) bool {
 func (p *Poller) claimKeys(ctx context.Context, items []item, c claimValue) error {
 	value := c.String()
 	ttl := strconv.FormatInt(p.cfg.ClaimTTL.Milliseconds(), 10)
-	var idx []int // items claimed, in names order
-	var names []string
+	idx, names := p.claimable(items)
+	found, err := p.evalClaims(ctx, names, value, ttl)
+	if err != nil {
+		return err
+	}
+	var t takeovers
+	now := time.Now()
+	for j, i := range idx {
+		if err := p.sortClaim(items, i, found[j], c, value, now, &t); err != nil {
+			return err
+		}
+	}
+	p.reportMarks(items, &t, c.token)
+	if len(t.idx) == 0 {
+		return nil
+	}
+	return p.takeOver(ctx, items, t.idx, t.previous, value, ttl)
+}
+
+// takeovers are the rows whose keys claimKeys swaps for our claim, and
+// what it found on them.
+type takeovers struct {
+	idx       []int    // into items
+	previous  []string // the value found on each key
+	stale     []int    // of idx: the marks of other rows
+	staleSeen string   // the first of those marks
+	unnamed   int      // of idx: marks of the earlier format
+}
+
+func (t *takeovers) add(i int, found string) {
+	t.idx, t.previous = append(t.idx, i), append(t.previous, found)
+}
+
+// claimable sets the idempotency key and delivered mark of every row that
+// is not poisoned, and returns those rows' indexes into items and their
+// keys, in the same order.
+func (p *Poller) claimable(items []item) (idx []int, names []string) {
 	for i := range items {
 		if items[i].outcome != poisoned {
 			r := items[i].row
@@ -82,71 +117,96 @@ func (p *Poller) claimKeys(ctx context.Context, items []item, c claimValue) erro
 			idx, names = append(idx, i), append(names, items[i].key)
 		}
 	}
+	return idx, names
+}
+
+// evalClaims runs claim.lua on names: each absent key gets value for ttl
+// milliseconds; the answer holds what each key held, in names order. An
+// error means Redis failed the batch.
+func (p *Poller) evalClaims(ctx context.Context, names []string, value, ttl string) ([]any, error) {
 	found, err := p.evalPerSlot(ctx, claimScript, names, func(lo, hi int) []any { return []any{value, ttl} })
 	if err == nil && len(found) != len(names) {
 		err = fmt.Errorf("claim.lua answered %d values for %d keys", len(found), len(names))
 	}
 	if err != nil {
-		return fmt.Errorf("poller: claim idempotency keys: %w", err)
+		return nil, fmt.Errorf("poller: claim idempotency keys: %w", err)
 	}
-	now := time.Now()
-	var takeover []int
-	var previous []string
-	var stale []int      // of takeover: the marks of other rows
-	var staleSeen string // the first of those marks
-	unnamed := 0         // of takeover: marks of the earlier format
-	for j, i := range idx {
-		v, pttl, err := claimReply(found[j])
-		switch {
-		case errors.Is(err, redis.Nil), err == nil && v == value:
-			// Ours to send. Our own value: the script ran twice on that key
-			// (a node answered NOSCRIPT and the pipeline was sent again).
-			items[i].outcome = pending
-			continue
-		case err != nil && rowError(err):
-			items[i].outcome, items[i].err = refused, fmt.Errorf("idempotency key %s: %w", p.keys.Idempotency(items[i].row.ID), err)
-			continue
-		case err != nil:
-			return fmt.Errorf("poller: claim %s: %w", p.keys.Idempotency(items[i].row.ID), err)
-		}
-		r := items[i].row
-		switch keys.Judge(v, pttl, keys.MarkFingerprint(items[i].mark), r.CreatedAt, now) {
-		case keys.ThisRow:
-			items[i].outcome = duplicate
-			continue
-		case keys.OtherRow:
-			if len(stale) == 0 {
-				staleSeen = v
-			}
-			takeover, previous, stale = append(takeover, i), append(previous, v), append(stale, i)
-			continue
-		case keys.Unnamed:
-			takeover, previous = append(takeover, i), append(previous, v)
-			unnamed++
-			continue
-		}
-		other, ok := parseClaimValue(v)
-		switch {
-		case !ok:
-			items[i].outcome = refused
-			items[i].err = fmt.Errorf("idempotency key %s holds %q, which outboxd did not write: delete it to let the event go", p.keys.Idempotency(r.ID), dispatch.Clip(v, 64))
-		case c.supersedes(other):
-			takeover, previous = append(takeover, i), append(previous, v)
-		default:
-			items[i].outcome = foreign
-		}
-	}
-	if len(stale) > 0 {
-		p.rewound(items, stale, staleSeen, c.token)
-	}
-	if unnamed > 0 {
-		p.log.Info("delivered marks of an earlier version that do not name the payload: not trusted, the rows are sent again",
-			"unnamed_marks", unnamed, "fencing_token", c.token)
-	}
-	if len(takeover) == 0 {
+	return found, nil
+}
+
+// sortClaim sets the outcome of items[i] from reply, claim.lua's answer
+// for its key, or adds the row to t when its key is to be taken over. An
+// error means Redis failed the batch.
+func (p *Poller) sortClaim(items []item, i int, reply any, c claimValue, value string, now time.Time, t *takeovers) error {
+	v, pttl, err := claimReply(reply)
+	switch {
+	case errors.Is(err, redis.Nil), err == nil && v == value:
+		// Ours to send. Our own value: the script ran twice on that key
+		// (a node answered NOSCRIPT and the pipeline was sent again).
+		items[i].outcome = pending
 		return nil
+	case err != nil && rowError(err):
+		items[i].outcome, items[i].err = refused, fmt.Errorf("idempotency key %s: %w", p.keys.Idempotency(items[i].row.ID), err)
+		return nil
+	case err != nil:
+		return fmt.Errorf("poller: claim %s: %w", p.keys.Idempotency(items[i].row.ID), err)
 	}
-	return p.takeOver(ctx, items, takeover, previous, value, ttl)
+	if !sortMark(items, i, v, pttl, now, t) {
+		p.sortHeldClaim(items, i, v, c, t)
+	}
+	return nil
+}
+
+// sortMark judges v as a delivered mark on items[i]'s key (keys.Judge):
+// this row's mark is a duplicate; another row's mark, or one that does not
+// name the payload, is taken over. It reports false when v is no
+// delivered mark.
+func sortMark(items []item, i int, v string, pttl time.Duration, now time.Time, t *takeovers) bool {
+	switch keys.Judge(v, pttl, keys.MarkFingerprint(items[i].mark), items[i].row.CreatedAt, now) {
+	case keys.ThisRow:
+		items[i].outcome = duplicate
+	case keys.OtherRow:
+		if len(t.stale) == 0 {
+			t.staleSeen = v
+		}
+		t.add(i, v)
+		t.stale = append(t.stale, i)
+	case keys.Unnamed:
+		t.add(i, v)
+		t.unnamed++
+	default:
+		return false
+	}
+	return true
+}
+
+// sortHeldClaim judges v, found on items[i]'s key, as another runner's
+// claim: one c supersedes is taken over, any other is left to its holder,
+// and a value outboxd did not write refuses the row.
+func (p *Poller) sortHeldClaim(items []item, i int, v string, c claimValue, t *takeovers) {
+	other, ok := parseClaimValue(v)
+	switch {
+	case !ok:
+		items[i].outcome = refused
+		items[i].err = fmt.Errorf("idempotency key %s holds %q, which outboxd did not write: delete it to let the event go", p.keys.Idempotency(items[i].row.ID), dispatch.Clip(v, 64))
+	case c.supersedes(other):
+		t.add(i, v)
+	default:
+		items[i].outcome = foreign
+	}
+}
+
+// reportMarks counts and logs the delivered marks claimKeys found that it
+// does not trust: other rows' marks (see rewound) and marks of the earlier
+// format.
+func (p *Poller) reportMarks(items []item, t *takeovers, token int64) {
+	if len(t.stale) > 0 {
+		p.rewound(items, t.stale, t.staleSeen, token)
+	}
+	if t.unnamed > 0 {
+		p.log.Info("delivered marks of an earlier version that do not name the payload: not trusted, the rows are sent again",
+			"unnamed_marks", t.unnamed, "fencing_token", token)
+	}
 }
 
 // claimReply reads claim.lua's answer for one key: the value found and,

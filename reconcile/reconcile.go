@@ -330,9 +330,7 @@ func writeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 // if it was written after the row was created.
 func (r *Reconciler) markFromRedis(ctx context.Context, fence store.Fence) (int64, error) {
 	var cursor, marked int64
-	fctx, cancel := context.WithTimeout(ctx, queryTimeout)
-	floor, err := r.store.SweepFloor(fctx) // once a sweep: see store.PendingRowsFrom
-	cancel()
+	floor, err := r.sweepFloor(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -340,69 +338,119 @@ func (r *Reconciler) markFromRedis(ctx context.Context, fence store.Fence) (int6
 		if err := ctx.Err(); err != nil {
 			return marked, context.Cause(ctx)
 		}
-		rctx, cancel := context.WithTimeout(ctx, queryTimeout)
-		rows, err := r.store.PendingRowsFrom(rctx, floor, cursor, r.cfg.BatchSize)
-		cancel()
+		rows, err := r.pendingRows(ctx, floor, cursor)
 		if err != nil || len(rows) == 0 {
 			return marked, err
 		}
 		cursor = rows[len(rows)-1].ID
-		names := make([]string, len(rows))
-		for i, row := range rows {
-			names[i] = r.keys.Idempotency(row.ID)
-		}
-		vals, err := mget(ctx, r.rdb, names)
+		n, err := r.markBatch(ctx, fence, rows)
 		if err != nil {
 			return marked, err
 		}
-		pttls, err := legacyAges(ctx, r.rdb, names, vals)
-		if err != nil {
-			return marked, err
-		}
-		contents, err := r.contents(ctx, rows, vals)
-		if err != nil {
-			return marked, err
-		}
-		now := time.Now()
-		var delivered []store.Delivered
-		foreign := 0
-		for i, row := range rows {
-			if vals[i] == "" || !row.Finite {
-				continue
-			}
-			content, ok := contents[row.ID]
-			if !ok && vals[i] != keys.LegacyDelivered {
-				continue // not a mark, or the row is gone
-			}
-			fp := keys.Fingerprint(row.CreatedAt, row.AggregateType, row.AggregateID, row.EventType, content)
-			switch keys.Judge(vals[i], pttls[i], fp, row.CreatedAt, now) {
-			case keys.ThisRow:
-				delivered = append(delivered, store.Delivered{ID: row.ID, CreatedAt: row.CreatedAt})
-			case keys.OtherRow, keys.Unnamed:
-				foreign++
-			}
-		}
-		if foreign > 0 {
-			// The poller counts and reports these when it claims the rows.
-			r.log.Debug("pending rows whose keys hold a mark that is not theirs: left to the poller", "foreign_keys", foreign)
-		}
-		if len(delivered) > 0 {
-			if r.hooks.beforeMark != nil {
-				r.hooks.beforeMark(ctx)
-			}
-			wctx, cancel := writeCtx(ctx)
-			n, _, err := r.store.Complete(wctx, fence, delivered, nil)
-			cancel()
-			if err != nil {
-				return marked, err
-			}
-			marked += n
-			r.m.ReconcileSwept.WithLabelValues("marked").Add(float64(n))
-		}
+		marked += n
 		if len(rows) < r.cfg.BatchSize {
 			return marked, nil
 		}
 	}
+}
+
+// sweepFloor reads the sweep's floor, once a sweep: see
+// store.PendingRowsFrom.
+func (r *Reconciler) sweepFloor(ctx context.Context) (*int64, error) {
+	fctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	return r.store.SweepFloor(fctx)
+}
+
+// pendingRows reads the next batch of pending rows after cursor.
+func (r *Reconciler) pendingRows(ctx context.Context, floor *int64, cursor int64) ([]store.Pending, error) {
+	rctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	return r.store.PendingRowsFrom(rctx, floor, cursor, r.cfg.BatchSize)
+}
+
+// markBatch marks delivered the rows of one batch whose keys hold their
+// own delivered mark, and reports how many it marked.
+func (r *Reconciler) markBatch(ctx context.Context, fence store.Fence, rows []store.Pending) (int64, error) {
+	marks, err := r.readMarks(ctx, rows)
+	if err != nil {
+		return 0, err
+	}
+	delivered, foreign := judgeMarks(rows, marks, time.Now())
+	if foreign > 0 {
+		// The poller counts and reports these when it claims the rows.
+		r.log.Debug("pending rows whose keys hold a mark that is not theirs: left to the poller", "foreign_keys", foreign)
+	}
+	if len(delivered) == 0 {
+		return 0, nil
+	}
+	return r.markDelivered(ctx, fence, delivered)
+}
+
+// rowMarks is what a batch's idempotency keys hold, row by row: the values
+// (as mget reads them), the PTTL of each bare "1" (legacyAges), and the
+// payload-and-headers digests of the rows whose key names one (contents).
+type rowMarks struct {
+	vals     []string
+	pttls    []time.Duration
+	contents map[int64]keys.Content
+}
+
+// readMarks reads the rows' idempotency keys and what judging them needs.
+func (r *Reconciler) readMarks(ctx context.Context, rows []store.Pending) (rowMarks, error) {
+	names := make([]string, len(rows))
+	for i, row := range rows {
+		names[i] = r.keys.Idempotency(row.ID)
+	}
+	var m rowMarks
+	var err error
+	if m.vals, err = mget(ctx, r.rdb, names); err != nil {
+		return m, err
+	}
+	if m.pttls, err = legacyAges(ctx, r.rdb, names, m.vals); err != nil {
+		return m, err
+	}
+	m.contents, err = r.contents(ctx, rows, m.vals)
+	return m, err
+}
+
+// judgeMarks applies keys.Judge to each row holding a mark: delivered are
+// the rows whose key holds their own delivered mark; foreign counts the
+// marks of other rows and those that do not name the payload.
+func judgeMarks(rows []store.Pending, m rowMarks, now time.Time) (delivered []store.Delivered, foreign int) {
+	for i, row := range rows {
+		if m.vals[i] == "" || !row.Finite {
+			continue
+		}
+		content, ok := m.contents[row.ID]
+		if !ok && m.vals[i] != keys.LegacyDelivered {
+			continue // not a mark, or the row is gone
+		}
+		fp := keys.Fingerprint(row.CreatedAt, row.AggregateType, row.AggregateID, row.EventType, content)
+		switch keys.Judge(m.vals[i], m.pttls[i], fp, row.CreatedAt, now) {
+		case keys.ThisRow:
+			delivered = append(delivered, store.Delivered{ID: row.ID, CreatedAt: row.CreatedAt})
+		case keys.OtherRow, keys.Unnamed:
+			foreign++
+		}
+	}
+	return delivered, foreign
+}
+
+// markDelivered marks the rows delivered with a fenced write and counts
+// them.
+func (r *Reconciler) markDelivered(ctx context.Context, fence store.Fence, delivered []store.Delivered) (int64, error) {
+	if r.hooks.beforeMark != nil {
+		r.hooks.beforeMark(ctx)
+	}
+	wctx, cancel := writeCtx(ctx)
+	defer cancel()
+	n, _, err := r.store.Complete(wctx, fence, delivered, nil)
+	if err != nil {
+		return 0, err
+	}
+	r.m.ReconcileSwept.WithLabelValues("marked").Add(float64(n))
+	return n, nil
 }
 
 // contents reads the payload-and-headers digest (keys.Content) of the

@@ -68,49 +68,74 @@ func main() {
 	ctx := context.Background()
 	fmt.Printf("outboxd-bench: %d runs, rows %d, batch %d, concurrency %d, GOMAXPROCS %s\n\n",
 		*runs, *rows, *batch, *conc, os.Getenv("GOMAXPROCS"))
-	if *only == "" || *only == "drain" {
-		for _, sink := range []string{"noop", "webhook"} {
-			var evs, pgRT, redisRT []float64
-			for range *runs {
-				r := drain(ctx, sink)
-				evs, pgRT, redisRT = append(evs, r.perSec), append(pgRT, r.pgPerBatch), append(redisRT, r.redisPerBatch)
-			}
-			fmt.Printf("drain %-7s %d rows: %8.0f ev/s (median of %v)  PG round trips/batch %.2f  Redis round trips/batch %.2f\n",
-				sink, *rows, median(evs), rounded(evs), median(pgRT), median(redisRT))
+	for _, sc := range scenarios {
+		if *only == "" || *only == sc.name {
+			sc.report(ctx)
 		}
-		fmt.Printf("peak RSS of this process (relay + receiver + harness): %s\n", peakRSS())
-		fmt.Println()
 	}
-	if *only == "" || *only == "steady" {
-		for _, notify := range []bool{false, true} {
-			var p50, p95, p99, got []float64
-			for range *runs {
-				q := steady(ctx, notify)
-				p50, p95, p99, got = append(p50, q[0]), append(p95, q[1]), append(p99, q[2]), append(got, q[3])
-			}
-			fmt.Printf("steady %d ev/s x%d per tx (achieved %.0f) notify=%-5t commit→delivered p50 %6.2f ms  p95 %6.2f ms  p99 %6.2f ms (medians of %d)\n",
-				*rate, *perTx, median(got), notify, median(p50), median(p95), median(p99), *runs)
+}
+
+// scenarios run in this order; -only picks one by name.
+var scenarios = []struct {
+	name   string
+	report func(context.Context)
+}{
+	{"drain", reportDrain},
+	{"steady", reportSteady},
+	{"wake", reportWake},
+	{"producer", reportProducer},
+}
+
+// reportDrain prints drain's medians for each sink, and the process's peak RSS.
+func reportDrain(ctx context.Context) {
+	for _, sink := range []string{"noop", "webhook"} {
+		var evs, pgRT, redisRT []float64
+		for range *runs {
+			r := drain(ctx, sink)
+			evs, pgRT, redisRT = append(evs, r.perSec), append(pgRT, r.pgPerBatch), append(redisRT, r.redisPerBatch)
 		}
-		fmt.Println()
+		fmt.Printf("drain %-7s %d rows: %8.0f ev/s (median of %v)  PG round trips/batch %.2f  Redis round trips/batch %.2f\n",
+			sink, *rows, median(evs), rounded(evs), median(pgRT), median(redisRT))
 	}
-	if *only == "" || *only == "wake" {
-		for _, notify := range []bool{false, true} {
-			lat := wake(ctx, notify, 10)
-			fmt.Printf("idle wake notify=%-5t single event after 1.2 s idle: p50 %6.1f ms  max %6.1f ms (%d samples, poll_interval %s)\n",
-				notify, lat[len(lat)/2], lat[len(lat)-1], len(lat), *pollEvery)
+	fmt.Printf("peak RSS of this process (relay + receiver + harness): %s\n", peakRSS())
+	fmt.Println()
+}
+
+// reportSteady prints steady's latency medians with NOTIFY off and on.
+func reportSteady(ctx context.Context) {
+	for _, notify := range []bool{false, true} {
+		var p50, p95, p99, got []float64
+		for range *runs {
+			q := steady(ctx, notify)
+			p50, p95, p99, got = append(p50, q[0]), append(p95, q[1]), append(p99, q[2]), append(got, q[3])
 		}
-		fmt.Println()
+		fmt.Printf("steady %d ev/s x%d per tx (achieved %.0f) notify=%-5t commit→delivered p50 %6.2f ms  p95 %6.2f ms  p99 %6.2f ms (medians of %d)\n",
+			*rate, *perTx, median(got), notify, median(p50), median(p95), median(p99), *runs)
 	}
-	if *only == "" || *only == "producer" {
-		for _, clients := range []int{1, 16} {
-			var off, on []float64
-			for range *runs {
-				off = append(off, producer(ctx, clients, false))
-				on = append(on, producer(ctx, clients, true))
-			}
-			fmt.Printf("producer %2d clients: %8.0f tx/s without trigger, %8.0f tx/s with NOTIFY trigger (%+.0f%%)\n",
-				clients, median(off), median(on), 100*(median(on)/median(off)-1))
+	fmt.Println()
+}
+
+// reportWake prints the idle wake-up latency with NOTIFY off and on.
+func reportWake(ctx context.Context) {
+	for _, notify := range []bool{false, true} {
+		lat := wake(ctx, notify, 10)
+		fmt.Printf("idle wake notify=%-5t single event after 1.2 s idle: p50 %6.1f ms  max %6.1f ms (%d samples, poll_interval %s)\n",
+			notify, lat[len(lat)/2], lat[len(lat)-1], len(lat), *pollEvery)
+	}
+	fmt.Println()
+}
+
+// reportProducer prints the producer's transaction rate without and with
+// the NOTIFY trigger.
+func reportProducer(ctx context.Context) {
+	for _, clients := range []int{1, 16} {
+		var off, on []float64
+		for range *runs {
+			off = append(off, producer(ctx, clients, false))
+			on = append(on, producer(ctx, clients, true))
 		}
+		fmt.Printf("producer %2d clients: %8.0f tx/s without trigger, %8.0f tx/s with NOTIFY trigger (%+.0f%%)\n",
+			clients, median(off), median(on), 100*(median(on)/median(off)-1))
 	}
 }
 

@@ -215,17 +215,30 @@ func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
 	}
 	tctx, cancelT := context.WithTimeout(dctx, s.timeout)
 	defer cancelT()
+	q := s.queue(b, out)
+	calls := s.writeRounds(tctx, dctx, b, q, out)
+	dispatch.KeepPrefix(b.Events, out)
+	s.log.Debug("kinesis batch written", "batch_size", len(b.Events), "calls", calls, "duration_ms", time.Since(start).Milliseconds())
+	return out
+}
 
-	// Each aggregate's events, as records, in batch order, up to its first
-	// event that cannot be written at all (refused before sending).
-	queues := map[dispatch.Aggregate][]record{}
-	var order []dispatch.Aggregate
-	stopped := map[dispatch.Aggregate]bool{}
+// queues hold each aggregate's events, as records, in batch order, up to
+// its first event that cannot be written at all (refused before sending).
+type queues struct {
+	recs    map[dispatch.Aggregate][]record
+	order   []dispatch.Aggregate // the aggregates in batch order
+	stopped map[dispatch.Aggregate]bool
+}
+
+// queue maps the batch's events to records, queued per aggregate; a
+// refused event's result is set in out.
+func (s *Sink) queue(b dispatch.Batch, out []dispatch.Result) *queues {
+	q := &queues{recs: map[dispatch.Aggregate][]record{}, stopped: map[dispatch.Aggregate]bool{}}
 	var drops dispatch.DroppedHeaders
 	for i, ev := range b.Events {
 		a := ev.Aggregate()
-		if _, seen := queues[a]; !seen {
-			order = append(order, a)
+		if _, seen := q.recs[a]; !seen {
+			q.order = append(q.order, a)
 		}
 		rec, dropped, err := s.record(i, ev, b.Token)
 		drops.Add(ev.ID, dropped)
@@ -233,44 +246,63 @@ func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
 			out[i] = dispatch.Failed(err)
 			rec.refused = true
 		}
-		if q := queues[a]; len(q) == 0 || !q[len(q)-1].refused {
-			queues[a] = append(q, rec)
+		if r := q.recs[a]; len(r) == 0 || !r[len(r)-1].refused {
+			q.recs[a] = append(r, rec)
 		}
 	}
 	drops.Log(s.log, "row headers dropped: their names collide with the contract's headers or they hold control characters")
+	return q
+}
 
-	calls := 0
-	for round := 0; tctx.Err() == nil; round++ {
-		var recs []record
-		for _, a := range order {
-			switch q := queues[a]; {
-			case stopped[a] || round >= len(q):
-			case q[round].refused:
-				stopped[a] = true
-			default:
-				recs = append(recs, q[round])
-			}
+// round is the k-th record of every aggregate still going; an aggregate
+// whose k-th record is refused stops there.
+func (q *queues) round(k int) []record {
+	var recs []record
+	for _, a := range q.order {
+		switch r := q.recs[a]; {
+		case q.stopped[a] || k >= len(r):
+		case r[k].refused:
+			q.stopped[a] = true
+		default:
+			recs = append(recs, r[k])
 		}
+	}
+	return recs
+}
+
+// writeRounds writes the queued records round by round until none is left
+// or tctx ends, and reports the PutRecords calls made.
+func (s *Sink) writeRounds(tctx, dctx context.Context, b dispatch.Batch, q *queues, out []dispatch.Result) int {
+	calls := 0
+	for k := 0; tctx.Err() == nil; k++ {
+		recs := q.round(k)
 		if len(recs) == 0 {
 			break
 		}
 		slices.SortFunc(recs, func(x, y record) int { return cmp.Or(strings.Compare(x.stream, y.stream), x.i-y.i) })
-		for _, chunk := range chunks(recs) {
-			if tctx.Err() != nil {
-				break // the rest stay NotAttempted
-			}
-			calls++
-			s.put(tctx, dctx, chunk, out)
-			for _, r := range chunk {
-				if o := out[r.i].Outcome; o != dispatch.Delivered {
-					stopped[b.Events[r.i].Aggregate()] = true
-				}
+		calls += s.writeRound(tctx, dctx, b, recs, q, out)
+	}
+	return calls
+}
+
+// writeRound writes one round's records in PutRecords calls per stream;
+// an aggregate whose record is not delivered stops. It reports the calls
+// made; once tctx ends, the rest stay NotAttempted.
+func (s *Sink) writeRound(tctx, dctx context.Context, b dispatch.Batch, recs []record, q *queues, out []dispatch.Result) int {
+	calls := 0
+	for _, chunk := range chunks(recs) {
+		if tctx.Err() != nil {
+			break
+		}
+		calls++
+		s.put(tctx, dctx, chunk, out)
+		for _, r := range chunk {
+			if o := out[r.i].Outcome; o != dispatch.Delivered {
+				q.stopped[b.Events[r.i].Aggregate()] = true
 			}
 		}
 	}
-	dispatch.KeepPrefix(b.Events, out)
-	s.log.Debug("kinesis batch written", "batch_size", len(b.Events), "calls", calls, "duration_ms", time.Since(start).Milliseconds())
-	return out
+	return calls
 }
 
 // record maps event i to its Kinesis record (the envelope, or in

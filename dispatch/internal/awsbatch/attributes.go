@@ -59,13 +59,39 @@ func Attributes(hs []dispatch.Header, dropped []string) (attrs []dispatch.Header
 // attribute name: 1 to 256 of A-Z a-z 0-9 _ - ., not starting with "AWS."
 // or "Amazon." (any case), no period first, last or twice in a row.
 func AttributeName(name string) bool {
-	if name == "" || len(name) > 256 || name[0] == '.' || name[len(name)-1] == '.' || strings.Contains(name, "..") {
-		return false
+	for _, rule := range attributeNameRules {
+		if !rule(name) {
+			return false
+		}
 	}
+	return true
+}
+
+// attributeNameRules are AttributeName's rules; the first makes sure the
+// others see a name of at least one byte.
+var attributeNameRules = []func(string) bool{
+	attributeNameLength,
+	periodsInside,
+	notReservedByAWS,
+	attributeNameChars,
+}
+
+// attributeNameLength: 1 to 256 bytes.
+func attributeNameLength(name string) bool { return name != "" && len(name) <= 256 }
+
+// periodsInside: no period first, last or twice in a row.
+func periodsInside(name string) bool {
+	return name[0] != '.' && name[len(name)-1] != '.' && !strings.Contains(name, "..")
+}
+
+// notReservedByAWS: not starting with "AWS." or "Amazon.", in any case.
+func notReservedByAWS(name string) bool {
 	lower := strings.ToLower(name)
-	if strings.HasPrefix(lower, "aws.") || strings.HasPrefix(lower, "amazon.") {
-		return false
-	}
+	return !strings.HasPrefix(lower, "aws.") && !strings.HasPrefix(lower, "amazon.")
+}
+
+// attributeNameChars: only A-Z a-z 0-9 _ - .
+func attributeNameChars(name string) bool {
 	for i := 0; i < len(name); i++ {
 		c := name[i]
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {

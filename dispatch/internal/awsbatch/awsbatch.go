@@ -187,14 +187,7 @@ func (s *Sender) send(ctx context.Context, b dispatch.Batch, msgs []Message, cal
 	}
 	tctx, cancelT := context.WithTimeout(cctx, cmp.Or(s.Timeout, DefaultTimeout))
 	defer cancelT()
-	batch := make([]Message, len(call))
-	for j, i := range call {
-		batch[j] = msgs[i]
-	}
-	answers, err := s.Call(tctx, batch)
-	if err == nil && len(answers) != len(call) {
-		err = fmt.Errorf("%s: the service answered %d entries of %d", s.Service, len(answers), len(call))
-	}
+	answers, err := s.callFor(tctx, msgs, call)
 	if err == nil {
 		for j, a := range answers {
 			res[j] = s.entryResult(b.Events[call[j]].ID, a)
@@ -205,17 +198,37 @@ func (s *Sender) send(ctx context.Context, b dispatch.Batch, msgs []Message, cal
 	content := s.Permanent(code) && aboutMessages(err)
 	if len(call) > 1 && cctx.Err() == nil && (content || code == codeBatchTooLong) {
 		// Which message the service refused is not said: send each alone.
-		for j, i := range call {
-			r, ok := s.send(ctx, b, msgs, []int{i})
-			if !ok {
-				return res, false
-			}
-			res[j] = r[0]
-		}
-		return res, true
+		return s.sendEach(ctx, b, msgs, call, res)
 	}
 	for j, i := range call {
 		res[j] = s.callResult(b.Events[i].ID, len(call) == 1 && content, code, err, cctx, tctx)
+	}
+	return res, true
+}
+
+// callFor makes one call with the messages at call; an answer without one
+// entry per message is an error.
+func (s *Sender) callFor(ctx context.Context, msgs []Message, call []int) ([]Answer, error) {
+	batch := make([]Message, len(call))
+	for j, i := range call {
+		batch[j] = msgs[i]
+	}
+	answers, err := s.Call(ctx, batch)
+	if err == nil && len(answers) != len(call) {
+		err = fmt.Errorf("%s: the service answered %d entries of %d", s.Service, len(answers), len(call))
+	}
+	return answers, err
+}
+
+// sendEach sends the events at call one per call, their results into res;
+// ok is false when a call could not start (deadline or ctx ended).
+func (s *Sender) sendEach(ctx context.Context, b dispatch.Batch, msgs []Message, call []int, res []dispatch.Result) (_ []dispatch.Result, ok bool) {
+	for j, i := range call {
+		r, ok := s.send(ctx, b, msgs, []int{i})
+		if !ok {
+			return res, false
+		}
+		res[j] = r[0]
 	}
 	return res, true
 }
