@@ -14,7 +14,7 @@ import (
 // dispatch (checked by the sink registry, not here).
 func valid() Config {
 	return Config{
-		Postgres: Postgres{DSN: "postgres://postgres@127.0.0.1:5432/postgres"},
+		Postgres: Postgres{DSN: "postgres://postgres@127.0.0.1:5432/postgres", Schema: "public", Pooler: "none"},
 		Redis:    Redis{Addrs: []string{"127.0.0.1:6379"}, Mode: "single"},
 		Poller: Poller{LockTTL: 30 * time.Second, LockWait: time.Second, PollInterval: time.Second, ClaimTTL: time.Minute,
 			BackoffBase: time.Second, BackoffMax: time.Minute, GapWait: time.Second, BatchSize: 100, MaxAttempts: 5,
@@ -23,6 +23,7 @@ func valid() Config {
 		HTTP:            HTTP{Addr: "127.0.0.1:9090"},
 		Log:             Log{Level: "info", Format: "json"},
 		ShutdownTimeout: 25 * time.Second,
+		InstanceID:      "replica-1",
 	}
 }
 

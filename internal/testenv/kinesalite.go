@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -96,10 +95,13 @@ func InstallKinesalite(ctx context.Context) (string, error) {
 type Kinesalite struct {
 	Endpoint string // http://127.0.0.1:<port>
 	cmd      *exec.Cmd
+	exited   chan error // the process's end, from Wait
 }
 
-// RunKinesalite starts kinesalite on port and waits until it accepts
-// connections. Stop it with Stop.
+// RunKinesalite starts kinesalite on port and waits until it answers a
+// Kinesis request (a TCP connection alone could be another process that
+// took the port first). Stop it with Stop. ErrKinesaliteExited: the
+// process ended before it answered (the port was taken meanwhile).
 func RunKinesalite(ctx context.Context, port int) (*Kinesalite, error) {
 	bin, err := InstallKinesalite(ctx)
 	if err != nil {
@@ -113,20 +115,36 @@ func RunKinesalite(ctx context.Context, port int) (*Kinesalite, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("testenv: start kinesalite: %w", err)
 	}
-	k := &Kinesalite{Endpoint: "http://" + addr, cmd: cmd}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	k := &Kinesalite{Endpoint: "http://" + addr, cmd: cmd, exited: exited}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
-		if err == nil {
-			_ = c.Close()
-			return k, nil
+		select {
+		case err := <-exited:
+			k.cmd = nil
+			return nil, fmt.Errorf("%w: port %d: %v", ErrKinesaliteExited, port, err)
+		default:
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
+		if err := k.ping(ctx); err == nil {
+			return k, nil
+		} else if time.Now().After(deadline) || ctx.Err() != nil {
 			k.Stop()
 			return nil, fmt.Errorf("testenv: kinesalite on %s did not answer: %w", addr, cmp.Or(ctx.Err(), err))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// ErrKinesaliteExited: kinesalite ended before it answered.
+var ErrKinesaliteExited = errors.New("testenv: kinesalite exited before it answered")
+
+// ping asks k for its streams.
+func (k *Kinesalite) ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, err := k.Client().ListStreams(ctx, &kinesis.ListStreamsInput{})
+	return err
 }
 
 // Stop kills the process and waits for it.
@@ -135,7 +153,7 @@ func (k *Kinesalite) Stop() {
 		return
 	}
 	_ = k.cmd.Process.Kill()
-	_ = k.cmd.Wait()
+	<-k.exited
 	k.cmd = nil
 }
 
@@ -146,6 +164,9 @@ func (k *Kinesalite) Stop() {
 func StartKinesalite(t testing.TB) *Kinesalite {
 	t.Helper()
 	k, err := RunKinesalite(context.Background(), FreePort(t))
+	for try := 0; errors.Is(err, ErrKinesaliteExited) && try < 3; try++ {
+		k, err = RunKinesalite(context.Background(), FreePort(t)) // the port was taken: another
+	}
 	if err != nil {
 		t.Fatalf("%v (scripts/kinesalite.sh installs kinesalite)", err)
 	}
