@@ -237,9 +237,13 @@ func statusCmd(g *globals, stdout io.Writer) *cobra.Command {
 				(time.Duration(st.OldestPendingAge * float64(time.Second))).Round(time.Second), st.Dead)
 			fmt.Fprintln(stdout)
 			tw = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "DESTINATION\tSINK\tSETTINGS")
+			fmt.Fprintln(tw, "DESTINATION\tSINK\tSETTINGS\tCIRCUIT")
 			for _, d := range st.Destinations {
-				fmt.Fprintf(tw, "%s\t%s\t%s\n", d.Name, d.Sink, d.Key)
+				circuit := d.Circuit
+				if !d.CircuitSince.IsZero() {
+					circuit += " since " + d.CircuitSince.UTC().Format(time.RFC3339)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", d.Name, d.Sink, d.Key, circuit)
 			}
 			_ = tw.Flush()
 			return nil

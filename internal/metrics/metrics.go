@@ -37,6 +37,7 @@ type Metrics struct {
 	BatchDuration   prometheus.Histogram
 
 	LockHeld         *prometheus.GaugeVec
+	CircuitOpen      *prometheus.GaugeVec // by destination: 1 while its circuit breaker is open
 	LockAcquisitions *prometheus.CounterVec
 	LockLosses       *prometheus.CounterVec
 	LockRenewFails   *prometheus.CounterVec
@@ -76,6 +77,7 @@ func New() *Metrics {
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)})
 
 	m.LockHeld = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outboxd_lock_held", Help: "1 while this replica holds the lock."}, []string{"lock"})
+	m.CircuitOpen = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outboxd_circuit_open", Help: "1 while the destination's circuit breaker is open (its sends held, no attempts charged)."}, []string{"destination"})
 	m.LockAcquisitions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_lock_acquisitions_total", Help: "Locks acquired."}, []string{"lock"})
 	m.LockLosses = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_lock_losses_total", Help: "Held locks lost (renewal refused or trust deadline passed)."}, []string{"lock"})
 	m.LockRenewFails = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_lock_renew_failures_total", Help: "Failed lease renewals."}, []string{"lock"})
@@ -100,7 +102,7 @@ func New() *Metrics {
 
 	for _, c := range []prometheus.Collector{
 		m.Dispatched, m.DispatchFailures, m.DeadLettered, m.Duplicates, m.ClaimsTakenOver, m.IdempotencyForeign, m.SendsCut, m.LateCommits, m.GapsGivenUp, m.ReadRestarts, m.FenceRejections, m.DispatchLatency,
-		m.BatchSize, m.BatchDuration, m.LockHeld, m.LockAcquisitions, m.LockLosses, m.LockRenewFails, m.LockWait,
+		m.BatchSize, m.BatchDuration, m.LockHeld, m.CircuitOpen, m.LockAcquisitions, m.LockLosses, m.LockRenewFails, m.LockWait,
 		m.PendingEvents, m.OldestPendingAge, m.DeadEvents, m.ReconcileRuns, m.ReconcileSwept, m.BuildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	} {
@@ -122,6 +124,7 @@ func (m *Metrics) Destinations(names ...string) {
 		m.Dispatched.WithLabelValues(n)
 		m.DispatchFailures.WithLabelValues(n)
 		m.DispatchLatency.WithLabelValues(n)
+		m.CircuitOpen.WithLabelValues(n)
 	}
 }
 

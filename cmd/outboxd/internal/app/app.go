@@ -44,6 +44,7 @@ type App struct {
 	extra   []redis.UniversalClient // a redis_stream sink's own Redis
 	tracing *tracing.Provider       // set by Run (startTracing)
 	backlog backlogGate             // spaces out slow backlog counts (backlog.go)
+	circ    *circuits               // the destinations' circuit breakers (circuits.go), made with the first sink
 }
 
 // New connects lazily: it does not wait for Postgres or Redis to be up.
@@ -185,7 +186,11 @@ func (a *App) buildSink(d destination) (dispatch.Sink, error) {
 	if err != nil {
 		return nil, err
 	}
-	return a.traced(d, s), nil // the one place every sink gets its send spans
+	// The one place every sink gets its send spans and its circuit breaker.
+	if a.circ == nil {
+		a.circ = newCircuits(a)
+	}
+	return a.circ.breaker(d, a.traced(d, s)), nil
 }
 
 // sinksOf are the destinations' sinks by name: a Router's, or sink
@@ -301,6 +306,7 @@ func (a *App) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return p.Run(gctx) })
 	g.Go(func() error { return rec.Run(gctx) })
+	g.Go(func() error { return a.circ.run(gctx) })
 	g.Go(func() error {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("http: %w", err)
@@ -418,6 +424,11 @@ type DestinationStatus struct {
 	MaxBatch     int    `json:"max_batch,omitempty"`
 	DedupeWindow string `json:"dedupe_window,omitempty"`
 	Ordering     string `json:"ordering,omitempty"`
+	// Circuit is its circuit breaker: "open" (sends held, probes only) or
+	// "closed"; CircuitSince and CircuitError say since when and why.
+	Circuit      string    `json:"circuit"`
+	CircuitSince time.Time `json:"circuit_open_since,omitzero"`
+	CircuitError string    `json:"circuit_last_error,omitempty"`
 }
 
 // Status is the /status body.
@@ -457,6 +468,14 @@ func (a *App) status(ctx context.Context, held map[string]func() int64, built ma
 			if c.DedupeWindow > 0 {
 				ds.DedupeWindow = c.DedupeWindow.String()
 			}
+		}
+		cs, err := a.circuitState(ctx, d.name, built[d.name])
+		if err != nil {
+			return Status{}, fmt.Errorf("redis: %w", err)
+		}
+		ds.Circuit, ds.CircuitSince, ds.CircuitError = "closed", cs.Since, cs.LastError
+		if cs.Open {
+			ds.Circuit = "open"
 		}
 		out.Destinations = append(out.Destinations, ds)
 	}

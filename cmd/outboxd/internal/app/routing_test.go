@@ -306,7 +306,9 @@ dispatch:
 		t.Fatal(err)
 	}
 	a = &app.App{Cfg: c, Log: testkit.Logger(t), Metrics: metrics.New()}
-	if sink, err = a.Sink(); err != nil || sink != (dispatch.Noop{}) {
-		t.Fatalf("single sink: %T %v, want the noop sink itself", sink, err)
+	sink, err = a.Sink()
+	if b, ok := sink.(*dispatch.Breaker); err != nil || !ok || b.State().Destination != "default" ||
+		sink.Capabilities() != (dispatch.Noop{}).Capabilities() {
+		t.Fatalf("single sink: %T %v, want the noop sink itself in the circuit breaker of default", sink, err)
 	}
 }
