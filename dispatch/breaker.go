@@ -39,6 +39,7 @@ type BreakerConfig struct {
 type BreakerState struct {
 	Destination string    `json:"destination"`
 	Open        bool      `json:"open"`
+	Paused      bool      `json:"paused,omitempty"`     // an operator paused it (SetPaused)
 	Since       time.Time `json:"since,omitzero"`       // opened at
 	LastError   string    `json:"last_error,omitempty"` // the failure that opened it, or the last failed probe's
 }
@@ -55,6 +56,9 @@ type BreakerState struct {
 // streak that opened it are kept (up to maxCharged) and handed out once it
 // has closed (Recovered), so the caller can make them due at once.
 //
+// A paused destination (SetPaused: an operator's pause) is held the same
+// way, without probes, until it is resumed.
+//
 // Send may be called from several goroutines at once, as the wrapped sink allows.
 type Breaker struct {
 	name string
@@ -62,6 +66,7 @@ type Breaker struct {
 	cfg  BreakerConfig
 
 	mu        sync.Mutex
+	paused    bool      // an operator's pause: held, no probes
 	streak    int       // consecutive destination failures while closed
 	open      bool      // no sends but probes
 	since     time.Time // opened at
@@ -99,17 +104,18 @@ func (b *Breaker) State() BreakerState {
 
 // state: mu held.
 func (b *Breaker) state() BreakerState {
-	s := BreakerState{Destination: b.name, Open: b.open}
+	s := BreakerState{Destination: b.name, Open: b.open, Paused: b.paused}
 	if b.open {
 		s.Since, s.LastError = b.since, b.lastErr
 	}
 	return s
 }
 
-func (b *Breaker) isOpen() bool {
+// isHeld: open or paused.
+func (b *Breaker) isHeld() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.open
+	return b.open || b.paused
 }
 
 // Holds reports whether an event sent now would not be sent: open, and no
@@ -117,7 +123,14 @@ func (b *Breaker) isOpen() bool {
 func (b *Breaker) Holds(Event) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.open && (b.probing || time.Now().Before(b.nextProbe))
+	return b.paused || b.open && (b.probing || time.Now().Before(b.nextProbe))
+}
+
+// SetPaused holds every event (paused) or lets them go again.
+func (b *Breaker) SetPaused(paused bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.paused = paused
 }
 
 // Recovered hands out, once, the ids of the events charged a failure in the
@@ -134,6 +147,10 @@ func (b *Breaker) Recovered() []int64 {
 func (b *Breaker) Send(ctx context.Context, batch Batch) []Result {
 	b.mu.Lock()
 	probe := false
+	if b.paused {
+		b.mu.Unlock()
+		return b.hold(batch, 0)
+	}
 	if b.open {
 		if b.probing || time.Now().Before(b.nextProbe) || len(batch.Events) == 0 {
 			b.mu.Unlock()
@@ -174,10 +191,10 @@ func (b *Breaker) Send(ctx context.Context, batch Batch) []Result {
 		return *judged[i]
 	}
 	inner := batch
-	// Once open, the wrapped sink starts no further send of this batch: its
+	// Once open or paused, the wrapped sink starts no further send of this batch: its
 	// trust deadline has passed, as far as it can tell.
 	inner.Until = func() time.Time {
-		if b.isOpen() {
+		if b.isHeld() {
 			return time.Time{}
 		}
 		return batch.Until()
@@ -288,3 +305,14 @@ func Recovered(sink Sink) []int64 {
 	}
 	return nil
 }
+
+// Pause holds the destinations of sink (a Breaker, or a Router over
+// Breakers) that paused names, and lets the others go.
+func Pause(sink Sink, paused func(destination string) bool) {
+	if p, ok := sink.(interface{ Pause(func(string) bool) }); ok {
+		p.Pause(paused)
+	}
+}
+
+// Pause implements dispatch.Pause for its destination.
+func (b *Breaker) Pause(paused func(destination string) bool) { b.SetPaused(paused(b.name)) }

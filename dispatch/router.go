@@ -167,6 +167,13 @@ func (r *Router) Holds(ev Event) bool {
 	return i >= 0 && Holds(r.dests[i].Sink, ev)
 }
 
+// Pause tells its destinations (dispatch.Pause).
+func (r *Router) Pause(paused func(destination string) bool) {
+	for _, d := range r.dests {
+		Pause(d.Sink, paused)
+	}
+}
+
 // Recovered gathers its destinations' (dispatch.Recovered).
 func (r *Router) Recovered() []int64 {
 	var ids []int64

@@ -60,6 +60,10 @@ func (p *Poller) batch(ctx context.Context, pl *pipeline) (batchResult, error) {
 		return batchResult{}, errors.Join(err, pl.takeErr())
 	}
 	qctx, cancel := context.WithDeadline(ctx, pl.trusted())
+	if err := p.readPaused(qctx, pl.fence); err != nil {
+		cancel()
+		return batchResult{}, errors.Join(err, pl.takeErr())
+	}
 	fetchStart := time.Now()
 	rows, held, err := p.fetch(qctx, pl.fence, lim)
 	cancel()

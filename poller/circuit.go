@@ -16,7 +16,7 @@ func (p *Poller) resumeRecovered(ctx context.Context, f store.Fence) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	n, err := p.store.Resume(ctx, f, ids)
+	n, err := p.store.DueNow(ctx, f, ids)
 	if err != nil {
 		p.log.Warn("rows failed in an outage not resumed", "error", err, "batch_size", len(ids))
 		return err

@@ -87,7 +87,7 @@ func newRoot(stdout io.Writer) *cobra.Command {
 		}
 		return cmd.Help()
 	}
-	root.AddCommand(runCmd(g, stdout), migrateCmd(g, stdout), versionCmd(stdout), statusCmd(g, stdout), replayCmd(g, stdout), deadCmd(g, stdout), reconcileCmd(g, stdout), configCmd(g, stdout), healthCmd(g, stdout))
+	root.AddCommand(runCmd(g, stdout), migrateCmd(g, stdout), versionCmd(stdout), statusCmd(g, stdout), replayCmd(g, stdout), pauseCmd(g, stdout), resumeCmd(g, stdout), deadCmd(g, stdout), reconcileCmd(g, stdout), configCmd(g, stdout), healthCmd(g, stdout))
 	return root
 }
 
@@ -237,13 +237,17 @@ func statusCmd(g *globals, stdout io.Writer) *cobra.Command {
 				(time.Duration(st.OldestPendingAge * float64(time.Second))).Round(time.Second), st.Dead)
 			fmt.Fprintln(stdout)
 			tw = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "DESTINATION\tSINK\tSETTINGS\tCIRCUIT")
+			fmt.Fprintln(tw, "DESTINATION\tSINK\tSETTINGS\tCIRCUIT\tPAUSED")
 			for _, d := range st.Destinations {
 				circuit := d.Circuit
 				if !d.CircuitSince.IsZero() {
 					circuit += " since " + d.CircuitSince.UTC().Format(time.RFC3339)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", d.Name, d.Sink, d.Key, circuit)
+				paused := "-"
+				if d.Paused {
+					paused = "paused since " + d.PausedAt.UTC().Format(time.RFC3339)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", d.Name, d.Sink, d.Key, circuit, paused)
 			}
 			_ = tw.Flush()
 			return nil
@@ -297,38 +301,25 @@ func replayCmd(g *globals, stdout io.Writer) *cobra.Command {
 			}
 			// The replay writes under lock:reconciliation (Redis) with its
 			// fencing token, in batches of reconcile.batch_size.
-			s, err := g.start(stdout, config.PostgresSection, config.RedisSection, config.ReconcileSection)
-			if err != nil {
-				return err
-			}
-			defer s.stop()
-			a, err := s.app()
-			if err != nil {
-				return err
-			}
-			defer a.Close()
-			rec, err := a.Reconciler()
-			if err != nil {
-				return err
-			}
-			n, err := rec.Replay(s.ctx, f, lockWait, func(done int64) {
-				s.log.Info("replay progress", "requeued", done)
+			return underReconcileLock(g, stdout, func(s *session, rec *reconcile.Reconciler) error {
+				n, err := rec.Replay(s.ctx, f, lockWait, func(done int64) {
+					s.log.Info("replay progress", "requeued", done)
+				})
+				var held *lock.HolderError
+				switch {
+				case errors.As(err, &held):
+					return lockHeld(held, lockWait, "nothing was requeued")
+				case errors.Is(err, store.ErrStaleFence):
+					return fmt.Errorf("replay stopped after requeuing %d events: %s was taken over by a newer holder, whose fence refused the replay's next write; the other rows are still dead: run the replay again: %w",
+						n, keys.ReconcileLock, err)
+				case err != nil && n > 0:
+					return fmt.Errorf("replay stopped after requeuing %d events; the other rows are still dead: %w", n, err)
+				case err != nil:
+					return err
+				}
+				s.log.Info("replay finished", "requeued", n)
+				return nil
 			})
-			var held *lock.HolderError
-			switch {
-			case errors.As(err, &held):
-				return fmt.Errorf("%s is held by owner %s for %s more (a reconciliation is running); nothing was requeued: try again later or with a longer --lock-wait (waited %s)",
-					keys.ReconcileLock, held.Owner, held.TTL.Round(time.Second), lockWait)
-			case errors.Is(err, store.ErrStaleFence):
-				return fmt.Errorf("replay stopped after requeuing %d events: %s was taken over by a newer holder, whose fence refused the replay's next write; the other rows are still dead: run the replay again: %w",
-					n, keys.ReconcileLock, err)
-			case err != nil && n > 0:
-				return fmt.Errorf("replay stopped after requeuing %d events; the other rows are still dead: %w", n, err)
-			case err != nil:
-				return err
-			}
-			s.log.Info("replay finished", "requeued", n)
-			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&dead, "dead", false, "requeue dead-lettered rows")
@@ -556,34 +547,22 @@ func reconcileCmd(g *globals, stdout io.Writer) *cobra.Command {
 			if !once {
 				return usageError{errors.New("reconcile needs --once (scheduled runs happen inside `outboxd run`)")}
 			}
-			// The reconciler waits poller.lock_wait for its lock.
-			s, err := g.start(cmd.ErrOrStderr(), config.PostgresSection, config.RedisSection,
-				config.ReconcileSection, config.PollerSection) // stdout is the summary
-			if err != nil {
-				return err
-			}
-			defer s.stop()
-			a, err := s.app()
-			if err != nil {
-				return err
-			}
-			defer a.Close()
-			rec, err := a.Reconciler()
-			if err != nil {
-				return err
-			}
-			sum, err := rec.RunOnce(s.ctx, time.Now(), s.cfg.Poller.LockWait)
-			var held *lock.HolderError
-			if errors.As(err, &held) {
-				return fmt.Errorf("%s is held by owner %s for %s more; try again later", keys.ReconcileLock,
-					held.Owner, held.TTL.Round(time.Second))
-			}
-			if err != nil {
-				return err
-			}
-			enc := json.NewEncoder(stdout)
-			enc.SetIndent("", "  ")
-			return enc.Encode(sum)
+			// The reconciler waits poller.lock_wait for its lock; stdout is
+			// the summary.
+			return underReconcileLock(g, cmd.ErrOrStderr(), func(s *session, rec *reconcile.Reconciler) error {
+				sum, err := rec.RunOnce(s.ctx, time.Now(), s.cfg.Poller.LockWait)
+				var held *lock.HolderError
+				if errors.As(err, &held) {
+					return fmt.Errorf("%s is held by owner %s for %s more; try again later", keys.ReconcileLock,
+						held.Owner, held.TTL.Round(time.Second))
+				}
+				if err != nil {
+					return err
+				}
+				enc := json.NewEncoder(stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(sum)
+			}, config.PollerSection)
 		},
 	}
 	cmd.Flags().BoolVar(&once, "once", false, "run one reconciliation now")

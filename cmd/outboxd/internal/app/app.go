@@ -278,7 +278,7 @@ func (a *App) Run(ctx context.Context) error {
 			"fetch": func(context.Context) error { return p.FetchFailure(time.Now()) },
 		},
 		Registry:     a.Metrics.Registry,
-		BeforeScrape: a.refreshBacklog,
+		BeforeScrape: func(ctx context.Context) { a.refreshBacklog(ctx); a.refreshPaused(ctx) },
 		Pprof:        a.Cfg.HTTP.Pprof,
 		Dead:         a.Store,
 		Status: func(ctx context.Context) (any, error) {
@@ -401,6 +401,24 @@ func (a *App) refreshBacklog(ctx context.Context) {
 	})
 }
 
+// refreshPaused sets outboxd_destination_paused from Postgres; on error
+// the gauges keep their last values.
+func (a *App) refreshPaused(ctx context.Context) {
+	paused, err := a.Store.PausedDestinations(ctx)
+	if err != nil {
+		return
+	}
+	for _, d := range destinations(a.Cfg) {
+		v := 0.0
+		for _, p := range paused {
+			if p.Destination == d.name {
+				v = 1
+			}
+		}
+		a.Metrics.Paused.WithLabelValues(d.name).Set(v)
+	}
+}
+
 // LockStatus is one lock as /status and `outboxd status` show it.
 type LockStatus struct {
 	Name         string `json:"name"`
@@ -429,6 +447,9 @@ type DestinationStatus struct {
 	Circuit      string    `json:"circuit"`
 	CircuitSince time.Time `json:"circuit_open_since,omitzero"`
 	CircuitError string    `json:"circuit_last_error,omitempty"`
+	// Paused: an operator paused it (`outboxd pause`), since PausedAt.
+	Paused   bool      `json:"paused"`
+	PausedAt time.Time `json:"paused_at,omitzero"`
 }
 
 // Status is the /status body.
@@ -459,9 +480,18 @@ func (a *App) status(ctx context.Context, held map[string]func() int64, built ma
 	if err != nil {
 		return Status{}, err
 	}
+	paused, err := a.Store.PausedDestinations(ctx)
+	if err != nil {
+		return Status{}, err
+	}
 	out := Status{Stats: st, Destinations: []DestinationStatus{}}
 	for _, d := range destinations(a.Cfg) {
 		ds := DestinationStatus{Name: d.name, Sink: d.d.Sink, Key: d.prefix}
+		for _, p := range paused {
+			if p.Destination == d.name {
+				ds.Paused, ds.PausedAt = true, p.PausedAt
+			}
+		}
 		if s, ok := built[d.name]; ok {
 			c := s.Capabilities()
 			ds.MaxBatch, ds.Ordering = c.MaxBatch, c.Ordering
