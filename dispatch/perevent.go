@@ -71,7 +71,8 @@ func (p *perEvent) sendAggregate(ctx context.Context, b Batch, idx []int, out []
 			return
 		}
 		sctx, cancel := context.WithDeadline(ctx, until)
-		err := p.send(sctx, b.Events[i], b.Token)
+		start := time.Now()
+		err := Timed(p.send(sctx, b.Events[i], b.Token), time.Since(start))
 		// Read before cancel, which sets it. Past the deadline the webhook
 		// refuses to write (ErrDeadlinePassed), maybe before the context's
 		// timer fired: that is the deadline's doing too, not the receiver's.

@@ -494,12 +494,20 @@ func deadShowCmd(g *globals, stdout io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			hist, err := st.History(s.ctx, e.ID, e.CreatedAt)
+			if err != nil {
+				return err
+			}
 			if asJSON {
 				enc := json.NewEncoder(stdout)
 				enc.SetIndent("", "  ")
-				return enc.Encode(e)
+				return enc.Encode(struct {
+					store.DeadEvent
+					History []store.Attempt `json:"history"`
+				}{e, hist})
 			}
 			printDeadEvent(stdout, e)
+			printHistory(stdout, hist)
 			return nil
 		},
 	}
@@ -535,6 +543,25 @@ func printDeadEvent(w io.Writer, e store.DeadEvent) {
 		}
 		fmt.Fprintf(w, "%s:\n  %s\n", j.name, b.String())
 	}
+}
+
+// printHistory prints a dead row's last failed attempts, oldest first.
+func printHistory(w io.Writer, hist []store.Attempt) {
+	fmt.Fprintf(w, "history (last %d failed attempts):\n", store.MaxHistory)
+	if len(hist) == 0 {
+		fmt.Fprintln(w, "  none recorded")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  ATTEMPT\tAT\tKIND\tDURATION\tTOKEN\tEXCERPT")
+	for _, a := range hist {
+		d := "-"
+		if a.DurationMS != nil {
+			d = (time.Duration(*a.DurationMS) * time.Millisecond).String()
+		}
+		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%d\t%s\n", a.Attempt, stamp(a.At), cell(a.Kind, 40), d, a.FencingToken, cell(a.Excerpt, 120))
+	}
+	_ = tw.Flush()
 }
 
 func reconcileCmd(g *globals, stdout io.Writer) *cobra.Command {
