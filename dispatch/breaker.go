@@ -71,17 +71,18 @@ type Breaker struct {
 	open      bool      // no sends but probes
 	since     time.Time // opened at
 	lastErr   string
-	probing   bool      // a probe is in flight
-	nextProbe time.Time // while open
-	charged   []int64   // events charged a failure during the current streak
-	recovered []int64   // charged events of outages since closed, not yet handed out
+	probing   bool               // a probe is in flight
+	nextProbe time.Time          // while open
+	charged   []int64            // events charged a failure during the current streak
+	probed    map[Aggregate]bool // aggregates whose probe failed in this outage (probeIndex)
+	recovered []int64            // charged events of outages since closed, not yet handed out
 }
 
 // NewBreaker wraps the sink of destination name.
 func NewBreaker(name string, sink Sink, cfg BreakerConfig) *Breaker {
 	cfg.Failures = cmp.Or(cfg.Failures, DefaultBreakerFailures)
 	cfg.ProbeEvery = cmp.Or(cfg.ProbeEvery, DefaultBreakerProbeEvery)
-	return &Breaker{name: name, sink: sink, cfg: cfg}
+	return &Breaker{name: name, sink: sink, cfg: cfg, probed: map[Aggregate]bool{}}
 }
 
 // Capabilities implements Sink: the wrapped sink's.
@@ -160,24 +161,7 @@ func (b *Breaker) Send(ctx context.Context, batch Batch) []Result {
 	}
 	b.mu.Unlock()
 	if probe {
-		// One event goes: the first. The rest stay NotAttempted.
-		out := b.hold(batch, 1)
-		one := batch
-		one.Events = batch.Events[:1]
-		var once sync.Once
-		final := func(r Result) {
-			once.Do(func() {
-				out[0] = b.judge(r, batch.Events[0].ID, true)
-				batch.done(0, out[0])
-			})
-		}
-		one.Done = func(_ int, r Result) { final(r) }
-		res := b.sink.Send(ctx, one)
-		if len(res) != 1 {
-			res = []Result{{Outcome: NotAttempted}}
-		}
-		final(res[0])
-		return out
+		return b.probe(ctx, batch)
 	}
 	var mu sync.Mutex
 	judged := make([]*Result, len(batch.Events))
@@ -185,7 +169,7 @@ func (b *Breaker) Send(ctx context.Context, batch Batch) []Result {
 		mu.Lock()
 		defer mu.Unlock()
 		if judged[i] == nil {
-			r = b.judge(r, batch.Events[i].ID, false)
+			r = b.judge(r, batch.Events[i], false)
 			judged[i] = &r
 		}
 		return *judged[i]
@@ -215,6 +199,51 @@ func (b *Breaker) Send(ctx context.Context, batch Batch) []Result {
 	return out
 }
 
+// probe sends one event of batch (probeIndex) and answers the others
+// NotAttempted.
+func (b *Breaker) probe(ctx context.Context, batch Batch) []Result {
+	p := b.probeIndex(batch.Events)
+	out := make([]Result, len(batch.Events))
+	for i := range out {
+		if i != p {
+			batch.done(i, out[i])
+		}
+	}
+	one := batch
+	one.Events = batch.Events[p : p+1]
+	var once sync.Once
+	final := func(r Result) {
+		once.Do(func() {
+			out[p] = b.judge(r, batch.Events[p], true)
+			batch.done(p, out[p])
+		})
+	}
+	one.Done = func(_ int, r Result) { final(r) }
+	res := b.sink.Send(ctx, one)
+	if len(res) != 1 {
+		res = []Result{{Outcome: NotAttempted}}
+	}
+	final(res[0])
+	return out
+}
+
+// probeIndex picks the probe: the first event of the first aggregate of
+// events that no failed probe of this outage tried, so one event the
+// destination fails for its own reasons (an answer of 500 to that payload)
+// cannot keep the circuit open while others would go; once every
+// aggregate of the batch was tried, they are tried again.
+func (b *Breaker) probeIndex(events []Event) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i, ev := range events {
+		if !b.probed[ev.Aggregate()] {
+			return i
+		}
+	}
+	clear(b.probed)
+	return 0
+}
+
 // hold answers every event of batch from index from on NotAttempted (told
 // to Done too) and returns the results.
 func (b *Breaker) hold(batch Batch, from int) []Result {
@@ -225,10 +254,10 @@ func (b *Breaker) hold(batch Batch, from int) []Result {
 	return out
 }
 
-// judge records the result r of event id and returns what the caller is
+// judge records the result r of event ev and returns what the caller is
 // told: a destination failure while open, or of a probe, becomes
 // NotAttempted. probe: r is the probe's (its end clears probing).
-func (b *Breaker) judge(r Result, id int64, probe bool) Result {
+func (b *Breaker) judge(r Result, ev Event, probe bool) Result {
 	b.mu.Lock()
 	var change *BreakerState
 	defer func() {
@@ -245,6 +274,7 @@ func (b *Breaker) judge(r Result, id int64, probe bool) Result {
 		if b.open {
 			b.open = false
 			b.recovered = append(b.recovered, b.charged...)
+			clear(b.probed)
 			s := b.state()
 			change = &s
 			if b.cfg.Log != nil {
@@ -260,6 +290,9 @@ func (b *Breaker) judge(r Result, id int64, probe bool) Result {
 	if b.open {
 		if probe {
 			b.nextProbe = time.Now().Add(b.cfg.ProbeEvery)
+			if len(b.probed) < maxCharged {
+				b.probed[ev.Aggregate()] = true
+			}
 			s := b.state()
 			change = &s
 		}
@@ -268,7 +301,7 @@ func (b *Breaker) judge(r Result, id int64, probe bool) Result {
 	b.streak++
 	if b.cfg.Failures < 0 || b.streak < b.cfg.Failures {
 		if len(b.charged) < maxCharged {
-			b.charged = append(b.charged, id)
+			b.charged = append(b.charged, ev.ID)
 		}
 		return r
 	}
