@@ -21,10 +21,14 @@ const maxCharged = 10000
 
 // BreakerConfig tunes a Breaker. Zero fields get the defaults.
 type BreakerConfig struct {
-	// Failures is how many consecutive failures of the destination itself
-	// (Retryable results: connection errors, timeouts, 5xx, 429) open the
-	// circuit; a success or a row's own Permanent answer resets the count.
-	// Negative: the circuit never opens.
+	// Failures is how many different aggregates whose sends failed with
+	// the destination's own failures (Retryable results: connection errors,
+	// timeouts, 5xx, 429), one after another with no success between, open
+	// the circuit; a success or a row's own Permanent answer resets the
+	// count. Counting aggregates, not sends: a few rows that keep failing
+	// for their own reasons (a 500 to their payload) while nothing else is
+	// sent retry, count attempts and dead-letter as usual. Negative: the
+	// circuit never opens.
 	Failures int
 	// ProbeEvery is the time between probes while open.
 	ProbeEvery time.Duration
@@ -45,8 +49,8 @@ type BreakerState struct {
 }
 
 // Breaker is a circuit breaker around one destination's sink. While the
-// destination itself fails (Failures consecutive Retryable results not cut
-// by the caller's deadline) it is open: Send sends nothing and answers
+// destination itself fails (Retryable results not cut by the caller's
+// deadline, for Failures different aggregates in a row) it is open: Send sends nothing and answers
 // NotAttempted, so no event is charged an attempt, except one probe event
 // every ProbeEvery. The sends of a batch in flight when it opens stop (the
 // wrapped sink sees the batch's trust deadline passed), and a failed probe,
@@ -66,10 +70,10 @@ type Breaker struct {
 	cfg  BreakerConfig
 
 	mu        sync.Mutex
-	paused    bool      // an operator's pause: held, no probes
-	streak    int       // consecutive destination failures while closed
-	open      bool      // no sends but probes
-	since     time.Time // opened at
+	paused    bool               // an operator's pause: held, no probes
+	failing   map[Aggregate]bool // aggregates failed since the last success, while closed
+	open      bool               // no sends but probes
+	since     time.Time          // opened at
 	lastErr   string
 	probing   bool               // a probe is in flight
 	nextProbe time.Time          // while open
@@ -82,7 +86,7 @@ type Breaker struct {
 func NewBreaker(name string, sink Sink, cfg BreakerConfig) *Breaker {
 	cfg.Failures = cmp.Or(cfg.Failures, DefaultBreakerFailures)
 	cfg.ProbeEvery = cmp.Or(cfg.ProbeEvery, DefaultBreakerProbeEvery)
-	return &Breaker{name: name, sink: sink, cfg: cfg, probed: map[Aggregate]bool{}}
+	return &Breaker{name: name, sink: sink, cfg: cfg, failing: map[Aggregate]bool{}, probed: map[Aggregate]bool{}}
 }
 
 // Capabilities implements Sink: the wrapped sink's.
@@ -281,7 +285,8 @@ func (b *Breaker) judge(r Result, ev Event, probe bool) Result {
 				b.cfg.Log.Info("circuit closed", "destination", b.name, "open_ms", time.Since(b.since).Milliseconds())
 			}
 		}
-		b.streak, b.charged = 0, nil
+		clear(b.failing)
+		b.charged = nil
 		return r
 	case r.Outcome != Retryable || r.Cut:
 		return r // not the destination's answer
@@ -298,8 +303,10 @@ func (b *Breaker) judge(r Result, ev Event, probe bool) Result {
 		}
 		return Result{Outcome: NotAttempted}
 	}
-	b.streak++
-	if b.cfg.Failures < 0 || b.streak < b.cfg.Failures {
+	if len(b.failing) < maxCharged {
+		b.failing[ev.Aggregate()] = true
+	}
+	if b.cfg.Failures < 0 || len(b.failing) < b.cfg.Failures {
 		if len(b.charged) < maxCharged {
 			b.charged = append(b.charged, ev.ID)
 		}
@@ -309,7 +316,7 @@ func (b *Breaker) judge(r Result, ev Event, probe bool) Result {
 	s := b.state()
 	change = &s
 	if b.cfg.Log != nil {
-		b.cfg.Log.Warn("circuit opened", "destination", b.name, "failures", b.streak, "error", b.lastErr)
+		b.cfg.Log.Warn("circuit opened", "destination", b.name, "failures", len(b.failing), "error", b.lastErr)
 	}
 	return Result{Outcome: NotAttempted}
 }

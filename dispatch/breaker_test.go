@@ -87,7 +87,8 @@ func TestBreakerHoldsWhileOpenAndProbes(t *testing.T) {
 }
 
 // A row's own permanent answer is the destination answering: it resets the
-// count, and a breaker with Failures < 0 never opens.
+// count; the count is of aggregates, not sends; a breaker with Failures < 0
+// never opens.
 func TestBreakerCountsOnlyDestinationFailures(t *testing.T) {
 	fail := func(permanent bool) dispatch.Sink {
 		return dispatch.PerEvent(func(_ context.Context, ev dispatch.Event, _ int64) error {
@@ -98,6 +99,14 @@ func TestBreakerCountsOnlyDestinationFailures(t *testing.T) {
 	b.Send(context.Background(), batchOf("a", "b", "c", "d", "e", "f"))
 	if b.State().Open {
 		t.Error("opened though every other failure was a row's own 4xx")
+	}
+	// One aggregate failing again and again is that aggregate's trouble.
+	one := dispatch.NewBreaker("x", fail(false), dispatch.BreakerConfig{Failures: 2})
+	for range 5 {
+		one.Send(context.Background(), batchOf("a"))
+	}
+	if one.State().Open {
+		t.Error("opened for one aggregate's repeated failures")
 	}
 	never := dispatch.NewBreaker("x", dispatch.PerEvent(func(context.Context, dispatch.Event, int64) error {
 		return errors.New("connection refused")
