@@ -117,6 +117,8 @@ type Dispatch struct {
 	CloudEvents       bool        `mapstructure:"cloudevents"`        // binary-mode CloudEvents attributes on every message
 	CloudEventsSource string      `mapstructure:"cloudevents_source"` // their "source"
 	CloudEventsMode   string      `mapstructure:"cloudevents_mode"`   // binary | structured
+	// Breaker is the destination's circuit breaker (dispatch.Breaker).
+	Breaker Breaker `mapstructure:"breaker"`
 	// AllowRowPrefixedDestinations accepts a destination template that
 	// starts with a placeholder (refused by default: a row would choose the
 	// destination's whole name).
@@ -127,6 +129,14 @@ type Dispatch struct {
 	Destinations map[string]*Dispatch `mapstructure:"destinations"`
 	// Routes choose each event's destination, first match wins. Top level only.
 	Routes []Route `mapstructure:"routes"`
+}
+
+// Breaker is a destination's circuit breaker: Failures consecutive
+// failures of the destination itself open it (0: never), and while open
+// one event goes as a probe every ProbeInterval.
+type Breaker struct {
+	Failures      int           `mapstructure:"failures"`
+	ProbeInterval time.Duration `mapstructure:"probe_interval"`
 }
 
 type Kafka struct {

@@ -204,6 +204,12 @@ func (c *Config) validateDispatch() error {
 	names := map[string]bool{}
 	for _, dest := range c.Destinations() {
 		names[dest.Name] = true
+		switch b := dest.Dispatch.Breaker; {
+		case b.Failures < 0:
+			return bad(dest.Key+".breaker.failures", "must be 0 (never open) or more, got %d", b.Failures)
+		case b.ProbeInterval <= 0:
+			return bad(dest.Key+".breaker.probe_interval", "must be positive, got %s", b.ProbeInterval)
+		}
 	}
 	for i, r := range d.Routes {
 		key := fmt.Sprintf("%s[%d]", routesKey, i)

@@ -74,6 +74,7 @@ func (p *perEvent) sendAggregate(ctx context.Context, b Batch, idx []int, out []
 		start := time.Now()
 		err := p.send(sctx, b.Events[i], b.Token)
 		took := time.Since(start)
+		err = WithDuration(err, took)
 		// Read before cancel, which sets it. Past the deadline the webhook
 		// refuses to write (ErrDeadlinePassed), maybe before the context's
 		// timer fired: that is the deadline's doing too, not the receiver's.

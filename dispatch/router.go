@@ -161,6 +161,28 @@ func DestinationOf(sink Sink, ev Event) string {
 	return DefaultDestination
 }
 
+// Holds implements the circuit check (dispatch.Holds) for ev's destination.
+func (r *Router) Holds(ev Event) bool {
+	i := r.route(ev)
+	return i >= 0 && Holds(r.dests[i].Sink, ev)
+}
+
+// Pause tells its destinations (dispatch.Pause).
+func (r *Router) Pause(paused func(destination string) bool) {
+	for _, d := range r.dests {
+		Pause(d.Sink, paused)
+	}
+}
+
+// Recovered gathers its destinations' (dispatch.Recovered).
+func (r *Router) Recovered() []int64 {
+	var ids []int64
+	for _, d := range r.dests {
+		ids = append(ids, Recovered(d.Sink)...)
+	}
+	return ids
+}
+
 // Capabilities implements Sink: MaxBatch is the smallest non-zero of the
 // destinations' (a batch fits each of them); DedupeWindow the smallest of
 // theirs, 0 if any has none (what holds for every event); Parallel the sum

@@ -22,7 +22,8 @@ import (
 // max_attempts dead-letters, however large; nothing overflows or panics.
 func (p *Poller) failure(it item) store.Failure {
 	prior := max(it.row.Attempts, 0)
-	f := store.Failure{ID: it.row.ID, CreatedAt: it.row.CreatedAt, Error: it.err.Error()}
+	f := store.Failure{ID: it.row.ID, CreatedAt: it.row.CreatedAt, Error: it.err.Error(), Kind: dispatch.FailureKind(it.err)}
+	f.Duration, _ = dispatch.SendDuration(it.err)
 	if dispatch.IsPermanent(it.err) || prior >= p.cfg.MaxAttempts-1 {
 		f.Dead = true
 		return f

@@ -56,7 +56,14 @@ func (p *Poller) batch(ctx context.Context, pl *pipeline) (batchResult, error) {
 		return batchResult{full: true}, pl.takeErr()
 	}
 	pl.noteWritten(p.readerFor(pl.fence)) // what the writer settled since the last fetch
+	if err := p.resumeRecovered(ctx, pl.fence); errors.Is(err, store.ErrStaleFence) {
+		return batchResult{}, errors.Join(err, pl.takeErr())
+	}
 	qctx, cancel := context.WithDeadline(ctx, pl.trusted())
+	if err := p.readPaused(qctx, pl.fence); err != nil {
+		cancel()
+		return batchResult{}, errors.Join(err, pl.takeErr())
+	}
 	fetchStart := time.Now()
 	rows, held, err := p.fetch(qctx, pl.fence, lim)
 	cancel()
@@ -99,7 +106,11 @@ func (p *Poller) batch(ctx context.Context, pl *pipeline) (batchResult, error) {
 		p.log.Warn("late commit check failed", "error", err)
 	}
 	fire(p.hooks.afterClaim)
+	idle := p.held(rows) // sent all the same: answered NotAttempted, parked
 	sent := pl.launch(items, c.String(), start, tr)
 	pl.awaitSlots(ctx, sent, p.cfg.PollInterval)
+	if idle {
+		return batchResult{}, pl.takeErr()
+	}
 	return batchResult{fetched: len(rows), more: more}, pl.takeErr()
 }

@@ -153,6 +153,8 @@ type Poller struct {
 	maxInherit   int           // see the constant; tests lower it
 	maxLastSent  int           // see the constant; tests lower it
 
+	paused pausedRead // the lead goroutine's only (paused.go)
+
 	cutMu sync.Mutex
 	cuts  map[int64]int // sends of a row cut short by the lease while it was held
 }

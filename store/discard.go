@@ -16,7 +16,8 @@ type Discarded struct {
 
 // discardSQL deletes the next batch of f's dead rows (pickDeadSQL) as one
 // fenced statement; the DELETE re-checks dead_at, so a row requeued
-// meanwhile is not touched. It returns the fence's outcome, how many rows
+// meanwhile is not touched, and the deleted rows' attempt history goes
+// with them. It returns the fence's outcome, how many rows
 // it deleted, the last of them (dead_at, id) as the next cursor, and the
 // deleted rows as a JSON array in (dead_at, id) order.
 func discardSQL(f DeadFilter) (string, []any) {
@@ -27,6 +28,7 @@ removed AS (
   DELETE FROM outbox o USING picked
   WHERE o.id = picked.id AND o.dead_at IS NOT NULL AND EXISTS (SELECT 1 FROM fence)
   RETURNING o.id, o.aggregate_type, o.aggregate_id, o.event_type, picked.dead_at),
+history AS (DELETE FROM outbox_attempts a WHERE a.outbox_id IN (SELECT id FROM removed)),
 last AS (SELECT dead_at, id FROM removed ORDER BY dead_at DESC, id DESC LIMIT 1)
 SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM removed),
   (SELECT dead_at FROM last), COALESCE((SELECT id FROM last), 0),

@@ -59,3 +59,30 @@ func TestDiscardIsFencedAndTouchesOnlyDeadRows(t *testing.T) {
 		t.Fatalf("pending and delivered rows left: %d, %v; want 2", left, err)
 	}
 }
+
+// A discarded row's attempt history goes with it; another row's stays.
+func TestDiscardRemovesTheRowsAttemptHistory(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	t0 := time.Now().Add(-time.Hour)
+	ids := insertRows(t, st, deadRow{"a", "1", "e", "x", t0, false}, deadRow{"b", "1", "e", "x", t0.Add(time.Second), false})
+	for _, id := range ids {
+		if _, err := st.Pool().Exec(ctx, `INSERT INTO outbox_attempts (outbox_id, attempt, created_at, kind, excerpt, duration_ms, fencing_token)
+			SELECT id, 1, created_at, 'http_503', 'down', 20, 1 FROM outbox WHERE id = $1`, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fence := store.Fence{Lock: "lock:reconciliation", Token: 3, Owner: "discard"}
+	if n, err := st.DiscardDead(ctx, fence, store.DeadFilter{AggregateType: "a"}, 10, nil); err != nil || n != 1 {
+		t.Fatalf("discard of aggregate type a: %d, %v; want 1", n, err)
+	}
+	var gone, kept int
+	if err := st.Pool().QueryRow(ctx, `SELECT count(*) FILTER (WHERE outbox_id = $1), count(*) FILTER (WHERE outbox_id = $2) FROM outbox_attempts`,
+		ids[0], ids[1]).Scan(&gone, &kept); err != nil {
+		t.Fatal(err)
+	}
+	if gone != 0 || kept != 1 {
+		t.Errorf("attempt history: %d entries of the discarded row, %d of the other; want 0 and 1", gone, kept)
+	}
+}

@@ -134,6 +134,11 @@ type Failure struct {
 	// take for a backoff. Ignored when Dead; a negative one is 0.
 	Delay time.Duration
 	Dead  bool // dead-letter now
+	// Kind and Duration go to the row's attempt history (history.go): the
+	// failure's kind (dispatch.FailureKind) and the send's duration, 0 when
+	// unknown.
+	Kind     string
+	Duration time.Duration
 }
 
 // MaxErrorBytes bounds last_error.
@@ -174,7 +179,7 @@ failed AS (
   FROM unnest($5::bigint[], $6::text[], $7::bigint[], $8::bool[], $10::timestamptz[]) AS x(id, err, delay_us, dead, created_at)
   WHERE o.id = x.id AND (x.created_at IS NULL OR o.created_at = x.created_at)
     AND COALESCE(o.dispatched_at IS NULL AND o.dead_at IS NULL, false) AND EXISTS (SELECT 1 FROM fence)
-  RETURNING 1)
+  RETURNING o.id, o.attempts, o.created_at),` + historyCTE + `
 SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM delivered), (SELECT count(*) FROM failed) FROM async`
 
 // Delivered is a row whose delivery Complete records. CreatedAt is its
@@ -259,7 +264,8 @@ func (s *Store) complete(ctx context.Context, f Fence, delivered []Delivered, fa
 	for i, d := range delivered {
 		done[i], created[i] = d.ID, d.CreatedAt
 	}
-	err = s.fenced(ctx, f, completeSQL, []*int64{&nDelivered, &nFailed}, int8Array(done), ids, errs, delay, dead, created, made)
+	kinds, ms := attemptsOf(failures)
+	err = s.fenced(ctx, f, completeSQL, []*int64{&nDelivered, &nFailed}, int8Array(done), ids, errs, delay, dead, created, made, kinds, ms)
 	return nDelivered, nFailed, err
 }
 

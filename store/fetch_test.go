@@ -363,8 +363,9 @@ func TestHotPathCostDoesNotGrowWithHistory(t *testing.T) {
 		enqueue(t, st, evs...)
 		args, _ := store.ReadArgs(lim, store.ReadPos{Cursor: cursor, Frontier: cursor, Watch: []int64{max(cursor-5, 1)}})
 		read = explain(`EXECUTE rd($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`, args...)
-		complete = explain(`EXECUTE cp($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`, fence.Lock, fence.Token, fence.Owner,
-			[]int64{cursor + 1}, []int64{}, []string{}, []int64{}, []bool{}, []time.Time{done(t, st, cursor+1)[0].CreatedAt}, []time.Time{})
+		complete = explain(`EXECUTE cp($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`, fence.Lock, fence.Token, fence.Owner,
+			[]int64{cursor + 1}, []int64{}, []string{}, []int64{}, []bool{}, []time.Time{done(t, st, cursor+1)[0].CreatedAt}, []time.Time{},
+			[]string{}, []int64{})
 		save = explain(`EXECUTE sc($1, $2, $3, $4, $5, $6, $7)`, fence.Lock, fence.Token, fence.Owner, cursor, epoch, cursor, int64(0))
 		stats = planBuffers(t, explainUndoneJSONWith(t, conn, store.StatsSettings, `EXECUTE st(NULL)`))
 		return read, complete, save, stats

@@ -142,7 +142,11 @@ func hotPathPlans(t *testing.T, planCacheMode string) {
 				}
 				ids, created = append(ids, r.ID), append(created, r.CreatedAt)
 			}
-			return []any{p.fence.Lock, p.fence.Token, p.fence.Owner, ids, fids, errs, retry, dead, created, fcreated}
+			kinds, ms := make([]string, len(fids)), make([]int64, len(fids)) // the attempt history's
+			for i := range fids {
+				kinds[i], ms[i] = "http_503", 20
+			}
+			return []any{p.fence.Lock, p.fence.Token, p.fence.Owner, ids, fids, errs, retry, dead, created, fcreated, kinds, ms}
 		}},
 		{"the cursor save (SaveCursor)", "INSERT INTO outbox_cursor", func(p *planProbe) []any {
 			top := p.rows[len(p.rows)-1].ID

@@ -240,7 +240,8 @@ func (s *Store) Purge(ctx context.Context, f Fence, kind PurgeKind, age time.Dur
 // own WHERE too: a row updated after the statement's snapshot (an
 // operator making it pending again) is re-checked by Postgres against
 // those conditions only, not against the subquery that chose its id, and
-// was deleted (TestPurgeKeepsARowMadePendingWhileItRuns).
+// was deleted (TestPurgeKeepsARowMadePendingWhileItRuns). The rows' attempt
+// history (outbox_attempts) goes in the same statement.
 func purgeSQL(kind PurgeKind) string {
 	col := "dispatched_at"
 	if kind == PurgeDead {
@@ -253,6 +254,7 @@ del AS (
     ORDER BY ` + col + `, id LIMIT $7))
   AND ` + col + ` < now() - $4::bigint * interval '1 microsecond' AND EXISTS (SELECT 1 FROM fence)
   RETURNING id, ` + col + ` AS at),
+history AS (DELETE FROM outbox_attempts a WHERE a.outbox_id IN (SELECT id FROM del)),
 lastrow AS (SELECT at, id FROM del ORDER BY at DESC, id DESC LIMIT 1)
 SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM del),
   COALESCE((SELECT at FROM lastrow), $5), COALESCE((SELECT id FROM lastrow), $6)`

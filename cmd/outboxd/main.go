@@ -89,7 +89,7 @@ func newRoot(stdout io.Writer) *cobra.Command {
 		}
 		return cmd.Help()
 	}
-	root.AddCommand(runCmd(g, stdout), migrateCmd(g, stdout), versionCmd(stdout), statusCmd(g, stdout), replayCmd(g, stdout), deadCmd(g, stdout), reconcileCmd(g, stdout), configCmd(g, stdout), healthCmd(g, stdout))
+	root.AddCommand(runCmd(g, stdout), migrateCmd(g, stdout), versionCmd(stdout), statusCmd(g, stdout), replayCmd(g, stdout), pauseCmd(g, stdout), resumeCmd(g, stdout), deadCmd(g, stdout), reconcileCmd(g, stdout), configCmd(g, stdout), healthCmd(g, stdout))
 	return root
 }
 
@@ -292,9 +292,17 @@ func statusCmd(g *globals, stdout io.Writer) *cobra.Command {
 				(time.Duration(st.OldestPendingAge * float64(time.Second))).Round(time.Second), st.Dead)
 			fmt.Fprintln(stdout)
 			tw = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "DESTINATION\tSINK\tSETTINGS")
+			fmt.Fprintln(tw, "DESTINATION\tSINK\tSETTINGS\tCIRCUIT\tPAUSED")
 			for _, d := range st.Destinations {
-				fmt.Fprintf(tw, "%s\t%s\t%s\n", d.Name, d.Sink, d.Key)
+				circuit := d.Circuit
+				if !d.CircuitSince.IsZero() {
+					circuit += " since " + d.CircuitSince.UTC().Format(time.RFC3339)
+				}
+				paused := "-"
+				if d.Paused {
+					paused = "paused since " + d.PausedAt.UTC().Format(time.RFC3339)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", d.Name, d.Sink, d.Key, circuit, paused)
 			}
 			_ = tw.Flush()
 			return nil
@@ -524,12 +532,20 @@ func deadShowCmd(g *globals, stdout io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			hist, err := st.History(s.ctx, e.ID, e.CreatedAt)
+			if err != nil {
+				return err
+			}
 			if asJSON {
 				enc := json.NewEncoder(stdout)
 				enc.SetIndent("", "  ")
-				return enc.Encode(e)
+				return enc.Encode(struct {
+					store.DeadEvent
+					History []store.Attempt `json:"history"`
+				}{e, hist})
 			}
 			printDeadEvent(stdout, e)
+			printHistory(stdout, hist)
 			return nil
 		},
 	}
@@ -565,6 +581,25 @@ func printDeadEvent(w io.Writer, e store.DeadEvent) {
 		}
 		fmt.Fprintf(w, "%s:\n  %s\n", j.name, b.String())
 	}
+}
+
+// printHistory prints a dead row's last failed attempts, oldest first.
+func printHistory(w io.Writer, hist []store.Attempt) {
+	fmt.Fprintf(w, "history (last %d failed attempts):\n", store.MaxHistory)
+	if len(hist) == 0 {
+		fmt.Fprintln(w, "  none recorded")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  ATTEMPT\tAT\tKIND\tDURATION\tTOKEN\tEXCERPT")
+	for _, a := range hist {
+		d := "-"
+		if a.DurationMS != nil {
+			d = (time.Duration(*a.DurationMS) * time.Millisecond).String()
+		}
+		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%d\t%s\n", a.Attempt, stamp(a.At), cell(a.Kind, 40), d, a.FencingToken, cell(a.Excerpt, 120))
+	}
+	_ = tw.Flush()
 }
 
 func reconcileCmd(g *globals, stdout io.Writer) *cobra.Command {

@@ -36,10 +36,15 @@ func (s Space) Idempotency(id int64) string {
 	return string(strconv.AppendInt(b, id, 10))
 }
 
+// Circuit is circuit:<destination>: the state of the destination's open
+// circuit breaker as the leader last wrote it (JSON), absent while closed.
+func (s Space) Circuit(destination string) string { return s.prefix + "circuit:" + destination }
+
 // Reserved are the key prefixes of everything outboxd keeps in Redis under
-// this prefix: locks, their fence counters and the idempotency keys. No
+// this prefix: locks, their fence counters, the idempotency keys and the
+// circuit states. No
 // destination rendered from a row may name one (a redis_stream sink's
 // stream key); the lock package shapes fence:{<lock>} itself.
 func (s Space) Reserved() []string {
-	return []string{s.prefix + "lock:", s.prefix + "fence:", s.prefix + "idempotency:"}
+	return []string{s.prefix + "lock:", s.prefix + "fence:", s.prefix + "idempotency:", s.prefix + "circuit:"}
 }

@@ -38,6 +38,8 @@ type Metrics struct {
 	BatchDuration   prometheus.Histogram
 
 	LockHeld         *prometheus.GaugeVec
+	CircuitOpen      *prometheus.GaugeVec // by destination: 1 while its circuit breaker is open
+	Paused           *prometheus.GaugeVec // by destination: 1 while an operator paused it
 	LockAcquisitions *prometheus.CounterVec
 	LockLosses       *prometheus.CounterVec
 	LockRenewFails   *prometheus.CounterVec
@@ -79,6 +81,8 @@ func New() *Metrics {
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)})
 
 	m.LockHeld = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outboxd_lock_held", Help: "1 while this replica holds the lock."}, []string{"lock"})
+	m.CircuitOpen = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outboxd_circuit_open", Help: "1 while the destination's circuit breaker is open (its sends held, no attempts charged)."}, []string{"destination"})
+	m.Paused = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outboxd_destination_paused", Help: "1 while an operator paused the destination (outboxd pause); read from Postgres at each scrape."}, []string{"destination"})
 	m.LockAcquisitions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_lock_acquisitions_total", Help: "Locks acquired."}, []string{"lock"})
 	m.LockLosses = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_lock_losses_total", Help: "Held locks lost: terms that ended other than by their own release (renewal refused, trust deadline passed, a write refused by the fence, the key gone at release)."}, []string{"lock"})
 	m.LockRenewFails = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_lock_renew_failures_total", Help: "Failed lease renewals."}, []string{"lock"})
@@ -103,7 +107,7 @@ func New() *Metrics {
 
 	for _, c := range []prometheus.Collector{
 		m.Dispatched, m.DispatchFailures, m.DeadLettered, m.SendDuration, m.Duplicates, m.ClaimsTakenOver, m.IdempotencyForeign, m.SendsCut, m.LateCommits, m.GapsGivenUp, m.ReadRestarts, m.FenceRejections, m.DispatchLatency,
-		m.BatchSize, m.BatchDuration, m.LockHeld, m.LockAcquisitions, m.LockLosses, m.LockRenewFails, m.LockWait,
+		m.BatchSize, m.BatchDuration, m.LockHeld, m.CircuitOpen, m.Paused, m.LockAcquisitions, m.LockLosses, m.LockRenewFails, m.LockWait,
 		m.PendingEvents, m.OldestPendingAge, m.DeadEvents, m.ReconcileRuns, m.ReconcileSwept, m.BuildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	} {
@@ -150,6 +154,8 @@ func (m *Metrics) Destinations(names, reasons, outcomes []string) {
 		for _, o := range outcomes {
 			m.SendDuration.WithLabelValues(n, o)
 		}
+		m.CircuitOpen.WithLabelValues(n)
+		m.Paused.WithLabelValues(n)
 	}
 }
 

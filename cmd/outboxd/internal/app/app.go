@@ -46,6 +46,7 @@ type App struct {
 	extra   []redis.UniversalClient // a redis_stream sink's own Redis
 	tracing *tracing.Provider       // set by Run (startTracing)
 	backlog backlogGate             // spaces out slow backlog counts (backlog.go)
+	circ    *circuits               // the destinations' circuit breakers (circuits.go), made with the first sink
 }
 
 // New connects lazily: it does not wait for Postgres or Redis to be up.
@@ -187,11 +188,16 @@ func (a *App) buildSink(d destination) (dispatch.Sink, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The one place every sink gets its send spans and its send durations.
+	// The one place every sink gets its send spans, its send durations
+	// and its circuit breaker (outermost: a send it holds back is no send).
+	if a.circ == nil {
+		a.circ = newCircuits(a)
+	}
 	send := a.Metrics.SendDuration.MustCurryWith(prometheus.Labels{"destination": d.name})
-	return dispatch.Timed(a.traced(d, s), func(outcome string, took time.Duration) {
+	timed := dispatch.Timed(a.traced(d, s), func(outcome string, took time.Duration) {
 		send.WithLabelValues(outcome).Observe(took.Seconds())
-	}), nil
+	})
+	return a.circ.breaker(d, timed), nil
 }
 
 // sinksOf are the destinations' sinks by name: a Router's, or sink
@@ -280,7 +286,7 @@ func (a *App) Run(ctx context.Context) error {
 			"fetch": func(context.Context) error { return p.FetchFailure(time.Now()) },
 		},
 		Registry:     a.Metrics.Registry,
-		BeforeScrape: a.refreshBacklog,
+		BeforeScrape: func(ctx context.Context) { a.refreshBacklog(ctx); a.refreshPaused(ctx) },
 		Pprof:        a.Cfg.HTTP.Pprof,
 		AuthToken:    a.Cfg.HTTP.AuthToken,
 		Dead:         a.Store,
@@ -315,6 +321,7 @@ func (a *App) Run(ctx context.Context) error {
 		rg, rctx := errgroup.WithContext(gctx)
 		rg.Go(func() error { return p.Run(rctx) })
 		rg.Go(func() error { return rec.Run(rctx) })
+		rg.Go(func() error { return a.circ.run(rctx) })
 		return rg.Wait()
 	})
 	g.Go(func() error {
@@ -411,6 +418,24 @@ func (a *App) refreshBacklog(ctx context.Context) {
 	})
 }
 
+// refreshPaused sets outboxd_destination_paused from Postgres; on error
+// the gauges keep their last values.
+func (a *App) refreshPaused(ctx context.Context) {
+	paused, err := a.Store.PausedDestinations(ctx)
+	if err != nil {
+		return
+	}
+	for _, d := range destinations(a.Cfg) {
+		v := 0.0
+		for _, p := range paused {
+			if p.Destination == d.name {
+				v = 1
+			}
+		}
+		a.Metrics.Paused.WithLabelValues(d.name).Set(v)
+	}
+}
+
 // LockStatus is one lock as /status and `outboxd status` show it.
 type LockStatus struct {
 	Name         string `json:"name"`
@@ -435,6 +460,14 @@ type DestinationStatus struct {
 	MaxBatch     int    `json:"max_batch,omitempty"`
 	DedupeWindow string `json:"dedupe_window,omitempty"`
 	Ordering     string `json:"ordering,omitempty"`
+	// Circuit is its circuit breaker: "open" (sends held, probes only) or
+	// "closed"; CircuitSince and CircuitError say since when and why.
+	Circuit      string    `json:"circuit"`
+	CircuitSince time.Time `json:"circuit_open_since,omitzero"`
+	CircuitError string    `json:"circuit_last_error,omitempty"`
+	// Paused: an operator paused it (`outboxd pause`), since PausedAt.
+	Paused   bool      `json:"paused"`
+	PausedAt time.Time `json:"paused_at,omitzero"`
 }
 
 // Status is the /status body.
@@ -465,15 +498,32 @@ func (a *App) status(ctx context.Context, held map[string]func() int64, built ma
 	if err != nil {
 		return Status{}, err
 	}
+	paused, err := a.Store.PausedDestinations(ctx)
+	if err != nil {
+		return Status{}, err
+	}
 	out := Status{Stats: st, Destinations: []DestinationStatus{}}
 	for _, d := range destinations(a.Cfg) {
 		ds := DestinationStatus{Name: d.name, Sink: d.d.Sink, Key: d.prefix}
+		for _, p := range paused {
+			if p.Destination == d.name {
+				ds.Paused, ds.PausedAt = true, p.PausedAt
+			}
+		}
 		if s, ok := built[d.name]; ok {
 			c := s.Capabilities()
 			ds.MaxBatch, ds.Ordering = c.MaxBatch, c.Ordering
 			if c.DedupeWindow > 0 {
 				ds.DedupeWindow = c.DedupeWindow.String()
 			}
+		}
+		cs, err := a.circuitState(ctx, d.name, built[d.name])
+		if err != nil {
+			return Status{}, fmt.Errorf("redis: %w", err)
+		}
+		ds.Circuit, ds.CircuitSince, ds.CircuitError = "closed", cs.Since, cs.LastError
+		if cs.Open {
+			ds.Circuit = "open"
 		}
 		out.Destinations = append(out.Destinations, ds)
 	}

@@ -121,6 +121,8 @@ func Defaults() map[string]any {
 		"dispatch.cloudevents":                    false,
 		"dispatch.cloudevents_source":             dispatch.DefaultCloudEventsSource,
 		"dispatch.cloudevents_mode":               dispatch.CloudEventsBinary,
+		"dispatch.breaker.failures":               dispatch.DefaultBreakerFailures,
+		"dispatch.breaker.probe_interval":         dispatch.DefaultBreakerProbeEvery,
 		"http.addr":                               DefaultHTTPAddr,
 		"http.pprof":                              false,
 		"http.auth_token":                         "",

@@ -307,11 +307,8 @@ dispatch:
 	}
 	a = &app.App{Cfg: c, Log: testkit.Logger(t), Metrics: metrics.New()}
 	sink, err = a.Sink()
-	// Wrapped only to time its sends (dispatch.Timed): no Router.
-	if w, ok := sink.(interface{ Unwrap() dispatch.Sink }); ok {
-		sink = w.Unwrap()
-	}
-	if err != nil || sink != (dispatch.Noop{}) {
-		t.Fatalf("single sink: %T %v, want the noop sink itself", sink, err)
+	if b, ok := sink.(*dispatch.Breaker); err != nil || !ok || b.State().Destination != "default" ||
+		sink.Capabilities() != (dispatch.Noop{}).Capabilities() {
+		t.Fatalf("single sink: %T %v, want the noop sink itself in the circuit breaker of default", sink, err)
 	}
 }

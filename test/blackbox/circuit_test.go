@@ -1,0 +1,94 @@
+package blackbox
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/outboxd/outboxd/internal/testkit"
+)
+
+// charged is how many rows a breaker with the default threshold charges a
+// failure before it opens: the failures before the one that opens it.
+const charged = 4
+
+// The circuit breaker: while the receiver answers 503 the destination's
+// circuit opens after a few failures; from then on no row is charged an
+// attempt (probes included), the state shows in /status, `outboxd status`
+// and the gauge; when the receiver recovers the first probe closes it and
+// the whole backlog goes at once, the rows charged before it opened too
+// (their backoff here is a minute), in order.
+func TestCircuitBreakerChargesNoAttemptsWhileOpen(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var down atomic.Bool
+	down.Store(true)
+	rc := newRecorder(t, func(testkit.Request) testkit.Reply {
+		if down.Load() {
+			return testkit.Reply{Status: http.StatusServiceUnavailable}
+		}
+		return testkit.Reply{Status: http.StatusNoContent}
+	})
+	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL(),
+		"OUTBOXD_POLLER_BACKOFF_BASE", "1m", "OUTBOXD_POLLER_BACKOFF_MAX", "1h",
+		"OUTBOXD_DISPATCH_BREAKER_PROBE_INTERVAL", "300ms")
+	ids := e.insertMany("cb", 10, 3)
+	rep := e.start()
+
+	if !rep.awaitLog(waitTimeout, func(_ string, rec map[string]any) bool {
+		return rec["msg"] == "circuit opened" && rec["level"] == "WARN" && rec["destination"] == "default"
+	}) {
+		t.Fatalf("no WARN circuit opened; log tail:\n%s", rep.tail(20))
+	}
+	// Several probes while open.
+	n := len(rc.Requests())
+	rc.Wait(t, waitTimeout, "probes while the circuit is open", func(reqs []testkit.Request) bool { return len(reqs) >= n+5 })
+	sum := func() int {
+		s := 0
+		for _, w := range e.rows("aggregate_type = 'cb'") {
+			s += w.Attempts
+		}
+		return s
+	}
+	if got := sum(); got > charged {
+		t.Errorf("attempts charged while the destination was down: %d, want at most %d\n%s", got, charged, e.describeRows("aggregate_type = 'cb'")())
+	}
+	if code, st := rep.get("/status"); !strings.Contains(st, `"circuit":"open"`) {
+		t.Errorf("/status (%d) does not show the open circuit: %s", code, trunc(st, 800))
+	}
+	if _, m := rep.get("/metrics"); !strings.Contains(m, `outboxd_circuit_open{destination="default"} 1`) {
+		t.Errorf("/metrics lacks outboxd_circuit_open{destination=\"default\"} 1")
+	}
+	res := runBinary(t, e.vars, exitLimit, "status", "--json")
+	var st struct {
+		Destinations []struct{ Name, Circuit string }
+	}
+	if err := json.Unmarshal([]byte(res.stdout), &st); err != nil || len(st.Destinations) != 1 || st.Destinations[0].Circuit != "open" {
+		t.Errorf("outboxd status --json does not show the open circuit (%v): %s", err, res)
+	}
+
+	down.Store(false)
+	waitFor(t, "every row delivered once the receiver is back", func() bool {
+		return e.count(`aggregate_type = 'cb' AND dispatched_at IS NULL`) == 0
+	}, e.describeRows("aggregate_type = 'cb' AND dispatched_at IS NULL"))
+	if !rep.awaitLog(waitTimeout, func(_ string, rec map[string]any) bool {
+		return rec["msg"] == "circuit closed" && rec["level"] == "INFO"
+	}) {
+		t.Errorf("no INFO circuit closed")
+	}
+	if got := sum(); got > charged {
+		t.Errorf("attempts: %d, want at most %d", got, charged)
+	}
+	if v := testkit.OrderViolations(rc.Requests()); len(v) > 0 {
+		t.Errorf("order broken: %v", v)
+	}
+	if got := len(rc.OKCounts()); got != len(ids) {
+		t.Errorf("%d events delivered, want %d", got, len(ids))
+	}
+	res = runBinary(t, e.vars, exitLimit, "status")
+	if !strings.Contains(res.stdout, "CIRCUIT") || !strings.Contains(res.stdout, "closed") {
+		t.Errorf("outboxd status does not show the closed circuit: %s", res)
+	}
+}
