@@ -336,6 +336,40 @@ func (e *KeyError) Unwrap() error { return e.Err }
 // default value: the components own them (see cmd/outboxd/internal/app.Defaults), and viper sees
 // an environment-only value only for a key that has a default.
 func Load(file string, sets []string, defaults map[string]any, sections ...Section) (*Config, error) {
+	v, err := newViper(file, defaults)
+	if err != nil {
+		return nil, err
+	}
+	// Defaults of the destinations the file names go in before --set: a
+	// nested override set first hides defaults set after it (viper).
+	setDestinationDefaults(v, defaults)
+	if err := applySets(v, sets); err != nil {
+		return nil, err
+	}
+	if err := checkDestinationsMap(v); err != nil {
+		return nil, err
+	}
+	setDestinationDefaults(v, defaults)
+	if err := checkSettings(v); err != nil {
+		return nil, err
+	}
+	c, err := decode(v)
+	if err != nil {
+		return nil, err
+	}
+	c.sinkSet = sinkSetExplicitly(v, sets)
+	if err := c.readSecretFiles(sections); err != nil {
+		return nil, err
+	}
+	if err := c.Validate(sections...); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// newViper returns a viper holding every key's default, then file (when
+// given), then the OUTBOXD_ environment.
+func newViper(file string, defaults map[string]any) (*viper.Viper, error) {
 	v := viper.New()
 	for _, k := range Keys() {
 		d, ok := defaults[k]
@@ -354,44 +388,72 @@ func Load(file string, sets []string, defaults map[string]any, sections ...Secti
 	v.SetEnvPrefix("OUTBOXD")
 	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
 	v.AutomaticEnv()
-	// Defaults of the destinations the file names go in before --set: a
-	// nested override set first hides defaults set after it (viper).
-	setDestinationDefaults(v, defaults)
+	return v, nil
+}
+
+// applySets sets each "key=value" of --set on v, refusing an unknown key.
+func applySets(v *viper.Viper, sets []string) error {
 	for _, s := range sets {
 		k, val, ok := strings.Cut(s, "=")
 		if !ok {
-			return nil, &KeyError{Key: "--set", Err: fmt.Errorf("%q is not key=value", s)}
+			return &KeyError{Key: "--set", Err: fmt.Errorf("%q is not key=value", s)}
 		}
 		k = strings.ToLower(strings.TrimSpace(k))
 		if _, known := typeKey(k); !known {
-			return nil, &KeyError{Key: k, Err: errors.New("unknown key")}
+			return &KeyError{Key: k, Err: errors.New("unknown key")}
 		}
 		v.Set(k, val)
 	}
-	if d := v.Get(destinationsKey); d != nil {
-		if _, ok := d.(map[string]any); !ok {
-			return nil, &KeyError{Key: destinationsKey, Err: fmt.Errorf("want a map of destination names to their settings, got %v", d)}
+	return nil
+}
+
+// checkDestinationsMap refuses a destinations value that is not a map of
+// names to settings, before its entries are read as destinations.
+func checkDestinationsMap(v *viper.Viper) error {
+	d := v.Get(destinationsKey)
+	if d == nil {
+		return nil
+	}
+	if _, ok := d.(map[string]any); !ok {
+		return &KeyError{Key: destinationsKey, Err: fmt.Errorf("want a map of destination names to their settings, got %v", d)}
+	}
+	return nil
+}
+
+// settingChecks run in order on the merged settings before decoding; the
+// first error ends Load. joinLists rewrites list values, so it precedes
+// the type check.
+var settingChecks = []func(v *viper.Viper) error{
+	func(v *viper.Viper) error { return checkEnvNames(os.Environ(), append(Keys(), v.AllKeys()...)) },
+	checkUnknown,
+	func(v *viper.Viper) error { return joinLists(v, listKeys...) },
+	checkTypes,
+	func(v *viper.Viper) error { return checkRoutes(v.Get(routesKey)) },
+}
+
+// checkSettings runs settingChecks.
+func checkSettings(v *viper.Viper) error {
+	for _, check := range settingChecks {
+		if err := check(v); err != nil {
+			return err
 		}
 	}
-	setDestinationDefaults(v, defaults)
-	if err := checkEnvNames(os.Environ(), append(Keys(), v.AllKeys()...)); err != nil {
-		return nil, err
-	}
-	if err := checkUnknown(v); err != nil {
-		return nil, err
-	}
-	if err := joinLists(v, listKeys...); err != nil {
-		return nil, err
-	}
-	// Decode key by key so a bad value is reported with its own key name.
+	return nil
+}
+
+// checkTypes checks key by key so a bad value is reported with its own key name.
+func checkTypes(v *viper.Viper) error {
 	for _, k := range v.AllKeys() {
 		if err := checkType(k, v.Get(k)); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	if err := checkRoutes(v.Get(routesKey)); err != nil {
-		return nil, err
-	}
+	return nil
+}
+
+// decode unmarshals v into a Config, refusing fields it does not have, and
+// trims spaces around the Redis addresses.
+func decode(v *viper.Viper) (*Config, error) {
 	var c Config
 	err := v.UnmarshalExact(&c, viper.DecodeHook(mapstructure.ComposeDecodeHookFunc(
 		mapstructure.StringToTimeDurationHookFunc(),
@@ -402,13 +464,6 @@ func Load(file string, sets []string, defaults map[string]any, sections ...Secti
 	}
 	for i, a := range c.Redis.Addrs {
 		c.Redis.Addrs[i] = strings.TrimSpace(a)
-	}
-	c.sinkSet = sinkSetExplicitly(v, sets)
-	if err := c.readSecretFiles(sections); err != nil {
-		return nil, err
-	}
-	if err := c.Validate(sections...); err != nil {
-		return nil, err
 	}
 	return &c, nil
 }

@@ -61,47 +61,12 @@ func scanDSN(dsn string) ([]dsnSetting, error) {
 // before any '/', a comma-separated host list, /dbname, then ?key=value&...
 func scanURLDSN(dsn string) ([]dsnSetting, error) {
 	p := strings.TrimPrefix(strings.TrimPrefix(dsn, "postgresql://"), "postgres://")
-	pos := func() int { return len(dsn) - len(p) }
-	var out []dsnSetting
-	if i := strings.IndexAny(p, "@/"); i >= 0 && p[i] == '@' {
-		user, pw, hasPW := strings.Cut(p[:i], ":")
-		if _, err := uriDecode(user); err != nil {
-			return nil, fmt.Errorf("the user name %w", err)
-		}
-		if hasPW && pw != "" {
-			v, err := uriDecode(pw)
-			if err != nil {
-				return nil, fmt.Errorf("the password %w", err)
-			}
-			start := pos() + len(user) + 1
-			out = append(out, dsnSetting{key: "password", val: v, start: start, end: start + len(pw)})
-		}
-		p = p[i+1:]
+	out, p, err := scanURLUserinfo(p, len(dsn)-len(p))
+	if err != nil {
+		return nil, err
 	}
-	for {
-		if strings.HasPrefix(p, "[") {
-			end := strings.IndexByte(p, ']')
-			if end < 0 {
-				return nil, errors.New("an IPv6 host has no closing ']'")
-			}
-			if end == 1 {
-				return nil, errors.New("an IPv6 host is empty")
-			}
-			p = p[end+1:]
-			if p != "" && !strings.ContainsAny(p[:1], ":/?,") {
-				return nil, errors.New("unexpected text after an IPv6 host")
-			}
-		} else {
-			p = p[indexOrLen(p, ":/?,"):]
-		}
-		if strings.HasPrefix(p, ":") {
-			p = p[1:]
-			p = p[indexOrLen(p, "/?,"):]
-		}
-		if !strings.HasPrefix(p, ",") {
-			break
-		}
-		p = p[1:]
+	if p, err = skipURLHosts(p); err != nil {
+		return nil, err
 	}
 	if strings.HasPrefix(p, "/") {
 		p = p[indexOrLen(p, "?"):]
@@ -109,31 +74,111 @@ func scanURLDSN(dsn string) ([]dsnSetting, error) {
 	if !strings.HasPrefix(p, "?") {
 		return out, nil
 	}
-	p = p[1:]
-	for p != "" {
+	params, err := scanURLQuery(p[1:], len(dsn)-len(p)+1)
+	if err != nil {
+		return nil, err
+	}
+	return append(out, params...), nil
+}
+
+// scanURLUserinfo reads user[:password]@ at the start of p, which sits at
+// offset off in the DSN, and returns the password setting, if any, and the
+// text after the '@'. Without an '@' before any '/', p has no userinfo.
+func scanURLUserinfo(p string, off int) ([]dsnSetting, string, error) {
+	i := strings.IndexAny(p, "@/")
+	if i < 0 || p[i] != '@' {
+		return nil, p, nil
+	}
+	user, pw, hasPW := strings.Cut(p[:i], ":")
+	if _, err := uriDecode(user); err != nil {
+		return nil, "", fmt.Errorf("the user name %w", err)
+	}
+	if !hasPW || pw == "" {
+		return nil, p[i+1:], nil
+	}
+	v, err := uriDecode(pw)
+	if err != nil {
+		return nil, "", fmt.Errorf("the password %w", err)
+	}
+	start := off + len(user) + 1
+	return []dsnSetting{{key: "password", val: v, start: start, end: start + len(pw)}}, p[i+1:], nil
+}
+
+// skipURLHosts passes the comma-separated host[:port] list at the start
+// of p and returns the text after it.
+func skipURLHosts(p string) (string, error) {
+	for {
+		var err error
+		if p, err = skipURLHost(p); err != nil {
+			return "", err
+		}
+		if strings.HasPrefix(p, ":") {
+			p = p[1:]
+			p = p[indexOrLen(p, "/?,"):]
+		}
+		if !strings.HasPrefix(p, ",") {
+			return p, nil
+		}
+		p = p[1:]
+	}
+}
+
+// skipURLHost passes one host name or [IPv6 address] at the start of p.
+func skipURLHost(p string) (string, error) {
+	if !strings.HasPrefix(p, "[") {
+		return p[indexOrLen(p, ":/?,"):], nil
+	}
+	end := strings.IndexByte(p, ']')
+	if end < 0 {
+		return "", errors.New("an IPv6 host has no closing ']'")
+	}
+	if end == 1 {
+		return "", errors.New("an IPv6 host is empty")
+	}
+	p = p[end+1:]
+	if p != "" && !strings.ContainsAny(p[:1], ":/?,") {
+		return "", errors.New("unexpected text after an IPv6 host")
+	}
+	return p, nil
+}
+
+// scanURLQuery reads the key=value&... list query, which sits at offset
+// off in the DSN.
+func scanURLQuery(query string, off int) ([]dsnSetting, error) {
+	var out []dsnSetting
+	for p := query; p != ""; {
 		pair := p[:indexOrLen(p, "&")]
-		start := pos()
+		start := off + len(query) - len(p)
 		p = strings.TrimPrefix(p[len(pair):], "&")
-		rawKey, rawVal, ok := strings.Cut(pair, "=")
-		if !ok {
-			return nil, errors.New("a query parameter has no '='")
-		}
-		if strings.Contains(rawVal, "=") {
-			return nil, errors.New("a query parameter has more than one '=' (percent-encode it as %3D)")
-		}
-		key, err := uriDecode(rawKey)
+		set, err := scanURLParam(pair, start)
 		if err != nil {
-			return nil, fmt.Errorf("a query parameter name %w", err)
+			return nil, err
 		}
-		key = canonicalKey(key)
-		val, err := uriDecode(rawVal)
-		if err != nil {
-			return nil, fmt.Errorf("the value of query parameter %q %w", key, err)
-		}
-		vs := start + len(rawKey) + 1
-		out = append(out, dsnSetting{key: key, val: val, start: vs, end: vs + len(rawVal)})
+		out = append(out, set)
 	}
 	return out, nil
+}
+
+// scanURLParam reads one key=value pair, which sits at offset start in the DSN.
+func scanURLParam(pair string, start int) (dsnSetting, error) {
+	rawKey, rawVal, ok := strings.Cut(pair, "=")
+	if !ok {
+		return dsnSetting{}, errors.New("a query parameter has no '='")
+	}
+	if strings.Contains(rawVal, "=") {
+		return dsnSetting{}, errors.New("a query parameter has more than one '=' (percent-encode it as %3D)")
+	}
+	key, err := uriDecode(rawKey)
+	if err != nil {
+		return dsnSetting{}, fmt.Errorf("a query parameter name %w", err)
+	}
+	key = canonicalKey(key)
+	val, err := uriDecode(rawVal)
+	if err != nil {
+		return dsnSetting{}, fmt.Errorf("the value of query parameter %q %w", key, err)
+	}
+	vs := start + len(rawKey) + 1
+	return dsnSetting{key: key, val: val, start: vs, end: vs + len(rawVal)}, nil
 }
 
 func indexOrLen(s, chars string) int {

@@ -267,9 +267,27 @@ func (w *Webhook) SendEvent(ctx context.Context, ev Event, token int64) error {
 	if err != nil {
 		return &Error{Err: fmt.Errorf("webhook: build request for %s: %w", w.target, err), Permanent: true}
 	}
+	w.setHeaders(req.Header, ev, token, contentType, body)
+	w.setTraceHeaders(req.Header, ev)
+	resp, err := w.client.Do(req)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // its URL may carry credentials or tokens
+		}
+		// Written and no final status (a held socket, an interim answer): the
+		// receiver's doing, whoever's deadline ended it.
+		return &Error{Err: fmt.Errorf("webhook: event %d: POST %s: %w", ev.ID, w.target, err), Unanswered: guard.unanswered()}
+	}
+	return w.readResponse(ev, resp)
+}
+
+// setHeaders sets the static headers, then the contract's: identity,
+// idempotency key, fencing token, Standard Webhooks id, timestamp and
+// signatures, and CloudEvents attributes in binary mode.
+func (w *Webhook) setHeaders(h http.Header, ev Event, token int64, contentType string, body []byte) {
 	id := strconv.FormatInt(ev.ID, 10)
 	ts := w.now().Unix()
-	h := req.Header
 	for name, values := range w.static {
 		h[name] = values
 	}
@@ -287,33 +305,35 @@ func (w *Webhook) SendEvent(ctx context.Context, ev Event, token int64) error {
 			h.Set(a.Key, a.Value)
 		}
 	}
-	if tp, ok := traceHeader(ev.Headers, "traceparent"); ok {
-		if validTraceparent(tp) {
-			h.Set("traceparent", tp)
-			// tracestate belongs to its traceparent: forwarded only beside a
-			// valid one, and only if it can be a header (W3C: at most 512).
-			if ts, ok := traceHeader(ev.Headers, "tracestate"); ok && ts != "" && len(ts) <= 512 && headerSafe(ts) {
-				h.Set("tracestate", ts)
-			}
-		} else {
-			// A producer's bad header must not block the event: send it without.
-			w.log.Warn("invalid traceparent dropped", "outbox_id", ev.ID, "traceparent", Clip(tp, 128))
-		}
+}
+
+// setTraceHeaders forwards the event's trace context: a valid traceparent,
+// and its tracestate beside it.
+func (w *Webhook) setTraceHeaders(h http.Header, ev Event) {
+	tp, ok := traceHeader(ev.Headers, "traceparent")
+	if !ok {
+		return
 	}
-	resp, err := w.client.Do(req)
-	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err // its URL may carry credentials or tokens
-		}
-		// Written and no final status (a held socket, an interim answer): the
-		// receiver's doing, whoever's deadline ended it.
-		return &Error{Err: fmt.Errorf("webhook: event %d: POST %s: %w", ev.ID, w.target, err), Unanswered: guard.unanswered()}
+	if !validTraceparent(tp) {
+		// A producer's bad header must not block the event: send it without.
+		w.log.Warn("invalid traceparent dropped", "outbox_id", ev.ID, "traceparent", Clip(tp, 128))
+		return
 	}
+	h.Set("traceparent", tp)
+	// tracestate belongs to its traceparent: forwarded only beside a
+	// valid one, and only if it can be a header (W3C: at most 512).
+	if ts, ok := traceHeader(ev.Headers, "tracestate"); ok && ts != "" && len(ts) <= 512 && headerSafe(ts) {
+		h.Set("tracestate", ts)
+	}
+}
+
+// readResponse closes resp and returns the outcome its status means.
+func (w *Webhook) readResponse(ev Event, resp *http.Response) error {
 	if resp.StatusCode < 200 {
 		// 101 Switching Protocols (net/http returns it; other 1xx end in
-		// ErrInterim above): the connection now speaks another protocol and
-		// belongs to us. Never read it: close it, and count a failed attempt.
+		// ErrInterim in the transport): the connection now speaks another
+		// protocol and belongs to us. Never read it: close it, and count a
+		// failed attempt.
 		resp.Body.Close()
 		return &Error{Err: fmt.Errorf("webhook: event %d: POST %s: receiver answered %d %q: %w (want a final 2xx; protocol switches are not followed)",
 			ev.ID, w.target, resp.StatusCode, Clip(reason(resp), 128), ErrInterim), Unanswered: true}
@@ -321,7 +341,7 @@ func (w *Webhook) SendEvent(ctx context.Context, ev Event, token int64) error {
 	// Keep a little of a failure's answer for last_error; drain a little more
 	// so the connection is reused.
 	var snippet []byte
-	if resp.StatusCode < 200 || resp.StatusCode >= 300 {
+	if resp.StatusCode >= 300 {
 		snippet, _ = io.ReadAll(io.LimitReader(resp.Body, 256))
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))

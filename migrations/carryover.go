@@ -77,29 +77,54 @@ func carryOver(ctx context.Context, db *sql.DB, schema string) (n int64, err err
 	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", lockID); err != nil {
 		return 0, err
 	}
-	if schema != "" {
-		// Created only when missing: CREATE SCHEMA needs a privilege on the
-		// database that a role owning an existing schema may not have.
-		var missing bool
-		if err := tx.QueryRowContext(ctx, "SELECT to_regnamespace($1) IS NULL", schema).Scan(&missing); err != nil {
-			return 0, err
-		}
-		if missing {
-			if _, err := tx.ExecContext(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
-				return 0, err
-			}
-		}
-		if _, err := tx.ExecContext(ctx, "SELECT set_config('search_path', $1, true)", schema); err != nil {
-			return 0, err
-		}
-	}
-	var ours, legacy bool
-	if err := tx.QueryRowContext(ctx, "SELECT "+rel(Table)+", "+rel(legacyTable)).Scan(&ours, &legacy); err != nil {
+	if err := useSchema(ctx, tx, schema); err != nil {
 		return 0, err
 	}
-	if ours || !legacy {
-		return 0, nil
+	if needed, err := carryOverNeeded(ctx, tx); err != nil || !needed {
+		return 0, err
 	}
+	if n, err = legacyAppliedRun(ctx, tx); err != nil || n == 0 {
+		return 0, err
+	}
+	if err := recordVersions(ctx, tx, n); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// useSchema creates schema when missing and makes it tx's search_path; ""
+// leaves the server's search_path.
+func useSchema(ctx context.Context, tx *sql.Tx, schema string) error {
+	if schema == "" {
+		return nil
+	}
+	// Created only when missing: CREATE SCHEMA needs a privilege on the
+	// database that a role owning an existing schema may not have.
+	var missing bool
+	if err := tx.QueryRowContext(ctx, "SELECT to_regnamespace($1) IS NULL", schema).Scan(&missing); err != nil {
+		return err
+	}
+	if missing {
+		if _, err := tx.ExecContext(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+			return err
+		}
+	}
+	_, err := tx.ExecContext(ctx, "SELECT set_config('search_path', $1, true)", schema)
+	return err
+}
+
+// carryOverNeeded reports whether legacyTable exists and Table does not.
+func carryOverNeeded(ctx context.Context, tx *sql.Tx) (bool, error) {
+	var ours, legacy bool
+	if err := tx.QueryRowContext(ctx, "SELECT "+rel(Table)+", "+rel(legacyTable)).Scan(&ours, &legacy); err != nil {
+		return false, err
+	}
+	return !ours && legacy, nil
+}
+
+// legacyAppliedRun returns the longest run 1..n of versions that
+// legacyTable records as applied and whose objects exist (0: none).
+func legacyAppliedRun(ctx context.Context, tx *sql.Tx) (n int64, err error) {
 	for v := int64(1); v <= int64(len(leaves)); v++ {
 		var ok bool
 		q := "SELECT COALESCE((SELECT is_applied FROM " + legacyTable +
@@ -112,20 +137,22 @@ func carryOver(ctx context.Context, db *sql.DB, schema string) (n int64, err err
 		}
 		n = v
 	}
-	if n == 0 {
-		return 0, nil
-	}
+	return n, nil
+}
+
+// recordVersions creates Table and records versions 0..n in it as applied.
+func recordVersions(ctx context.Context, tx *sql.Tx, n int64) error {
 	st, err := database.NewStore(goose.DialectPostgres, Table)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	if err := st.CreateVersionTable(ctx, tx); err != nil {
-		return 0, err
+		return err
 	}
 	for v := int64(0); v <= n; v++ {
 		if err := st.Insert(ctx, tx, database.InsertRequest{Version: v}); err != nil {
-			return 0, err
+			return err
 		}
 	}
-	return n, nil
+	return nil
 }

@@ -91,71 +91,139 @@ func (e *ParamError) Unwrap() error { return e.Err }
 // until when one of them is a duration ago.
 func Parse(get func(name string) (string, bool), now time.Time) (Query, error) {
 	q := Query{Limit: DefaultLimit}
-	bad := func(name string, format string, a ...any) (Query, error) {
-		return Query{}, &ParamError{Name: name, Err: fmt.Errorf(format, a...)}
+	for _, step := range parseSteps {
+		if err := step(get, now, &q); err != nil {
+			return Query{}, err
+		}
 	}
+	return q, nil
+}
+
+// parseSteps read the parameters in order; the first invalid one ends Parse.
+var parseSteps = []func(get getter, now time.Time, q *Query) error{
+	checkValues,
+	parseAggregate,
+	parseTextFilters,
+	parseTimeRange,
+	parseLimit,
+	parseAfter,
+}
+
+// getter returns a parameter's value and whether it was given.
+type getter = func(name string) (string, bool)
+
+// paramErr is the *ParamError for name, its cause formatted as fmt.Errorf.
+func paramErr(name string, format string, a ...any) error {
+	return &ParamError{Name: name, Err: fmt.Errorf(format, a...)}
+}
+
+// checkValues rejects, for every parameter, a given value that is empty,
+// not UTF-8 or holds a NUL, which Postgres text cannot store.
+func checkValues(get getter, _ time.Time, _ *Query) error {
 	for _, name := range All {
-		if v, ok := get(name); ok {
-			switch {
-			case v == "":
-				return bad(name, "empty value")
-			case !utf8.ValidString(v):
-				return bad(name, "not valid UTF-8")
-			case strings.ContainsRune(v, 0):
-				return bad(name, "contains NUL")
-			}
+		v, ok := get(name)
+		if !ok {
+			continue
+		}
+		switch {
+		case v == "":
+			return paramErr(name, "empty value")
+		case !utf8.ValidString(v):
+			return paramErr(name, "not valid UTF-8")
+		case strings.ContainsRune(v, 0):
+			return paramErr(name, "contains NUL")
 		}
 	}
-	if v, ok := get(Aggregate); ok {
-		t, id, hasID := strings.Cut(v, "/")
-		if t == "" || (hasID && id == "") {
-			return bad(Aggregate, "wants TYPE or TYPE/ID, got %q", v)
-		}
-		q.Filter.AggregateType, q.Filter.AggregateID = t, id
+	return nil
+}
+
+// parseAggregate reads TYPE or TYPE/ID.
+func parseAggregate(get getter, _ time.Time, q *Query) error {
+	v, ok := get(Aggregate)
+	if !ok {
+		return nil
 	}
+	t, id, hasID := strings.Cut(v, "/")
+	if t == "" || (hasID && id == "") {
+		return paramErr(Aggregate, "wants TYPE or TYPE/ID, got %q", v)
+	}
+	q.Filter.AggregateType, q.Filter.AggregateID = t, id
+	return nil
+}
+
+// parseTextFilters copies the event-type glob and the error text as given.
+func parseTextFilters(get getter, _ time.Time, q *Query) error {
 	if v, ok := get(EventType); ok {
 		q.Filter.EventType = v
 	}
 	if v, ok := get(Error); ok {
 		q.Filter.Error = v
 	}
-	// A duration ago is passed as one (SinceAgo, UntilAgo), for Postgres
-	// to count back from its own now(); now only orders the two bounds.
-	var bound [2]time.Time
-	for i, b := range []struct {
-		name string
-		to   *time.Time
-		ago  *time.Duration
-	}{{Since, &q.Filter.Since, &q.Filter.SinceAgo}, {Until, &q.Filter.Until, &q.Filter.UntilAgo}} {
-		if v, ok := get(b.name); ok {
-			t, ago, err := parseTime(v)
-			if err != nil {
-				return bad(b.name, "%w", err)
-			}
-			*b.to, *b.ago, bound[i] = t, ago, t
-			if ago > 0 {
-				bound[i] = now.Add(-ago)
-			}
-		}
+	return nil
+}
+
+// parseTimeRange reads since and until and rejects a since that is not
+// before until. A duration ago is passed as one (SinceAgo, UntilAgo), for
+// Postgres to count back from its own now(); now only orders the two bounds.
+func parseTimeRange(get getter, now time.Time, q *Query) error {
+	since, err := parseBound(get, now, Since, &q.Filter.Since, &q.Filter.SinceAgo)
+	if err != nil {
+		return err
 	}
-	if !bound[0].IsZero() && !bound[1].IsZero() && !bound[0].Before(bound[1]) {
-		return bad(Since, "%s is not before until (%s)", bound[0].Format(time.RFC3339), bound[1].Format(time.RFC3339))
+	until, err := parseBound(get, now, Until, &q.Filter.Until, &q.Filter.UntilAgo)
+	if err != nil {
+		return err
 	}
-	if v, ok := get(Limit); ok {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > store.MaxDeadPage {
-			return bad(Limit, "wants a whole number from 1 to %d, got %q", store.MaxDeadPage, v)
-		}
-		q.Limit = n
+	if !since.IsZero() && !until.IsZero() && !since.Before(until) {
+		return paramErr(Since, "%s is not before until (%s)", since.Format(time.RFC3339), until.Format(time.RFC3339))
 	}
-	if v, ok := get(After); ok {
-		c, err := store.ParseDeadCursor(v)
-		if err != nil {
-			return bad(After, "%w", err)
-		}
-		q.After = &c
+	return nil
+}
+
+// parseBound reads the time parameter name into *at or *ago and returns
+// the instant it stands for at now (zero when not given).
+func parseBound(get getter, now time.Time, name string, at *time.Time, ago *time.Duration) (time.Time, error) {
+	v, ok := get(name)
+	if !ok {
+		return time.Time{}, nil
 	}
-	return q, nil
+	t, d, err := parseTime(v)
+	if err != nil {
+		return time.Time{}, paramErr(name, "%w", err)
+	}
+	*at, *ago = t, d
+	if d > 0 {
+		return now.Add(-d), nil
+	}
+	return t, nil
+}
+
+// parseLimit reads the page size, 1..store.MaxDeadPage.
+func parseLimit(get getter, _ time.Time, q *Query) error {
+	v, ok := get(Limit)
+	if !ok {
+		return nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > store.MaxDeadPage {
+		return paramErr(Limit, "wants a whole number from 1 to %d, got %q", store.MaxDeadPage, v)
+	}
+	q.Limit = n
+	return nil
+}
+
+// parseAfter reads the cursor of the previous page.
+func parseAfter(get getter, _ time.Time, q *Query) error {
+	v, ok := get(After)
+	if !ok {
+		return nil
+	}
+	c, err := store.ParseDeadCursor(v)
+	if err != nil {
+		return paramErr(After, "%w", err)
+	}
+	q.After = &c
+	return nil
 }
 
 // parseTime reads RFC 3339 (t) or a positive duration ago (Go's units
