@@ -261,48 +261,83 @@ func (b *Breaker) hold(batch Batch, from int) []Result {
 // judge records the result r of event ev and returns what the caller is
 // told: a destination failure while open, or of a probe, becomes
 // NotAttempted. probe: r is the probe's (its end clears probing).
+// OnChange hears of a transition after the lock is released, so it may
+// read the breaker.
 func (b *Breaker) judge(r Result, ev Event, probe bool) Result {
+	out, change := b.record(r, ev, probe)
+	if change != nil && b.cfg.OnChange != nil {
+		b.cfg.OnChange(*change)
+	}
+	return out
+}
+
+// record is judge under the lock: it updates the breaker with r and
+// returns the caller's result and the state to report (nil: nothing to
+// report).
+func (b *Breaker) record(r Result, ev Event, probe bool) (Result, *BreakerState) {
 	b.mu.Lock()
-	var change *BreakerState
-	defer func() {
-		b.mu.Unlock()
-		if change != nil && b.cfg.OnChange != nil {
-			b.cfg.OnChange(*change)
-		}
-	}()
-	if probe && b.probing {
+	defer b.mu.Unlock()
+	if probe {
 		b.probing = false
 	}
 	switch {
 	case r.Outcome == Delivered || r.Outcome == Duplicate || r.Outcome == Permanent:
-		if b.open {
-			b.open = false
-			b.recovered = append(b.recovered, b.charged...)
-			clear(b.probed)
-			s := b.state()
-			change = &s
-			if b.cfg.Log != nil {
-				b.cfg.Log.Info("circuit closed", "destination", b.name, "open_ms", time.Since(b.since).Milliseconds())
-			}
-		}
-		clear(b.failing)
-		b.charged = nil
-		return r
+		return r, b.answered()
 	case r.Outcome != Retryable || r.Cut:
-		return r // not the destination's answer
+		return r, nil // not the destination's answer
 	}
 	b.lastErr = errText(r.Err)
 	if b.open {
-		if probe {
-			b.nextProbe = time.Now().Add(b.cfg.ProbeEvery)
-			if len(b.probed) < maxCharged {
-				b.probed[ev.Aggregate()] = true
-			}
-			s := b.state()
-			change = &s
-		}
-		return Result{Outcome: NotAttempted}
+		return Result{Outcome: NotAttempted}, b.failedWhileOpen(ev, probe)
 	}
+	return b.countFailure(r, ev)
+}
+
+// answered ends the failure streak: the destination answered. An open
+// circuit closes and reports its new state.
+func (b *Breaker) answered() *BreakerState {
+	var change *BreakerState
+	if b.open {
+		change = b.closeCircuit()
+	}
+	clear(b.failing)
+	b.charged = nil
+	return change
+}
+
+// closeCircuit closes the open circuit and queues the events its streak
+// charged for Recovered.
+func (b *Breaker) closeCircuit() *BreakerState {
+	b.open = false
+	b.recovered = append(b.recovered, b.charged...)
+	clear(b.probed)
+	s := b.state()
+	if b.cfg.Log != nil {
+		b.cfg.Log.Info("circuit closed", "destination", b.name, "open_ms", time.Since(b.since).Milliseconds())
+	}
+	return &s
+}
+
+// failedWhileOpen takes a destination failure that arrives while open. A
+// failed probe schedules the next one and marks its aggregate probed
+// (probeIndex tries another next), and its state is reported; any other
+// failure changes nothing.
+func (b *Breaker) failedWhileOpen(ev Event, probe bool) *BreakerState {
+	if !probe {
+		return nil
+	}
+	b.nextProbe = time.Now().Add(b.cfg.ProbeEvery)
+	if len(b.probed) < maxCharged {
+		b.probed[ev.Aggregate()] = true
+	}
+	s := b.state()
+	return &s
+}
+
+// countFailure adds ev's aggregate to the streak of a closed circuit. Below
+// Failures aggregates the caller gets r and ev is charged; at Failures the
+// circuit opens and the caller gets NotAttempted.
+func (b *Breaker) countFailure(r Result, ev Event) (Result, *BreakerState) {
 	if len(b.failing) < maxCharged {
 		b.failing[ev.Aggregate()] = true
 	}
@@ -310,15 +345,19 @@ func (b *Breaker) judge(r Result, ev Event, probe bool) Result {
 		if len(b.charged) < maxCharged {
 			b.charged = append(b.charged, ev.ID)
 		}
-		return r
+		return r, nil
 	}
+	return Result{Outcome: NotAttempted}, b.openCircuit()
+}
+
+// openCircuit opens the circuit: no sends but a probe every ProbeEvery.
+func (b *Breaker) openCircuit() *BreakerState {
 	b.open, b.since, b.nextProbe = true, time.Now(), time.Now().Add(b.cfg.ProbeEvery)
 	s := b.state()
-	change = &s
 	if b.cfg.Log != nil {
 		b.cfg.Log.Warn("circuit opened", "destination", b.name, "failures", len(b.failing), "error", b.lastErr)
 	}
-	return Result{Outcome: NotAttempted}
+	return &s
 }
 
 func errText(err error) string {

@@ -24,31 +24,12 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 	if span.IsRecording() {
 		span.SetAttributes(AttrBatchSize.Int(len(items)))
 	}
-	// Sized for the batch: grown by append, their copies were a third of
-	// finish's allocated bytes.
-	delivered := make([]store.Delivered, 0, len(items))
-	var failures []store.Failure
-	var failedTo []string // each failure's destination
-	names := make([]string, 0, len(items))
-	ops := make([]byte, 0, len(items))     // finish.lua's letter per key
-	marks := make([]string, 0, len(items)) // and the row's delivered mark per key
 	now := time.Now()
-	for _, it := range items {
-		switch it.outcome {
-		case sent:
-			delivered = append(delivered, store.Delivered{ID: it.row.ID, CreatedAt: it.row.CreatedAt})
-			names, ops, marks = append(names, p.keyOf(it)), append(ops, 'd'), append(marks, it.mark)
-		case duplicate:
-			delivered = append(delivered, store.Delivered{ID: it.row.ID, CreatedAt: it.row.CreatedAt})
-		case pending:
-			names, ops, marks = append(names, p.keyOf(it)), append(ops, 'u'), append(marks, "")
-		case failed:
-			names, ops, marks = append(names, p.keyOf(it)), append(ops, 'u'), append(marks, "")
-			failures, failedTo = append(failures, p.failure(it)), append(failedTo, p.destination(it.row))
-		case refused, poisoned:
-			failures, failedTo = append(failures, p.failure(it)), append(failedTo, p.destination(it.row))
-		}
-	}
+	// Sized for the batch: grown by append, their copies were a third of
+	// finish's allocated bytes. Made here and kept in variables of their
+	// own, so those that do not escape may stay in finish's frame.
+	delivered, failures, failedTo := p.rowWrites(items, make([]store.Delivered, 0, len(items)))
+	names, ops, marks := p.keyWrites(items, make([]string, 0, len(items)), make([]byte, 0, len(items)), make([]string, 0, len(items)))
 	if err := p.settleKeys(ctx, names, ops, marks, ours); err != nil {
 		// Not fatal: an unreleased claim is taken over by the next batch, and a
 		// missing delivered mark costs at most a duplicate. Postgres is the record.
@@ -64,6 +45,54 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 	if span.IsRecording() {
 		span.SetAttributes(AttrDelivered.Int64(nd), AttrFailed.Int(len(failures)))
 	}
+	p.countOutcomes(ctx, items, now)
+	p.logFailures(failures, failedTo)
+	p.m.BatchDuration.Observe(time.Since(start).Seconds())
+	p.log.Debug("batch done", "batch_size", len(items), "delivered", nd, "failed", len(failures),
+		"duration_ms", time.Since(start).Milliseconds())
+	// A failure left unwritten is read again too: its row may be a new one
+	// with the id (store.Failure.CreatedAt), never tried, below the cursor.
+	return nd < int64(len(delivered)) || nf < int64(len(failures)), nil
+}
+
+// rowWrites sorts items into what finish writes to Postgres: the rows to
+// mark delivered (sent, or found delivered already), appended to
+// delivered, and the failures (failed, refused, poisoned) with each
+// failure's destination.
+func (p *Poller) rowWrites(items []item, delivered []store.Delivered) ([]store.Delivered, []store.Failure, []string) {
+	var failures []store.Failure
+	var failedTo []string // each failure's destination
+	for _, it := range items {
+		switch it.outcome {
+		case sent, duplicate:
+			delivered = append(delivered, store.Delivered{ID: it.row.ID, CreatedAt: it.row.CreatedAt})
+		case failed, refused, poisoned:
+			failures, failedTo = append(failures, p.failure(it)), append(failedTo, p.destination(it.row))
+		}
+	}
+	return delivered, failures, failedTo
+}
+
+// keyWrites appends to names, ops and marks what finish.lua does with
+// items' idempotency keys: a sent item's key gets its delivered mark
+// ('d'), a pending or failed item's key is released ('u'). A duplicate's
+// key is already marked; a refused or poisoned item holds no claim.
+func (p *Poller) keyWrites(items []item, names []string, ops []byte, marks []string) ([]string, []byte, []string) {
+	for _, it := range items {
+		switch it.outcome {
+		case sent:
+			names, ops, marks = append(names, p.keyOf(it)), append(ops, 'd'), append(marks, it.mark)
+		case pending, failed:
+			names, ops, marks = append(names, p.keyOf(it)), append(ops, 'u'), append(marks, "")
+		}
+	}
+	return names, ops, marks
+}
+
+// countOutcomes counts each item's outcome in the metrics, with its
+// latency from the row's creation to now for a sent one, and writes a
+// debug line per delivered event.
+func (p *Poller) countOutcomes(ctx context.Context, items []item, now time.Time) {
 	// The per-event debug lines are built only when they are written: their
 	// arguments cost an allocation per event otherwise (the id, boxed).
 	debug := p.log.Enabled(ctx, slog.LevelDebug)
@@ -85,6 +114,11 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 			p.m.DispatchFailures.WithLabelValues(p.destination(it.row), dispatch.FailureReason(it.err)).Inc()
 		}
 	}
+}
+
+// logFailures counts and logs each dead-lettered failure, and logs each
+// failure left to retry; failedTo holds each failure's destination.
+func (p *Poller) logFailures(failures []store.Failure, failedTo []string) {
 	for i, f := range failures {
 		if f.Dead {
 			p.m.DeadLettered.WithLabelValues(failedTo[i]).Inc()
@@ -93,12 +127,6 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 			p.log.Debug("delivery failed, will retry", "outbox_id", f.ID, "error", f.Error, "retry_in_ms", f.Delay.Milliseconds())
 		}
 	}
-	p.m.BatchDuration.Observe(time.Since(start).Seconds())
-	p.log.Debug("batch done", "batch_size", len(items), "delivered", nd, "failed", len(failures),
-		"duration_ms", time.Since(start).Milliseconds())
-	// A failure left unwritten is read again too: its row may be a new one
-	// with the id (store.Failure.CreatedAt), never tried, below the cursor.
-	return nd < int64(len(delivered)) || nf < int64(len(failures)), nil
 }
 
 // keyOf is it's idempotency key: the name claimKeys made, or made now for

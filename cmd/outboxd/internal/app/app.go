@@ -504,49 +504,70 @@ func (a *App) status(ctx context.Context, held map[string]func() int64, built ma
 	}
 	out := Status{Stats: st, Destinations: []DestinationStatus{}}
 	for _, d := range destinations(a.Cfg) {
-		ds := DestinationStatus{Name: d.name, Sink: d.d.Sink, Key: d.prefix}
-		for _, p := range paused {
-			if p.Destination == d.name {
-				ds.Paused, ds.PausedAt = true, p.PausedAt
-			}
-		}
-		if s, ok := built[d.name]; ok {
-			c := s.Capabilities()
-			ds.MaxBatch, ds.Ordering = c.MaxBatch, c.Ordering
-			if c.DedupeWindow > 0 {
-				ds.DedupeWindow = c.DedupeWindow.String()
-			}
-		}
-		cs, err := a.circuitState(ctx, d.name, built[d.name])
+		ds, err := a.destinationStatus(ctx, d, paused, built[d.name])
 		if err != nil {
-			return Status{}, fmt.Errorf("redis: %w", err)
-		}
-		ds.Circuit, ds.CircuitSince, ds.CircuitError = "closed", cs.Since, cs.LastError
-		if cs.Open {
-			ds.Circuit = "open"
+			return Status{}, err
 		}
 		out.Destinations = append(out.Destinations, ds)
 	}
 	for _, name := range keys.Locks {
-		ls := LockStatus{Name: name, FenceToken: fences[name]}
-		if f := held[name]; f != nil && f() > 0 {
-			ls.HeldByMe, ls.Token = true, f()
-		}
-		h, err := a.Locks.Holder(ctx, name)
-		if err != nil && !errors.Is(err, lock.ErrCorrupt) {
-			return Status{}, fmt.Errorf("redis: %w", err)
-		}
-		ls.Owner, ls.Holder, ls.TTLMillis = h.Owner, h.Instance, h.TTL.Milliseconds()
-		counter, cerr := a.Locks.LastToken(ctx, name)
-		ls.RedisCounter = counter
-		// A corrupted key stops every replica from leading: show it here,
-		// beside the lock, rather than fail the whole status.
-		if errs := errors.Join(err, cerr); errs != nil {
-			ls.Error = errs.Error()
+		ls, err := a.lockStatus(ctx, name, fences[name], held[name])
+		if err != nil {
+			return Status{}, err
 		}
 		out.Locks = append(out.Locks, ls)
 	}
 	return out, nil
+}
+
+// destinationStatus reports destination d: its sink, whether it is paused,
+// the built sink's capabilities (none when s is nil) and its circuit.
+func (a *App) destinationStatus(ctx context.Context, d destination, paused []store.PausedDestination, s dispatch.Sink) (DestinationStatus, error) {
+	ds := DestinationStatus{Name: d.name, Sink: d.d.Sink, Key: d.prefix}
+	for _, p := range paused {
+		if p.Destination == d.name {
+			ds.Paused, ds.PausedAt = true, p.PausedAt
+		}
+	}
+	if s != nil {
+		c := s.Capabilities()
+		ds.MaxBatch, ds.Ordering = c.MaxBatch, c.Ordering
+		if c.DedupeWindow > 0 {
+			ds.DedupeWindow = c.DedupeWindow.String()
+		}
+	}
+	cs, err := a.circuitState(ctx, d.name, s)
+	if err != nil {
+		return DestinationStatus{}, fmt.Errorf("redis: %w", err)
+	}
+	ds.Circuit, ds.CircuitSince, ds.CircuitError = "closed", cs.Since, cs.LastError
+	if cs.Open {
+		ds.Circuit = "open"
+	}
+	return ds, nil
+}
+
+// lockStatus reports lock name: its fence token in Postgres, whether this
+// process holds it (held returns the token it holds, 0 for none), its
+// holder in Redis and the Redis token counter.
+func (a *App) lockStatus(ctx context.Context, name string, fence int64, held func() int64) (LockStatus, error) {
+	ls := LockStatus{Name: name, FenceToken: fence}
+	if held != nil && held() > 0 {
+		ls.HeldByMe, ls.Token = true, held()
+	}
+	h, err := a.Locks.Holder(ctx, name)
+	if err != nil && !errors.Is(err, lock.ErrCorrupt) {
+		return LockStatus{}, fmt.Errorf("redis: %w", err)
+	}
+	ls.Owner, ls.Holder, ls.TTLMillis = h.Owner, h.Instance, h.TTL.Milliseconds()
+	counter, cerr := a.Locks.LastToken(ctx, name)
+	ls.RedisCounter = counter
+	// A corrupted key stops every replica from leading: show it here,
+	// beside the lock, rather than fail the whole status.
+	if errs := errors.Join(err, cerr); errs != nil {
+		ls.Error = errs.Error()
+	}
+	return ls, nil
 }
 
 // RouteRedisLogs sends go-redis' own log lines (dial retries and the like,
