@@ -25,9 +25,9 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 		span.SetAttributes(AttrBatchSize.Int(len(items)))
 	}
 	now := time.Now()
-	// Sized for the batch: grown by append, their copies were a third of
-	// finish's allocated bytes. Made here and kept in variables of their
-	// own, so those that do not escape may stay in finish's frame.
+	// Sized for the batch, so append never copies them. Made here and kept
+	// in variables of their own, so those that do not escape may stay in
+	// finish's frame.
 	delivered, failures, failedTo := p.rowWrites(items, make([]store.Delivered, 0, len(items)))
 	names, ops, marks := p.keyWrites(items, make([]string, 0, len(items)), make([]byte, 0, len(items)), make([]string, 0, len(items)))
 	if err := p.settleKeys(ctx, names, ops, marks, ours); err != nil {

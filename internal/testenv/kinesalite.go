@@ -95,7 +95,8 @@ func InstallKinesalite(ctx context.Context) (string, error) {
 type Kinesalite struct {
 	Endpoint string // http://127.0.0.1:<port>
 	cmd      *exec.Cmd
-	exited   chan error // the process's end, from Wait
+	exited   chan struct{} // closed when the process ended
+	waitErr  error         // Wait's answer, once exited is closed
 }
 
 // RunKinesalite starts kinesalite on port and waits until it answers a
@@ -115,15 +116,14 @@ func RunKinesalite(ctx context.Context, port int) (*Kinesalite, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("testenv: start kinesalite: %w", err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	k := &Kinesalite{Endpoint: "http://" + addr, cmd: cmd, exited: exited}
+	k := &Kinesalite{Endpoint: "http://" + addr, cmd: cmd, exited: make(chan struct{})}
+	go func() { k.waitErr = cmd.Wait(); close(k.exited) }()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		select {
-		case err := <-exited:
+		case <-k.exited:
 			k.cmd = nil
-			return nil, fmt.Errorf("%w: port %d: %v", ErrKinesaliteExited, port, err)
+			return nil, fmt.Errorf("%w: port %d: %v", ErrKinesaliteExited, port, k.waitErr)
 		default:
 		}
 		if err := k.ping(ctx); err == nil {
