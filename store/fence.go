@@ -29,10 +29,9 @@ type Fence struct {
 // The row is written only to raise it (the first write of a term): a
 // holder's later writes carry the token already there and only lock the
 // row (FOR UPDATE writes no new row version). Updating it on every write,
-// as an upsert would, left one dead version per batch that a snapshot held
-// elsewhere keeps from vacuum, and every later write walked them all to
-// find the live one: 100 → 265 buffers per batch write within one minute
-// at 2k ev/s (pg_stat_statements), growing without bound.
+// as an upsert would, leaves one dead version per batch that a snapshot
+// held elsewhere keeps from vacuum, and every later write would walk them
+// all to find the live one, at a cost growing without bound.
 // A writer that waits for the lock sees the row as its holder left it
 // (READ COMMITTED re-reads a locked row), so it is refused if that holder
 // raised the token meanwhile.
@@ -151,19 +150,18 @@ const MaxErrorBytes = 1000
 // The failures' pending condition is written in the opaque COALESCE form
 // (store/backoff.go): as a plain conjunction it matched
 // outbox_pending_aggregate_idx's predicate, and the generic plan made on a
-// small table hashed that whole index to join the batch's failures: every
-// batch with a failure walked every pending row and, under a snapshot held
-// elsewhere, every row delivered since (215,873 buffers for one batch behind
-// 200k rows, 32,951 behind 20k; TestHotPathPlansMadeOnASmallTableStayFlat).
+// small table would hash that whole index to join the batch's failures:
+// every batch with a failure would walk every pending row and, under a
+// snapshot held elsewhere, every row delivered since
+// (TestHotPathPlansMadeOnASmallTableStayFlat).
 //
 // The delivered rows are found by one scan of the primary key for the
 // batch's ids (= ANY), and each is checked against its (id, created_at)
 // pair in a hash (NOT ... NOT IN: a hashed subplan, not a join the planner
-// could make a loop of). Joined to the pairs (unnest), the plan probed the
-// primary key once per row, and each probe read the row's heap page again
-// where the scan keeps it pinned from row to row: one buffer more per row
-// (12,927 -> 11,980 buffers for a batch of 1,000 in a drain; 1.19M ->
-// 1.09M in a 100k drain's marks, pg_stat_statements).
+// could make a loop of). Joined to the pairs (unnest), the plan would probe
+// the primary key once per row, and each probe would read the row's heap
+// page again where the scan keeps it pinned from row to row: one buffer
+// more per row.
 const completeSQL = fenceCTE + `,
 async AS (SELECT set_config('synchronous_commit', 'off', true)),
 delivered AS (
@@ -201,8 +199,8 @@ type Delivered struct {
 // many rows each part changed (rows already delivered by someone are skipped).
 //
 // Durability: the write commits without waiting for the WAL flush or a
-// synchronous standby (about 0.3 ms of fsync here, during which the fence
-// row stays locked and the next batch's write waits). A Postgres crash, or
+// synchronous standby (an fsync, during which the fence row would stay
+// locked and the next batch's write would wait). A Postgres crash, or
 // a failover to a standby, can therefore forget the last results (up to
 // 3 × wal_writer_delay, 600 ms by default), never part of one: a
 // transaction is all or nothing, and WAL order means only the newest are
