@@ -24,6 +24,7 @@ func valid() Config {
 		Log:             Log{Level: "info", Format: "json"},
 		ShutdownTimeout: 25 * time.Second,
 		InstanceID:      "replica-1",
+		Dispatch:        Dispatch{Breaker: Breaker{Failures: 5, ProbeInterval: 5 * time.Second}},
 	}
 }
 

@@ -884,6 +884,8 @@ type daemon struct {
 // when given, is its whole environment (default: the bench's).
 func startDaemon(ctx context.Context, bin, dsn, prefix string, batch int, pprof bool, sink []string, env ...string) *daemon {
 	addr := freePort()
+	dsn, pooled := throughBouncer(ctx, dsn)
+	sink = append(pooled, sink...)
 	args := []string{"run",
 		"--set", "postgres.dsn=" + dsn + dsnSuffix(), "--set", "redis.addrs=" + *redisAddr, "--set", "redis.key_prefix=" + prefix,
 		"--set", "poller.batch_size=" + strconv.Itoa(batch),
@@ -1180,6 +1182,15 @@ func freePort() string {
 	check(err)
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// freePortNumber is freePort's port.
+func freePortNumber() int {
+	_, port, err := net.SplitHostPort(freePort())
+	check(err)
+	n, err := strconv.Atoi(port)
+	check(err)
+	return n
 }
 
 func median(xs []float64) float64 {

@@ -213,11 +213,7 @@ const kinesisShards = 4
 // testenv.KinesaliteDir) on a free loopback port with the drain's stream.
 // kinesalite is a Node.js process of its own: its CPU is in no column.
 func kinesisEmulator(ctx context.Context) destination {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	check(err)
-	port := ln.Addr().(*net.TCPAddr).Port
-	check(ln.Close())
-	k, err := testenv.RunKinesalite(ctx, port)
+	k, err := testenv.RunKinesalite(ctx, freePortNumber())
 	check(err)
 	check(k.CreateStream(ctx, drainTopic, kinesisShards))
 	// The relay's AWS SDK reads its credentials from the environment;
