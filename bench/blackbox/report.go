@@ -67,6 +67,18 @@ var measures = []measure{
 		[][]string{{"-scenario", "slow", "-rounds", "3", "-rows", "20000", "-receiver-delay", "20ms", "-aggregates", "1000", "-straggler", "0,500ms", "-concurrency", "512,16"}},
 		[][]string{{"-scenario", "slow", "-rounds", "1", "-rows", "200", "-receiver-delay", "1ms", "-aggregates", "10", "-concurrency", "4"}},
 		renderTables},
+	{"pooler",
+		[][]string{
+			{"-scenario", "drain", "-batches", "1000", "-rounds", "3", "-peer=false"},
+			{"-scenario", "drain", "-batches", "1000", "-rounds", "3", "-peer=false", "-pgbouncer"},
+			{"-scenario", "latency", "-rate", "1000", "-runs", "3"},
+			{"-scenario", "latency", "-rate", "1000", "-runs", "3", "-pgbouncer"},
+		},
+		[][]string{
+			{"-scenario", "drain", "-batches", "100", "-rounds", "1", "-rows", "300", "-peer=false"},
+			{"-scenario", "drain", "-batches", "100", "-rounds", "1", "-rows", "300", "-peer=false", "-pgbouncer"},
+		},
+		renderPooler},
 	{"sinks",
 		[][]string{
 			{"-rounds", "1", "-peer=false", "-batches", "1000", "-sink", "noop,webhook,kafka,nats,rabbitmq,redis_stream,pubsub,kinesis"},
@@ -209,6 +221,24 @@ func renderTables(outs []string, _ *plotData) (string, error) {
 			return "", fmt.Errorf("no result table in the output")
 		}
 		b.WriteString(strings.Join(t, "\n") + "\n\n")
+	}
+	return strings.TrimSuffix(b.String(), "\n"), nil
+}
+
+// renderPooler puts each pair of invocations' tables, direct and through
+// PgBouncer, under a line saying which is which.
+func renderPooler(outs []string, _ *plotData) (string, error) {
+	var b strings.Builder
+	for i, out := range outs {
+		t := lastTable(out)
+		if len(t) < 3 {
+			return "", fmt.Errorf("no result table in the output")
+		}
+		path := "Direct to Postgres (`postgres.pooler: none`):"
+		if i%2 == 1 {
+			path = "Through PgBouncer 1.18, `pool_mode = transaction` (`postgres.pooler: transaction`):"
+		}
+		b.WriteString(path + "\n\n" + strings.Join(t, "\n") + "\n\n")
 	}
 	return strings.TrimSuffix(b.String(), "\n"), nil
 }
