@@ -168,15 +168,15 @@ func (b *Breaker) Send(ctx context.Context, batch Batch) []Result {
 		return b.probe(ctx, batch)
 	}
 	var mu sync.Mutex
-	judged := make([]*Result, len(batch.Events))
+	judged := make([]Result, len(batch.Events)) // each event's result, judged once
+	seen := make([]bool, len(batch.Events))
 	final := func(i int, r Result) Result {
 		mu.Lock()
 		defer mu.Unlock()
-		if judged[i] == nil {
-			r = b.judge(r, batch.Events[i], false)
-			judged[i] = &r
+		if !seen[i] {
+			judged[i], seen[i] = b.judge(r, batch.Events[i], false), true
 		}
-		return *judged[i]
+		return judged[i]
 	}
 	inner := batch
 	// Once open or paused, the wrapped sink starts no further send of this batch: its
