@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -109,5 +110,50 @@ INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('
 	var dead int64
 	if err := st.Pool().QueryRow(ctx, `SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL`).Scan(&dead); err != nil || dead != 20 {
 		t.Errorf("dead rows after the requests: %d, %v; want 20", dead, err)
+	}
+}
+
+// /dead/{id} serves one dead row with its attempt history, as `outboxd
+// dead show --json` prints it; a row that is not dead, or none, is a 404,
+// and an id that is no number a 400.
+func TestDeadServesOneRowWithItsHistory(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	var dead, pending int64
+	if err := st.Pool().QueryRow(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, attempts, last_error, dead_at)
+		VALUES ('deal', '1', 'deal.funded', '{"n": 1}', 2, 'HTTP 503', now()) RETURNING id`).Scan(&dead); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Pool().QueryRow(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+		VALUES ('deal', '2', 'deal.funded', '{}') RETURNING id`).Scan(&pending); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Pool().Exec(ctx, `INSERT INTO outbox_attempts (outbox_id, attempt, created_at, kind, excerpt, duration_ms, fencing_token)
+		SELECT id, a, created_at, 'http_503', 'down', 20, 7 FROM outbox, generate_series(1, 2) a WHERE id = $1`, dead); err != nil {
+		t.Fatal(err)
+	}
+	h := httpapi.Handler(httpapi.Deps{Dead: st, Status: func(context.Context) (any, error) { return nil, nil }})
+
+	var row struct {
+		ID      int64 `json:"id"`
+		History []struct {
+			Attempt int    `json:"attempt"`
+			Kind    string `json:"kind"`
+		} `json:"history"`
+	}
+	if code := get(t, h, "/dead/"+strconv.FormatInt(dead, 10), &row); code != http.StatusOK || row.ID != dead ||
+		len(row.History) != 2 || row.History[1].Attempt != 2 || row.History[1].Kind != "http_503" {
+		t.Errorf("GET /dead/%d: %d %+v; want the row with its 2 attempts", dead, code, row)
+	}
+	var body map[string]string
+	for path, want := range map[string]int{
+		"/dead/" + strconv.FormatInt(pending, 10): http.StatusNotFound,
+		"/dead/999999":  http.StatusNotFound,
+		"/dead/seventy": http.StatusBadRequest,
+	} {
+		if code := get(t, h, path, &body); code != want || body["error"] == "" {
+			t.Errorf("GET %s: %d %v, want %d with an error", path, code, body, want)
+		}
 	}
 }

@@ -25,7 +25,8 @@ type Deps struct {
 	// BeforeScrape, if set, refreshes gauges that are read from elsewhere
 	// (the backlog in Postgres) so a scrape never shows a stale value.
 	BeforeScrape func(ctx context.Context)
-	// Dead serves /dead, the dead-letter list (read-only); nil: no /dead.
+	// Dead serves /dead, the dead-letter list, and /dead/{id}, one dead row
+	// with its attempt history (read-only); nil: neither.
 	Dead DeadLister
 	// Pprof serves net/http/pprof under /debug/pprof/ (http.pprof): CPU and
 	// heap profiles of the running daemon, for benchmarks and incidents.
@@ -80,6 +81,7 @@ func Handler(d Deps) http.Handler {
 	})
 	if d.Dead != nil {
 		guarded("GET /dead", func(w http.ResponseWriter, r *http.Request) { serveDead(w, r, d.Dead) })
+		guarded("GET /dead/{id}", func(w http.ResponseWriter, r *http.Request) { serveDeadRow(w, r, d.Dead) })
 	}
 	if d.Pprof {
 		guarded("GET /debug/pprof/", pprof.Index)
