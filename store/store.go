@@ -310,7 +310,9 @@ func (s *Store) Listen(ctx context.Context, channel string, fn func()) error {
 // SetNotifyTrigger installs or removes the insert trigger that NOTIFYs
 // outbox_events once per inserting statement (poller.notify). It changes
 // nothing when the trigger is already as asked, so replicas starting up do
-// not take the table lock that DDL needs.
+// not take the table lock that DDL needs. Changing it needs the table's
+// owner: a relay role with DML rights only gets an error saying so, and
+// its poller polls.
 func (s *Store) SetNotifyTrigger(ctx context.Context, on bool) error {
 	var exists bool
 	err := s.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_trigger
@@ -334,6 +336,11 @@ func (s *Store) SetNotifyTrigger(ctx context.Context, on bool) error {
 		_, err := tx.Exec(ctx, sql)
 		return err
 	})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
+		return fmt.Errorf("store: set notify trigger (poller.notify=%t): only the owner of outbox (the migration role, "+
+			"docs/operations.md \"Roles and grants\") may create or drop its trigger; until it does, the poller polls every poller.poll_interval: %w", on, err)
+	}
 	if err != nil {
 		return fmt.Errorf("store: set notify trigger (poller.notify=%t): %w", on, err)
 	}
