@@ -373,3 +373,31 @@ func TestMigrateCompletesAnInterruptedRun(t *testing.T) {
 		t.Errorf("outbox_dead_list_idx valid %v (%v), want valid", valid, err)
 	}
 }
+
+// An install that stopped after outboxd's migration 1, in a database whose
+// application recorded its own versions 2 and 3 in goose_db_version: only
+// version 1 is outboxd's (its objects exist; migration 2's column does
+// not), so migrate carries 1 over and applies 2 and every later one.
+func TestMigrateCarriesOverNoApplicationVersion(t *testing.T) {
+	dsn := testenv.EmptyDSN(t)
+	db := open(t, dsn)
+	gooseUp(t, db, filesUpTo(t, 1))
+	app := appMigrations(3)
+	delete(app, "00001_app.sql")
+	gooseUp(t, db, app, goose.WithAllowOutofOrder(true))
+	requireVersions(t, db, "goose_db_version", upTo(3))
+
+	var carried []int64
+	applied, err := migrations.Up(context.Background(), dsn, func(r migrations.Result) {
+		if r.CarriedOver {
+			carried = append(carried, r.Version)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := versionsOf(applied); !slices.Equal(carried, []int64{1}) || !slices.Equal(got, upTo(latest(t))[2:]) {
+		t.Errorf("carried over %v, applied %v; want 1 carried over, 2..%d applied", carried, got, latest(t))
+	}
+	requireOutboxdSchema(t, db)
+}

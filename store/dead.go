@@ -233,7 +233,7 @@ ORDER BY dead_at DESC, id DESC LIMIT $1`, args
 func (s *Store) ListDead(ctx context.Context, f DeadFilter, after *DeadCursor, limit int) (DeadPage, error) {
 	limit = min(max(limit, 1), MaxDeadPage)
 	sql, args := deadListSQL(f, after, limit)
-	rows, err := s.pool.Query(ctx, sql, args...)
+	rows, err := s.db.Query(ctx, sql, args...)
 	if err != nil {
 		return DeadPage{}, wrap("list dead", err)
 	}
@@ -259,7 +259,7 @@ func (s *Store) ListDead(ctx context.Context, f DeadFilter, after *DeadCursor, l
 func (s *Store) CountDead(ctx context.Context, f DeadFilter) (int64, error) {
 	where, args := f.where(nil)
 	var n int64
-	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE `+where, args...).Scan(&n); err != nil {
+	if err := s.db.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE `+where, args...).Scan(&n); err != nil {
 		return 0, wrap("count dead", err)
 	}
 	return n, nil
@@ -271,7 +271,7 @@ func (s *Store) CountDead(ctx context.Context, f DeadFilter) (int64, error) {
 func (s *Store) ShowDead(ctx context.Context, id int64) (DeadEvent, error) {
 	var e DeadEvent
 	var delivered pgtype.Timestamptz
-	err := s.pool.QueryRow(ctx, `SELECT `+deadColumns+`, payload, headers, dispatched_at FROM outbox WHERE id = $1`, id).
+	err := s.db.QueryRow(ctx, `SELECT `+deadColumns+`, payload, headers, dispatched_at FROM outbox WHERE id = $1`, id).
 		Scan(&e.ID, &e.AggregateType, &e.AggregateID, &e.EventType, &e.Attempts, &e.LastError,
 			&e.CreatedAt, &e.AvailableAt, &e.DeadAt, (*[]byte)(&e.Payload), (*[]byte)(&e.Headers), &delivered)
 	switch {

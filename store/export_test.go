@@ -1,5 +1,11 @@
 package store
 
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+)
+
 // Exported for the read path's cost test: it EXPLAINs the statements.
 var (
 	ReadSQL        = readSQL
@@ -20,3 +26,12 @@ var (
 	FloorSettings        = floorSettings
 	EpochSQL             = `SELECT ` + epochSQL
 )
+
+// Querier is what the store's statements run on: the pool, or behind a
+// transaction pooler the pool with the settings set in each transaction.
+func (s *Store) Querier() interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+} {
+	return s.db
+}

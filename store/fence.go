@@ -67,7 +67,7 @@ func (s *Store) fencedScan(ctx context.Context, f Fence, sql string, dest []any,
 	}
 	var ok bool
 	dest = append([]any{&ok}, dest...)
-	if err := s.pool.QueryRow(ctx, sql, append([]any{f.Lock, f.Token, f.Owner}, args...)...).Scan(dest...); err != nil {
+	if err := s.db.QueryRow(ctx, sql, append([]any{f.Lock, f.Token, f.Owner}, args...)...).Scan(dest...); err != nil {
 		return fmt.Errorf("store: fenced write (%s token %d): %w", f.Lock, f.Token, err)
 	}
 	if !ok {
@@ -80,7 +80,7 @@ func (s *Store) fencedScan(ctx context.Context, f Fence, sql string, dest []any,
 // none: the floor for the next acquisition.
 func (s *Store) FenceToken(ctx context.Context, lock string) (int64, error) {
 	var t int64
-	err := s.pool.QueryRow(ctx, `SELECT token FROM outbox_fence WHERE lock_name = $1`, lock).Scan(&t)
+	err := s.db.QueryRow(ctx, `SELECT token FROM outbox_fence WHERE lock_name = $1`, lock).Scan(&t)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, nil
 	}
@@ -92,7 +92,7 @@ func (s *Store) FenceToken(ctx context.Context, lock string) (int64, error) {
 
 // FenceTokens returns every lock's accepted token.
 func (s *Store) FenceTokens(ctx context.Context) (map[string]int64, error) {
-	rows, err := s.pool.Query(ctx, `SELECT lock_name, token FROM outbox_fence ORDER BY lock_name`)
+	rows, err := s.db.Query(ctx, `SELECT lock_name, token FROM outbox_fence ORDER BY lock_name`)
 	if err != nil {
 		return nil, wrap("read fences", err)
 	}

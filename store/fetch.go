@@ -60,7 +60,7 @@ func (s *Store) LoadCursor(ctx context.Context, lock string) (cursor, sent int64
 	var h int64
 	var floor pgtype.Int8 // NULL: nothing pending
 	for walked := false; ; walked = true {
-		err = s.pool.QueryRow(ctx, loadCursorSQL, lock, int64(defaultSpan), floor).Scan(&cursor, &sent, &h, &epoch)
+		err = s.db.QueryRow(ctx, loadCursorSQL, lock, int64(defaultSpan), floor).Scan(&cursor, &sent, &h, &epoch)
 		if err != nil {
 			return 0, 0, 0, "", wrap("load cursor", err)
 		}
@@ -127,7 +127,7 @@ SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM saved)`
 // for them alone may be planned as a walk of the aggregates' whole
 // history.
 func (s *Store) LaterSent(ctx context.Context, rows []Row, sent int64) (map[int64]int64, error) {
-	return laterSent(ctx, s.pool, rows, sent)
+	return laterSent(ctx, s.db, rows, sent)
 }
 
 // querier is what LaterSent needs of a pool or a transaction.
@@ -144,7 +144,7 @@ type View struct{ tx pgx.Tx }
 
 // View takes a view of the outbox now (one round trip).
 func (s *Store) View(ctx context.Context) (*View, error) {
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	tx, err := s.db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, wrap("view", err)
 	}
@@ -266,7 +266,7 @@ func (h *Inherited) InHole(id int64) bool {
 // TestHotPathPlansMadeOnASmallTableStayFlat bounds it as a once-a-term
 // statement.
 func (s *Store) InheritedLate(ctx context.Context, lo, hi int64, limit int) (in *Inherited, complete bool, err error) {
-	rows, err := s.pool.Query(ctx, `WITH d AS MATERIALIZED (
+	rows, err := s.db.Query(ctx, `WITH d AS MATERIALIZED (
   SELECT aggregate_type, aggregate_id, max(id) AS top FROM outbox
   WHERE id > $1 AND id <= $2 AND dispatched_at IS NOT NULL GROUP BY 1, 2),
 reach AS (SELECT COALESCE(max(top), $1) AS id FROM d),
@@ -311,7 +311,7 @@ UNION ALL SELECT true, tail.id, reach.id FROM tail, reach WHERE tail.id + 1 < re
 // its cursor, for rows that re-entered the pending set there (an operator's
 // UPDATE ... SET dispatched_at = NULL). Its cost is bounded by hi - lo.
 func (s *Store) PendingBetween(ctx context.Context, lo, hi int64) ([]Parked, error) {
-	rows, err := s.pool.Query(ctx, `SELECT aggregate_type, aggregate_id, min(id) FROM outbox
+	rows, err := s.db.Query(ctx, `SELECT aggregate_type, aggregate_id, min(id) FROM outbox
 		WHERE dispatched_at IS NULL AND dead_at IS NULL AND available_at <= created_at AND id > $1 AND id <= $2
 		GROUP BY 1, 2`, lo, hi)
 	if err != nil {

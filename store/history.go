@@ -63,7 +63,7 @@ type Attempt struct {
 // History returns the recorded failed attempts of row id created at
 // createdAt, oldest first (never nil).
 func (s *Store) History(ctx context.Context, id int64, createdAt pgtype.Timestamptz) ([]Attempt, error) {
-	rows, err := s.pool.Query(ctx, `SELECT attempt, at, kind, excerpt, duration_ms, fencing_token
+	rows, err := s.db.Query(ctx, `SELECT attempt, at, kind, excerpt, duration_ms, fencing_token
 FROM outbox_attempts WHERE outbox_id = $1 AND created_at = $2 ORDER BY attempt`, id, createdAt)
 	if err != nil {
 		return nil, wrap("history", err)

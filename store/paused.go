@@ -54,7 +54,7 @@ func (s *Store) ResumeDestinations(ctx context.Context, f Fence, names []string,
 
 // PausedDestinations lists the paused destinations by name.
 func (s *Store) PausedDestinations(ctx context.Context) ([]PausedDestination, error) {
-	rows, err := s.pool.Query(ctx, `SELECT destination, paused_at FROM outbox_paused_destinations ORDER BY destination`)
+	rows, err := s.db.Query(ctx, `SELECT destination, paused_at FROM outbox_paused_destinations ORDER BY destination`)
 	if err != nil {
 		return nil, wrap("paused destinations", err)
 	}

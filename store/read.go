@@ -168,7 +168,7 @@ const readColumnsSQL = `o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.
 // how many rows were delivered before.
 func (s *Store) Read(ctx context.Context, lim FetchLimits, pos ReadPos) (ReadResult, error) {
 	args, rowBytes := readArgs(lim, pos)
-	res, err := s.pool.Query(ctx, readSQL, args...)
+	res, err := s.db.Query(ctx, readSQL, args...)
 	if err != nil {
 		return ReadResult{}, wrap("read", err)
 	}

@@ -46,7 +46,7 @@ SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM run)`, []*int64{&n}, 
 // RunDone reports whether fireTime was already reconciled (started).
 func (s *Store) RunDone(ctx context.Context, fireTime time.Time) (bool, error) {
 	var ok bool
-	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM reconcile_runs WHERE fire_time = $1)`, fireTime).Scan(&ok)
+	err := s.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM reconcile_runs WHERE fire_time = $1)`, fireTime).Scan(&ok)
 	if err != nil {
 		return false, fmt.Errorf("store: read reconcile runs: %w", err)
 	}
@@ -90,7 +90,7 @@ func (s *Store) PendingRows(ctx context.Context, cursor int64, limit int) ([]Pen
 // it is a scan of a pending index (see SweepFloor), and once per batch a
 // sweep over a 1M backlog would make a thousand of them.
 func (s *Store) PendingRowsFrom(ctx context.Context, floor *int64, cursor int64, limit int) ([]Pending, error) {
-	rows, err := s.pool.Query(ctx, pendingRowsSQL, cursor, limit, floor)
+	rows, err := s.db.Query(ctx, pendingRowsSQL, cursor, limit, floor)
 	if err != nil {
 		return nil, fmt.Errorf("store: pending rows: %w", err)
 	}
@@ -114,7 +114,7 @@ func (s *Store) PendingRowsFrom(ctx context.Context, floor *int64, cursor int64,
 // needs it only for the rows whose key holds a delivered mark, loads no
 // payload, however large.
 func (s *Store) ContentDigests(ctx context.Context, ids []int64) (map[int64][8]byte, error) {
-	rows, err := s.pool.Query(ctx, `SELECT id, `+contentDigestSQL+` FROM outbox WHERE id = ANY ($1::bigint[])`, ids)
+	rows, err := s.db.Query(ctx, `SELECT id, `+contentDigestSQL+` FROM outbox WHERE id = ANY ($1::bigint[])`, ids)
 	if err != nil {
 		return nil, fmt.Errorf("store: content digests: %w", err)
 	}
@@ -269,7 +269,7 @@ func (s *Store) PendingByAttempts(ctx context.Context) (map[int]int64, error) {
 	if err != nil {
 		return nil, err
 	}
-	rows, err := s.pool.Query(ctx, pendingByAttemptsSQL, floor)
+	rows, err := s.db.Query(ctx, pendingByAttemptsSQL, floor)
 	if err != nil {
 		return nil, fmt.Errorf("store: attempts histogram: %w", err)
 	}
@@ -294,7 +294,7 @@ func (s *Store) PendingByAttempts(ctx context.Context) (map[int]int64, error) {
 // count would walk the history a held snapshot keeps, a buffer per row.
 func (s *Store) SweepFloor(ctx context.Context) (*int64, error) {
 	var saved bool
-	if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_cursor WHERE epoch = `+epochSQL+`)`).Scan(&saved); err != nil {
+	if err := s.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox_cursor WHERE epoch = `+epochSQL+`)`).Scan(&saved); err != nil {
 		return nil, wrap("cursor floor", err)
 	}
 	if saved {
@@ -333,7 +333,7 @@ var floorSettings = []string{`SET LOCAL enable_indexscan = off`, `SET LOCAL enab
 // after ANALYZE.
 func (s *Store) pendingFloor(ctx context.Context, sql string) (pgtype.Int8, error) {
 	var f pgtype.Int8
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		for _, set := range floorSettings {
 			if _, err := tx.Exec(ctx, set); err != nil {
 				return err

@@ -49,8 +49,8 @@ func WithSchema(schema string) Option {
 // WithTransactionPooler keeps no state on a server session, for a DSN that
 // points at a proxy lending a session per transaction (PgBouncer
 // pool_mode = transaction): no startup parameters beyond the DSN's (the
-// planner settings and search_path come from the role, see CheckSession),
-// and no prepared statement outliving its call (pgx's exec mode).
+// planner settings and search_path are set in each transaction, see
+// perTx), and no prepared statement outliving its call (pgx's exec mode).
 func WithTransactionPooler() Option {
 	return func(s *Session) { s.TransactionPooler = true }
 }
@@ -66,7 +66,8 @@ func Resolve(opts []Option) Session {
 
 // Configure sets cfg's protocol and search_path startup parameter: behind
 // a transaction pooler pgx's exec mode (an unnamed statement per call) and
-// no search_path (the role's, see docs/operations.md).
+// no search_path (the store sets it per transaction; migrations.Up takes
+// the role's).
 func (s Session) Configure(cfg *pgx.ConnConfig) {
 	if s.TransactionPooler {
 		cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
@@ -96,8 +97,8 @@ func configure(o Session, cfg *pgx.ConnConfig) map[string]string {
 }
 
 // ErrSession: a server session does not have the settings outboxd asked
-// for or relies on (a pooler refused or dropped the startup parameters,
-// or the role lacks the settings a transaction pooler needs).
+// for or relies on (a pooler refused or dropped the startup parameters),
+// or outboxd's schema is missing.
 var ErrSession = errors.New("store: the server's sessions lack outboxd's settings")
 
 // SessionError says what a session lacks.
@@ -109,10 +110,6 @@ type SessionError struct {
 	Settings []string
 	// Schema is set when current_schema() is not the configured schema.
 	Schema string
-	// Role is the session's user, for an ALTER ROLE hint.
-	Role string
-	// Fix are the statements that give the role what it lacks.
-	Fix []string
 }
 
 func (e *SessionError) Error() string {
@@ -131,13 +128,19 @@ func (e *SessionError) Error() string {
 
 func (e *SessionError) Unwrap() error { return ErrSession }
 
-// CheckSession verifies, on one session, that the settings OpenConfig asked
-// for (or, behind a transaction pooler, those the role must give) are in
-// effect and that current_schema() is outboxd's schema. It returns a
-// *SessionError (errors.Is ErrSession) when they are not; any other error
-// means Postgres did not answer, and the caller retries.
+// CheckSession verifies, as the store's statements run (behind a
+// transaction pooler, with the settings each transaction sets), that the
+// settings outboxd relies on are in effect and that current_schema() is
+// outboxd's schema. It returns a *SessionError (errors.Is ErrSession) when
+// they are not; any other error means Postgres did not answer, and the
+// caller retries.
 func (s *Store) CheckSession(ctx context.Context) error {
-	conn, err := s.pool.Acquire(ctx)
+	names := slices.Sorted(maps.Keys(s.want))
+	var schema string
+	var values []string
+	err := s.db.QueryRow(ctx, `SELECT COALESCE(current_schema(), ''),
+		ARRAY(SELECT current_setting(n) FROM unnest($1::text[]) WITH ORDINALITY AS x(n, i) ORDER BY i)`,
+		names).Scan(&schema, &values)
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "08P01" && strings.Contains(pgErr.Message, "startup parameter") {
@@ -145,26 +148,14 @@ func (s *Store) CheckSession(ctx context.Context) error {
 		}
 		return fmt.Errorf("store: check session: %w", err)
 	}
-	defer conn.Release()
-	names := slices.Sorted(maps.Keys(s.want))
-	var role, schema string
-	var values []string
-	err = conn.QueryRow(ctx, `SELECT current_user, COALESCE(current_schema(), ''),
-		ARRAY(SELECT current_setting(n) FROM unnest($1::text[]) WITH ORDINALITY AS x(n, i) ORDER BY i)`,
-		names).Scan(&role, &schema, &values)
-	if err != nil {
-		return fmt.Errorf("store: check session: %w", err)
-	}
-	e := &SessionError{Role: role}
+	e := &SessionError{}
 	for i, n := range names {
 		if values[i] != s.want[n] {
 			e.Settings = append(e.Settings, fmt.Sprintf("%s = %s (want %s)", n, values[i], s.want[n]))
-			e.Fix = append(e.Fix, fmt.Sprintf("ALTER ROLE %s SET %s = %s;", pgx.Identifier{role}.Sanitize(), n, s.want[n]))
 		}
 	}
 	if s.schema != "" && schema != s.schema {
-		e.Schema = fmt.Sprintf("current_schema() is %q, want %q (the schema must exist, `outboxd migrate` creates it, and come first in search_path)", schema, s.schema)
-		e.Fix = append(e.Fix, fmt.Sprintf("ALTER ROLE %s SET search_path = %s;", pgx.Identifier{role}.Sanitize(), s.schema))
+		e.Schema = fmt.Sprintf("current_schema() is %q, want %q (the schema must exist: `outboxd migrate` creates it)", schema, s.schema)
 	}
 	if len(e.Settings) == 0 && e.Schema == "" {
 		return nil

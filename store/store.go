@@ -47,6 +47,9 @@ func wrap(op string, err error) error {
 // Store wraps a pgx pool.
 type Store struct {
 	pool *pgxpool.Pool
+	// db runs the statements: pool, or behind a transaction pooler a
+	// perTx over it.
+	db db
 	// readRows is how many rows the last Read returned: the next one's
 	// first guess (readCap).
 	readRows atomic.Int64
@@ -99,8 +102,8 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 // even to count no rows.
 //
 // These are startup parameters of each session; behind a transaction
-// pooler (WithTransactionPooler) they are the role's settings instead,
-// which CheckSession verifies (session.go).
+// pooler (WithTransactionPooler) they are set for each transaction instead
+// (perTx), with the schema's search_path: the role needs no settings.
 func OpenConfig(ctx context.Context, cfg *pgxpool.Config, opts ...Option) (*Store, error) {
 	o := Resolve(opts)
 	want := configure(o, cfg.ConnConfig)
@@ -108,7 +111,11 @@ func OpenConfig(ctx context.Context, cfg *pgxpool.Config, opts ...Option) (*Stor
 	if err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
-	return &Store{pool: pool, want: want, schema: o.Schema}, nil
+	st := &Store{pool: pool, db: pool, want: want, schema: o.Schema}
+	if o.TransactionPooler {
+		st.db = newPerTx(pool, plannerSettings, o.Schema)
+	}
+	return st, nil
 }
 
 // Pool returns the underlying pool.
@@ -245,7 +252,7 @@ func (s *Store) FetchDue(ctx context.Context, lim FetchLimits) ([]Row, error) {
 	for i, b := range lim.Busy {
 		bt[i], ba[i] = b.Type, b.ID
 	}
-	res, err := s.pool.Query(ctx, fetchDueSQL, lim.Rows, rowBytes, budget, lim.Skip, bt, ba)
+	res, err := s.db.Query(ctx, fetchDueSQL, lim.Rows, rowBytes, budget, lim.Skip, bt, ba)
 	if err != nil {
 		return nil, wrap("fetch due", err)
 	}
@@ -303,10 +310,12 @@ func (s *Store) Listen(ctx context.Context, channel string, fn func()) error {
 // SetNotifyTrigger installs or removes the insert trigger that NOTIFYs
 // outbox_events once per inserting statement (poller.notify). It changes
 // nothing when the trigger is already as asked, so replicas starting up do
-// not take the table lock that DDL needs.
+// not take the table lock that DDL needs. Changing it needs the table's
+// owner: a relay role with DML rights only gets an error saying so, and
+// its poller polls.
 func (s *Store) SetNotifyTrigger(ctx context.Context, on bool) error {
 	var exists bool
-	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_trigger
+	err := s.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_trigger
 		WHERE tgname = 'outbox_notify' AND tgrelid = 'outbox'::regclass)`).Scan(&exists)
 	if err != nil {
 		return fmt.Errorf("store: read notify trigger: %w", err)
@@ -319,7 +328,7 @@ func (s *Store) SetNotifyTrigger(ctx context.Context, on bool) error {
 		sql = `CREATE OR REPLACE TRIGGER outbox_notify AFTER INSERT ON outbox
 		       FOR EACH STATEMENT EXECUTE FUNCTION outbox_notify()`
 	}
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		// Never queue behind a long transaction while blocking producers.
 		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
 			return err
@@ -327,6 +336,11 @@ func (s *Store) SetNotifyTrigger(ctx context.Context, on bool) error {
 		_, err := tx.Exec(ctx, sql)
 		return err
 	})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
+		return fmt.Errorf("store: set notify trigger (poller.notify=%t): only the owner of outbox (the migration role, "+
+			"docs/operations.md \"Roles and grants\") may create or drop its trigger; until it does, the poller polls every poller.poll_interval: %w", on, err)
+	}
 	if err != nil {
 		return fmt.Errorf("store: set notify trigger (poller.notify=%t): %w", on, err)
 	}
@@ -399,7 +413,7 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 	if err != nil {
 		return st, err
 	}
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		for _, set := range statsSettings {
 			if _, err := tx.Exec(ctx, set); err != nil {
 				return err

@@ -43,9 +43,25 @@ func StartPgBouncer(t testing.TB, dsn string, extra ...string) *PgBouncer {
 	return b
 }
 
+// StartPgBouncerFor is StartPgBouncer letting users log in as well as
+// postgres (PgBouncer's auth_file names every user it lets in).
+func StartPgBouncerFor(t testing.TB, dsn string, users []string, extra ...string) *PgBouncer {
+	t.Helper()
+	b, err := runPgBouncer(dsn, FreePort(t), users, extra)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Stop)
+	return b
+}
+
 // RunPgBouncer starts one on port in front of the server of dsn and waits
 // until it listens. Stop it with Stop.
 func RunPgBouncer(dsn string, port int, extra ...string) (*PgBouncer, error) {
+	return runPgBouncer(dsn, port, nil, extra)
+}
+
+func runPgBouncer(dsn string, port int, users, extra []string) (*PgBouncer, error) {
 	if _, err := os.Stat(PgBouncerBin); err != nil {
 		return nil, fmt.Errorf("testenv: %s missing (scripts/services.sh installs it): %w", PgBouncerBin, err)
 	}
@@ -58,7 +74,7 @@ func RunPgBouncer(dsn string, port int, extra ...string) (*PgBouncer, error) {
 		return nil, err
 	}
 	b := &PgBouncer{Addr: "127.0.0.1:" + strconv.Itoa(port), dir: dir, exited: make(chan struct{})}
-	args, err := b.configure(u, port, extra)
+	args, err := b.configure(u, port, users, extra)
 	if err == nil {
 		b.cmd = exec.Command(args[0], args[1:]...)
 		err = b.cmd.Start()
@@ -78,7 +94,7 @@ func RunPgBouncer(dsn string, port int, extra ...string) (*PgBouncer, error) {
 // configure writes the ini and user list into b.dir and returns the
 // command that runs PgBouncer on them: as the postgres user when this
 // process is root, which PgBouncer refuses.
-func (b *PgBouncer) configure(u *url.URL, port int, extra []string) ([]string, error) {
+func (b *PgBouncer) configure(u *url.URL, port int, users, extra []string) ([]string, error) {
 	ini := fmt.Sprintf(`[databases]
 * = host=%s port=%s
 
@@ -99,7 +115,11 @@ pidfile = %[4]s/pgbouncer.pid
 	if err := os.WriteFile(files[0], []byte(ini), 0o644); err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(files[1], []byte(`"postgres" ""`+"\n"), 0o644); err != nil {
+	list := `"postgres" ""` + "\n"
+	for _, u := range users {
+		list += `"` + u + `" ""` + "\n"
+	}
+	if err := os.WriteFile(files[1], []byte(list), 0o644); err != nil {
 		return nil, err
 	}
 	args := []string{PgBouncerBin, files[0]}

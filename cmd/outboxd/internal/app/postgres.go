@@ -35,10 +35,11 @@ func MigrateOptions(c config.Postgres) []migrations.Option {
 
 // awaitSession waits until Postgres answers and checks that its sessions
 // have outboxd's settings (store.CheckSession): a pooler that refused or
-// dropped them, or a role without them behind a transaction pooler,
-// stops the start with an error naming postgres.pooler (or
-// postgres.schema), never a relay running with them silently lost. It
-// returns nil when ctx ends first.
+// dropped them stops the start with an error naming postgres.pooler, a
+// missing schema one naming postgres.schema, never a relay running with
+// them silently lost. Behind a transaction pooler the settings come with
+// each transaction, so the role needs none. It returns nil when ctx ends
+// first.
 func (a *App) awaitSession(ctx context.Context) error {
 	wait := 100 * time.Millisecond
 	for {
@@ -62,21 +63,15 @@ func (a *App) awaitSession(ctx context.Context) error {
 
 // sessionKeyError says which key to change, and how.
 func sessionKeyError(c config.Postgres, se *store.SessionError) error {
-	key := "postgres.pooler"
 	if se.Refused == "" && len(se.Settings) == 0 {
-		key = "postgres.schema"
+		return &config.KeyError{Key: "postgres.schema", Err: fmt.Errorf("%w: run `outboxd migrate` with postgres.schema: %s", se, c.Schema)}
 	}
-	var hint string
-	switch c.Pooler {
-	case config.PoolerNone:
-		hint = fmt.Sprintf("postgres.pooler is %s, but the DSN seems to reach a pooler that does not keep outboxd's session settings "+
-			"(PgBouncer?): set postgres.pooler: %s and give outboxd's role the settings (docs/operations.md, \"Behind a connection pooler\")",
-			config.PoolerNone, config.PoolerTransaction)
-	default:
-		hint = fmt.Sprintf("with postgres.pooler: %s the settings come from outboxd's role; run once: %s",
-			config.PoolerTransaction, strings.Join(se.Fix, " "))
+	hint := fmt.Sprintf("the DSN seems to reach a pooler that does not keep outboxd's session settings (PgBouncer?): "+
+		"set postgres.pooler: %s (docs/operations.md, \"Behind a connection pooler\")", config.PoolerTransaction)
+	if c.Pooler == config.PoolerTransaction {
+		hint = "the settings outboxd sets in each transaction were not in effect: does the DSN reach a pooler in statement mode?"
 	}
-	return &config.KeyError{Key: key, Err: fmt.Errorf("%w: %s", se, hint)}
+	return &config.KeyError{Key: "postgres.pooler", Err: fmt.Errorf("%w: %s", se, hint)}
 }
 
 // PoolerRefusal turns err into an error naming postgres.pooler when a
