@@ -62,3 +62,23 @@ func TestPauseReturnsOnceInEffect(t *testing.T) {
 		t.Errorf("pause with the leader frozen: want exit 1, written but not yet acknowledged; got %s", res)
 	}
 }
+
+// `resume --all` resumes every paused destination, a destination no longer
+// configured where it runs included, and names each one it resumed.
+func TestResumeAllNamesWhatItResumed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cfg := pausedConfig(t, "http://127.0.0.1:1/events")
+	if res := runBinary(t, e.vars, exitLimit, "pause", "held", "--config", cfg); res.code != 0 {
+		t.Fatalf("pause held: %s", res)
+	}
+	e.set("OUTBOXD_DISPATCH_SINK", "noop") // "held" is no longer configured
+	res := runBinary(t, e.vars, exitLimit, "resume", "--all")
+	if res.code != 0 || !strings.Contains(res.stdout, `"resumed":"held"`) {
+		t.Errorf("resume --all: want exit 0 naming the resumed destination held; got %s", res)
+	}
+	var left int
+	if err := e.pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox_paused_destinations`).Scan(&left); err != nil || left != 0 {
+		t.Errorf("paused destinations left after resume --all: %d, %v", left, err)
+	}
+}
