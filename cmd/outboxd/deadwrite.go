@@ -8,8 +8,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/outboxd/outboxd/cmd/outboxd/internal/deadquery"
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/app"
+	"github.com/outboxd/outboxd/cmd/outboxd/internal/deadquery"
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/lock"

@@ -314,7 +314,10 @@ func (a *App) Run(ctx context.Context) error {
 	a.warnUnsafe(sink, hi)
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { a.warnEviction(gctx); return nil })
-	g.Go(func() error { a.heartbeat(gctx, ln.Addr().String(), func() bool { return p.HeldToken() > 0 }); return nil })
+	g.Go(func() error {
+		a.heartbeat(gctx, ln.Addr().String(), func() bool { return p.HeldToken() > 0 })
+		return nil
+	})
 	g.Go(func() error {
 		if err := a.awaitSession(gctx); err != nil || gctx.Err() != nil {
 			return err
