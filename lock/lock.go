@@ -87,6 +87,9 @@ type Options struct {
 	// name). It is recorded beside the owner in the holder record
 	// (HolderKey) and reported by Holder and HolderError; "" records none.
 	Instance string
+	// Waiting, if set, is called once per Acquire, when its first attempt
+	// finds the lock held by another owner and the wait begins.
+	Waiting func(holder *HolderError)
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -196,6 +199,10 @@ func (c *Client) Acquire(ctx context.Context, name string, opts Options) (*Lock,
 	l, final, err := c.try(wctx, name, opts, start)
 	if err == nil || final {
 		return l, err
+	}
+	var held *HolderError
+	if opts.Waiting != nil && errors.As(err, &held) {
+		opts.Waiting(held)
 	}
 	// Subscribe, then try again at once: a release between the failed try and
 	// the subscription is caught by that second try, any later one by the

@@ -51,6 +51,13 @@ type batchResult struct {
 // Errors of earlier batches' result writes are returned here.
 func (p *Poller) batch(ctx context.Context, pl *pipeline) (batchResult, error) {
 	start := time.Now()
+	qctx, cancel := context.WithDeadline(ctx, pl.trusted())
+	defer cancel()
+	// Before the room check: a pause takes effect (and is acknowledged)
+	// while a full pipeline's sends are still under way.
+	if err := p.readPaused(qctx, pl.fence); err != nil {
+		return batchResult{}, errors.Join(err, pl.takeErr())
+	}
 	lim, ok := pl.limits()
 	if !ok {
 		return batchResult{full: true}, pl.takeErr()
@@ -59,14 +66,8 @@ func (p *Poller) batch(ctx context.Context, pl *pipeline) (batchResult, error) {
 	if err := p.resumeRecovered(ctx, pl.fence); errors.Is(err, store.ErrStaleFence) {
 		return batchResult{}, errors.Join(err, pl.takeErr())
 	}
-	qctx, cancel := context.WithDeadline(ctx, pl.trusted())
-	if err := p.readPaused(qctx, pl.fence); err != nil {
-		cancel()
-		return batchResult{}, errors.Join(err, pl.takeErr())
-	}
 	fetchStart := time.Now()
 	rows, held, err := p.fetch(qctx, pl.fence, lim)
-	cancel()
 	fetched := time.Now()
 	if ctx.Err() == nil { // a lost lease or shutdown says nothing about Postgres
 		p.health.note(err, fetched)

@@ -186,7 +186,7 @@ func New(cfg Config, d Deps) *Poller {
 		spans: tracer(d.Tracer),
 		seat: term.New(keys.PollerLock, term.Options{
 			TTL: cfg.LockTTL, Wait: cfg.LockWait, WaitAfterDataLoss: true, ShutdownTimeout: cfg.ShutdownTimeout,
-			QueryTimeout: queryTimeout(cfg), Instance: cfg.Instance,
+			QueryTimeout: queryTimeout(cfg), Instance: cfg.Instance, LogStandby: true,
 		}, term.Deps{Locks: d.Locks, Store: d.Store, Log: d.Log, Metrics: d.Metrics}),
 		wake: make(chan struct{}, 1), cuts: map[int64]int{}, rescanEvery: rescanEvery, earlyWrite: earlyWrite,
 		maxInherit: maxInherit, maxLastSent: maxLastSent,

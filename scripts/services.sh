@@ -109,6 +109,6 @@ if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
 fi
 
 say "Postgres on $PG_HOST:$PG_PORT (user postgres, no password) and Redis on 127.0.0.1:$REDIS_PORT are needed."
-say "Install PostgreSQL 13+ and Redis 7+ (or Docker), or run this script as root on Debian/Ubuntu,"
+say "Install PostgreSQL 14+ and Redis 7+ (or Docker), or run this script as root on Debian/Ubuntu,"
 say "or point OUTBOXD_TEST_POSTGRES_DSN / OUTBOXD_TEST_REDIS_ADDR at running servers."
 exit 1

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/outboxd/outboxd/cmd/outboxd/internal/app"
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/deadquery"
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/keys"
@@ -53,6 +54,11 @@ func (w *deadWriteFlags) filter(cmd *cobra.Command) (store.DeadFilter, error) {
 // Postgres, Redis and reconcile settings (and the sections more), logging
 // to w, closed afterwards.
 func (g *globals) withReconciler(w io.Writer, do func(s *session, rec *reconcile.Reconciler) error, more ...config.Section) error {
+	return g.withReconcilerApp(w, func(s *session, _ *app.App, rec *reconcile.Reconciler) error { return do(s, rec) }, more...)
+}
+
+// withReconcilerApp is withReconciler with the App it was built from.
+func (g *globals) withReconcilerApp(w io.Writer, do func(s *session, a *app.App, rec *reconcile.Reconciler) error, more ...config.Section) error {
 	s, err := g.start(w, append([]config.Section{config.PostgresSection, config.RedisSection, config.ReconcileSection}, more...)...)
 	if err != nil {
 		return err
@@ -67,7 +73,7 @@ func (g *globals) withReconciler(w io.Writer, do func(s *session, rec *reconcile
 	if err != nil {
 		return err
 	}
-	return do(s, rec)
+	return do(s, a, rec)
 }
 
 func deadDiscardCmd(g *globals, stdout io.Writer) *cobra.Command {

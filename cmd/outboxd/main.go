@@ -305,11 +305,28 @@ func statusCmd(g *globals, stdout io.Writer) *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", d.Name, d.Sink, d.Key, circuit, paused)
 			}
 			_ = tw.Flush()
+			printReplicas(stdout, st.Replicas)
 			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (for scripts)")
 	return cmd
+}
+
+// printReplicas prints status' replicas table: each running replica seen
+// within app.ReplicaFresh, the leader first.
+func printReplicas(stdout io.Writer, rs []store.Replica) {
+	fmt.Fprintln(stdout)
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "REPLICA (instance)\tROLE\tHTTP\tVERSION\tSTARTED\tLAST SEEN")
+	for _, r := range rs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.InstanceID, r.Role, r.HTTPAddr, r.Version,
+			r.StartedAt.Format(time.RFC3339), r.LastSeen.Format(time.RFC3339))
+	}
+	if len(rs) == 0 {
+		fmt.Fprintln(tw, "(none running)\t-\t-\t-\t-\t-")
+	}
+	_ = tw.Flush()
 }
 
 func configCmd(g *globals, stdout io.Writer) *cobra.Command {

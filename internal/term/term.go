@@ -65,6 +65,10 @@ type Options struct {
 	// Instance names this replica as the holder (instance_id): recorded
 	// beside the lock (lock.Options.Instance) and logged as "holder".
 	Instance string
+	// LogStandby: log INFO "standing by" (holder: the holder's
+	// instance_id) when a wait for the lock held by another begins, once
+	// per holder until this seat holds a term or the wait ends otherwise.
+	LogStandby bool
 }
 
 // Deps are what a seat acts on.
@@ -82,6 +86,9 @@ type Seat struct {
 	d     Deps
 	log   *slog.Logger
 	token atomic.Int64
+	// standby is the holder "standing by" was last logged for, "" when
+	// not standing by; Run's goroutine only (one Run at a time).
+	standby string
 }
 
 // New returns the seat for lock name.
@@ -129,8 +136,12 @@ func (t *Term) TrustedUntil() time.Time { return t.l.TrustedUntil() }
 func (s *Seat) Run(ctx context.Context, wait time.Duration, work func(ctx context.Context, t *Term) error) (err error) {
 	l, err := s.acquire(ctx, wait)
 	if err != nil {
+		if !lock.HeldElsewhere(err) {
+			s.standby = "" // an outage or a corrupted state: the next wait says so again
+		}
 		return errors.Join(ErrNotAcquired, err)
 	}
+	s.standby = ""
 	t := &Term{l: l, fence: store.Fence{Lock: s.name, Token: l.Token(), Owner: l.Owner()},
 		log: s.log.With("fencing_token", l.Token(), "holder", s.opts.Instance)}
 	t.log.Info("lock acquired")
@@ -180,7 +191,24 @@ func (s *Seat) acquire(ctx context.Context, wait time.Duration) (*lock.Lock, err
 	if wait <= 0 {
 		wait = s.opts.Wait
 	}
-	return s.d.Locks.Acquire(ctx, s.name, lock.Options{TTL: s.opts.TTL, Wait: wait, Floor: floor, Instance: s.opts.Instance})
+	opts := lock.Options{TTL: s.opts.TTL, Wait: wait, Floor: floor, Instance: s.opts.Instance}
+	if s.opts.LogStandby {
+		opts.Waiting = s.standingBy
+	}
+	return s.d.Locks.Acquire(ctx, s.name, opts)
+}
+
+// standingBy logs "standing by" once per holder while this seat waits.
+func (s *Seat) standingBy(h *lock.HolderError) {
+	holder := h.Instance
+	if holder == "" {
+		holder = h.Holder() // a holder that recorded no instance_id: its owner
+	}
+	if holder == s.standby {
+		return
+	}
+	s.standby = holder
+	s.log.Info("standing by", "holder", holder)
 }
 
 // release ends the term and says once how it ended: "lock released" when

@@ -315,6 +315,10 @@ func (a *App) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { a.warnEviction(gctx); return nil })
 	g.Go(func() error {
+		a.heartbeat(gctx, ln.Addr().String(), func() bool { return p.HeldToken() > 0 })
+		return nil
+	})
+	g.Go(func() error {
 		if err := a.awaitSession(gctx); err != nil || gctx.Err() != nil {
 			return err
 		}
@@ -477,6 +481,9 @@ type Status struct {
 	// FetchError: this replica leads but every fetch of due rows has failed
 	// for longer than poller.lock_ttl (then /readyz fails too).
 	FetchError string `json:"fetch_error,omitempty"`
+	// Replicas are the running replicas seen within ReplicaFresh
+	// (heartbeat), the leader first.
+	Replicas []store.Replica `json:"replicas"`
 	store.Stats
 }
 
@@ -502,7 +509,14 @@ func (a *App) status(ctx context.Context, held map[string]func() int64, built ma
 	if err != nil {
 		return Status{}, err
 	}
-	out := Status{Stats: st, Destinations: []DestinationStatus{}}
+	replicas, err := a.Store.Replicas(ctx, ReplicaFresh)
+	if err != nil {
+		return Status{}, err
+	}
+	if replicas == nil {
+		replicas = []store.Replica{}
+	}
+	out := Status{Stats: st, Destinations: []DestinationStatus{}, Replicas: replicas}
 	for _, d := range destinations(a.Cfg) {
 		ds, err := a.destinationStatus(ctx, d, paused, built[d.name])
 		if err != nil {
