@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/migrations"
@@ -22,6 +23,31 @@ func OpenStore(ctx context.Context, c config.Postgres) (*store.Store, error) {
 		opts = append(opts, store.WithTransactionPooler())
 	}
 	return store.Open(ctx, c.DSN, opts...)
+}
+
+// opsStatementTimeout bounds each statement of the operations pool where
+// the server takes it as a startup parameter; behind a transaction pooler
+// (no startup parameters) the requests' context deadlines cancel them.
+const opsStatementTimeout = "5s"
+
+// OpenOpsStore opens the operations endpoints' own pool for the postgres
+// section: at most conns connections, none opened before a request needs
+// one. Every /dead, /dead/{id}, /status and scrape reads through it, so
+// a crowd of operations requests waits on its own connections and never
+// takes one of the delivery's (the pool OpenStore opens).
+func OpenOpsStore(ctx context.Context, c config.Postgres, conns int) (*store.Store, error) {
+	cfg, err := pgxpool.ParseConfig(c.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("store: parse postgres.dsn: %w", err)
+	}
+	cfg.MaxConns, cfg.MinConns = int32(conns), 0 //nolint:gosec // http.max_concurrent is at most 64
+	opts := []store.Option{store.WithSchema(c.Schema)}
+	if c.Pooler == config.PoolerTransaction {
+		opts = append(opts, store.WithTransactionPooler())
+	} else if _, set := cfg.ConnConfig.RuntimeParams["statement_timeout"]; !set {
+		cfg.ConnConfig.RuntimeParams["statement_timeout"] = opsStatementTimeout
+	}
+	return store.OpenConfig(ctx, cfg, opts...)
 }
 
 // MigrateOptions are migrations.Up's options for the postgres section.
