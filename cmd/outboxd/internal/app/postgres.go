@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -34,18 +35,22 @@ const opsStatementTimeout = "5s"
 // section: at most conns connections, none opened before a request needs
 // one. Every /dead, /dead/{id}, /status and scrape reads through it, so
 // a crowd of operations requests waits on its own connections and never
-// takes one of the delivery's (the pool OpenStore opens).
+// takes one of the delivery's (the pool OpenStore opens). Its sessions
+// are named "<application_name> ops" ("outboxd ops" when the DSN names
+// none), so pg_stat_activity tells them from the delivery's.
 func OpenOpsStore(ctx context.Context, c config.Postgres, conns int) (*store.Store, error) {
 	cfg, err := pgxpool.ParseConfig(c.DSN)
 	if err != nil {
 		return nil, fmt.Errorf("store: parse postgres.dsn: %w", err)
 	}
+	params := cfg.ConnConfig.RuntimeParams
+	params["application_name"] = cmp.Or(params["application_name"], "outboxd") + " ops"
 	cfg.MaxConns, cfg.MinConns = int32(conns), 0 //nolint:gosec // http.max_concurrent is at most 64
 	opts := []store.Option{store.WithSchema(c.Schema)}
 	if c.Pooler == config.PoolerTransaction {
 		opts = append(opts, store.WithTransactionPooler())
-	} else if _, set := cfg.ConnConfig.RuntimeParams["statement_timeout"]; !set {
-		cfg.ConnConfig.RuntimeParams["statement_timeout"] = opsStatementTimeout
+	} else if _, set := params["statement_timeout"]; !set {
+		params["statement_timeout"] = opsStatementTimeout
 	}
 	return store.OpenConfig(ctx, cfg, opts...)
 }
