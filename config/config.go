@@ -230,6 +230,10 @@ type HTTP struct {
 	// require (a secret); AuthTokenFile reads it from a file.
 	AuthToken     string `mapstructure:"auth_token"`
 	AuthTokenFile string `mapstructure:"auth_token_file"`
+	// MaxConcurrent bounds the operations requests that read Postgres at
+	// once; they run on a pool of their own of MaxConcurrent+1 connections
+	// (the one more for /readyz), never on the delivery's.
+	MaxConcurrent int `mapstructure:"max_concurrent"`
 }
 
 type Log struct {
@@ -806,6 +810,9 @@ func (c *Config) validateHTTP() error {
 	}
 	if ip := net.ParseIP(host); n == 0 && (host == "" || ip != nil && ip.IsUnspecified()) {
 		return bad("http.addr", "port 0 (any free port) needs a host, not every interface: got %q", addr)
+	}
+	if c.HTTP.MaxConcurrent < 1 || c.HTTP.MaxConcurrent > 64 {
+		return bad("http.max_concurrent", "want 1..64, got %d", c.HTTP.MaxConcurrent)
 	}
 	return nil
 }

@@ -20,7 +20,7 @@ func valid() Config {
 			BackoffBase: time.Second, BackoffMax: time.Minute, GapWait: time.Second, BatchSize: 100, MaxAttempts: 5,
 			Concurrency: 1, MaxPayloadBytes: 1 << 20, BatchMaxBytes: 1 << 20},
 		Reconcile:       Reconcile{LockTTL: 300 * time.Second, Retention: time.Hour, BatchSize: 1000},
-		HTTP:            HTTP{Addr: "127.0.0.1:9090"},
+		HTTP:            HTTP{Addr: "127.0.0.1:9090", MaxConcurrent: 2},
 		Log:             Log{Level: "info", Format: "json"},
 		ShutdownTimeout: 25 * time.Second,
 		InstanceID:      "replica-1",
@@ -56,6 +56,8 @@ func TestValuesThatCannotWorkAreRefused(t *testing.T) {
 		{"reconcile lease 1ms", "reconcile.lock_ttl", func(c *Config) { c.Reconcile.LockTTL = time.Millisecond }},
 		{"reconcile lease 999ms", "reconcile.lock_ttl", func(c *Config) { c.Reconcile.LockTTL = 999 * time.Millisecond }},
 		{"poller lease 299ms", "poller.lock_ttl", func(c *Config) { c.Poller.LockTTL = 299 * time.Millisecond }},
+		{"no ops request at once", "http.max_concurrent", func(c *Config) { c.HTTP.MaxConcurrent = 0 }},
+		{"65 ops requests at once", "http.max_concurrent", func(c *Config) { c.HTTP.MaxConcurrent = 65 }},
 	} {
 		c := valid()
 		tc.set(&c)

@@ -336,6 +336,9 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 	checkSurvivesASecondApply(t, pod, ctr)
 	checkAccountAndPolicies(t, kinds, pod)
+	checkOpsToken(t, kinds, pod, ctr)
+	checkImagesPinned(t, files)
+	checkApplied(t, "NetworkPolicy", "networkpolicy.yaml")
 
 	// The ConfigMap's config loads (secret files are mounted at run time).
 	dir := t.TempDir()
@@ -343,7 +346,7 @@ func TestKubernetesManifests(t *testing.T) {
 	if err := os.WriteFile(cfgFile, []byte(get(kinds["ConfigMap"], "data", "config.yaml").(string)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := loadConfig(cfgFile, []string{"postgres.dsn_file=", "dispatch.webhook.secret_file="})
+	cfg, err := loadConfig(cfgFile, []string{"postgres.dsn_file=", "dispatch.webhook.secret_file=", "http.auth_token_file="})
 	if err != nil {
 		t.Fatalf("ConfigMap config.yaml: %v", err)
 	}
@@ -536,4 +539,83 @@ func checkAccountAndPolicies(t *testing.T, kinds map[string]map[string]any, pod 
 	if get(port, "port") != get(svc, "spec", "ports").([]any)[0].(map[string]any)["name"] || get(port, "path") != "/metrics" {
 		t.Errorf("the ServiceMonitor scrapes %v, want the Service's http port at /metrics", port)
 	}
+}
+
+// checkOpsToken: the ConfigMap's http.auth_token_file is a file the relay
+// container mounts from a Secret, and the ServiceMonitor sends the same
+// Secret's key as its bearer token: off loopback (http.addr 0.0.0.0), the
+// dead letters' payloads are served only with the token.
+func checkOpsToken(t *testing.T, kinds map[string]map[string]any, pod, ctr any) {
+	t.Helper()
+	var cm struct {
+		HTTP struct {
+			TokenFile string `yaml:"auth_token_file"`
+		} `yaml:"http"`
+	}
+	if err := yaml.Unmarshal([]byte(get(kinds["ConfigMap"], "data", "config.yaml").(string)), &cm); err != nil {
+		t.Fatal(err)
+	}
+	file := cm.HTTP.TokenFile
+	if file == "" {
+		t.Fatal("the ConfigMap sets no http.auth_token_file: /dead would be refused on the pod IP")
+	}
+	var secret, key string
+	for _, m := range get(ctr, "volumeMounts").([]any) {
+		dir, _ := get(m, "mountPath").(string)
+		rest, ok := strings.CutPrefix(file, dir+"/")
+		if !ok || strings.Contains(rest, "/") {
+			continue
+		}
+		for _, v := range get(pod, "volumes").([]any) {
+			if get(v, "name") == get(m, "name") {
+				secret, _ = get(v, "secret", "secretName").(string)
+				key = rest
+			}
+		}
+	}
+	if secret == "" {
+		t.Fatalf("http.auth_token_file %s is not in a directory the relay container mounts from a Secret", file)
+	}
+	creds := get(kinds["ServiceMonitor"], "spec", "endpoints").([]any)[0]
+	if get(creds, "authorization", "type") != "Bearer" || get(creds, "authorization", "credentials", "name") != secret ||
+		get(creds, "authorization", "credentials", "key") != key {
+		t.Errorf("the ServiceMonitor's authorization %v, want type Bearer with the Secret %s's key %s", get(creds, "authorization"), secret, key)
+	}
+}
+
+// checkImagesPinned: every outboxd image is tagged with a version
+// (vMAJOR.MINOR.PATCH; the per-version Job's placeholder VERSION aside),
+// never :latest or untagged.
+func checkImagesPinned(t *testing.T, files []string) {
+	t.Helper()
+	version := regexp.MustCompile(`^ghcr\.io/outboxd/outboxd:(v[0-9]+\.[0-9]+\.[0-9]+|VERSION)$`)
+	seen := 0
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range regexp.MustCompile(`(?m)^\s*image:\s*(\S+)`).FindAllStringSubmatch(string(b), -1) {
+			seen++
+			if !version.MatchString(m[1]) {
+				t.Errorf("%s: image %s, want ghcr.io/outboxd/outboxd:<version> (vMAJOR.MINOR.PATCH, never :latest)", f, m[1])
+			}
+		}
+	}
+	if seen == 0 {
+		t.Error("no image in the manifests")
+	}
+}
+
+// checkApplied: file is among kustomization.yaml's resources (kind is
+// applied with the rest, not left an example).
+func checkApplied(t *testing.T, kind, file string) {
+	t.Helper()
+	k := docs(t, "kubernetes/kustomization.yaml")[0]
+	for _, r := range get(k, "resources").([]any) {
+		if r == file {
+			return
+		}
+	}
+	t.Errorf("the %s (%s) is not among kustomization.yaml's resources", kind, file)
 }

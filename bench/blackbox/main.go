@@ -88,6 +88,7 @@
 //	cd bench && go run ./blackbox -scenario order -runs 1 -late 2s,30s
 //	cd bench && go run ./blackbox -scenario latency -rate 2000 -for 1m -runs 3 -pause postgres@40s:2s -dsn postgres://postgres@127.0.0.1:5511/postgres
 //	cd bench && go run ./blackbox -scenario slow -rounds 1 -rows 20000 -receiver-delay 20ms -aggregates 1000 [-straggler 500ms]
+//	cd bench && go run ./blackbox -scenario dead-readers -rounds 3 -rows 2000 -dead 200000 -readers 32
 package main
 
 import (
@@ -119,7 +120,7 @@ import (
 var (
 	pgDSN      = flag.String("dsn", benchenv.PostgresDSN(), "maintenance DSN (databases are created beside it)")
 	redisAddr  = flag.String("redis", benchenv.RedisAddr(), "Redis address")
-	scenario   = flag.String("scenario", "drain", "drain, latency, history, backlog, order or slow")
+	scenario   = flag.String("scenario", "drain", "drain, latency, history, backlog, order, slow or dead-readers")
 	rounds     = flag.Int("rounds", 3, "drain: rounds (each runs every batch size for outboxd and the peer)")
 	batches    = flag.String("batches", "1000,100", "drain: poller.batch_size values")
 	rows       = flag.Int("rows", 100000, "drain: backlog size")
@@ -195,6 +196,8 @@ func main() {
 		orderProbes(ctx, bins)
 	case "slow":
 		slowRounds(ctx, bins)
+	case "dead-readers":
+		deadReaderRounds(ctx, bins)
 	default:
 		check(fmt.Errorf("unknown -scenario %q", *scenario))
 	}

@@ -277,21 +277,33 @@ func (a *App) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("http.addr %s: %w", a.Cfg.HTTP.Addr, err)
 	}
+	// The operations endpoints read on a pool of their own: one connection
+	// per request admitted at once (http.max_concurrent) and one more for
+	// /readyz's ping, which a crowd of slow requests then cannot starve.
+	ops, err := OpenOpsStore(ctx, a.Cfg.Postgres, a.Cfg.HTTP.MaxConcurrent+1)
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
+	defer ops.Close()
+	offLoopback := !httpapi.Loopback(a.Cfg.HTTP.Addr)
 	srv := httpapi.Server(httpapi.Handler(httpapi.Deps{
 		Checks: map[string]httpapi.Check{
-			"postgres": a.Store.Ping,
+			"postgres": ops.Ping,
 			"redis":    a.pingRedis,
 			// Reachable is not enough: a leader whose every fetch fails is not
 			// doing its job (poller.FetchFailure).
 			"fetch": func(context.Context) error { return p.FetchFailure(time.Now()) },
 		},
-		Registry:     a.Metrics.Registry,
-		BeforeScrape: func(ctx context.Context) { a.refreshBacklog(ctx); a.refreshPaused(ctx) },
-		Pprof:        a.Cfg.HTTP.Pprof,
-		AuthToken:    a.Cfg.HTTP.AuthToken,
-		Dead:         a.Store,
+		Registry:      a.Metrics.Registry,
+		BeforeScrape:  func(ctx context.Context) { a.refreshBacklog(ctx, ops); a.refreshPaused(ctx, ops) },
+		Pprof:         a.Cfg.HTTP.Pprof,
+		AuthToken:     a.Cfg.HTTP.AuthToken,
+		OffLoopback:   offLoopback,
+		MaxConcurrent: a.Cfg.HTTP.MaxConcurrent,
+		Dead:          ops,
 		Status: func(ctx context.Context) (any, error) {
-			st, err := a.status(ctx, map[string]func() int64{keys.PollerLock: p.HeldToken, keys.ReconcileLock: rec.HeldToken}, sinksOf(sink))
+			st, err := a.status(ctx, ops, map[string]func() int64{keys.PollerLock: p.HeldToken, keys.ReconcileLock: rec.HeldToken}, sinksOf(sink))
 			ferr := p.FetchFailure(time.Now())
 			switch {
 			case err != nil && ferr != nil:
@@ -312,6 +324,10 @@ func (a *App) Run(ctx context.Context) error {
 		// How long a row that keeps failing is retried before it is dead-lettered.
 		"retry_horizon_min", lo.Round(time.Second).String(), "retry_horizon_max", hi.Round(time.Second).String())
 	a.warnUnsafe(sink, hi)
+	if offLoopback && a.Cfg.HTTP.AuthToken == "" {
+		a.Log.Warn("http.addr is not a loopback address and no bearer token is set: /dead, /dead/{id} and /debug/pprof/ answer 403; set http.auth_token_file to serve them",
+			"http_addr", a.Cfg.HTTP.Addr)
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { a.warnEviction(gctx); return nil })
 	g.Go(func() error {
@@ -412,9 +428,9 @@ func (a *App) pingRedis(ctx context.Context) error {
 // refreshBacklog sets the backlog gauges from Postgres, at most as often
 // as backlogGate allows; on error they keep their last values (and /readyz
 // reports Postgres).
-func (a *App) refreshBacklog(ctx context.Context) {
+func (a *App) refreshBacklog(ctx context.Context, s *store.Store) {
 	a.backlog.run(ctx, time.Now, func(ctx context.Context) {
-		st, err := a.Store.Stats(ctx)
+		st, err := s.Stats(ctx)
 		if err != nil {
 			return
 		}
@@ -424,8 +440,8 @@ func (a *App) refreshBacklog(ctx context.Context) {
 
 // refreshPaused sets outboxd_destination_paused from Postgres; on error
 // the gauges keep their last values.
-func (a *App) refreshPaused(ctx context.Context) {
-	paused, err := a.Store.PausedDestinations(ctx)
+func (a *App) refreshPaused(ctx context.Context, s *store.Store) {
+	paused, err := s.PausedDestinations(ctx)
 	if err != nil {
 		return
 	}
@@ -491,21 +507,22 @@ type Status struct {
 // destinations come from the configuration, without their sinks'
 // capabilities (those are known once built: /status).
 func (a *App) Status(ctx context.Context) (Status, error) {
-	return a.status(ctx, nil, nil)
+	return a.status(ctx, a.Store, nil, nil)
 }
 
-// status: held gives this replica's token per lock (0 while not holding);
-// built the sink of each destination, by name, once built.
-func (a *App) status(ctx context.Context, held map[string]func() int64, built map[string]dispatch.Sink) (Status, error) {
-	st, err := a.Store.Stats(ctx)
+// status reads Postgres through s; held gives this replica's token per
+// lock (0 while not holding); built the sink of each destination, by name,
+// once built.
+func (a *App) status(ctx context.Context, s *store.Store, held map[string]func() int64, built map[string]dispatch.Sink) (Status, error) {
+	st, err := s.Stats(ctx)
 	if err != nil {
 		return Status{}, err
 	}
-	fences, err := a.Store.FenceTokens(ctx)
+	fences, err := s.FenceTokens(ctx)
 	if err != nil {
 		return Status{}, err
 	}
-	paused, err := a.Store.PausedDestinations(ctx)
+	paused, err := s.PausedDestinations(ctx)
 	if err != nil {
 		return Status{}, err
 	}

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/migrations"
@@ -22,6 +24,35 @@ func OpenStore(ctx context.Context, c config.Postgres) (*store.Store, error) {
 		opts = append(opts, store.WithTransactionPooler())
 	}
 	return store.Open(ctx, c.DSN, opts...)
+}
+
+// opsStatementTimeout bounds each statement of the operations pool where
+// the server takes it as a startup parameter; behind a transaction pooler
+// (no startup parameters) the requests' context deadlines cancel them.
+const opsStatementTimeout = "5s"
+
+// OpenOpsStore opens the operations endpoints' own pool for the postgres
+// section: at most conns connections, none opened before a request needs
+// one. Every /dead, /dead/{id}, /status and scrape reads through it, so
+// a crowd of operations requests waits on its own connections and never
+// takes one of the delivery's (the pool OpenStore opens). Its sessions
+// are named "<application_name> ops" ("outboxd ops" when the DSN names
+// none), so pg_stat_activity tells them from the delivery's.
+func OpenOpsStore(ctx context.Context, c config.Postgres, conns int) (*store.Store, error) {
+	cfg, err := pgxpool.ParseConfig(c.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("store: parse postgres.dsn: %w", err)
+	}
+	params := cfg.ConnConfig.RuntimeParams
+	params["application_name"] = cmp.Or(params["application_name"], "outboxd") + " ops"
+	cfg.MaxConns, cfg.MinConns = int32(conns), 0 //nolint:gosec // http.max_concurrent is at most 64
+	opts := []store.Option{store.WithSchema(c.Schema)}
+	if c.Pooler == config.PoolerTransaction {
+		opts = append(opts, store.WithTransactionPooler())
+	} else if _, set := params["statement_timeout"]; !set {
+		params["statement_timeout"] = opsStatementTimeout
+	}
+	return store.OpenConfig(ctx, cfg, opts...)
 }
 
 // MigrateOptions are migrations.Up's options for the postgres section.

@@ -36,12 +36,26 @@ type Deps struct {
 	// by /metrics, /status, /dead and /debug/pprof/; /livez and /readyz
 	// stay open for probes.
 	AuthToken string
+	// OffLoopback: http.addr is reachable from other hosts (not Loopback).
+	// Without AuthToken, /dead, /dead/{id} and /debug/pprof/ then answer
+	// 403 (refusePayloads); the other paths serve as usual.
+	OffLoopback bool
+	// MaxConcurrent (http.max_concurrent) bounds the requests that read
+	// Postgres at once: /dead, /dead/{id} and /status beyond it answer 503
+	// with Retry-After, and a scrape beyond it shows the backlog gauges'
+	// last values (limit). 0: no bound.
+	MaxConcurrent int
 }
 
 // Handler returns the endpoints' mux.
 func Handler(d Deps) http.Handler {
 	mux := http.NewServeMux()
 	guarded := func(pattern string, h http.HandlerFunc) { mux.HandleFunc(pattern, requireToken(d.AuthToken, h)) }
+	payloads := guarded
+	if d.OffLoopback && d.AuthToken == "" {
+		payloads = func(pattern string, _ http.HandlerFunc) { mux.HandleFunc(pattern, refusePayloads) }
+	}
+	lim := newLimit(d.MaxConcurrent)
 	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -61,15 +75,16 @@ func Handler(d Deps) http.Handler {
 	if d.Registry != nil {
 		h := promhttp.HandlerFor(d.Registry, promhttp.HandlerOpts{Registry: d.Registry})
 		guarded("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
-			if d.BeforeScrape != nil {
+			if d.BeforeScrape != nil && lim.try() {
 				ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 				d.BeforeScrape(ctx)
 				cancel()
+				lim.release()
 			}
 			h.ServeHTTP(w, r)
 		})
 	}
-	guarded("GET /status", func(w http.ResponseWriter, r *http.Request) {
+	guarded("GET /status", lim.wrap(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 		defer cancel()
 		st, err := d.Status(ctx)
@@ -78,17 +93,17 @@ func Handler(d Deps) http.Handler {
 			return
 		}
 		writeJSON(w, http.StatusOK, st)
-	})
+	}))
 	if d.Dead != nil {
-		guarded("GET /dead", func(w http.ResponseWriter, r *http.Request) { serveDead(w, r, d.Dead) })
-		guarded("GET /dead/{id}", func(w http.ResponseWriter, r *http.Request) { serveDeadRow(w, r, d.Dead) })
+		payloads("GET /dead", lim.wrap(func(w http.ResponseWriter, r *http.Request) { serveDead(w, r, d.Dead) }))
+		payloads("GET /dead/{id}", lim.wrap(func(w http.ResponseWriter, r *http.Request) { serveDeadRow(w, r, d.Dead) }))
 	}
 	if d.Pprof {
-		guarded("GET /debug/pprof/", pprof.Index)
-		guarded("GET /debug/pprof/cmdline", pprof.Cmdline)
-		guarded("GET /debug/pprof/profile", pprof.Profile)
-		guarded("GET /debug/pprof/symbol", pprof.Symbol)
-		guarded("GET /debug/pprof/trace", pprof.Trace)
+		payloads("GET /debug/pprof/", pprof.Index)
+		payloads("GET /debug/pprof/cmdline", pprof.Cmdline)
+		payloads("GET /debug/pprof/profile", pprof.Profile)
+		payloads("GET /debug/pprof/symbol", pprof.Symbol)
+		payloads("GET /debug/pprof/trace", pprof.Trace)
 	}
 	return mux
 }
