@@ -110,16 +110,17 @@ func (t *takeovers) add(i int, found string) {
 // is not poisoned, and returns those rows' indexes into items and their
 // keys, in the same order.
 //
-// The batch's keys and marks are built in one buffer and made one string,
-// which each row's key and mark are slices of: two allocations per batch,
-// not two per row. Rows written with the same headers as the row before
+// The batch's keys and marks are written into one string, which each
+// row's key and mark are slices of: one allocation per batch for them, not
+// two per row. Rows written with the same headers as the row before
 // share that row's headers digest (keys.HeadersDigest): most rows carry
 // the same headers, often none.
 func (p *Poller) claimable(items []item) (idx []int, names []string) {
 	idx, names = make([]int, 0, len(items)), make([]string, 0, len(items))
 	type span struct{ key, mark int } // ends in buf
 	ends := make([]span, len(items))
-	buf := make([]byte, 0, len(items)*claimNamesPerRow)
+	var buf strings.Builder
+	buf.Grow(len(items) * claimNamesPerRow)
 	var headers []byte // of the last row whose headers digest was taken
 	var digest [32]byte
 	for i := range items {
@@ -130,13 +131,15 @@ func (p *Poller) claimable(items []item) (idx []int, names []string) {
 		if len(idx) == 0 || !bytes.Equal(r.Headers, headers) {
 			headers, digest = r.Headers, keys.HeadersDigest(r.Headers)
 		}
-		buf = p.keys.AppendIdempotency(buf, r.ID)
-		ends[i].key = len(buf)
-		buf = keys.AppendMark(buf, r.CreatedAt, r.AggregateType, r.AggregateID, r.EventType, keys.ContentWith(r.Payload, digest))
-		ends[i].mark = len(buf)
+		var name [160]byte // a key and a mark under a usual prefix; a longer one grows it
+		b := p.keys.AppendIdempotency(name[:0], r.ID)
+		ends[i].key = buf.Len() + len(b)
+		b = keys.AppendMark(b, r.CreatedAt, r.AggregateType, r.AggregateID, r.EventType, keys.ContentWith(r.Payload, digest))
+		buf.Write(b)
+		ends[i].mark = buf.Len()
 		idx = append(idx, i)
 	}
-	all, start := string(buf), 0
+	all, start := buf.String(), 0
 	for _, i := range idx {
 		items[i].key, items[i].mark = all[start:ends[i].key], all[ends[i].key:ends[i].mark]
 		start = ends[i].mark
