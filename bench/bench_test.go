@@ -112,7 +112,7 @@ func drainOutboxd(b *testing.B, batch int) float64 {
 }
 
 func drainWatermill(b *testing.B, batch int) float64 {
-	elapsed, err := peer.WatermillDrain(context.Background(), freshDB(b), batch, backlog, 12)
+	elapsed, err := peer.WatermillDrain(context.Background(), freshDB(b), batch, backlog, 12, true)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/store"
 )
@@ -96,12 +98,11 @@ func (p *Poller) countOutcomes(ctx context.Context, items []item, now time.Time)
 	// The per-event debug lines are built only when they are written: their
 	// arguments cost an allocation per event otherwise (the id, boxed).
 	debug := p.log.Enabled(ctx, slog.LevelDebug)
+	var sends destinationSends
 	for _, it := range items {
 		switch it.outcome {
 		case sent:
-			dest := p.destination(it.row)
-			p.m.Dispatched.WithLabelValues(dest).Inc()
-			p.m.DispatchLatency.WithLabelValues(dest).Observe(now.Sub(it.row.CreatedAt).Seconds())
+			sends.of(p, p.destination(it.row)).add(now.Sub(it.row.CreatedAt).Seconds())
 			if debug {
 				p.log.Debug("event delivered", "outbox_id", it.row.ID)
 			}
@@ -113,6 +114,52 @@ func (p *Poller) countOutcomes(ctx context.Context, items []item, now time.Time)
 		case failed, refused:
 			p.m.DispatchFailures.WithLabelValues(p.destination(it.row), dispatch.FailureReason(it.err)).Inc()
 		}
+	}
+	sends.count()
+}
+
+// destinationSends are a batch's delivered events by destination: each
+// destination's series of outboxd_dispatched_total and
+// outboxd_dispatch_latency_seconds is looked up once per batch, not once
+// per event, and its counter is added to once.
+type destinationSends struct {
+	last *destinationSent // the destination of the event before: most batches have one
+	all  []*destinationSent
+}
+
+type destinationSent struct {
+	name    string
+	n       int
+	counter prometheus.Counter
+	latency prometheus.Observer
+}
+
+// of is name's entry, made on its first event of the batch.
+func (s *destinationSends) of(p *Poller, name string) *destinationSent {
+	if s.last != nil && s.last.name == name {
+		return s.last
+	}
+	for _, d := range s.all {
+		if d.name == name {
+			s.last = d
+			return d
+		}
+	}
+	s.last = &destinationSent{name: name, counter: p.m.Dispatched.WithLabelValues(name), latency: p.m.DispatchLatency.WithLabelValues(name)}
+	s.all = append(s.all, s.last)
+	return s.last
+}
+
+// add counts one delivered event of d, created latency seconds ago.
+func (d *destinationSent) add(latency float64) {
+	d.n++
+	d.latency.Observe(latency)
+}
+
+// count adds each destination's delivered events to its counter.
+func (s *destinationSends) count() {
+	for _, d := range s.all {
+		d.counter.Add(float64(d.n))
 	}
 }
 

@@ -125,6 +125,7 @@ var (
 	batches    = flag.String("batches", "1000,100", "drain: poller.batch_size values")
 	rows       = flag.Int("rows", 100000, "drain: backlog size")
 	withPeer   = flag.Bool("peer", true, "drain: alternate with watermill-sql's forwarder")
+	withBare   = flag.Bool("bare", true, "drain: alternate with the bare protocol (peer.BareDrain: fetch, a pipeline of claims, one of marks, one fenced UPDATE; no sink), the ceiling outboxd's share is given of")
 	sinks      = flag.String("sink", "noop", "drain: dispatch.sink, or a comma list run in turn: noop, webhook, kafka, nats, rabbitmq, redis_stream, pubsub, kinesis, sqs, sns")
 	profile    = flag.String("profile", "", "drain: write relay CPU profiles, pg_stat_statements and Redis commandstats here")
 	profileFor = flag.Duration("profile-for", 3*time.Second, "drain: length of the relay CPU profile (from the relay's start; make it cover the drain)")
@@ -227,7 +228,7 @@ func drainRounds(ctx context.Context, bins []build) {
 		batch int
 	}
 	ours := map[key][]drainResult{}
-	theirs := map[int][]float64{}
+	theirs, bare := map[int][]float64{}, map[int][]float64{}
 	for r := range *rounds {
 		for _, b := range sizes {
 			for _, bin := range bins {
@@ -241,15 +242,19 @@ func drainRounds(ctx context.Context, bins []build) {
 			if *withPeer {
 				dsn, drop, err := benchenv.FreshDB(ctx, *pgDSN)
 				check(err)
-				d, err := peer.WatermillDrain(ctx, dsn, b, *rows, payloadPad+50)
+				d, err := peer.WatermillDrain(ctx, dsn, b, *rows, payloadPad+50, !*asWritten)
 				drop()
 				check(err)
 				theirs[b] = append(theirs[b], float64(*rows)/d.Seconds())
 				fmt.Printf("round %d batch %4d watermill %8.0f msg/s\n", r+1, b, theirs[b][len(theirs[b])-1])
 			}
+			if *withBare {
+				bare[b] = append(bare[b], drainBare(ctx, bins[0].path, b, *rows))
+				fmt.Printf("round %d batch %4d bare protocol %8.0f ev/s\n", r+1, b, bare[b][len(bare[b])-1])
+			}
 		}
 	}
-	fmt.Printf("\n| build | sink | batch | outboxd (binary) ev/s min / median / max | watermill forwarder msg/s min / median / max | ratio of medians | peak RSS MiB (max) | CPU s per 1k events relay / Postgres / Redis (medians) |\n|---|---|---|---|---|---|---|---|\n")
+	fmt.Printf("\n| build | sink | batch | outboxd (binary) ev/s min / median / max | watermill forwarder msg/s min / median / max | ratio of medians | peak RSS MiB (max) | CPU s per 1k events relay / Postgres / Redis (medians) | bare protocol ev/s min / median / max | share of the bare protocol (medians) |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, bin := range bins {
 		for _, s := range names {
 			for _, b := range sizes {
@@ -262,7 +267,12 @@ func drainRounds(ctx context.Context, bins []build) {
 					peerCol = mmm(t)
 					ratio = fmt.Sprintf("%.2f×", median(evs)/median(t))
 				}
-				fmt.Printf("| %s | %s | %d | %s | %s | %s | %.1f | %.4f / %.4f / %.4f |\n", bin.label, s, b, mmm(evs), peerCol, ratio, slices.Max(rss), median(rc), median(pc), median(dc))
+				bareCol, share := "not run", "—"
+				if t := bare[b]; len(t) > 0 {
+					bareCol = mmm(t)
+					share = fmt.Sprintf("%.0f%%", 100*median(evs)/median(t))
+				}
+				fmt.Printf("| %s | %s | %d | %s | %s | %s | %.1f | %.4f / %.4f / %.4f | %s | %s |\n", bin.label, s, b, mmm(evs), peerCol, ratio, slices.Max(rss), median(rc), median(pc), median(dc), bareCol, share)
 			}
 		}
 	}
@@ -324,8 +334,10 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch, rows int, tag st
 			d.checkAlive()
 		}
 	}
-	_, err = pool.Exec(ctx, `CHECKPOINT`)
-	check(err)
+	if !*asWritten {
+		_, err = pool.Exec(ctx, `CHECKPOINT`)
+		check(err)
+	}
 	insertBacklog(ctx, pool, rows)
 	if d != nil {
 		// Timed from the backlog's commit. With -profile, the statements'
@@ -355,8 +367,10 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch, rows int, tag st
 		}
 		return res
 	}
-	_, err = pool.Exec(ctx, `VACUUM ANALYZE outbox`)
-	check(err)
+	if !*asWritten {
+		_, err = pool.Exec(ctx, `VACUUM ANALYZE outbox`)
+		check(err)
+	}
 	statements := *profile != "" && resetPgStatStatements(ctx, pool)
 	if *profile != "" {
 		check(rdb.ConfigResetStat(ctx).Err())
@@ -406,6 +420,32 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch, rows int, tag st
 		check(os.WriteFile(filepath.Join(*profile, tag+".redis_commandstats.txt"), []byte(stats), 0o644))
 	}
 	return res
+}
+
+// drainBare times peer.BareDrain on the backlog drainOutboxd gives the
+// relay: a fresh database migrated by bin, the same rows, the same
+// CHECKPOINT before the insert and VACUUM ANALYZE after it (or neither,
+// with -as-written); events/s from the protocol's first fetch to its last
+// mark.
+func drainBare(ctx context.Context, bin string, batch, rows int) float64 {
+	r := newRun(ctx, bin)
+	defer r.done()
+	pool, err := pgxpool.New(ctx, r.dsn)
+	check(err)
+	defer pool.Close()
+	tableAutovacuum(ctx, pool)
+	if !*asWritten {
+		_, err = pool.Exec(ctx, `CHECKPOINT`)
+		check(err)
+	}
+	insertBacklog(ctx, pool, rows)
+	if !*asWritten {
+		_, err = pool.Exec(ctx, `VACUUM ANALYZE outbox`)
+		check(err)
+	}
+	d, err := peer.BareDrain(ctx, pool, r.rdb, r.prefix, batch, rows)
+	check(err)
+	return float64(rows) / d.Seconds()
 }
 
 // ---- latency ----

@@ -49,8 +49,8 @@ var measures = []measure{
 		[][]string{{"-scenario", "backlog", "-rows", "400", "-small", "200", "-rounds", "1"}},
 		renderTables},
 	{"history",
-		[][]string{{"-scenario", "history", "-warm", "-rows", "100000", "-history", "1000000", "-rounds", "1"}},
-		[][]string{{"-scenario", "history", "-warm", "-rows", "200", "-history", "400", "-rounds", "1"}},
+		[][]string{{"-scenario", "history", "-as-written", "-rows", "100000", "-history", "1000000", "-rounds", "3"}},
+		[][]string{{"-scenario", "history", "-as-written", "-rows", "200", "-history", "400", "-rounds", "1"}},
 		renderTables},
 	{"latency",
 		[][]string{
@@ -69,14 +69,14 @@ var measures = []measure{
 		renderTables},
 	{"pooler",
 		[][]string{
-			{"-scenario", "drain", "-batches", "1000", "-rounds", "3", "-peer=false"},
-			{"-scenario", "drain", "-batches", "1000", "-rounds", "3", "-peer=false", "-pgbouncer"},
+			{"-scenario", "drain", "-batches", "1000", "-rounds", "3", "-peer=false", "-bare=false"},
+			{"-scenario", "drain", "-batches", "1000", "-rounds", "3", "-peer=false", "-bare=false", "-pgbouncer"},
 			{"-scenario", "latency", "-rate", "1000", "-runs", "3"},
 			{"-scenario", "latency", "-rate", "1000", "-runs", "3", "-pgbouncer"},
 		},
 		[][]string{
-			{"-scenario", "drain", "-batches", "100", "-rounds", "1", "-rows", "300", "-peer=false"},
-			{"-scenario", "drain", "-batches", "100", "-rounds", "1", "-rows", "300", "-peer=false", "-pgbouncer"},
+			{"-scenario", "drain", "-batches", "100", "-rounds", "1", "-rows", "300", "-peer=false", "-bare=false"},
+			{"-scenario", "drain", "-batches", "100", "-rounds", "1", "-rows", "300", "-peer=false", "-bare=false", "-pgbouncer"},
 		},
 		renderPooler},
 	{"dead-readers",
@@ -85,10 +85,10 @@ var measures = []measure{
 		renderTables},
 	{"sinks",
 		[][]string{
-			{"-rounds", "1", "-peer=false", "-batches", "1000", "-sink", "noop,webhook,kafka,nats,rabbitmq,redis_stream,pubsub,kinesis"},
-			{"-rounds", "1", "-peer=false", "-rows", "2000", "-batches", "500", "-sink", "sqs,sns", "-set", "poller.concurrency=2"},
+			{"-rounds", "1", "-peer=false", "-bare=false", "-batches", "1000", "-sink", "noop,webhook,kafka,nats,rabbitmq,redis_stream,pubsub,kinesis"},
+			{"-rounds", "1", "-peer=false", "-bare=false", "-rows", "2000", "-batches", "500", "-sink", "sqs,sns", "-set", "poller.concurrency=2"},
 		},
-		[][]string{{"-rounds", "1", "-peer=false", "-rows", "200", "-batches", "100", "-sink", "noop,webhook"}},
+		[][]string{{"-rounds", "1", "-peer=false", "-bare=false", "-rows", "200", "-batches", "100", "-sink", "noop,webhook"}},
 		renderTables},
 }
 
@@ -257,23 +257,24 @@ func middle(mmm string) (float64, bool) {
 	return f, err == nil
 }
 
-// renderDrain turns the drain's summary into the peer table and the
-// ceiling table: the host's cores divided by the CPU seconds one event
-// costs the relay, Postgres and Redis together.
+// renderDrain turns the drain's summary into the peer table (watermill-sql
+// and the bare protocol beside outboxd) and the ceiling table: the host's
+// cores divided by the CPU seconds one event costs the relay, Postgres and
+// Redis together.
 func renderDrain(outs []string, plot *plotData) (string, error) {
 	t := lastTable(outs[0])
 	if len(t) < 3 {
 		return "", fmt.Errorf("no drain table in the output")
 	}
 	cores := runtime.NumCPU()
-	peer := "| batch | outboxd ev/s (min / median / max) | watermill-sql forwarder msg/s | ratio of medians | peak RSS MiB |\n|---|---|---|---|---|\n"
+	peer := "| batch | outboxd ev/s (min / median / max) | watermill-sql forwarder msg/s | ratio of medians (target ≥ 2.5× at batch 1000) | bare protocol ev/s | share of the bare protocol (target ≥ 80%) | peak RSS MiB |\n|---|---|---|---|---|---|---|\n"
 	ceiling := fmt.Sprintf("| batch | outboxd ev/s (median) | CPU s per 1k events relay / Postgres / Redis | CPU ceiling (%d cores) | share of the ceiling |\n|---|---|---|---|---|\n", cores)
 	for _, row := range t[2:] {
-		c := cells(row) // build, sink, batch, ours, theirs, ratio, rss, cpu
-		if len(c) < 8 {
-			return "", fmt.Errorf("drain row %q: want 8 cells", row)
+		c := cells(row) // build, sink, batch, ours, theirs, ratio, rss, cpu, bare, share
+		if len(c) < 10 {
+			return "", fmt.Errorf("drain row %q: want 10 cells", row)
 		}
-		peer += fmt.Sprintf("| %s | %s | %s | %s | %s |\n", c[2], c[3], c[4], c[5], c[6])
+		peer += fmt.Sprintf("| %s | %s | %s | %s | %s | %s | %s |\n", c[2], c[3], c[4], c[5], c[8], c[9], c[6])
 		ours, ok := middle(c[3])
 		var perK float64
 		for _, f := range strings.Split(c[7], " / ") {

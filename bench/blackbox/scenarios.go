@@ -13,13 +13,15 @@ import (
 )
 
 var (
-	historyRows = flag.Int("history", 1000000, "history: settled rows the -rows pending ones sit behind")
-	smallRows   = flag.Int("small", 100000, "backlog: the backlog -rows is compared with")
-	lates       = flag.String("late", "2s", "order: how long after the higher id the lower one commits, a comma list (one probe each)")
-	warm        = flag.Bool("warm", false, "history, backlog: start the relay first, wait until it delivered one event written after any history, then insert the backlog and time from its commit (a running relay, not a restart onto a backlog; no VACUUM before the drain)")
-	stuckRow    = flag.Bool("stuck-row", false, "history: the history's first row backs off for an hour (a relay with no cursor saved starts below it; its late-commit check spans the history)")
-	historyCkpt = flag.Bool("history-checkpoint", false, "history: CHECKPOINT after writing the settled rows, so the drain does not pay for flushing the history's own dirty pages (a history that was there before, not one written a second ago)")
-	rollback    = flag.Bool("rollback", true, "order: also a probe whose lower id rolls back (a gap that never fills) after the first -late")
+	historyRows   = flag.Int("history", 1000000, "history: settled rows the -rows pending ones sit behind")
+	smallRows     = flag.Int("small", 100000, "backlog: the backlog -rows is compared with")
+	lates         = flag.String("late", "2s", "order: how long after the higher id the lower one commits, a comma list (one probe each)")
+	warm          = flag.Bool("warm", false, "history, backlog: start the relay first, wait until it delivered one event written after any history, then insert the backlog and time from its commit (a running relay, not a restart onto a backlog; no VACUUM before the drain)")
+	stuckRow      = flag.Bool("stuck-row", false, "history: the history's first row backs off for an hour (a relay with no cursor saved starts below it; its late-commit check spans the history)")
+	historyCkpt   = flag.Bool("history-checkpoint", false, "history: CHECKPOINT after writing the settled rows, so the drain does not pay for flushing the history's own dirty pages (a history that was there before, not one written a second ago)")
+	historySettle = flag.String("history-settle", "batches", "history: how the settled rows are marked dispatched: batches (a snapshot opened after their INSERT, then UPDATEs of 1,000 ids, as a relay writes) or bulk (VACUUM ANALYZE, the snapshot, one UPDATE)")
+	asWritten     = flag.Bool("as-written", false, "drain, history, backlog: start the relay (or the bare protocol) on the table as the inserts left it: no CHECKPOINT before the backlog's insert and no VACUUM ANALYZE after it (default: both, so no checkpoint runs while timed and every row has its hint bits set)")
+	rollback      = flag.Bool("rollback", true, "order: also a probe whose lower id rolls back (a gap that never fills) after the first -late")
 )
 
 // ---- history ----
@@ -48,7 +50,7 @@ func historyRounds(ctx context.Context, bins []build) {
 				r+1, bin.label, *rows, *historyRows, h.perSec, h.load, 100*h.perSec/c.perSec)
 		}
 	}
-	fmt.Printf("\n| build | %d pending, clean table, ev/s min / median / max | behind %d settled rows, snapshot held | ratio of medians | target |\n|---|---|---|---|---|\n", *rows, *historyRows)
+	fmt.Printf("\n%s\n\n| build | %d pending, clean table, ev/s min / median / max | behind %d settled rows, snapshot held | ratio of medians | target |\n|---|---|---|---|---|\n", historyMethod(), *rows, *historyRows)
 	for _, bin := range bins {
 		x := out[bin.label]
 		ratio := median(x.behind) / median(x.clean)
@@ -56,20 +58,55 @@ func historyRounds(ctx context.Context, bins []build) {
 	}
 }
 
-// settledHistory writes -history events, opens a snapshot, then marks them
-// dispatched: the old versions (and their pending-index entries) cannot be
-// vacuumed while the snapshot is held, which is until the drain is timed.
+// historyMethod says how the history runs were made, for the result.
+func historyMethod() string {
+	start := "relay started onto the backlog, timed from its process start to the last row's mark"
+	if *warm {
+		start = "relay running first, timed from the backlog's commit"
+	}
+	prep := "CHECKPOINT before the backlog's insert, VACUUM ANALYZE after it"
+	if *asWritten {
+		prep = "no CHECKPOINT or VACUUM between the inserts and the start"
+	}
+	settle := "settled in UPDATEs of 1,000 ids with a snapshot opened before them"
+	if *historySettle == "bulk" {
+		settle = "settled by one UPDATE after a VACUUM, the snapshot opened between"
+	}
+	return fmt.Sprintf("History %s; %s; %s.", settle, prep, start)
+}
+
+// settledHistory writes -history events and settles them with a snapshot
+// held from before the settling until the drain is timed, so neither the
+// old versions nor their pending-index entries can be vacuumed. With
+// -history-settle batches (the default), the snapshot is opened right after
+// the one INSERT of the history, and the history is then marked dispatched
+// in id order, 1,000 ids per UPDATE, each its own transaction, with the
+// statement shape of outboxd's own write (UPDATE ... WHERE id = ANY(ids) AND
+// dispatched_at IS NULL, asynchronous commit): the pages are left as a
+// relay leaves them, hint bits unset, nothing vacuumed, no checkpoint (with
+// -as-written). No cursor is saved: the relay starts below the history, as
+// on its first start. -history-settle bulk is the earlier method: VACUUM
+// ANALYZE, the snapshot, then one UPDATE of every row.
 func settledHistory(ctx context.Context) func(*pgxpool.Pool) func() {
 	return func(pool *pgxpool.Pool) func() {
 		began := time.Now()
 		insertBacklog(ctx, pool, *historyRows)
-		_, err := pool.Exec(ctx, `VACUUM ANALYZE outbox`)
-		check(err)
-		release := holdSnapshotOpen(ctx, pool.Config().ConnString())
-		_, err = pool.Exec(ctx, `UPDATE outbox SET dispatched_at = now(), attempts = 1`)
-		check(err)
+		var release func()
+		switch *historySettle {
+		case "bulk":
+			_, err := pool.Exec(ctx, `VACUUM ANALYZE outbox`)
+			check(err)
+			release = holdSnapshotOpen(ctx, pool.Config().ConnString())
+			_, err = pool.Exec(ctx, `UPDATE outbox SET dispatched_at = now(), attempts = 1`)
+			check(err)
+		case "batches":
+			release = holdSnapshotOpen(ctx, pool.Config().ConnString())
+			settleInBatches(ctx, pool)
+		default:
+			check(fmt.Errorf("-history-settle %q: want batches or bulk", *historySettle))
+		}
 		if *historyCkpt {
-			_, err = pool.Exec(ctx, `CHECKPOINT`)
+			_, err := pool.Exec(ctx, `CHECKPOINT`)
 			check(err)
 		}
 		if *stuckRow {
@@ -77,12 +114,30 @@ func settledHistory(ctx context.Context) func(*pgxpool.Pool) func() {
 			// saved starts below it, the whole history in the range it
 			// checks for late commits across the change of holder. An
 			// aggregate of its own: the backlog's rows wait for none.
-			_, err = pool.Exec(ctx, `UPDATE outbox SET dispatched_at = NULL, available_at = now() + interval '1 hour',
+			_, err := pool.Exec(ctx, `UPDATE outbox SET dispatched_at = NULL, available_at = now() + interval '1 hour',
 				aggregate_id = 'stuck' WHERE id = (SELECT min(id) FROM outbox)`)
 			check(err)
 		}
-		fmt.Printf("    %d settled rows written in %.1f s\n", *historyRows, since(began)/1000)
+		fmt.Printf("    %d settled rows written (%s) in %.1f s\n", *historyRows, *historySettle, since(began)/1000)
 		return release
+	}
+}
+
+// settleInBatches marks every row dispatched, 1,000 ids per statement in
+// id order, each statement its own transaction, as a relay's writes do.
+func settleInBatches(ctx context.Context, pool *pgxpool.Pool) {
+	var lo, hi int64
+	check(pool.QueryRow(ctx, `SELECT min(id), max(id) FROM outbox`).Scan(&lo, &hi))
+	ids := make([]int64, 0, 1000)
+	for from := lo; from <= hi; from += 1000 {
+		ids = ids[:0]
+		for id := from; id < from+1000 && id <= hi; id++ {
+			ids = append(ids, id)
+		}
+		_, err := pool.Exec(ctx, `WITH async AS (SELECT set_config('synchronous_commit', 'off', true))
+			UPDATE outbox SET dispatched_at = now(), last_error = NULL
+			WHERE id = ANY($1::bigint[]) AND dispatched_at IS NULL AND EXISTS (SELECT FROM async)`, ids)
+		check(err)
 	}
 }
 

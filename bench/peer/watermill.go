@@ -31,8 +31,10 @@ func (c *countingPublisher) Close() error { return nil }
 // watermill's forwarder publisher into the empty database at dsn, then runs
 // watermill-sql's forwarder (subscriber batch size batch, 10 ms poll) to a
 // no-op publisher and returns how long it took to forward all n, from the
-// forwarder's start.
-func WatermillDrain(ctx context.Context, dsn string, batch, n, payloadBytes int) (time.Duration, error) {
+// forwarder's start. With vacuum, the tables are vacuumed and analyzed
+// before the start (hint bits set, statistics taken); without, the
+// forwarder starts on them as the publisher left them.
+func WatermillDrain(ctx context.Context, dsn string, batch, n, payloadBytes int, vacuum bool) (time.Duration, error) {
 	db, err := stdsql.Open("pgx", dsn)
 	if err != nil {
 		return 0, err
@@ -56,8 +58,10 @@ func WatermillDrain(ctx context.Context, dsn string, batch, n, payloadBytes int)
 			return 0, err
 		}
 	}
-	if _, err := db.ExecContext(ctx, `VACUUM ANALYZE`); err != nil {
-		return 0, err
+	if vacuum {
+		if _, err := db.ExecContext(ctx, `VACUUM ANALYZE`); err != nil {
+			return 0, err
+		}
 	}
 	sub, err := wsql.NewSubscriber(db, wsql.SubscriberConfig{
 		SchemaAdapter: schema, OffsetsAdapter: wsql.DefaultPostgreSQLOffsetsAdapter{},

@@ -36,6 +36,13 @@ func (s Space) Idempotency(id int64) string {
 	return string(strconv.AppendInt(b, id, 10))
 }
 
+// AppendIdempotency appends Idempotency(id)'s text to b: a caller naming
+// many keys at once may build them in one buffer.
+func (s Space) AppendIdempotency(b []byte, id int64) []byte {
+	b = append(append(b, s.prefix...), "idempotency:notify:"...)
+	return strconv.AppendInt(b, id, 10)
+}
+
 // Circuit is circuit:<destination>: the state of the destination's open
 // circuit breaker as the leader last wrote it (JSON), absent while closed.
 func (s Space) Circuit(destination string) string { return s.prefix + "circuit:" + destination }

@@ -43,10 +43,21 @@ type Content [8]byte
 // ContentOf is the Content of a row whose payload and headers read as
 // payload and headers. It allocates nothing.
 func ContentOf(payload, headers []byte) Content {
+	return ContentWith(payload, HeadersDigest(headers))
+}
+
+// HeadersDigest is the SHA-256 of a row's headers, the part of Content
+// that rows written with the same headers share: a caller may take it
+// once for them (ContentWith).
+func HeadersDigest(headers []byte) [sha256.Size]byte { return sha256.Sum256(headers) }
+
+// ContentWith is ContentOf(payload, headers) for the headers whose
+// HeadersDigest is headers. It allocates nothing.
+func ContentWith(payload []byte, headers [sha256.Size]byte) Content {
 	var both [2 * sha256.Size]byte
-	p, h := sha256.Sum256(payload), sha256.Sum256(headers)
+	p := sha256.Sum256(payload)
 	copy(both[:sha256.Size], p[:])
-	copy(both[sha256.Size:], h[:])
+	copy(both[sha256.Size:], headers[:])
 	sum := sha256.Sum256(both[:])
 	return Content(sum[:len(Content{})])
 }
@@ -73,6 +84,13 @@ func Mark(createdAt time.Time, aggregateType, aggregateID, eventType string, con
 	var buf [48]byte
 	b := append(buf[:0], LegacyDelivered+":"...)
 	return string(appendFingerprint(b, createdAt, aggregateType, aggregateID, eventType, content))
+}
+
+// AppendMark appends Mark's text to b: a caller naming many rows at once
+// may build their marks in one buffer.
+func AppendMark(b []byte, createdAt time.Time, aggregateType, aggregateID, eventType string, content Content) []byte {
+	b = append(b, LegacyDelivered+":"...)
+	return appendFingerprint(b, createdAt, aggregateType, aggregateID, eventType, content)
 }
 
 // MarkFingerprint is the fingerprint a "1:<fingerprint>" mark names.

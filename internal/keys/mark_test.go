@@ -179,3 +179,20 @@ func TestPerEventNamesAllocateOnce(t *testing.T) {
 		t.Errorf("Idempotency = %q, want %q", got, want)
 	}
 }
+
+// The forms that append to a caller's buffer, and ContentWith over a
+// headers digest taken once, name exactly what the one-row forms name.
+func TestAppendFormsNameTheSame(t *testing.T) {
+	at := time.Date(2026, 11, 24, 15, 4, 5, 123456789, time.UTC)
+	space := New("bb:1:")
+	payload, headers := []byte(`{"n": 1}`), []byte(`{"traceparent": "00-abc"}`)
+	if got, want := ContentWith(payload, HeadersDigest(headers)), ContentOf(payload, headers); got != want {
+		t.Errorf("ContentWith = %x, want ContentOf's %x", got, want)
+	}
+	b := []byte("before|")
+	b = AppendMark(b, at, "deal", "42", "deal.funded", content)
+	b = space.AppendIdempotency(append(b, '|'), 1234567)
+	if got, want := string(b), "before|"+Mark(at, "deal", "42", "deal.funded", content)+"|"+space.Idempotency(1234567); got != want {
+		t.Errorf("appended %q, want %q", got, want)
+	}
+}

@@ -193,9 +193,13 @@ func (a *App) buildSink(d destination) (dispatch.Sink, error) {
 	if a.circ == nil {
 		a.circ = newCircuits(a)
 	}
-	send := a.Metrics.SendDuration.MustCurryWith(prometheus.Labels{"destination": d.name})
+	// Each outcome's series looked up once here, not once per send.
+	send := make(map[string]prometheus.Observer, len(dispatch.SendOutcomes))
+	for _, o := range dispatch.SendOutcomes {
+		send[o] = a.Metrics.SendDuration.WithLabelValues(d.name, o)
+	}
 	timed := dispatch.Timed(a.traced(d, s), func(outcome string, took time.Duration) {
-		send.WithLabelValues(outcome).Observe(took.Seconds())
+		send[outcome].Observe(took.Seconds())
 	})
 	return a.circ.breaker(d, timed), nil
 }
