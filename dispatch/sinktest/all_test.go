@@ -389,7 +389,7 @@ func sqsMessages(t *testing.T, msgs []sqstypes.Message) []sinktest.Message {
 			t.Fatal(err)
 		}
 		out = append(out, sinktest.Message{Headers: h, Body: aws.ToString(m.Body),
-			Key: m.Attributes[string(sqstypes.MessageSystemAttributeNameMessageGroupId)],
+			Key:      m.Attributes[string(sqstypes.MessageSystemAttributeNameMessageGroupId)],
 			DedupeID: m.Attributes[string(sqstypes.MessageSystemAttributeNameMessageDeduplicationId)]})
 	}
 	return out
