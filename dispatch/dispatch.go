@@ -138,24 +138,6 @@ type Result struct {
 	Unanswered bool
 }
 
-// KeepPrefix applies the contract to results a sink collected: per
-// aggregate, after its first event that was neither delivered nor a
-// duplicate, every later event is NotAttempted, whatever the destination did
-// with it (the caller sends it again later; consumers dedupe on the id).
-func KeepPrefix(events []Event, out []Result) {
-	stopped := map[Aggregate]bool{}
-	for i, ev := range events {
-		a := ev.Aggregate()
-		if stopped[a] {
-			out[i] = Result{Outcome: NotAttempted}
-			continue
-		}
-		if o := out[i].Outcome; o != Delivered && o != Duplicate {
-			stopped[a] = true
-		}
-	}
-}
-
 // Capabilities tell the caller how to use a sink safely.
 type Capabilities struct {
 	// MaxBatch is the most events per Send; 0 means no limit.

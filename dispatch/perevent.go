@@ -3,7 +3,6 @@ package dispatch
 import (
 	"cmp"
 	"context"
-	"sync"
 	"time"
 )
 
@@ -41,80 +40,38 @@ type perEvent struct {
 func (p *perEvent) Capabilities() Capabilities { return p.caps }
 
 func (p *perEvent) Send(ctx context.Context, b Batch) []Result {
-	out := make([]Result, len(b.Events))
-	var wg sync.WaitGroup
-	for _, idx := range byAggregate(b.Events) {
-		select {
-		case p.slots <- struct{}{}:
-		case <-ctx.Done():
-			notAttempted(b, idx) // this aggregate's events stay NotAttempted
-			continue
-		}
-		wg.Go(func() {
-			defer func() { <-p.slots }()
-			p.sendAggregate(ctx, b, idx, out)
-		})
-	}
-	wg.Wait()
-	return out
+	r := NewRounds(b.Events)
+	r.Parallel(ctx, p.slots, func(i int) Result { return p.sendOne(ctx, b, i) },
+		func(i int) { b.done(i, Result{Outcome: NotAttempted}) })
+	return r.Results()
 }
 
-// sendAggregate sends the events at idx (one aggregate's, in order) until
-// the first that does not go through.
-func (p *perEvent) sendAggregate(ctx context.Context, b Batch, idx []int, out []Result) {
-	for k, i := range idx {
-		// Trust the lease less than Redis does: past the local deadline (a
-		// pause, a slow network) stop without waiting to hear from Redis.
-		until := b.Until()
-		if ctx.Err() != nil || !time.Now().Before(until) {
-			notAttempted(b, idx[k:]) // the rest stay NotAttempted
-			return
-		}
-		sctx, cancel := context.WithDeadline(ctx, until)
-		start := time.Now()
-		err := p.send(sctx, b.Events[i], b.Token)
-		took := time.Since(start)
-		err = WithDuration(err, took)
-		// Read before cancel, which sets it. Past the deadline the webhook
-		// refuses to write (ErrDeadlinePassed), maybe before the context's
-		// timer fired: that is the deadline's doing too, not the receiver's.
-		cut := sctx.Err() != nil || !time.Now().Before(until)
-		cancel()
-		if err != nil {
-			out[i] = Failed(err)
-			out[i].Cut = cut
-			b.sent(i, out[i], took)
-			b.done(i, out[i])
-			notAttempted(b, idx[k+1:])
-			return
-		}
-		out[i].Outcome = Delivered
-		b.sent(i, out[i], took)
-		b.done(i, out[i])
-	}
-}
-
-// notAttempted reports the events at idx as NotAttempted to b.Done.
-func notAttempted(b Batch, idx []int) {
-	for _, i := range idx {
+// sendOne sends event i and reports its result to b.Sent and b.Done; it
+// sends nothing once ctx or the trust deadline has ended (NotAttempted).
+func (p *perEvent) sendOne(ctx context.Context, b Batch, i int) Result {
+	// Trust the lease less than Redis does: past the local deadline (a
+	// pause, a slow network) stop without waiting to hear from Redis.
+	until := b.Until()
+	if ctx.Err() != nil || !time.Now().Before(until) {
 		b.done(i, Result{Outcome: NotAttempted})
+		return Result{Outcome: NotAttempted}
 	}
-}
-
-// byAggregate groups event indexes by aggregate, each group in event order,
-// groups in order of first appearance.
-func byAggregate(events []Event) [][]int {
-	pos := map[Aggregate]int{}
-	var groups [][]int
-	for i, ev := range events {
-		k := ev.Aggregate()
-		g, ok := pos[k]
-		if !ok {
-			g = len(groups)
-			pos[k] = g
-			groups = append(groups, nil)
-		}
-		groups[g] = append(groups[g], i)
+	sctx, cancel := context.WithDeadline(ctx, until)
+	start := time.Now()
+	err := p.send(sctx, b.Events[i], b.Token)
+	took := time.Since(start)
+	err = WithDuration(err, took)
+	// Read before cancel, which sets it. Past the deadline the webhook
+	// refuses to write (ErrDeadlinePassed), maybe before the context's
+	// timer fired: that is the deadline's doing too, not the receiver's.
+	cut := sctx.Err() != nil || !time.Now().Before(until)
+	cancel()
+	res := Result{Outcome: Delivered}
+	if err != nil {
+		res = Failed(err)
+		res.Cut = cut
 	}
-	return groups
+	b.sent(i, res, took)
+	b.done(i, res)
+	return res
 }

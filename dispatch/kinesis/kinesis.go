@@ -191,9 +191,6 @@ type record struct {
 	stream string
 	entry  types.PutRecordsRequestEntry
 	size   int
-	// refused: the event cannot be written (its Result is set already);
-	// its aggregate stops there.
-	refused bool
 }
 
 // Send implements dispatch.Sink. It writes the batch in rounds: round k
@@ -207,100 +204,69 @@ func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	start := time.Now()
-	out := make([]dispatch.Result, len(b.Events))
 	dctx, cancel, ok := b.Window(ctx)
 	defer cancel()
 	if !ok {
-		return out
+		return make([]dispatch.Result, len(b.Events))
 	}
 	tctx, cancelT := context.WithTimeout(dctx, s.timeout)
 	defer cancelT()
-	q := s.queue(b, out)
-	calls := s.writeRounds(tctx, dctx, b, q, out)
-	dispatch.KeepPrefix(b.Events, out)
+	r := dispatch.NewRounds(b.Events)
+	recs := s.records(b, r)
+	calls := s.writeRounds(tctx, dctx, recs, r)
+	out := r.Results()
 	s.log.Debug("kinesis batch written", "batch_size", len(b.Events), "calls", calls, "duration_ms", time.Since(start).Milliseconds())
 	return out
 }
 
-// queues hold each aggregate's events, as records, in batch order, up to
-// its first event that cannot be written at all (refused before sending).
-type queues struct {
-	recs    map[dispatch.Aggregate][]record
-	order   []dispatch.Aggregate // the aggregates in batch order
-	stopped map[dispatch.Aggregate]bool
-}
-
-// queue maps the batch's events to records, queued per aggregate; a
-// refused event's result is set in out.
-func (s *Sink) queue(b dispatch.Batch, out []dispatch.Result) *queues {
-	q := &queues{recs: map[dispatch.Aggregate][]record{}, stopped: map[dispatch.Aggregate]bool{}}
+// records maps the batch's events to records, aligned with the batch; a
+// refused event's result is set in r, which stops its aggregate there.
+func (s *Sink) records(b dispatch.Batch, r *dispatch.Rounds) []record {
+	recs := make([]record, len(b.Events))
 	var drops dispatch.DroppedHeaders
 	for i, ev := range b.Events {
-		a := ev.Aggregate()
-		if _, seen := q.recs[a]; !seen {
-			q.order = append(q.order, a)
-		}
 		rec, dropped, err := s.record(i, ev, b.Token)
 		drops.Add(ev.ID, dropped)
 		if err != nil {
-			out[i] = dispatch.Failed(err)
-			rec.refused = true
+			r.Set(i, dispatch.Failed(err))
 		}
-		if r := q.recs[a]; len(r) == 0 || !r[len(r)-1].refused {
-			q.recs[a] = append(r, rec)
-		}
+		recs[i] = rec
 	}
 	drops.Log(s.log, "row headers dropped: their names collide with the contract's headers or they hold control characters")
-	return q
-}
-
-// round is the k-th record of every aggregate still going; an aggregate
-// whose k-th record is refused stops there.
-func (q *queues) round(k int) []record {
-	var recs []record
-	for _, a := range q.order {
-		switch r := q.recs[a]; {
-		case q.stopped[a] || k >= len(r):
-		case r[k].refused:
-			q.stopped[a] = true
-		default:
-			recs = append(recs, r[k])
-		}
-	}
 	return recs
 }
 
-// writeRounds writes the queued records round by round until none is left
-// or tctx ends, and reports the PutRecords calls made.
-func (s *Sink) writeRounds(tctx, dctx context.Context, b dispatch.Batch, q *queues, out []dispatch.Result) int {
+// writeRounds writes the records round by round (r.Next: the next event
+// of every aggregate still going) until none is left or tctx ends, and
+// reports the PutRecords calls made.
+func (s *Sink) writeRounds(tctx, dctx context.Context, all []record, r *dispatch.Rounds) int {
 	calls := 0
-	for k := 0; tctx.Err() == nil; k++ {
-		recs := q.round(k)
-		if len(recs) == 0 {
+	for tctx.Err() == nil {
+		round := r.Next()
+		if len(round) == 0 {
 			break
 		}
+		recs := make([]record, len(round))
+		for j, i := range round {
+			recs[j] = all[i]
+		}
 		slices.SortFunc(recs, func(x, y record) int { return cmp.Or(strings.Compare(x.stream, y.stream), x.i-y.i) })
-		calls += s.writeRound(tctx, dctx, b, recs, q, out)
+		calls += s.writeRound(tctx, dctx, recs, r)
 	}
 	return calls
 }
 
 // writeRound writes one round's records in PutRecords calls per stream;
-// an aggregate whose record is not delivered stops. It reports the calls
-// made; once tctx ends, the rest stay NotAttempted.
-func (s *Sink) writeRound(tctx, dctx context.Context, b dispatch.Batch, recs []record, q *queues, out []dispatch.Result) int {
+// an aggregate whose record is not delivered stops (r.Set). It reports the
+// calls made; once tctx ends, the rest stay NotAttempted.
+func (s *Sink) writeRound(tctx, dctx context.Context, recs []record, r *dispatch.Rounds) int {
 	calls := 0
 	for _, chunk := range chunks(recs) {
 		if tctx.Err() != nil {
 			break
 		}
 		calls++
-		s.put(tctx, dctx, chunk, out)
-		for _, r := range chunk {
-			if o := out[r.i].Outcome; o != dispatch.Delivered {
-				q.stopped[b.Events[r.i].Aggregate()] = true
-			}
-		}
+		s.put(tctx, dctx, chunk, r)
 	}
 	return calls
 }
@@ -371,8 +337,8 @@ func chunks(recs []record) [][]record {
 	return append(out, recs[begin:])
 }
 
-// put writes one call's records and sets their results in out.
-func (s *Sink) put(tctx, dctx context.Context, recs []record, out []dispatch.Result) {
+// put writes one call's records and sets their results in r.
+func (s *Sink) put(tctx, dctx context.Context, recs []record, r *dispatch.Rounds) {
 	stream := recs[0].stream
 	entries := make([]types.PutRecordsRequestEntry, len(recs))
 	for j, r := range recs {
@@ -383,19 +349,19 @@ func (s *Sink) put(tctx, dctx context.Context, recs []record, out []dispatch.Res
 		err = fmt.Errorf("the answer has %d results for %d records", len(resp.Records), len(recs))
 	}
 	if err != nil {
-		r := s.callFailed(stream, err, dctx)
+		res := s.callFailed(stream, err, dctx)
 		for _, rec := range recs {
-			out[rec.i] = r
+			r.Set(rec.i, res)
 		}
 		return
 	}
 	for j, res := range resp.Records {
 		if res.ErrorCode == nil {
-			out[recs[j].i] = dispatch.Result{Outcome: dispatch.Delivered,
-				Ref: fmt.Sprintf("%s/%s@%s", stream, aws.ToString(res.ShardId), aws.ToString(res.SequenceNumber))}
+			r.Set(recs[j].i, dispatch.Result{Outcome: dispatch.Delivered,
+				Ref: fmt.Sprintf("%s/%s@%s", stream, aws.ToString(res.ShardId), aws.ToString(res.SequenceNumber))})
 			continue
 		}
-		out[recs[j].i] = dispatch.Failed(recordFailed(stream, aws.ToString(res.ErrorCode), aws.ToString(res.ErrorMessage)))
+		r.Set(recs[j].i, dispatch.Failed(recordFailed(stream, aws.ToString(res.ErrorCode), aws.ToString(res.ErrorMessage))))
 	}
 }
 

@@ -22,25 +22,25 @@ import (
 func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]dispatch.Result, len(b.Events))
-	if len(out) == 0 {
-		return out
+	r := dispatch.NewRounds(b.Events)
+	if len(b.Events) == 0 {
+		return r.Results()
 	}
 	ctx, cancel, ok := b.Window(ctx)
 	defer cancel()
 	if !ok {
-		return out // nothing sent: all NotAttempted
+		return r.Results() // nothing sent: all NotAttempted
 	}
 	start := time.Now()
 	nc, js, err := s.conn()
 	if err != nil {
-		failFirst(b.Events, out, err)
-		return out
+		failFirst(b.Events, r, err)
+		return r.Results()
 	}
 	s.drainRefused() // left by an earlier batch that stopped waiting
-	sent, drops := s.publish(ctx, nc, js, b, out)
-	streams := s.await(ctx, sent, b.Events, out)
-	dispatch.KeepPrefix(b.Events, out)
+	sent, drops := s.publish(ctx, nc, js, b, r)
+	streams := s.await(ctx, sent, b.Events, r)
+	out := r.Results()
 	drops.Log(s.log, "row headers dropped: their names collide with the contract's headers, or NATS cannot carry them (see docs/sinks/nats.md)")
 	s.askWindows(streams)
 	if s.log.Enabled(ctx, slog.LevelDebug) {
@@ -61,14 +61,12 @@ type published struct {
 // stops at its first event that cannot be sent (its later ones stay
 // NotAttempted and are never sent); a failure of the connection itself
 // stops the batch.
-func (s *Sink) publish(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, b dispatch.Batch, out []dispatch.Result) ([]published, dispatch.DroppedHeaders) {
+func (s *Sink) publish(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, b dispatch.Batch, r *dispatch.Rounds) ([]published, dispatch.DroppedHeaders) {
 	deadline, _ := ctx.Deadline()
 	sent := make([]published, 0, len(b.Events))
-	stopped := map[dispatch.Aggregate]bool{}
 	var drops dispatch.DroppedHeaders
 	for i, ev := range b.Events {
-		k := ev.Aggregate()
-		if stopped[k] {
+		if r.Stopped(i) {
 			continue
 		}
 		wait := time.Until(deadline)
@@ -78,8 +76,7 @@ func (s *Sink) publish(ctx context.Context, nc *nats.Conn, js jetstream.JetStrea
 		msg, dropped, err := s.message(ev, b.Token)
 		drops.Add(ev.ID, dropped)
 		if err != nil {
-			out[i] = dispatch.Failed(err)
-			stopped[k] = true
+			r.Set(i, dispatch.Failed(err))
 			continue
 		}
 		// No retries inside nats.go: a retried publish could land after the
@@ -87,11 +84,11 @@ func (s *Sink) publish(ctx context.Context, nc *nats.Conn, js jetstream.JetStrea
 		// deadline.
 		f, err := js.PublishMsgAsync(msg, jetstream.WithRetryAttempts(0), jetstream.WithStallWait(wait))
 		if err != nil {
-			stopped[k] = true
+			r.Stop(i)
 			if errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
 				break // the deadline came while waiting for a slot: not sent
 			}
-			out[i] = dispatch.Failed(s.publishError(nc, ev, msg, err))
+			r.Set(i, dispatch.Failed(s.publishError(nc, ev, msg, err)))
 			if !perMessage(err) {
 				break // the connection failed: the rest would fail alike
 			}
@@ -105,7 +102,7 @@ func (s *Sink) publish(ctx context.Context, nc *nats.Conn, js jetstream.JetStrea
 // await collects the PubAck (or error) of every published message, in
 // order, until the deadline or ctx ends; it returns the streams named by
 // the acks.
-func (s *Sink) await(ctx context.Context, sent []published, events []dispatch.Event, out []dispatch.Result) map[string]bool {
+func (s *Sink) await(ctx context.Context, sent []published, events []dispatch.Event, r *dispatch.Rounds) map[string]bool {
 	streams := map[string]bool{}
 	refused := map[string]bool{}
 	for _, p := range sent {
@@ -114,12 +111,12 @@ func (s *Sink) await(ctx context.Context, sent []published, events []dispatch.Ev
 		switch {
 		case ack != nil:
 			streams[ack.Stream] = true
-			out[p.i] = acked(ack)
+			r.Set(p.i, acked(ack))
 		case err != nil:
-			out[p.i] = dispatch.Failed(s.ackError(ev, clipSubject(p.subject), err))
+			r.Set(p.i, dispatch.Failed(s.ackError(ev, clipSubject(p.subject), err)))
 		default:
-			out[p.i] = dispatch.Result{Outcome: dispatch.Retryable, Cut: true,
-				Err: fmt.Errorf("nats: event %d: no PubAck for subject %q before the send's deadline: %w", ev.ID, clipSubject(p.subject), context.Cause(ctx))}
+			r.Set(p.i, dispatch.Result{Outcome: dispatch.Retryable, Cut: true,
+				Err: fmt.Errorf("nats: event %d: no PubAck for subject %q before the send's deadline: %w", ev.ID, clipSubject(p.subject), context.Cause(ctx))})
 		}
 	}
 	return streams
@@ -292,15 +289,9 @@ func (s *Sink) ackError(ev dispatch.Event, subj string, err error) error {
 
 // failFirst reports err for the first event of each aggregate (Retryable);
 // the others stay NotAttempted.
-func failFirst(events []dispatch.Event, out []dispatch.Result, err error) {
-	seen := map[dispatch.Aggregate]bool{}
-	for i, ev := range events {
-		k := ev.Aggregate()
-		if seen[k] {
-			continue
-		}
-		seen[k] = true
-		out[i] = dispatch.Result{Outcome: dispatch.Retryable, Err: fmt.Errorf("event %d: %w", ev.ID, err)}
+func failFirst(events []dispatch.Event, r *dispatch.Rounds, err error) {
+	for _, i := range r.Next() {
+		r.Set(i, dispatch.Result{Outcome: dispatch.Retryable, Err: fmt.Errorf("event %d: %w", events[i].ID, err)})
 	}
 }
 

@@ -223,9 +223,6 @@ type item struct {
 	topic string
 	msg   *pubsubpb.PubsubMessage
 	size  int
-	// refused: the event cannot be published (its Result is set already);
-	// its aggregate stops there.
-	refused bool
 }
 
 // Send implements dispatch.Sink. It publishes the batch in waves of
@@ -242,60 +239,54 @@ func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	start := time.Now()
-	out := make([]dispatch.Result, len(b.Events))
 	dctx, cancel, ok := b.Window(ctx)
 	defer cancel()
 	if !ok {
-		return out // NotAttempted
+		return make([]dispatch.Result, len(b.Events)) // NotAttempted
 	}
 	tctx, cancelT := context.WithTimeout(dctx, s.timeout)
 	defer cancelT()
 
+	r := dispatch.NewRounds(b.Events)
 	queue := make([]item, len(b.Events))
 	var drops dispatch.DroppedHeaders
 	for i, ev := range b.Events {
 		it, dropped, err := s.item(i, ev, b.Token)
 		drops.Add(ev.ID, dropped)
 		if err != nil {
-			out[i] = dispatch.Failed(err)
-			it.refused = true
+			r.Set(i, dispatch.Failed(err)) // its aggregate stops there
 		}
 		queue[i] = it
 	}
 	drops.Log(s.log, "row headers dropped: their names collide with the contract's headers, hold control characters or break Pub/Sub's attribute limits")
 
-	stop := map[dispatch.Aggregate]bool{}   // sends nothing more: refused or failed
-	failed := map[dispatch.Aggregate]bool{} // a request holding one of its events failed
 	requests := 0
 	for len(queue) > 0 && tctx.Err() == nil {
 		var wave map[string][]item
 		var topics []string
-		wave, topics, queue = nextWave(queue, stop)
+		wave, topics, queue = nextWave(queue, r)
 		for _, topic := range topics {
 			for _, req := range requestsOf(wave[topic]) {
-				req = slices.DeleteFunc(req, func(it item) bool { return failed[it.agg] })
+				// An earlier request of this wave failed for its aggregate.
+				req = slices.DeleteFunc(req, func(it item) bool { return r.Stopped(it.i) })
 				if len(req) == 0 || tctx.Err() != nil {
 					continue // NotAttempted
 				}
 				requests++
-				if !s.publish(tctx, dctx, topic, req, out) {
-					for _, it := range req {
-						failed[it.agg], stop[it.agg] = true, true
-					}
-				}
+				s.publish(tctx, dctx, topic, req, r)
 			}
 		}
 	}
-	dispatch.KeepPrefix(b.Events, out)
+	out := r.Results()
 	s.log.Debug("pubsub batch published", "batch_size", len(b.Events), "requests", requests, "duration_ms", time.Since(start).Milliseconds())
 	return out
 }
 
 // nextWave takes from queue, in order, the events of this wave grouped by
 // topic (topics in order of first use), and returns the rest for later
-// waves. Events of stopped aggregates are dropped (NotAttempted); a refused
-// event stops its aggregate.
-func nextWave(queue []item, stop map[dispatch.Aggregate]bool) (map[string][]item, []string, []item) {
+// waves. Events of stopped aggregates are dropped (NotAttempted), a
+// refused event's aggregate stopped at it.
+func nextWave(queue []item, r *dispatch.Rounds) (map[string][]item, []string, []item) {
 	wave := map[string][]item{}
 	var topics []string
 	first := map[dispatch.Aggregate]string{} // the topic of the aggregate's first event in this wave
@@ -303,12 +294,10 @@ func nextWave(queue []item, stop map[dispatch.Aggregate]bool) (map[string][]item
 	var rest []item
 	for _, it := range queue {
 		switch t, seen := first[it.agg]; {
-		case stop[it.agg]:
-		case deferred[it.agg] || (seen && t != it.topic && !it.refused):
+		case r.Stopped(it.i):
+		case deferred[it.agg] || (seen && t != it.topic):
 			deferred[it.agg] = true
 			rest = append(rest, it)
-		case it.refused:
-			stop[it.agg] = true
 		default:
 			if !seen {
 				first[it.agg] = it.topic
@@ -378,9 +367,9 @@ func (s *Sink) item(i int, ev dispatch.Event, token int64) (item, []string, erro
 	return it, dropped, nil
 }
 
-// publish sends one request and sets its events' results in out; false
-// when it failed.
-func (s *Sink) publish(tctx, dctx context.Context, topic string, req []item, out []dispatch.Result) bool {
+// publish sends one request and sets its events' results in r; a failed
+// request stops the aggregates of its events.
+func (s *Sink) publish(tctx, dctx context.Context, topic string, req []item, r *dispatch.Rounds) {
 	msgs := make([]*pubsubpb.PubsubMessage, len(req))
 	for j, it := range req {
 		msgs[j] = it.msg
@@ -391,16 +380,15 @@ func (s *Sink) publish(tctx, dctx context.Context, topic string, req []item, out
 		err = fmt.Errorf("the answer has %d message ids for %d messages", len(resp.MessageIds), len(msgs))
 	}
 	if err != nil {
-		r := s.failed(topic, err, dctx)
+		res := s.failed(topic, err, dctx)
 		for _, it := range req {
-			out[it.i] = r
+			r.Set(it.i, res)
 		}
-		return false
+		return
 	}
 	for j, it := range req {
-		out[it.i] = dispatch.Result{Outcome: dispatch.Delivered, Ref: topic + "/" + resp.MessageIds[j]}
+		r.Set(it.i, dispatch.Result{Outcome: dispatch.Delivered, Ref: topic + "/" + resp.MessageIds[j]})
 	}
-	return true
 }
 
 // failed is the Result of every event of a failed request, saying what to do.

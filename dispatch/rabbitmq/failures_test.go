@@ -113,14 +113,14 @@ func TestReturnTakenWhenBothArrived(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := make([]dispatch.Result, len(events))
-	tr := &sending{s: s, l: l, ctx: ctx, until: b.Until(), b: b, out: out, failed: map[dispatch.Aggregate]bool{}, returned: map[string]amqp.Return{}}
+	rounds := dispatch.NewRounds(events)
+	tr := &sending{s: s, l: l, ctx: ctx, until: b.Until(), b: b, r: rounds, returned: map[string]amqp.Return{}}
 	fl, _ := tr.publish(0, len(events))
 	for _, f := range fl {
 		<-f.dc.Done()
 	}
 	tr.confirm(fl)
-	for i, r := range out {
+	for i, r := range rounds.Results() {
 		if want := []dispatch.Outcome{R, D}[i%2]; r.Outcome != want {
 			t.Fatalf("event #%d: %v (%v), want %v", i, r.Outcome, r.Err, want)
 		}

@@ -198,22 +198,21 @@ func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
 	if ctx.Err() != nil || !s.now().Before(until) {
 		return out // nothing sent: all NotAttempted
 	}
+	r := dispatch.NewRounds(b.Events)
 	l, err := s.ready(ctx)
 	if err != nil {
 		s.setupFailed(err)
-		r := dispatch.Failed(err)
-		r.Cut = ctx.Err() != nil
-		for i := range out {
-			out[i] = r
+		res := dispatch.Failed(err)
+		res.Cut = ctx.Err() != nil
+		for _, i := range r.Next() {
+			r.Set(i, res) // each aggregate's first event; the rest NotAttempted
 		}
-		dispatch.KeepPrefix(b.Events, out)
-		return out
+		return r.Results()
 	}
 	s.setupErr = ""
-	t := &sending{s: s, l: l, ctx: ctx, until: until, b: b, out: out,
-		failed: map[dispatch.Aggregate]bool{}, returned: map[string]amqp.Return{}}
+	t := &sending{s: s, l: l, ctx: ctx, until: until, b: b, r: r, returned: map[string]amqp.Return{}}
 	t.run()
-	dispatch.KeepPrefix(b.Events, out)
+	out = r.Results()
 	t.warnDropped()
 	s.log.Debug("rabbitmq batch sent", "batch_size", len(out), "delivered", count(out, dispatch.Delivered),
 		"failed", count(out, dispatch.Retryable)+count(out, dispatch.Permanent), "duration_ms", time.Since(start).Milliseconds())
@@ -262,12 +261,11 @@ type sending struct {
 	ctx      context.Context
 	until    time.Time
 	b        dispatch.Batch
-	out      []dispatch.Result
-	failed   map[dispatch.Aggregate]bool // aggregates with a known failure: their later events are not published
-	returned map[string]amqp.Return      // returned messages by message id
-	dropped  []string                    // row header names left out, for one warning
-	dropID   int64                       // the first event that had some
-	dropN    int                         // how many events had some
+	r        *dispatch.Rounds       // results; an aggregate with a known failure publishes nothing more
+	returned map[string]amqp.Return // returned messages by message id
+	dropped  []string               // row header names left out, for one warning
+	dropID   int64                  // the first event that had some
+	dropN    int                    // how many events had some
 }
 
 // inflight is a published message waiting for its confirm.
@@ -286,8 +284,8 @@ func (t *sending) run() {
 	defer stop()
 	t.l.raw.arm(t.until)
 	defer t.l.raw.arm(time.Time{})
-	for lo := 0; lo < len(t.out); lo += chunk {
-		fl, more := t.publish(lo, min(lo+chunk, len(t.out)))
+	for lo := 0; lo < len(t.b.Events); lo += chunk {
+		fl, more := t.publish(lo, min(lo+chunk, len(t.b.Events)))
 		if !t.confirm(fl) || !more {
 			return
 		}
@@ -299,7 +297,7 @@ func (t *sending) run() {
 func (t *sending) publish(lo, hi int) (fl []inflight, more bool) {
 	for i := lo; i < hi; i++ {
 		ev := t.b.Events[i]
-		if t.failed[ev.Aggregate()] {
+		if t.r.Stopped(i) {
 			continue // NotAttempted: an earlier event of its aggregate failed
 		}
 		if t.ctx.Err() != nil || !t.s.now().Before(t.until) {
@@ -417,7 +415,7 @@ func (t *sending) settle(f inflight) {
 		return
 	}
 	if f.dc.Acked() {
-		t.out[f.i] = dispatch.Result{Outcome: dispatch.Delivered, Ref: "delivery tag " + strconv.FormatUint(f.dc.DeliveryTag, 10)}
+		t.r.Set(f.i, dispatch.Result{Outcome: dispatch.Delivered, Ref: "delivery tag " + strconv.FormatUint(f.dc.DeliveryTag, 10)})
 		return
 	}
 	if t.ctx.Err() != nil {
@@ -434,14 +432,12 @@ func (t *sending) settle(f inflight) {
 
 // fail records a failure for event i and stops its aggregate.
 func (t *sending) fail(i int, err error) {
-	t.out[i] = dispatch.Failed(err)
-	t.failed[t.b.Events[i].Aggregate()] = true
+	t.r.Set(i, dispatch.Failed(err))
 }
 
 // cut records event i as unanswered when the deadline or context ended.
 func (t *sending) cut(i int, err error) {
-	t.out[i] = dispatch.Result{Outcome: dispatch.Retryable, Err: err, Cut: true}
-	t.failed[t.b.Events[i].Aggregate()] = true
+	t.r.Set(i, dispatch.Result{Outcome: dispatch.Retryable, Err: err, Cut: true})
 }
 
 // noteDropped remembers an event's row headers that were not sent.

@@ -162,14 +162,11 @@ func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
 	// by us, not refused by Redis.
 	cut := ctx.Err() != nil
 	for i, cmd := range p.xadds {
-		switch {
-		case p.fails[i] != nil:
-			out[i] = dispatch.Failed(p.fails[i])
-		case cmd != nil:
-			out[i] = result(cmd, p.keys[i], b.Events[i].ID, cut)
+		if cmd != nil {
+			p.rounds.Set(i, result(cmd, p.keys[i], b.Events[i].ID, cut))
 		}
 	}
-	dispatch.KeepPrefix(b.Events, out)
+	out = p.rounds.Results()
 	if p.info != nil {
 		s.readVersion(p.info)
 	}
@@ -182,30 +179,28 @@ func (s *Sink) Send(ctx context.Context, b dispatch.Batch) []dispatch.Result {
 // batchPipeline is a batch's commands, queued and not yet sent.
 type batchPipeline struct {
 	redis.Pipeliner
-	keys  []string           // stream key per event
-	xadds []*redis.StringCmd // XADD per event; nil when not sent
-	fails []error            // why an event was not sent (a refused stream key), or nil
-	info  *redis.StringCmd   // INFO server, until the version is known
-	drops dispatch.DroppedHeaders
+	keys   []string           // stream key per event
+	xadds  []*redis.StringCmd // XADD per event; nil when not sent
+	rounds *dispatch.Rounds   // per-event results; a refused stream key's is set when queued
+	info   *redis.StringCmd   // INFO server, until the version is known
+	drops  dispatch.DroppedHeaders
 }
 
 // pipeline queues one XADD per event, in order (and INFO server until the
 // server's version is known: it rides along, no extra round trip).
 func (s *Sink) pipeline(ctx context.Context, b dispatch.Batch) *batchPipeline {
 	p := &batchPipeline{Pipeliner: s.client.Pipeline(), keys: make([]string, len(b.Events)),
-		xadds: make([]*redis.StringCmd, len(b.Events)), fails: make([]error, len(b.Events))}
+		xadds: make([]*redis.StringCmd, len(b.Events)), rounds: dispatch.NewRounds(b.Events)}
 	if !s.version.known {
 		p.info = p.Info(ctx, "server")
 	}
-	stopped := map[dispatch.Aggregate]bool{}
 	for i, ev := range b.Events {
-		if stopped[ev.Aggregate()] {
+		if p.rounds.Stopped(i) {
 			continue // NotAttempted: an earlier event of its aggregate was refused
 		}
 		key, err := s.stream.Render(ev, s.names)
 		if err != nil {
-			p.fails[i] = fmt.Errorf("redisstream: %w: fix the row's aggregate_type/event_type or dispatch.redis_stream.stream, then replay", err)
-			stopped[ev.Aggregate()] = true
+			p.rounds.Set(i, dispatch.Failed(fmt.Errorf("redisstream: %w: fix the row's aggregate_type/event_type or dispatch.redis_stream.stream, then replay", err)))
 			continue
 		}
 		p.keys[i] = key

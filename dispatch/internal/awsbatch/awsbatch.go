@@ -110,7 +110,7 @@ func NewSender(s Sender, concurrency int) *Sender {
 // the row headers it left out (for one warning per batch). Safe for
 // concurrent use.
 func (s *Sender) Send(ctx context.Context, b dispatch.Batch, build func(dispatch.Event) (Message, []string)) []dispatch.Result {
-	out := make([]dispatch.Result, len(b.Events))
+	r := dispatch.NewRounds(b.Events)
 	msgs := make([]Message, len(b.Events))
 	var drops dispatch.DroppedHeaders
 	for i, ev := range b.Events {
@@ -120,31 +120,24 @@ func (s *Sender) Send(ctx context.Context, b dispatch.Batch, build func(dispatch
 	}
 	drops.Log(s.Log, s.Service+": row headers dropped: their names collide with the contract's, or a message attribute cannot carry them (name, empty value, characters)")
 
-	rs, prev := rounds(b.Events)
-	for _, round := range rs {
-		var live []int // this round's events whose previous one was delivered
-		for _, i := range round {
-			if prev[i] < 0 || isDelivered(out[prev[i]]) {
-				live = append(live, i)
-			}
-		}
-		if len(live) == 0 {
+	for {
+		round := r.Next() // the next event of every aggregate whose previous one was delivered
+		if len(round) == 0 {
 			break
 		}
-		if !s.sendRound(ctx, b, msgs, live, out) {
+		if !s.sendRound(ctx, b, msgs, round, r) {
 			break // the deadline or ctx ended: the rest stay NotAttempted
 		}
 	}
-	dispatch.KeepPrefix(b.Events, out)
-	return out
+	return r.Results()
 }
 
 // sendRound sends the events at idx (one per aggregate) in calls, at most
 // len(s.slots) at once; it reports false if a call could not start because
 // the deadline or ctx had ended.
-func (s *Sender) sendRound(ctx context.Context, b dispatch.Batch, msgs []Message, idx []int, out []dispatch.Result) bool {
+func (s *Sender) sendRound(ctx context.Context, b dispatch.Batch, msgs []Message, idx []int, r *dispatch.Rounds) bool {
 	var wg sync.WaitGroup
-	var mu sync.Mutex // out, stopped
+	var mu sync.Mutex // r, stopped
 	stopped := false
 	for _, call := range chunks(msgs, idx) {
 		select {
@@ -163,7 +156,7 @@ func (s *Sender) sendRound(ctx context.Context, b dispatch.Batch, msgs []Message
 			}
 			for j, i := range call {
 				if res[j].Outcome != dispatch.NotAttempted {
-					out[i] = res[j]
+					r.Set(i, res[j])
 					if b.Done != nil {
 						b.Done(i, res[j])
 					}
@@ -292,32 +285,6 @@ func (s *Sender) callResult(id int64, own bool, code string, err error, cctx, tc
 		advice = a + "; the event is retried"
 	}
 	return dispatch.Failed(fmt.Errorf("%s: %s: event %d: %s: %w", s.Service, s.Target, id, advice, err))
-}
-
-// rounds groups the batch's indexes: round k holds the k-th event of each
-// aggregate, in batch order. prev[i] is the index of the event of i's
-// aggregate just before i, or -1.
-func rounds(events []dispatch.Event) (out [][]int, prev []int) {
-	type seen struct{ n, last int }
-	aggs := map[dispatch.Aggregate]seen{}
-	prev = make([]int, len(events))
-	for i, ev := range events {
-		a, ok := aggs[ev.Aggregate()]
-		prev[i] = -1
-		if ok {
-			prev[i] = a.last
-		}
-		if a.n == len(out) {
-			out = append(out, nil)
-		}
-		out[a.n] = append(out[a.n], i)
-		aggs[ev.Aggregate()] = seen{a.n + 1, i}
-	}
-	return out, prev
-}
-
-func isDelivered(r dispatch.Result) bool {
-	return r.Outcome == dispatch.Delivered || r.Outcome == dispatch.Duplicate
 }
 
 // chunks cuts idx into calls of at most MaxEntries messages and

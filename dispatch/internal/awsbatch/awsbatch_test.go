@@ -10,22 +10,6 @@ import (
 	"github.com/outboxd/outboxd/dispatch"
 )
 
-// TestRoundsHoldOneEventPerAggregate: round k holds each aggregate's k-th
-// event, and prev links each event to its aggregate's previous one.
-func TestRoundsHoldOneEventPerAggregate(t *testing.T) {
-	agg := func(ids ...string) []dispatch.Event {
-		var evs []dispatch.Event
-		for _, id := range ids {
-			evs = append(evs, dispatch.Event{AggregateType: "t", AggregateID: id})
-		}
-		return evs
-	}
-	rs, prev := rounds(agg("a", "a", "b", "a", "c", "b"))
-	if got := fmt.Sprint(rs, prev); got != "[[0 2 4] [1 5] [3]] [-1 0 -1 1 -1 2]" {
-		t.Errorf("rounds, prev = %s", got)
-	}
-}
-
 // TestChunksKeepTheCallLimits: at most ten messages and MaxCallBytes per
 // call; a message above MaxCallBytes alone.
 func TestChunksKeepTheCallLimits(t *testing.T) {
