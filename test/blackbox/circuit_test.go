@@ -2,7 +2,9 @@ package blackbox
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -90,5 +92,56 @@ func TestCircuitBreakerChargesNoAttemptsWhileOpen(t *testing.T) {
 	res = runBinary(t, e.vars, exitLimit, "status")
 	if !strings.Contains(res.stdout, "CIRCUIT") || !strings.Contains(res.stdout, "closed") {
 		t.Errorf("outboxd status does not show the closed circuit: %s", res)
+	}
+}
+
+// A probe is one send: the event whose delivery closes a circuit is
+// delivered once, like every other event, outage after outage (default
+// breaker settings; the receiver answers 503, then 200).
+func TestTheEventThatClosesACircuitIsDeliveredOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var down atomic.Bool
+	rc := newRecorder(t, func(testkit.Request) testkit.Reply {
+		if down.Load() {
+			return testkit.Reply{Status: http.StatusServiceUnavailable}
+		}
+		return testkit.Reply{Status: http.StatusOK}
+	})
+	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL())
+	rep := e.start()
+	opened := func(_ string, rec map[string]any) bool { return rec["msg"] == "circuit opened" }
+	closed := func(_ string, rec map[string]any) bool { return rec["msg"] == "circuit closed" }
+
+	const outages = 3
+	var ids []int64
+	for k := 1; k <= outages; k++ {
+		down.Store(true)
+		ids = append(ids, e.insertMany("probe"+strconv.Itoa(k), 8, 2)...)
+		waitFor(t, "the circuit open (outage "+strconv.Itoa(k)+")", func() bool {
+			return len(rep.logsMatching(opened)) >= k
+		}, func() string { return rep.tail(20) })
+		down.Store(false)
+		waitFor(t, "every row delivered after outage "+strconv.Itoa(k), func() bool {
+			return e.count(`dispatched_at IS NULL`) == 0
+		}, e.describeRows("dispatched_at IS NULL"))
+		waitFor(t, "the circuit closed (outage "+strconv.Itoa(k)+")", func() bool {
+			return len(rep.logsMatching(closed)) >= k
+		}, func() string { return rep.tail(20) })
+	}
+	ok := rc.OKCounts()
+	for _, id := range ids {
+		if n := ok[id]; n != 1 {
+			var sends []string
+			for _, r := range rc.Requests() {
+				if r.ID == id {
+					sends = append(sends, fmt.Sprintf("%s status %d token %d", r.At.Format("15:04:05.000"), r.Status, r.Token))
+				}
+			}
+			t.Errorf("event %d delivered %d times, want once: %v", id, n, sends)
+		}
+	}
+	if e.count(`dead_at IS NOT NULL`) != 0 {
+		t.Errorf("rows dead-lettered: %s", e.describeRows("dead_at IS NOT NULL")())
 	}
 }
