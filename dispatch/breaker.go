@@ -23,7 +23,8 @@ const maxCharged = 10000
 type BreakerConfig struct {
 	// Failures is how many different aggregates whose sends failed with
 	// the destination's own failures (Retryable results: connection errors,
-	// timeouts, 5xx, 429), one after another with no success between, open
+	// timeouts, 5xx, 429, a webhook's answers about the destination such as
+	// 401 or 404), one after another with no success between, open
 	// the circuit; a success or a row's own Permanent answer resets the
 	// count. Counting aggregates, not sends: a few rows that keep failing
 	// for their own reasons (a 500 to their payload) while nothing else is
@@ -204,12 +205,17 @@ func (b *Breaker) Send(ctx context.Context, batch Batch) []Result {
 }
 
 // probe sends one event of batch (probeIndex) and answers the others
-// NotAttempted.
+// NotAttempted. Done hears each aggregate's results in its order, as from
+// any sink: the other aggregates' at once, the probe's aggregate's later
+// events only after the probe's own result (a caller that took a later
+// event's NotAttempted first would count the aggregate finished with the
+// probe still unanswered, and send the probe's event again).
 func (b *Breaker) probe(ctx context.Context, batch Batch) []Result {
 	p := b.probeIndex(batch.Events)
+	agg := batch.Events[p].Aggregate()
 	out := make([]Result, len(batch.Events))
 	for i := range out {
-		if i != p {
+		if batch.Events[i].Aggregate() != agg {
 			batch.done(i, out[i])
 		}
 	}
@@ -228,6 +234,11 @@ func (b *Breaker) probe(ctx context.Context, batch Batch) []Result {
 		res = []Result{{Outcome: NotAttempted}}
 	}
 	final(res[0])
+	for i := p + 1; i < len(out); i++ {
+		if batch.Events[i].Aggregate() == agg {
+			batch.done(i, out[i])
+		}
+	}
 	return out
 }
 

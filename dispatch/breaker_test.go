@@ -124,3 +124,46 @@ func outcomes(res []dispatch.Result) []dispatch.Outcome {
 	}
 	return out
 }
+
+// A probe is one send, and Done hears each aggregate's results in its
+// order: the probe's result before the NotAttempted of its aggregate's
+// later events (a caller counts an aggregate finished at its first event
+// not delivered, and would send the probe's event again).
+func TestBreakerProbeReportsItsAggregateInOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var down atomic.Bool
+		down.Store(true)
+		var sends atomic.Int64
+		sink := dispatch.PerEvent(func(context.Context, dispatch.Event, int64) error {
+			sends.Add(1)
+			if down.Load() {
+				return &dispatch.Error{Err: errors.New("503 Service Unavailable")}
+			}
+			return nil
+		}, 1, dispatch.Capabilities{})
+		b := dispatch.NewBreaker("default", sink, dispatch.BreakerConfig{Failures: 1, ProbeEvery: time.Second})
+		b.Send(context.Background(), batchOf("x"))
+		if !b.State().Open {
+			t.Fatal("not open after a failure with Failures 1")
+		}
+		down.Store(false)
+		time.Sleep(time.Second)
+		batch := batchOf("a", "b", "a", "a") // ids 1..4; the probe: a's first, id 1
+		var told []int64
+		batch.Done = func(i int, r dispatch.Result) {
+			if batch.Events[i].AggregateID == "a" {
+				told = append(told, batch.Events[i].ID)
+			}
+		}
+		before := sends.Load()
+		res := b.Send(context.Background(), batch)
+		if got := outcomes(res); !slices.Equal(got, []dispatch.Outcome{dispatch.Delivered,
+			dispatch.NotAttempted, dispatch.NotAttempted, dispatch.NotAttempted}) || sends.Load() != before+1 || b.State().Open {
+			t.Fatalf("probe: %v after %d sends, open %v; want one send, the probe delivered, the rest held, closed",
+				got, sends.Load()-before, b.State().Open)
+		}
+		if !slices.Equal(told, []int64{1, 3, 4}) {
+			t.Errorf("Done heard aggregate a's events in the order %v, want [1 3 4]", told)
+		}
+	})
+}

@@ -69,7 +69,10 @@ type Batch struct {
 	// while slower ones are still being sent. A sink that sends events one
 	// by one (PerEvent) calls it once per event, from any goroutine, with
 	// the Result it will also return; a sink that sends the batch at once
-	// may ignore it (the caller reads what Send returns). It must be cheap.
+	// may ignore it (the caller reads what Send returns). One aggregate's
+	// results come in its order: an event's never before an earlier
+	// event's of its aggregate (the caller counts an aggregate finished at
+	// its first event not delivered). It must be cheap.
 	Done func(i int, r Result)
 	// Sent, if set, is told how long each event's own send took (the
 	// request alone, not the wait behind earlier events of its aggregate),

@@ -60,7 +60,9 @@ const DefaultUserAgent = "outboxd"
 const MaxRetryAfter = 7 * 24 * time.Hour
 
 // Webhook POSTs each event as JSON. 2xx is delivered; 408, 425, 429, 5xx,
-// timeouts and connection errors are retryable; other statuses are permanent.
+// timeouts and connection errors are retryable, and so are the answers about
+// the destination (destinationAnswer: 401, 403, 404, 405, 407, 431); other
+// statuses are permanent.
 //
 // An interim answer other than 100 Continue and 103 Early Hints, or a
 // protocol switch (101), is a failed, retryable attempt: the connection is
@@ -385,12 +387,28 @@ func classify(id int64, resp *http.Response, body []byte, now time.Time) error {
 		err.Permanent = true // the URL is wrong for good: fix dispatch.webhook.url, then replay
 	case code >= 300 && code < 400:
 	case code == http.StatusRequestTimeout, code == http.StatusTooEarly,
-		code == http.StatusTooManyRequests, code >= 500:
+		code == http.StatusTooManyRequests, code >= 500, destinationAnswer(code):
 		err.RetryAfter = parseRetryAfter(resp.Header.Get("Retry-After"), now)
 	default:
 		err.Permanent = true
 	}
 	return err
+}
+
+// destinationAnswer reports whether a receiver's status is an answer about
+// the destination, not the event: 401, 403 and 407 (a credential: rotated,
+// expired, missing), 404 and 405 (the endpoint moved or is not deployed),
+// 431 (the static headers too large). Every event would get it, so it is
+// retried like a 5xx and counts toward the circuit breaker: fixing the
+// destination lets the backlog go, where dead-lettering would make the
+// operator replay every event.
+func destinationAnswer(code int) bool {
+	switch code {
+	case http.StatusUnauthorized, http.StatusForbidden, http.StatusProxyAuthRequired,
+		http.StatusNotFound, http.StatusMethodNotAllowed, http.StatusRequestHeaderFieldsTooLarge:
+		return true
+	}
+	return false
 }
 
 // reason is the status line's text after the code.

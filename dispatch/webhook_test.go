@@ -111,7 +111,10 @@ func TestStatusClassification(t *testing.T) {
 		{408, "", false, false, 0}, {425, "", false, false, 0},
 		{429, "7", false, false, 7 * time.Second}, {500, "", false, false, 0},
 		{503, "2", false, false, 2 * time.Second}, {400, "", false, true, 0},
-		{401, "", false, true, 0}, {404, "", false, true, 0}, {410, "", false, true, 0},
+		{410, "", false, true, 0}, {422, "", false, true, 0},
+		// Answers about the destination, not the event: retried like a 5xx.
+		{401, "", false, false, 0}, {403, "3", false, false, 3 * time.Second}, {404, "", false, false, 0},
+		{405, "", false, false, 0}, {407, "", false, false, 0}, {431, "", false, false, 0},
 	} {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if tc.retryAfter != "" {
@@ -125,6 +128,53 @@ func TestStatusClassification(t *testing.T) {
 		if (err == nil) != tc.ok || dispatch.IsPermanent(err) != tc.permanent || dispatch.RetryAfter(err) != tc.wait {
 			t.Errorf("status %d: err %v permanent %t retryAfter %s; want ok %t permanent %t wait %s",
 				tc.status, err, dispatch.IsPermanent(err), dispatch.RetryAfter(err), tc.ok, tc.permanent, tc.wait)
+		}
+	}
+}
+
+// Each status through a webhook behind a breaker (Failures 3, three
+// aggregates): an answer about the destination (401, 403, 404, 405, 407,
+// 431), like a 5xx, is retried and opens the circuit, no event charged
+// once it is open; a row's own 4xx dead-letters its event and leaves the
+// circuit closed. last_error's text names the status and the receiver's
+// answer.
+func TestWebhookStatusesAboutTheDestinationCountTowardTheBreaker(t *testing.T) {
+	for _, tc := range []struct {
+		status      int
+		destination bool // retried and counted by the breaker; else dead-lettered at once
+	}{
+		{401, true}, {403, true}, {404, true}, {405, true}, {407, true}, {431, true}, {500, true}, {503, true},
+		{400, false}, {409, false}, {410, false}, {413, false}, {415, false}, {422, false},
+	} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(tc.status)
+			fmt.Fprint(w, "answer-of-the-receiver")
+		}))
+		w, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: srv.URL, Concurrency: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := dispatch.NewBreaker("default", w, dispatch.BreakerConfig{Failures: 3, ProbeEvery: time.Hour})
+		res := b.Send(context.Background(), batchOf("a", "b", "c", "d"))
+		srv.Close()
+		want, open := dispatch.Permanent, false
+		if tc.destination {
+			want, open = dispatch.Retryable, true
+		}
+		if b.State().Open != open {
+			t.Errorf("status %d: circuit open %v, want %v", tc.status, b.State().Open, open)
+		}
+		for i, r := range res[:2] {
+			text := ""
+			if r.Err != nil {
+				text = r.Err.Error()
+			}
+			if r.Outcome != want || !strings.Contains(text, strconv.Itoa(tc.status)) || !strings.Contains(text, "answer-of-the-receiver") {
+				t.Errorf("status %d: event %d %v %q, want %v naming the status and the receiver's answer", tc.status, i+1, r.Outcome, text, want)
+			}
+		}
+		if tc.destination && (res[2].Outcome != dispatch.NotAttempted || res[3].Outcome != dispatch.NotAttempted) {
+			t.Errorf("status %d: the third and fourth events %v %v, want NotAttempted (the circuit opened)", tc.status, res[2].Outcome, res[3].Outcome)
 		}
 	}
 }

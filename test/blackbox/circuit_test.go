@@ -1,8 +1,11 @@
 package blackbox
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -90,5 +93,121 @@ func TestCircuitBreakerChargesNoAttemptsWhileOpen(t *testing.T) {
 	res = runBinary(t, e.vars, exitLimit, "status")
 	if !strings.Contains(res.stdout, "CIRCUIT") || !strings.Contains(res.stdout, "closed") {
 		t.Errorf("outboxd status does not show the closed circuit: %s", res)
+	}
+}
+
+// A probe is one send: the event whose delivery closes a circuit is
+// delivered once, like every other event, outage after outage (default
+// breaker settings; the receiver answers 503, then 200).
+func TestTheEventThatClosesACircuitIsDeliveredOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var down atomic.Bool
+	rc := newRecorder(t, func(testkit.Request) testkit.Reply {
+		if down.Load() {
+			return testkit.Reply{Status: http.StatusServiceUnavailable}
+		}
+		return testkit.Reply{Status: http.StatusOK}
+	})
+	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL())
+	rep := e.start()
+	opened := func(_ string, rec map[string]any) bool { return rec["msg"] == "circuit opened" }
+	closed := func(_ string, rec map[string]any) bool { return rec["msg"] == "circuit closed" }
+
+	const outages = 3
+	var ids []int64
+	for k := 1; k <= outages; k++ {
+		down.Store(true)
+		ids = append(ids, e.insertMany("probe"+strconv.Itoa(k), 8, 2)...)
+		waitFor(t, "the circuit open (outage "+strconv.Itoa(k)+")", func() bool {
+			return len(rep.logsMatching(opened)) >= k
+		}, func() string { return rep.tail(20) })
+		down.Store(false)
+		waitFor(t, "every row delivered after outage "+strconv.Itoa(k), func() bool {
+			return e.count(`dispatched_at IS NULL`) == 0
+		}, e.describeRows("dispatched_at IS NULL"))
+		waitFor(t, "the circuit closed (outage "+strconv.Itoa(k)+")", func() bool {
+			return len(rep.logsMatching(closed)) >= k
+		}, func() string { return rep.tail(20) })
+	}
+	ok := rc.OKCounts()
+	for _, id := range ids {
+		if n := ok[id]; n != 1 {
+			var sends []string
+			for _, r := range rc.Requests() {
+				if r.ID == id {
+					sends = append(sends, fmt.Sprintf("%s status %d token %d", r.At.Format("15:04:05.000"), r.Status, r.Token))
+				}
+			}
+			t.Errorf("event %d delivered %d times, want once: %v", id, n, sends)
+		}
+	}
+	if e.count(`dead_at IS NOT NULL`) != 0 {
+		t.Errorf("rows dead-lettered: %s", e.describeRows("dead_at IS NOT NULL")())
+	}
+}
+
+// A receiver's refusal about itself (401: a rotated credential) is not
+// about the events: no row is dead-lettered, the destination's circuit
+// opens (gauge, /status), each failed attempt is in the row's history and
+// last_error with the status and the receiver's answer, and once the
+// receiver accepts every event is delivered, once.
+func TestAnAnswerAboutTheDestinationDeadLettersNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var refusing atomic.Bool
+	refusing.Store(true)
+	rc := newRecorder(t, func(testkit.Request) testkit.Reply {
+		if refusing.Load() {
+			return testkit.Reply{Status: http.StatusUnauthorized}
+		}
+		return testkit.Reply{Status: http.StatusOK}
+	})
+	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL(), "OUTBOXD_DISPATCH_BREAKER_PROBE_INTERVAL", "300ms")
+	ids := e.insertMany("refused", 8, 2)
+	rep := e.start()
+
+	if !rep.awaitLog(waitTimeout, func(_ string, rec map[string]any) bool {
+		return rec["msg"] == "circuit opened" && rec["destination"] == "default"
+	}) {
+		t.Fatalf("no circuit opened on 401s; rows:\n%s\nlog tail:\n%s", e.describeRows("true")(), rep.tail(20))
+	}
+	if n := e.count(`dead_at IS NOT NULL`); n != 0 {
+		t.Fatalf("%d rows dead-lettered on a 401:\n%s", n, e.describeRows("dead_at IS NOT NULL")())
+	}
+	if _, m := rep.get("/metrics"); !strings.Contains(m, `outboxd_circuit_open{destination="default"} 1`) {
+		t.Errorf("/metrics lacks outboxd_circuit_open{destination=\"default\"} 1")
+	}
+	if code, st := rep.get("/status"); !strings.Contains(st, `"circuit":"open"`) {
+		t.Errorf("/status (%d) does not show the open circuit: %s", code, trunc(st, 800))
+	}
+	charged := e.rows("attempts > 0")
+	if len(charged) == 0 {
+		t.Fatalf("no row charged an attempt before the circuit opened:\n%s", e.describeRows("true")())
+	}
+	for _, w := range charged {
+		if !strings.Contains(w.LastError, "401") {
+			t.Errorf("last_error does not show the answer: %s", w)
+		}
+		var kind, excerpt string
+		err := e.pool.QueryRow(context.Background(),
+			`SELECT kind, excerpt FROM outbox_attempts WHERE outbox_id = $1 ORDER BY attempt DESC LIMIT 1`, w.ID).Scan(&kind, &excerpt)
+		if err != nil || kind != "http_401" || !strings.Contains(excerpt, "401") {
+			t.Errorf("row %d's history: kind %q excerpt %q (%v), want kind http_401 and an excerpt naming 401", w.ID, kind, excerpt, err)
+		}
+	}
+
+	refusing.Store(false)
+	waitFor(t, "every row delivered once the receiver accepts", func() bool {
+		return e.count(`dispatched_at IS NULL`) == 0
+	}, e.describeRows("dispatched_at IS NULL"))
+	if n := e.count(`dead_at IS NOT NULL`); n != 0 {
+		t.Errorf("%d rows dead-lettered:\n%s", n, e.describeRows("dead_at IS NOT NULL")())
+	}
+	ok := rc.OKCounts()
+	for _, id := range ids {
+		if ok[id] != 1 {
+			t.Errorf("event %d delivered %d times, want once", id, ok[id])
+		}
 	}
 }

@@ -80,3 +80,38 @@ func TestAttemptHistoryKeepsTheLastFailuresAndGoesWithTheRow(t *testing.T) {
 		t.Errorf("%d history entries outlived their purged row", n)
 	}
 }
+
+// A row's own 4xx (422) dead-letters it at once, and its history holds
+// that attempt: the status as its kind, the receiver's answer in the
+// excerpt, the token that sent it.
+func TestAttemptHistoryRecordsARowsOwnRefusal(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	rc := newRecorder(t, func(testkit.Request) testkit.Reply {
+		return testkit.Reply{Status: http.StatusUnprocessableEntity}
+	})
+	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL())
+	id := e.insert("hist422", "1", `{"n":1}`, "")
+	e.start()
+	waitFor(t, "the row dead-lettered on its 422", func() bool { return e.row(id).Dead }, e.describeRows("true"))
+
+	res := runBinary(t, e.vars, exitLimit, "dead", "show", "--json", strconv.FormatInt(id, 10))
+	var shown struct {
+		ID      int64 `json:"id"`
+		History []struct {
+			Attempt      int    `json:"attempt"`
+			Kind         string `json:"kind"`
+			Excerpt      string `json:"excerpt"`
+			FencingToken int64  `json:"fencing_token"`
+		} `json:"history"`
+	}
+	if err := json.Unmarshal([]byte(res.stdout), &shown); err != nil || shown.ID != id {
+		t.Fatalf("dead show --json: %v: %s", err, res)
+	}
+	if len(shown.History) != 1 {
+		t.Fatalf("history has %d entries, want the one failed attempt: %s", len(shown.History), res.stdout)
+	}
+	if a := shown.History[0]; a.Attempt != 1 || a.Kind != "http_422" || !strings.Contains(a.Excerpt, "422") || a.FencingToken < 1 {
+		t.Errorf("history[0] = %+v, want attempt 1, kind http_422, an excerpt naming 422, a token", a)
+	}
+}

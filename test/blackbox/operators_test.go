@@ -74,7 +74,7 @@ func metricLine(body, series string) (float64, bool) {
 
 // The operators' series: every counter is there from the start at 0 (the
 // lock and reconciliation ones included); a failure carries its reason
-// (a 500 is http_5xx, a 404 http_4xx) and the destination; a dead letter
+// (a 500 is http_5xx, a 410 http_4xx) and the destination; a dead letter
 // its destination; each send's duration is a histogram by destination and
 // outcome; outboxd_build_info says which build runs.
 func TestOperatorsMetrics(t *testing.T) {
@@ -85,7 +85,7 @@ func TestOperatorsMetrics(t *testing.T) {
 		case "retry/1":
 			return testkit.Reply{Status: 500}
 		case "gone/1":
-			return testkit.Reply{Status: 404}
+			return testkit.Reply{Status: 410}
 		}
 		return testkit.Reply{}
 	})
