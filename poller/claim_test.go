@@ -200,7 +200,8 @@ func TestClaimsTakenOverByTokenAndOwner(t *testing.T) {
 	ctx := context.Background()
 	e.insert(1, 1)
 	r := e.poller(testConfig(), "")
-	rows, err := e.st.FetchDue(ctx, store.FetchLimits{Rows: 10})
+	res, err := e.st.Read(ctx, store.FetchLimits{Rows: 10}, store.ReadPos{})
+	rows := res.Rows
 	if err != nil || len(rows) != 1 {
 		t.Fatalf("%d rows, %v", len(rows), err)
 	}
@@ -343,7 +344,8 @@ func TestOwnClaimSeenAgainIsOurs(t *testing.T) {
 	e.insert(3, 3)
 	r := e.poller(testConfig(), "")
 	ctx := context.Background()
-	rows, err := e.st.FetchDue(ctx, store.FetchLimits{Rows: 10})
+	res, err := e.st.Read(ctx, store.FetchLimits{Rows: 10}, store.ReadPos{})
+	rows := res.Rows
 	if err != nil || len(rows) != 3 {
 		t.Fatalf("%d rows, %v", len(rows), err)
 	}

@@ -10,8 +10,10 @@ package producer
 
 import (
 	"context"
+	_ "embed"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -27,11 +29,14 @@ type Event struct {
 	AvailableAt   time.Time         // optional; zero means now
 }
 
-// enqueueSQL's table is %s: outbox, or schema-qualified (EnqueueIn).
-const enqueueSQL = `
-INSERT INTO %s (aggregate_type, aggregate_id, event_type, payload, headers, available_at)
-SELECT t, a, e, p::jsonb, h::jsonb, COALESCE(v, now())
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::timestamptz[]) AS x(t, a, e, p, h, v)`
+// enqueueFile is enqueue.sql: a header comment, then the statement, its
+// table a %s verb, its parameters named (pgx.StrictNamedArgs).
+//
+//go:embed enqueue.sql
+var enqueueFile string
+
+// enqueueSQL is enqueueFile's statement, without its header.
+var enqueueSQL = enqueueFile[strings.Index(enqueueFile, "\nINSERT")+1:]
 
 // Enqueue writes events inside the caller's transaction, in one round trip,
 // so they commit or roll back with the business rows. Their ids follow the
@@ -77,7 +82,9 @@ func EnqueueIn(ctx context.Context, tx pgx.Tx, schema string, events ...Event) e
 	if schema != "" {
 		table = pgx.Identifier{schema, "outbox"}
 	}
-	if _, err := tx.Exec(ctx, fmt.Sprintf(enqueueSQL, table.Sanitize()), types, ids, kinds, payloads, headers, avail); err != nil {
+	if _, err := tx.Exec(ctx, fmt.Sprintf(enqueueSQL, table.Sanitize()), pgx.StrictNamedArgs{
+		"types": types, "ids": ids, "event_types": kinds, "payloads": payloads, "headers": headers, "available_at": avail,
+	}); err != nil {
 		return fmt.Errorf("producer: enqueue: %w", err)
 	}
 	return nil

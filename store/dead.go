@@ -45,49 +45,49 @@ type DeadFilter struct {
 // ReplayFilter selects dead rows to requeue: the same filter as the list.
 type ReplayFilter = DeadFilter
 
-// where returns the WHERE clause selecting f's dead rows, with its
-// arguments appended to args. Only the conditions set are written: under
-// force_generic_plan (see OpenConfig) a catch-all form ($1 IS NULL OR column = $1) would
-// get one plan for every shape, and a bad one for most.
-func (f DeadFilter) where(args []any) (string, []any) {
-	conds := []string{"dead_at IS NOT NULL"}
-	add := func(cond string, v any) {
-		args = append(args, v)
-		conds = append(conds, strings.ReplaceAll(cond, "$?", "$"+strconv.Itoa(len(args))))
+// filter returns the conditions selecting f's dead rows, each " AND "
+// and one of dead.sql's dead_if_* fragments, for a statement's
+// /* filter */, and their arguments added to na. Only the conditions set
+// are written (see dead.sql).
+func (f DeadFilter) filter(na pgx.NamedArgs) string {
+	var b strings.Builder
+	add := func(frag, name string, v any) {
+		b.WriteString(" AND " + fragment(frag))
+		na[name] = v
 	}
 	if len(f.IDs) > 0 {
-		add("id = ANY($?::bigint[])", f.IDs)
+		add("dead_if_ids", "ids", f.IDs)
 	}
 	if f.AggregateType != "" {
-		add("aggregate_type = $?", f.AggregateType)
+		add("dead_if_aggregate_type", "aggregate_type", f.AggregateType)
 	}
 	if f.AggregateID != "" {
-		add("aggregate_id = $?", f.AggregateID)
+		add("dead_if_aggregate_id", "aggregate_id", f.AggregateID)
 	}
 	if f.EventType != "" {
 		if like, wild := globToLike(f.EventType); wild {
-			add(`event_type LIKE $? ESCAPE '\'`, like)
+			add("dead_if_event_like", "event_type", like)
 		} else {
-			add("event_type = $?", like)
+			add("dead_if_event_type", "event_type", like)
 		}
 	}
 	if !f.Since.IsZero() {
-		add("dead_at >= $?", f.Since)
+		add("dead_if_since", "since", f.Since)
 	}
 	if !f.Until.IsZero() {
-		add("dead_at < $?", f.Until)
+		add("dead_if_until", "until", f.Until)
 	}
 	if f.SinceAgo > 0 {
-		add("dead_at >= now() - $?::bigint * interval '1 microsecond'", f.SinceAgo.Microseconds())
+		add("dead_if_since_ago", "since_ago_us", f.SinceAgo.Microseconds())
 	}
 	if f.UntilAgo > 0 {
-		add("dead_at < now() - $?::bigint * interval '1 microsecond'", f.UntilAgo.Microseconds())
+		add("dead_if_until_ago", "until_ago_us", f.UntilAgo.Microseconds())
 	}
 	if f.Error != "" {
 		// strpos, not ILIKE: the operator's text is literal, % and _ included.
-		add("strpos(lower(last_error), lower($?)) > 0", f.Error)
+		add("dead_if_error", "error", f.Error)
 	}
-	return strings.Join(conds, " AND "), args
+	return b.String()
 }
 
 // globToLike turns a glob into a LIKE pattern (escape \). Without a
@@ -210,30 +210,34 @@ type DeadPage struct {
 // MaxDeadPage bounds a page of the list.
 const MaxDeadPage = 1000
 
-const deadColumns = `id, aggregate_type, aggregate_id, event_type, attempts, COALESCE(last_error, ''),
-  created_at, available_at, dead_at`
+// The statements of dead.sql.
+var (
+	deadListQ      = stmt("dead_list")
+	deadListAfterQ = stmt("dead_list_after")
+	deadCountQ     = stmt("dead_count")
+	deadShowQ      = stmt("dead_show")
+	deadReplayQ    = stmt("dead_replay")
+	deadDiscardQ   = stmt("dead_discard")
+)
 
-// deadListSQL returns the list's statement and arguments. It walks
-// outbox_dead_list_idx (dead_at, id) backwards from the cursor, so a page
-// reads its own rows (and the ones the filter drops), never the pages
-// before it.
-func deadListSQL(f DeadFilter, after *DeadCursor, limit int) (string, []any) {
-	args := []any{limit + 1}
-	where, args := f.where(args)
+// deadList is the list's statement for f and the cursor, and its
+// arguments.
+func deadList(f DeadFilter, after *DeadCursor, limit int) (query, pgx.NamedArgs) {
+	na := pgx.NamedArgs{"limit": limit + 1}
+	q := deadListQ
 	if after != nil {
-		args = append(args, after.DeadAt, after.ID)
-		where += fmt.Sprintf(" AND (dead_at, id) < ($%d::timestamptz, $%d::bigint)", len(args)-1, len(args))
+		q = deadListAfterQ
+		na["before_at"], na["before_id"] = after.DeadAt, after.ID
 	}
-	return `SELECT ` + deadColumns + ` FROM outbox WHERE ` + where + `
-ORDER BY dead_at DESC, id DESC LIMIT $1`, args
+	return q.with(f.filter(na)), na
 }
 
 // ListDead returns up to limit dead rows matching f, newest first, after
 // the cursor (nil: from the start). limit is clamped to [1, MaxDeadPage].
 func (s *Store) ListDead(ctx context.Context, f DeadFilter, after *DeadCursor, limit int) (DeadPage, error) {
 	limit = min(max(limit, 1), MaxDeadPage)
-	sql, args := deadListSQL(f, after, limit)
-	rows, err := s.db.Query(ctx, sql, args...)
+	q, na := deadList(f, after, limit)
+	rows, err := q.query(ctx, s.db, na)
 	if err != nil {
 		return DeadPage{}, wrap("list dead", err)
 	}
@@ -257,9 +261,10 @@ func (s *Store) ListDead(ctx context.Context, f DeadFilter, after *DeadCursor, l
 
 // CountDead counts the dead rows matching f (what a replay would requeue).
 func (s *Store) CountDead(ctx context.Context, f DeadFilter) (int64, error) {
-	where, args := f.where(nil)
+	na := pgx.NamedArgs{}
+	q := deadCountQ.with(f.filter(na))
 	var n int64
-	if err := s.db.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE `+where, args...).Scan(&n); err != nil {
+	if err := q.queryRow(ctx, s.db, na).Scan(&n); err != nil {
 		return 0, wrap("count dead", err)
 	}
 	return n, nil
@@ -271,7 +276,7 @@ func (s *Store) CountDead(ctx context.Context, f DeadFilter) (int64, error) {
 func (s *Store) ShowDead(ctx context.Context, id int64) (DeadEvent, error) {
 	var e DeadEvent
 	var delivered pgtype.Timestamptz
-	err := s.db.QueryRow(ctx, `SELECT `+deadColumns+`, payload, headers, dispatched_at FROM outbox WHERE id = $1`, id).
+	err := deadShowQ.queryRow(ctx, s.db, pgx.NamedArgs{"id": id}).
 		Scan(&e.ID, &e.AggregateType, &e.AggregateID, &e.EventType, &e.Attempts, &e.LastError,
 			&e.CreatedAt, &e.AvailableAt, &e.DeadAt, (*[]byte)(&e.Payload), (*[]byte)(&e.Headers), &delivered)
 	switch {
@@ -289,43 +294,6 @@ func (s *Store) ShowDead(ctx context.Context, id int64) (DeadEvent, error) {
 	}
 }
 
-// replaySQL requeues the next batch of f's dead rows after the cursor
-// ($4, $5: dead_at, id), at most $6, walking outbox_dead_list_idx like the
-// list (in the other direction), as one fenced statement (fenceCTE: $1..$3).
-// The rows are locked (SKIP LOCKED: a row another replay or a purge holds
-// is left to it) and the UPDATE re-checks dead_at, so a row that stopped
-// being dead meanwhile is not touched. It returns the fence's outcome, how
-// many rows it requeued and the last of them (dead_at, id) as the next
-// cursor.
-func replaySQL(f DeadFilter) (string, []any) {
-	picked, args := pickDeadSQL(f)
-	return fenceCTE + `,
-` + picked + `,
-requeued AS (
-  UPDATE outbox o SET dead_at = NULL, attempts = 0, available_at = now()
-  FROM picked WHERE o.id = picked.id AND o.dead_at IS NOT NULL AND EXISTS (SELECT 1 FROM fence)
-  RETURNING o.id, picked.dead_at),
-last AS (SELECT dead_at, id FROM requeued ORDER BY dead_at DESC, id DESC LIMIT 1)
-SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM requeued),
-  (SELECT dead_at FROM last), COALESCE((SELECT id FROM last), 0)`, args
-}
-
-// pickDeadSQL is the CTE "picked" of a fenced batch over dead rows
-// (replaySQL, discardSQL): the next batch of f's dead rows after the
-// cursor ($4, $5: dead_at, id), at most $6, oldest first along
-// outbox_dead_list_idx, locked (SKIP LOCKED: a row another replay, discard
-// or purge holds is left to it), picked only under the fence (fenceCTE:
-// $1..$3). args are the statement's arguments from $4 on ($4..$6 left to
-// the caller), then the filter's.
-func pickDeadSQL(f DeadFilter) (string, []any) {
-	where, args := f.where(make([]any, 6))
-	return `picked AS (
-  SELECT id, dead_at FROM outbox
-  WHERE ` + where + ` AND (dead_at, id) > ($4::timestamptz, $5::bigint) AND EXISTS (SELECT 1 FROM fence)
-  ORDER BY dead_at, id LIMIT $6
-  FOR UPDATE SKIP LOCKED)`, args[3:]
-}
-
 // ReplayDead requeues dead rows (clears dead_at, resets attempts, due now;
 // last_error stays for the record) in batches of batchSize, calling progress
 // after each.
@@ -335,9 +303,10 @@ func pickDeadSQL(f DeadFilter) (string, []any) {
 // so a replay whose term was taken over changes nothing more: it returns
 // how many rows it requeued before, and ErrStaleFence.
 func (s *Store) ReplayDead(ctx context.Context, fence Fence, f ReplayFilter, batchSize int, progress func(done int64)) (int64, error) {
-	sql, args := replaySQL(f)
+	na := pgx.NamedArgs{}
+	q := deadReplayQ.with(f.filter(na))
 	var total int64
-	return s.deadBatches(ctx, fence, "replay", sql, args, batchSize, nil, func(n int64) {
+	return s.deadBatches(ctx, fence, "replay", q, na, batchSize, nil, func(n int64) {
 		total += n
 		if progress != nil && n > 0 {
 			progress(total)
@@ -345,25 +314,25 @@ func (s *Store) ReplayDead(ctx context.Context, fence Fence, f ReplayFilter, bat
 	})
 }
 
-// deadBatches runs a fenced batch statement over dead rows (replaySQL,
-// discardSQL: after the fence's outcome it returns the batch's count, its
+// deadBatches runs a fenced batch statement over dead rows (dead_replay,
+// dead_discard, with na the filter's arguments: after the fence's outcome it returns the batch's count, its
 // last row's dead_at and id, then extra) from before every row, each batch
 // after the last row of the one before, until a batch comes back short.
 // each is called after every batch with its count (extra scanned). It
 // returns the total, also when a batch failed.
-func (s *Store) deadBatches(ctx context.Context, fence Fence, op, sql string, args []any, batchSize int, extra []any, each func(n int64)) (int64, error) {
+func (s *Store) deadBatches(ctx context.Context, fence Fence, op string, q query, na pgx.NamedArgs, batchSize int, extra []any, each func(n int64)) (int64, error) {
 	if batchSize <= 0 {
 		batchSize = 1000
 	}
 	// From before every row: ids are bigint, dead_at can be -infinity.
 	cursor := DeadCursor{DeadAt: pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}, ID: math.MinInt64}
-	args[2] = batchSize
+	na["batch"] = batchSize
 	var total int64
 	for {
-		args[0], args[1] = cursor.DeadAt, cursor.ID
+		na["after_at"], na["after_id"] = cursor.DeadAt, cursor.ID
 		var n int64
 		var last DeadCursor
-		if err := s.fencedScan(ctx, fence, sql, append([]any{&n, &last.DeadAt, &last.ID}, extra...), args...); err != nil {
+		if err := s.fencedScan(ctx, fence, q, append([]any{&n, &last.DeadAt, &last.ID}, extra...), na); err != nil {
 			return total, wrap(op, err)
 		}
 		if n > 0 && last.after(cursor) {

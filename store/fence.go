@@ -21,53 +21,31 @@ type Fence struct {
 	Owner string
 }
 
-// fenceCTE locks the lock's fence row and raises it to the writer's token, or
-// returns no row when Postgres already accepted a higher token, or the same
-// token from another owner. Every fenced statement starts with it and guards
-// its write with EXISTS (SELECT 1 FROM fence).
-//
-// The row is written only to raise it (the first write of a term): a
-// holder's later writes carry the token already there and only lock the
-// row (FOR UPDATE writes no new row version). Updating it on every write,
-// as an upsert would, leaves one dead version per batch that a snapshot
-// held elsewhere keeps from vacuum, and every later write would walk them
-// all to find the live one, at a cost growing without bound.
-// A writer that waits for the lock sees the row as its holder left it
-// (READ COMMITTED re-reads a locked row), so it is refused if that holder
-// raised the token meanwhile.
-const fenceCTE = `WITH cur AS MATERIALIZED (
-  SELECT f.token, f.owner FROM outbox_fence f WHERE f.lock_name = $1::text FOR UPDATE),
-raised AS (
-  INSERT INTO outbox_fence AS f (lock_name, token, owner)
-  SELECT $1::text, $2::bigint, $3::text WHERE NOT EXISTS (SELECT 1 FROM cur WHERE cur.token >= $2::bigint)
-  ON CONFLICT (lock_name) DO UPDATE SET token = EXCLUDED.token, owner = EXCLUDED.owner
-  WHERE f.token < EXCLUDED.token
-     OR (f.token = EXCLUDED.token AND f.owner IS NOT DISTINCT FROM EXCLUDED.owner)
-  RETURNING token),
-fence AS (
-  SELECT cur.token FROM cur WHERE cur.token = $2::bigint AND cur.owner IS NOT DISTINCT FROM $3::text
-  UNION ALL SELECT token FROM raised)`
-
-// fenced runs a statement built on fenceCTE whose final SELECT returns the
-// fence's outcome first and then the write counts; ErrStaleFence when the
-// fence refused.
-func (s *Store) fenced(ctx context.Context, f Fence, sql string, counts []*int64, args ...any) error {
+// fenced runs a statement built on the fence fragment (fence.sql) whose
+// final SELECT returns the fence's outcome first and then the write
+// counts; ErrStaleFence when the fence refused. na gets the fence's
+// @lock, @token and @owner.
+func (s *Store) fenced(ctx context.Context, f Fence, q query, counts []*int64, na pgx.NamedArgs) error {
 	dest := make([]any, len(counts))
 	for i, c := range counts {
 		dest[i] = c
 	}
-	return s.fencedScan(ctx, f, sql, dest, args...)
+	return s.fencedScan(ctx, f, q, dest, na)
 }
 
 // fencedScan is fenced with the write's results scanned into dest, of any
 // type (the fence's outcome still comes first).
-func (s *Store) fencedScan(ctx context.Context, f Fence, sql string, dest []any, args ...any) error {
+func (s *Store) fencedScan(ctx context.Context, f Fence, q query, dest []any, na pgx.NamedArgs) error {
 	if f.Token <= 0 {
 		return fmt.Errorf("store: fenced write for %q without a token", f.Lock)
 	}
 	var ok bool
 	dest = append([]any{&ok}, dest...)
-	if err := s.db.QueryRow(ctx, sql, append([]any{f.Lock, f.Token, f.Owner}, args...)...).Scan(dest...); err != nil {
+	if na == nil {
+		na = pgx.NamedArgs{}
+	}
+	na["lock"], na["token"], na["owner"] = f.Lock, f.Token, f.Owner
+	if err := q.queryRow(ctx, s.db, na).Scan(dest...); err != nil {
 		return fmt.Errorf("store: fenced write (%s token %d): %w", f.Lock, f.Token, err)
 	}
 	if !ok {
@@ -80,7 +58,7 @@ func (s *Store) fencedScan(ctx context.Context, f Fence, sql string, dest []any,
 // none: the floor for the next acquisition.
 func (s *Store) FenceToken(ctx context.Context, lock string) (int64, error) {
 	var t int64
-	err := s.db.QueryRow(ctx, `SELECT token FROM outbox_fence WHERE lock_name = $1`, lock).Scan(&t)
+	err := fenceTokenQ.queryRow(ctx, s.db, pgx.NamedArgs{"lock": lock}).Scan(&t)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, nil
 	}
@@ -92,7 +70,7 @@ func (s *Store) FenceToken(ctx context.Context, lock string) (int64, error) {
 
 // FenceTokens returns every lock's accepted token.
 func (s *Store) FenceTokens(ctx context.Context) (map[string]int64, error) {
-	rows, err := s.db.Query(ctx, `SELECT lock_name, token FROM outbox_fence ORDER BY lock_name`)
+	rows, err := fenceTokensQ.query(ctx, s.db, nil)
 	if err != nil {
 		return nil, wrap("read fences", err)
 	}
@@ -112,9 +90,7 @@ func (s *Store) FenceTokens(ctx context.Context) (map[string]int64, error) {
 // synchronously whatever the server's or connection's default (a raised
 // fence must survive a crash; Complete relies on it).
 func (s *Store) ClaimFence(ctx context.Context, f Fence) error {
-	return s.fenced(ctx, f, fenceCTE+`,
-sync AS (SELECT set_config('synchronous_commit', 'on', true))
-SELECT EXISTS (SELECT 1 FROM fence) FROM sync`, nil)
+	return s.fenced(ctx, f, claimFenceQ, nil, nil)
 }
 
 // Failure is one failed delivery's outcome.
@@ -143,42 +119,13 @@ type Failure struct {
 // MaxErrorBytes bounds last_error.
 const MaxErrorBytes = 1000
 
-// completeSQL commits asynchronously: synchronous_commit is off for its
-// own transaction only (set_config local, in the statement, so it costs no
-// round trip). See Complete for why that is safe.
-//
-// The failures' pending condition is written in the opaque COALESCE form
-// (store/backoff.go): as a plain conjunction it matched
-// outbox_pending_aggregate_idx's predicate, and the generic plan made on a
-// small table would hash that whole index to join the batch's failures:
-// every batch with a failure would walk every pending row and, under a
-// snapshot held elsewhere, every row delivered since
-// (TestHotPathPlansMadeOnASmallTableStayFlat).
-//
-// The delivered rows are found by one scan of the primary key for the
-// batch's ids (= ANY), and each is checked against its (id, created_at)
-// pair in a hash (NOT ... NOT IN: a hashed subplan, not a join the planner
-// could make a loop of). Joined to the pairs (unnest), the plan would probe
-// the primary key once per row, and each probe would read the row's heap
-// page again where the scan keeps it pinned from row to row: one buffer
-// more per row.
-const completeSQL = fenceCTE + `,
-async AS (SELECT set_config('synchronous_commit', 'off', true)),
-delivered AS (
-  UPDATE outbox o SET dispatched_at = now(), last_error = NULL
-  WHERE o.id = ANY ($4::bigint[]) AND o.dispatched_at IS NULL
-    AND NOT ((o.id, o.created_at) NOT IN (SELECT * FROM unnest($4::bigint[], $9::timestamptz[]))) -- hashed
-    AND EXISTS (SELECT 1 FROM fence)
-  RETURNING 1),
-failed AS (
-  UPDATE outbox o SET attempts = LEAST(GREATEST(o.attempts, 0), 2147483646) + 1, last_error = x.err,
-    available_at = CASE WHEN x.dead THEN o.available_at ELSE now() + x.delay_us * interval '1 microsecond' END,
-    dead_at = CASE WHEN x.dead THEN now() END
-  FROM unnest($5::bigint[], $6::text[], $7::bigint[], $8::bool[], $10::timestamptz[]) AS x(id, err, delay_us, dead, created_at)
-  WHERE o.id = x.id AND (x.created_at IS NULL OR o.created_at = x.created_at)
-    AND COALESCE(o.dispatched_at IS NULL AND o.dead_at IS NULL, false) AND EXISTS (SELECT 1 FROM fence)
-  RETURNING o.id, o.attempts, o.created_at),` + historyCTE + `
-SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM delivered), (SELECT count(*) FROM failed) FROM async`
+// The statements of fenced writes (fence.sql, complete.sql).
+var (
+	fenceTokenQ  = stmt("fence_token")
+	fenceTokensQ = stmt("fence_tokens")
+	claimFenceQ  = stmt("claim_fence")
+	completeQ    = stmt("complete")
+)
 
 // Delivered is a row whose delivery Complete records. CreatedAt is its
 // created_at as read: only a row that still has it is marked, so a row that
@@ -263,7 +210,11 @@ func (s *Store) complete(ctx context.Context, f Fence, delivered []Delivered, fa
 		done[i], created[i] = d.ID, d.CreatedAt
 	}
 	kinds, ms := attemptsOf(failures)
-	err = s.fenced(ctx, f, completeSQL, []*int64{&nDelivered, &nFailed}, int8Array(done), ids, errs, delay, dead, created, made, kinds, ms)
+	err = s.fenced(ctx, f, completeQ, []*int64{&nDelivered, &nFailed}, pgx.NamedArgs{
+		"delivered_ids": int8Array(done), "delivered_created_at": created,
+		"failed_ids": ids, "failed_errors": errs, "failed_delay_us": delay, "failed_dead": dead,
+		"failed_created_at": made, "failed_kinds": kinds, "failed_ms": ms,
+	})
 	return nDelivered, nFailed, err
 }
 

@@ -15,21 +15,15 @@ import (
 // Aggregate names one ordering key.
 type Aggregate struct{ Type, ID string }
 
-// epochSQL names the storage of the outbox table and its id sequence. Both
-// get new storage when ids start again (TRUNCATE ... RESTART IDENTITY,
-// ALTER TABLE ... ALTER COLUMN id RESTART, ALTER SEQUENCE ... RESTART), and
-// on VACUUM FULL or CLUSTER, where starting afresh costs one cold start.
-// setval() keeps the storage: a rewind by setval is found through the
-// sequence's last value (seqLastSQL, poller/rewind.go) or by the rescan.
-const epochSQL = `(SELECT ` + epochOfSQL + ` FROM ` + idSeqSQL + `)`
-
-// epochOfSQL is epochSQL in a query that has idSeqSQL among its FROM items.
-const epochOfSQL = `pg_relation_filenode('outbox'::regclass)::text || '/' || COALESCE(pg_relation_filenode(idseq.seq)::text, '')`
-
-// idSeqSQL is a FROM item naming the outbox id sequence idseq.seq (NULL
-// without one). OFFSET 0 keeps it one lookup (a pg_depend scan) however
-// often the query uses it; inlined, each use would be a lookup.
-const idSeqSQL = `(SELECT pg_get_serial_sequence('outbox', 'id')::regclass AS seq OFFSET 0) idseq`
+// The statements of cursor.sql.
+var (
+	loadCursorQ     = stmt("load_cursor")
+	saveCursorQ     = stmt("save_cursor")
+	laterSentQ      = stmt("later_sent")
+	inheritedLateQ  = stmt("inherited_late")
+	pendingBetweenQ = stmt("pending_between")
+	viewSnapshotQ   = stmt("view_snapshot")
+)
 
 // LoadCursor returns where a new holder's reads start: the cursor the last
 // holder of lock saved (SaveCursor) in this epoch (ReadResult.Epoch), with
@@ -60,7 +54,8 @@ func (s *Store) LoadCursor(ctx context.Context, lock string) (cursor, sent int64
 	var h int64
 	var floor pgtype.Int8 // NULL: nothing pending
 	for walked := false; ; walked = true {
-		err = s.db.QueryRow(ctx, loadCursorSQL, lock, int64(defaultSpan), floor).Scan(&cursor, &sent, &h, &epoch)
+		err = loadCursorQ.queryRow(ctx, s.db, pgx.NamedArgs{"lock": lock, "span": int64(defaultSpan), "floor": floor}).
+			Scan(&cursor, &sent, &h, &epoch)
 		if err != nil {
 			return 0, 0, 0, "", wrap("load cursor", err)
 		}
@@ -70,23 +65,11 @@ func (s *Store) LoadCursor(ctx context.Context, lock string) (cursor, sent int64
 		// None saved: find the lowest pending row (pendingFloor), then
 		// load again, so that the horizon is of a snapshot taken after
 		// that walk's.
-		if floor, err = s.pendingFloor(ctx, loadFloorSQL); err != nil {
+		if floor, err = s.pendingFloor(ctx, loadFloorQ); err != nil {
 			return 0, 0, 0, "", err
 		}
 	}
 }
-
-// loadCursorSQL is LoadCursor's statement.
-const loadCursorSQL = `SELECT COALESCE(saved.cursor, LEAST(
-    COALESCE($3::bigint, top.id),
-    GREATEST(top.id - $2, 0))),
-  CASE WHEN saved.sent > 0 THEN GREATEST(saved.sent, saved.cursor) ELSE top.id END,
-  CASE WHEN saved.cursor IS NULL THEN pg_snapshot_xmax(pg_current_snapshot())::text::bigint ELSE saved.horizon END,
-  ` + epochSQL + `
-FROM (SELECT (SELECT cursor FROM outbox_cursor WHERE lock_name = $1 AND epoch = ` + epochSQL + `) AS cursor,
-    (SELECT sent FROM outbox_cursor WHERE lock_name = $1 AND epoch = ` + epochSQL + `) AS sent,
-    (SELECT horizon FROM outbox_cursor WHERE lock_name = $1 AND epoch = ` + epochSQL + `) AS horizon) saved,
-  (SELECT COALESCE((SELECT max(id) FROM outbox), 0) AS id) top`
 
 // SaveCursor stores where f's holder stands, fenced: every id at or below
 // cursor is delivered, dead or backing off, except that, while horizon is
@@ -96,16 +79,10 @@ FROM (SELECT (SELECT cursor FROM outbox_cursor WHERE lock_name = $1 AND epoch = 
 // holder or the ones before it. A stale holder changes nothing
 // (ErrStaleFence).
 func (s *Store) SaveCursor(ctx context.Context, f Fence, cursor, sent int64, horizon uint64, epoch string) error {
-	return s.fenced(ctx, f, saveCursorSQL, []*int64{new(int64)}, cursor, epoch, sent, int64(horizon))
+	return s.fenced(ctx, f, saveCursorQ, []*int64{new(int64)}, pgx.NamedArgs{
+		"cursor": cursor, "epoch": epoch, "sent": sent, "horizon": int64(horizon),
+	})
 }
-
-const saveCursorSQL = fenceCTE + `,
-saved AS (
-  INSERT INTO outbox_cursor AS c (lock_name, cursor, epoch, sent, horizon) SELECT $1, $4, $5, $6, $7 WHERE EXISTS (SELECT 1 FROM fence)
-  ON CONFLICT (lock_name) DO UPDATE SET cursor = EXCLUDED.cursor, epoch = EXCLUDED.epoch, sent = EXCLUDED.sent,
-    horizon = EXCLUDED.horizon, updated_at = now()
-  RETURNING 1)
-SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM saved)`
 
 // LaterSent returns, for each of rows (pending rows a new holder read at
 // or below the sent mark its predecessors saved, LoadCursor), the highest
@@ -130,11 +107,6 @@ func (s *Store) LaterSent(ctx context.Context, rows []Row, sent int64) (map[int6
 	return laterSent(ctx, s.db, rows, sent)
 }
 
-// querier is what LaterSent needs of a pool or a transaction.
-type querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
 // View is one read-only, repeatable-read view of the outbox: what was
 // committed when View returned it, however long its user waits before
 // asking. It holds a pooled connection until Close. Read-only, it holds no
@@ -150,7 +122,7 @@ func (s *Store) View(ctx context.Context) (*View, error) {
 	}
 	// A repeatable-read transaction's snapshot is taken by its first
 	// statement, not by BEGIN.
-	if _, err := tx.Exec(ctx, `SELECT 1`); err != nil {
+	if _, err := tx.Exec(ctx, viewSnapshotQ.sql); err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, wrap("view", err)
 	}
@@ -169,7 +141,7 @@ func (v *View) Close() {
 	_ = v.tx.Rollback(ctx)
 }
 
-func laterSent(ctx context.Context, db querier, rows []Row, sent int64) (map[int64]int64, error) {
+func laterSent(ctx context.Context, db queryer, rows []Row, sent int64) (map[int64]int64, error) {
 	rows = slices.DeleteFunc(slices.Clone(rows), func(r Row) bool { return r.ID >= sent })
 	if len(rows) == 0 {
 		return nil, nil
@@ -180,7 +152,7 @@ func laterSent(ctx context.Context, db querier, rows []Row, sent int64) (map[int
 		ids[i], types[i], aggs[i] = r.ID, r.AggregateType, r.AggregateID
 		lo = min(lo, r.ID)
 	}
-	q, err := db.Query(ctx, laterSentSQL, ids, types, aggs, lo, sent)
+	q, err := laterSentQ.query(ctx, db, pgx.NamedArgs{"ids": ids, "types": types, "aggs": aggs, "lo": lo, "sent": sent})
 	if err != nil {
 		return nil, wrap("later sent", err)
 	}
@@ -209,21 +181,6 @@ func laterSent(ctx context.Context, db querier, rows []Row, sent int64) (map[int
 	}
 	return out, nil
 }
-
-// laterSentSQL: rows "c", the rows asked about that no holder tried yet;
-// rows "o", per aggregate of theirs, the highest id dispatched in ($4, $5].
-// The aggregate filter is a hashed subplan (NOT ... NOT IN keeps the
-// planner from turning it into a join it could repeat per row).
-const laterSentSQL = `WITH c AS MATERIALIZED (
-  SELECT c.id, c.aggregate_type, c.aggregate_id
-  FROM unnest($1::bigint[], $2::text[], $3::text[]) AS c(id, aggregate_type, aggregate_id)
-  JOIN outbox r ON r.id = c.id AND r.attempts = 0 AND r.available_at <= r.created_at)
-SELECT 'c', id, aggregate_type, aggregate_id FROM c
-UNION ALL
-SELECT 'o', max(o.id), o.aggregate_type, o.aggregate_id FROM outbox o
-WHERE o.id > $4 AND o.id <= $5 AND o.dispatched_at IS NOT NULL
-  AND NOT ((o.aggregate_type, o.aggregate_id) NOT IN (SELECT aggregate_type, aggregate_id FROM c))
-GROUP BY o.aggregate_type, o.aggregate_id`
 
 // Inherited is what a new holder knows, from one snapshot, of the rows in
 // (lo, hi] (its loaded cursor, the sent mark): Late, the untried pending
@@ -266,23 +223,7 @@ func (h *Inherited) InHole(id int64) bool {
 // TestHotPathPlansMadeOnASmallTableStayFlat bounds it as a once-a-term
 // statement.
 func (s *Store) InheritedLate(ctx context.Context, lo, hi int64, limit int) (in *Inherited, complete bool, err error) {
-	rows, err := s.db.Query(ctx, `WITH d AS MATERIALIZED (
-  SELECT aggregate_type, aggregate_id, max(id) AS top FROM outbox
-  WHERE id > $1 AND id <= $2 AND dispatched_at IS NOT NULL GROUP BY 1, 2),
-reach AS (SELECT COALESCE(max(top), $1) AS id FROM d),
-late AS (
-  SELECT p.id, d.top FROM outbox p
-  JOIN d ON d.aggregate_type = p.aggregate_type AND d.aggregate_id = p.aggregate_id AND d.top > p.id
-  WHERE p.id > $1 AND p.id < (SELECT id FROM reach) AND p.dispatched_at IS NULL AND p.dead_at IS NULL
-    AND p.attempts = 0 AND p.available_at <= p.created_at
-  LIMIT $3),
-holes AS (
-  SELECT prev, id FROM (SELECT id, lag(id, 1, $1) OVER (ORDER BY id) AS prev FROM outbox WHERE id > $1 AND id < (SELECT id FROM reach)) s
-  WHERE id > prev + 1 LIMIT $3),
-tail AS (SELECT COALESCE(max(id), $1) AS id FROM outbox WHERE id > $1 AND id < (SELECT id FROM reach))
-SELECT false, id, top FROM late
-UNION ALL SELECT true, prev, id FROM holes
-UNION ALL SELECT true, tail.id, reach.id FROM tail, reach WHERE tail.id + 1 < reach.id`, lo, hi, limit+1)
+	rows, err := inheritedLateQ.query(ctx, s.db, pgx.NamedArgs{"lo": lo, "hi": hi, "limit": limit + 1})
 	if err != nil {
 		return nil, false, wrap("inherited late", err)
 	}
@@ -311,9 +252,7 @@ UNION ALL SELECT true, tail.id, reach.id FROM tail, reach WHERE tail.id + 1 < re
 // its cursor, for rows that re-entered the pending set there (an operator's
 // UPDATE ... SET dispatched_at = NULL). Its cost is bounded by hi - lo.
 func (s *Store) PendingBetween(ctx context.Context, lo, hi int64) ([]Parked, error) {
-	rows, err := s.db.Query(ctx, `SELECT aggregate_type, aggregate_id, min(id) FROM outbox
-		WHERE dispatched_at IS NULL AND dead_at IS NULL AND available_at <= created_at AND id > $1 AND id <= $2
-		GROUP BY 1, 2`, lo, hi)
+	rows, err := pendingBetweenQ.query(ctx, s.db, pgx.NamedArgs{"lo": lo, "hi": hi})
 	if err != nil {
 		return nil, wrap("rescan", err)
 	}

@@ -3,14 +3,13 @@ package store
 import (
 	"cmp"
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"strconv"
-	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -90,13 +89,13 @@ type ReadResult struct {
 	// every transaction below XMin had ended; new gaps get XMax as Horizon.
 	XMin, XMax uint64
 	// Epoch names the storage of the outbox table and its id sequence
-	// (epochSQL): it changes when TRUNCATE or an id RESTART reuses ids,
+	// (epoch in cursor.sql): it changes when TRUNCATE or an id RESTART reuses ids,
 	// and a cursor of the old ids means nothing then.
 	Epoch string
-	// Incarnation names the server the read ran on (incarnationSQL): it
+	// Incarnation names the server the read ran on (incarnation in read.sql): it
 	// changes on a failover, a restore started in place, or a restart.
 	Incarnation string
-	// SeqLast is the id sequence's last value (seqLastSQL), -1 when the
+	// SeqLast is the id sequence's last value (seq_last in read.sql), -1 when the
 	// role may not read it or no id was handed out since the sequence was
 	// set with is_called false.
 	SeqLast int64
@@ -114,76 +113,37 @@ type ReadResult struct {
 // defaultSpan bounds the new ids one read classifies.
 const defaultSpan = 10_000
 
-// readFile is read.sql: a header that documents the statement (its
-// parameters, common table expressions and row kinds), then the statement.
-//
-//go:embed read.sql
-var readFile string
+// readQ is read.sql's statement: the relay's read. Its text is the same
+// for every call (pgx caches the prepared statement by text).
+var readQ = stmt("read")
 
-// readSQL is the relay's read: read.sql's statement with its fragments in
-// place. Its text is the same for every call (pgx caches the prepared
-// statement by text).
-var readSQL = sqlStatement(readFile, strings.NewReplacer(
-	"{{epochOf}}", epochOfSQL,
-	"{{incarnation}}", incarnationSQL,
-	"{{seqLast}}", seqLastSQL,
-	"{{idSeq}}", idSeqSQL,
-	"{{readColumns}}", readColumnsSQL,
-	"{{readColumnNames}}", readColumnNames,
-	"{{backingOffE}}", backingOffE,
-))
-
-// sqlStatement is an embedded .sql file's statement: the text after its
-// header comment (up to the first empty line), with r's fragments in place.
-func sqlStatement(file string, r *strings.Replacer) string {
-	_, body, ok := strings.Cut(file, "\n\n")
-	if !ok || strings.Contains(r.Replace(body), "{{") {
-		panic("store: an embedded statement has no header or a fragment left unnamed")
-	}
-	return r.Replace(strings.TrimSpace(body))
-}
-
-// readColumnNames are readColumnsSQL's names.
-const readColumnNames = `id, aggregate_type, aggregate_id, event_type, payload, headers, created_at, attempts, far, notdue, blocked, size`
-
-// readColumnsSQL: a candidate row as readSQL judges it. notdue: backing
-// off (far is poison: an available_at no retry could mean). blocked: an
-// earlier row of its aggregate backs off, so per-aggregate order holds.
-// Whether any row backs off at all is asked once per read (an InitPlan),
-// and the probe per row only when one does. The far bound (now() + 100
-// years) is an InitPlan too, computed once per read, not per row.
-const readColumnsSQL = `o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload, o.headers, o.created_at, o.attempts,
-    o.available_at > (SELECT now() + interval '100 years') AS far,
-    o.available_at > o.created_at AND o.available_at > now() AND o.available_at <= (SELECT now() + interval '100 years') AS notdue,
-    CASE WHEN EXISTS (SELECT 1 FROM outbox d WHERE ` + backingOffD + ` AND d.available_at > now())
-    THEN EXISTS (SELECT 1 FROM outbox e
-      WHERE e.aggregate_type = o.aggregate_type AND e.aggregate_id = o.aggregate_id
-        AND e.id < o.id AND ` + backingOffE + ` AND e.available_at > now())
-    ELSE false END AS blocked,
-    ` + rowSizeSQL + ` AS size`
-
-// Read is the relay's fetch (readSQL): the due rows to send within lim,
+// Read is the relay's fetch (read.sql): the due rows to send within lim,
 // read from pos, and what the poller needs to move pos on. Its cost depends
 // on the rows above the cursor and the gaps and aggregates pos names, not on
 // how many rows were delivered before.
 func (s *Store) Read(ctx context.Context, lim FetchLimits, pos ReadPos) (ReadResult, error) {
-	args, rowBytes := readArgs(lim, pos)
-	res, err := s.db.Query(ctx, readSQL, args...)
+	na, rowBytes := readArgs(lim, pos)
+	res, err := readQ.query(ctx, s.db, na)
 	if err != nil {
 		return ReadResult{}, wrap("read", err)
 	}
 	defer res.Close()
 	out := ReadResult{SeqLast: -1, Parked: map[Aggregate]int64{}, Rows: make([]Row, 0, readCap(lim.Rows, s.readRows.Load()))}
 	// One row's columns, declared once and scanned into through one list
-	// of destinations: made per row, they would be allocations per row.
+	// of destinations per kind: made per row, they would be allocations
+	// per row.
 	var x readRow
-	dest := x.dest()
+	dest := x.dests()
 	for res.Next() {
 		x.payload, x.hdrs = nil, nil // the row keeps its own: never reuse them
-		if err := res.Scan(dest...); err != nil {
+		raw := res.RawValues()       // text columns: their bytes are the text, binary or not
+		d, ok := dest[string(raw[0])]
+		if !ok {
+			return ReadResult{}, errors.New("store: read: unexpected row kind " + strconv.Quote(string(raw[0])))
+		}
+		if err := res.Scan(d...); err != nil {
 			return ReadResult{}, fmt.Errorf("store: read: %w", err)
 		}
-		raw := res.RawValues() // text columns: their bytes are the text, binary or not
 		x.typ, x.evt = sameText(raw[2], x.typ), sameText(raw[4], x.evt)
 		if err := x.addTo(&out, rowBytes); err != nil {
 			return ReadResult{}, err
@@ -193,14 +153,14 @@ func (s *Store) Read(ctx context.Context, lim FetchLimits, pos ReadPos) (ReadRes
 		return ReadResult{}, wrap("read", err)
 	}
 	s.readRows.Store(int64(len(out.Rows)))
-	// readSQL returns the rows read below the cursor after the hot ones.
+	// read.sql returns the rows read below the cursor after the hot ones.
 	if !slices.IsSortedFunc(out.Rows, byRowID) {
 		slices.SortFunc(out.Rows, byRowID)
 	}
 	return out, nil
 }
 
-// Row kinds of readSQL (its first column; see read.sql).
+// Row kinds of read.sql (its first column; its header has their table).
 const (
 	readKindRow      = "r" // a row to send
 	readKindHot      = "h" // a hot row not returned, with its state
@@ -212,7 +172,7 @@ const (
 	readKindParked   = "p" // a parked aggregate's first row
 )
 
-// readRow is one row of readSQL as scanned. The types are interned
+// readRow is one row of read.sql as scanned. The types are interned
 // (sameText), not scanned.
 type readRow struct {
 	kind          string
@@ -225,12 +185,37 @@ type readRow struct {
 	size          pgtype.Int8
 	far           pgtype.Bool
 	state         pgtype.Text
+	pending       bool
+	firstID       int64
+	xmin, xmax    int64
+	epoch         string
+	incarnation   string
+	seqLast       int64
+	classified    int64
 }
 
-// dest is the list of Scan destinations for x, in readSQL's column order
-// (aggregate_type and event_type are left to sameText).
-func (x *readRow) dest() []any {
-	return []any{&x.kind, &x.id, nil, &x.aid, nil, &x.payload, &x.hdrs, &x.created, &x.attempts, &x.size, &x.far, &x.state}
+// dests are, per kind, the Scan destinations for x in read.sql's column
+// order: the kind's columns, nil (not decoded) for the others, which it
+// leaves NULL. aggregate_type and event_type are left to sameText.
+func (x *readRow) dests() map[string][]any {
+	cols := func(set ...any) []any {
+		d := make([]any, 20)
+		for i := 0; i < len(set); i += 2 {
+			d[set[i].(int)] = set[i+1]
+		}
+		return d
+	}
+	return map[string][]any{
+		readKindRow: cols(0, &x.kind, 1, &x.id, 3, &x.aid, 5, &x.payload, 6, &x.hdrs, 7, &x.created,
+			8, &x.attempts, 9, &x.size, 10, &x.far),
+		readKindHot:      cols(0, &x.kind, 1, &x.id, 3, &x.aid, 11, &x.state),
+		readKindSnapshot: cols(0, &x.kind, 14, &x.xmin, 15, &x.xmax, 16, &x.epoch, 17, &x.incarnation),
+		readKindSequence: cols(0, &x.kind, 18, &x.seqLast),
+		readKindTop:      cols(0, &x.kind, 19, &x.classified),
+		readKindGap:      cols(0, &x.kind, 1, &x.id),
+		readKindWatched:  cols(0, &x.kind, 1, &x.id, 3, &x.aid, 12, &x.pending),
+		readKindParked:   cols(0, &x.kind, 3, &x.aid, 13, &x.firstID),
+	}
 }
 
 // addTo adds x to out by its kind.
@@ -246,17 +231,17 @@ func (x *readRow) addTo(out *ReadResult, rowBytes int64) error {
 		}
 		out.Hot = append(out.Hot, HotRow{ID: x.id, Aggregate: agg, State: st})
 	case readKindSnapshot:
-		out.XMin, out.XMax, out.Epoch, out.Incarnation = uint64(x.id), uint64(x.size.Int64), x.typ, x.aid.String
+		out.XMin, out.XMax, out.Epoch, out.Incarnation = uint64(x.xmin), uint64(x.xmax), x.epoch, x.incarnation
 	case readKindSequence:
-		out.SeqLast = x.id
+		out.SeqLast = x.seqLast
 	case readKindTop:
-		out.Classified = x.size.Int64
+		out.Classified = x.classified
 	case readKindGap:
 		out.NewGaps = append(out.NewGaps, x.id)
 	case readKindWatched:
-		out.Visible = append(out.Visible, Watched{ID: x.id, Aggregate: agg, Pending: x.far.Bool})
+		out.Visible = append(out.Visible, Watched{ID: x.id, Aggregate: agg, Pending: x.pending})
 	case readKindParked:
-		out.Parked[agg] = x.id
+		out.Parked[agg] = x.firstID
 	default:
 		return errors.New("store: read: unexpected row kind " + strconv.Quote(x.kind))
 	}
@@ -302,8 +287,8 @@ func sameText(raw []byte, last string) string {
 	return string(raw)
 }
 
-// readArgs are readSQL's arguments, and the per-row limit it applies.
-func readArgs(lim FetchLimits, pos ReadPos) ([]any, int64) {
+// readArgs are read.sql's arguments, and the per-row limit it applies.
+func readArgs(lim FetchLimits, pos ReadPos) (pgx.NamedArgs, int64) {
 	rowBytes, budget := lim.RowBytes, lim.Bytes
 	if rowBytes <= 0 || rowBytes > maxRowBytes {
 		rowBytes = maxRowBytes
@@ -331,6 +316,10 @@ func readArgs(lim FetchLimits, pos ReadPos) ([]any, int64) {
 	if watch == nil {
 		watch = []int64{}
 	}
-	return []any{pos.Cursor, lim.Rows, max(pos.Frontier, pos.Cursor), span, watch,
-		holdIDs, horizons, pt, pa, pmin, int8Array(lim.Skip), rowBytes, bt, ba, budget}, rowBytes
+	return pgx.NamedArgs{
+		"cursor": pos.Cursor, "rows": lim.Rows, "frontier": max(pos.Frontier, pos.Cursor), "span": span, "watch": watch,
+		"holding_ids": holdIDs, "holding_horizons": horizons,
+		"parked_types": pt, "parked_ids": pa, "parked_mins": pmin,
+		"skip": int8Array(lim.Skip), "row_bytes": rowBytes, "busy_types": bt, "busy_ids": ba, "bytes": budget,
+	}, rowBytes
 }

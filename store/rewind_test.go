@@ -13,7 +13,7 @@ import (
 // incarnation and the id sequence's last value) cost one shared buffer per
 // read, the sequence's page: the read without them, side by side, touches
 // one fewer, idle and with 100 rows pending. The sequence is looked up once
-// per read (idSeqSQL); inlined into each use it costs several buffers more.
+// per read (id_seq in cursor.sql); inlined into each use it costs several buffers more.
 func TestRewindChecksCostOneBuffer(t *testing.T) {
 	t.Parallel()
 	st, _ := testenv.Store(t)
@@ -26,8 +26,13 @@ func TestRewindChecksCostOneBuffer(t *testing.T) {
 	}
 	without = without[:i] + without[j+len(" AS seqlast"):]
 	without = strings.Replace(without, "snap.incarnation", "NULL", 1)
-	without = strings.Replace(without, "UNION ALL\nSELECT 'q', snap.seqlast, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM snap WHERE snap.seqlast IS NOT NULL\n", "", 1)
-	if strings.Contains(without, "seqlast") || strings.Contains(without, "incarnation") {
+	q := strings.Index(without, "UNION ALL\nSELECT 'q'")
+	k := strings.Index(without, "snap.seqlast IS NOT NULL\n")
+	if q < 0 || k < q {
+		t.Fatal("the read's q row changed: adapt the test")
+	}
+	without = without[:q] + without[k+len("snap.seqlast IS NOT NULL\n"):]
+	if strings.Contains(without, "seqlast") || strings.Contains(without, "snap.incarnation") || strings.Contains(without, "postmaster") {
 		t.Fatalf("the checks were not all taken out:\n%s", without)
 	}
 	compare := func(what string) {

@@ -128,6 +128,9 @@ func (e *SessionError) Error() string {
 
 func (e *SessionError) Unwrap() error { return ErrSession }
 
+// checkSessionQ is session.sql's check_session.
+var checkSessionQ = stmt("check_session")
+
 // CheckSession verifies, as the store's statements run (behind a
 // transaction pooler, with the settings each transaction sets), that the
 // settings outboxd relies on are in effect and that current_schema() is
@@ -138,9 +141,7 @@ func (s *Store) CheckSession(ctx context.Context) error {
 	names := slices.Sorted(maps.Keys(s.want))
 	var schema string
 	var values []string
-	err := s.db.QueryRow(ctx, `SELECT COALESCE(current_schema(), ''),
-		ARRAY(SELECT current_setting(n) FROM unnest($1::text[]) WITH ORDINALITY AS x(n, i) ORDER BY i)`,
-		names).Scan(&schema, &values)
+	err := checkSessionQ.queryRow(ctx, s.db, pgx.NamedArgs{"names": names}).Scan(&schema, &values)
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "08P01" && strings.Contains(pgErr.Message, "startup parameter") {

@@ -22,7 +22,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outboxd/producer"
@@ -73,7 +72,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 // OpenConfig creates a pool from a parsed config (tracers, pool sizes).
 //
 // Its sessions plan prepared statements once (plan_cache_mode =
-// force_generic_plan, unless the config sets it): the relay's read (readSQL)
+// force_generic_plan, unless the config sets it): the relay's read (read.sql)
 // is a large statement whose planning cost several times its execution
 // when planned per call, and every statement here is written so that its
 // generic plan is the right one (lookups by id are = ANY (ARRAY(...))).
@@ -175,110 +174,9 @@ type FetchLimits struct {
 	Busy []Aggregate
 }
 
-// rowSizeSQL measures a row without sending it: pg_column_size reads the
-// stored size from the datum header. A compressed jsonb (its stored size can
-// be a hundredth of its real size) is measured decompressed: '[]' || x is an
-// uncompressed copy of x (x itself for an array, [x] otherwise), whatever x
-// holds. On large compressed rows that is far cheaper than their text size
-// (jsonb_out) or jsonb_path_query_first.
-const rowSizeSQL = `(CASE WHEN pg_column_compression(o.payload) IS NULL THEN pg_column_size(o.payload)
-       ELSE pg_column_size('[]'::jsonb || o.payload) END
-  + CASE WHEN pg_column_compression(o.headers) IS NULL THEN pg_column_size(o.headers)
-       ELSE pg_column_size('[]'::jsonb || o.headers) END
-  + octet_length(o.aggregate_type) + octet_length(o.aggregate_id) + octet_length(o.event_type))::bigint`
-
-// fetchDueSQL: due rows in id order, skipping every row of an aggregate that
-// has an earlier undelivered row still backing off, so per-aggregate order is
-// never broken. Dead rows do not block their aggregate (see README). A
-// delayed row is one whose available_at is past its created_at; producers
-// must not set created_at into the future.
-//
-// Rows in $4 are left out (see FetchLimits.Skip), and every row of the
-// aggregates in $5, $6 (types, ids; see FetchLimits.Busy). Both as NOT IN
-// (the columns are NOT NULL): a hashed subplan filtering the id-ordered
-// scan. An anti-join there lets the planner trade that scan for a full one
-// and a sort once the busy list is long, several times slower.
-//
-// It walks outbox_pending_idx from its start: the poller reads with Read,
-// which starts at a cursor; FetchDue is the stateless form (tools, tests).
-//
-// Of those candidates ($1 at most) it returns the prefix whose loaded bytes
-// stay within $3 (always the first row): a prefix, so no aggregate gets a
-// gap. A row above $2 bytes is returned without payload and headers (and
-// with its text columns cut), so it is never loaded whole; it costs 0 bytes.
-// One window (a running sum over the LIMIT's output) keeps the cost of the
-// budget small beside the scan.
-const fetchDueSQL = `
-SELECT id,
-  CASE WHEN size <= $2 THEN aggregate_type ELSE left(aggregate_type, 200) END,
-  CASE WHEN size <= $2 THEN aggregate_id ELSE left(aggregate_id, 200) END,
-  CASE WHEN size <= $2 THEN event_type ELSE left(event_type, 200) END,
-  CASE WHEN size <= $2 THEN payload END, CASE WHEN size <= $2 THEN headers END,
-  created_at, attempts, size
-FROM (
-  SELECT d.*, sum(CASE WHEN d.size <= $2 THEN d.size::int4 ELSE 0 END) OVER w AS loaded, row_number() OVER w AS n
-  FROM (
-    SELECT o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload, o.headers, o.created_at, o.attempts,
-      ` + rowSizeSQL + ` AS size
-    FROM outbox o
-    WHERE o.dispatched_at IS NULL AND o.dead_at IS NULL AND o.available_at <= now()
-      AND o.id NOT IN (SELECT unnest($4::bigint[])) -- a hashed subplan
-      AND (o.aggregate_type, o.aggregate_id) NOT IN (SELECT b.t, b.a FROM unnest($5::text[], $6::text[]) b(t, a))
-      AND NOT EXISTS (
-        SELECT 1 FROM outbox e
-        WHERE e.aggregate_type = o.aggregate_type AND e.aggregate_id = o.aggregate_id
-          AND e.id < o.id AND ` + backingOffE + ` AND e.available_at > now())
-    ORDER BY o.id
-    LIMIT $1) d
-  WINDOW w AS (ORDER BY d.id ROWS UNBOUNDED PRECEDING)
-) x
-WHERE n = 1 OR loaded <= $3
-ORDER BY id`
-
-// maxRowBytes is the largest per-row limit FetchDue accepts: a loaded row's
+// maxRowBytes is the largest per-row limit a read accepts: a loaded row's
 // size is summed as int4.
 const maxRowBytes = math.MaxInt32
-
-// FetchDue reads due rows in id order within lim.
-func (s *Store) FetchDue(ctx context.Context, lim FetchLimits) ([]Row, error) {
-	rowBytes, budget := lim.RowBytes, lim.Bytes
-	if rowBytes <= 0 || rowBytes > maxRowBytes {
-		rowBytes = maxRowBytes
-	}
-	if budget <= 0 {
-		budget = math.MaxInt64
-	}
-	bt, ba := make([]string, len(lim.Busy)), make([]string, len(lim.Busy))
-	for i, b := range lim.Busy {
-		bt[i], ba[i] = b.Type, b.ID
-	}
-	res, err := s.db.Query(ctx, fetchDueSQL, lim.Rows, rowBytes, budget, lim.Skip, bt, ba)
-	if err != nil {
-		return nil, wrap("fetch due", err)
-	}
-	rows, err := pgx.CollectRows(res, func(r pgx.CollectableRow) (Row, error) {
-		var x Row
-		var created pgtype.Timestamptz
-		// Payload and headers as raw bytes: scanning into json.RawMessage
-		// would run json.Unmarshal over every payload (a fifth of the relay's
-		// CPU in a drain), and Postgres already validated the jsonb.
-		err := r.Scan(&x.ID, &x.AggregateType, &x.AggregateID, &x.EventType, (*[]byte)(&x.Payload), (*[]byte)(&x.Headers),
-			&created, &x.Attempts, &x.Size)
-		switch {
-		case err != nil:
-		case x.Size > rowBytes:
-			x.Poison = fmt.Sprintf("row is %d bytes, above poller.max_payload_bytes (%d): not loaded, not sent", x.Size, rowBytes)
-		case created.InfinityModifier != pgtype.Finite:
-			x.Poison = "created_at is infinite: the event cannot be timestamped"
-		}
-		x.CreatedAt = created.Time
-		return x, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("store: fetch due: %w", err)
-	}
-	return rows, nil
-}
 
 // Listen holds one connection in LISTEN channel and calls fn for each
 // notification until ctx is done or the connection fails.
@@ -315,25 +213,23 @@ func (s *Store) Listen(ctx context.Context, channel string, fn func()) error {
 // its poller polls.
 func (s *Store) SetNotifyTrigger(ctx context.Context, on bool) error {
 	var exists bool
-	err := s.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_trigger
-		WHERE tgname = 'outbox_notify' AND tgrelid = 'outbox'::regclass)`).Scan(&exists)
+	err := notifyTriggerExistsQ.queryRow(ctx, s.db, nil).Scan(&exists)
 	if err != nil {
 		return fmt.Errorf("store: read notify trigger: %w", err)
 	}
 	if exists == on {
 		return nil
 	}
-	sql := `DROP TRIGGER IF EXISTS outbox_notify ON outbox`
+	ddl := notifyTriggerDropQ
 	if on {
-		sql = `CREATE OR REPLACE TRIGGER outbox_notify AFTER INSERT ON outbox
-		       FOR EACH STATEMENT EXECUTE FUNCTION outbox_notify()`
+		ddl = notifyTriggerCreateQ
 	}
 	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		// Never queue behind a long transaction while blocking producers.
-		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
+		if _, err := tx.Exec(ctx, ddlLockTimeoutQ.sql); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, sql)
+		_, err := tx.Exec(ctx, ddl.sql)
 		return err
 	})
 	var pgErr *pgconn.PgError
@@ -354,56 +250,18 @@ type Stats struct {
 	Dead             int64   `json:"dead"`
 }
 
-// statsSQL counts from the poller's saved cursor (outbox_cursor, this
-// epoch, the row written last: savedCursorSQL) on: at or below it every
-// row is delivered, dead or backing off.
-// With none saved yet, from $1, Store.SweepFloor's floor, which has the same
-// property.
-// From id 0 each scrape would walk the entry of every row delivered while
-// a snapshot is held elsewhere (vacuum cannot remove them), growing
-// without bound. Rows
-// an operator makes pending again below the cursor count once the
-// poller's rescan has found them (poller.rescanEvery) and saved a cursor
-// below them.
-//
-// Above the cursor it is one walk of outbox_pending_idx from the cursor
-// on, reading the index alone: its entries of pending rows, and of rows
-// delivered since the save (at most saveEvery's worth), whose heap row is
-// looked at once, the entry then marked dead for later scrapes (under a
-// snapshot held elsewhere, looked at by each scrape). A walk of the
-// primary key instead, the pending conditions as FILTERs, would read every
-// row above the cursor in the heap, old and new versions, which a drain
-// scatters. The walk is asked for in id order (ORDER BY id in a subquery,
-// which keeps it) and planned with sorts off (statsSettings):
-// outbox_pending_aggregate_idx has the same predicate and holds id too,
-// and a plan made when ANALYZE saw nothing pending reads it whole (every
-// entry a held snapshot keeps) and sorts, priced below the walk from the
-// cursor by its leading column's correlation; without a sort, only
-// outbox_pending_idx gives the order (TestHotPathCostDoesNotGrowWithHistory,
-// TestBacklogCountReadsThePendingIndexAlone). Below the cursor, the rows
-// backing off through outbox_backoff_idx, alone behind OFFSET 0 (with the
-// id range beside it the planner walks the primary key instead); the lowest of them
-// likewise, so that min(id) is not planned as a walk of an index from its
-// start.
-const statsSQL = `
-WITH c AS MATERIALIZED (
-  SELECT COALESCE(` + savedCursorSQL + `, $1::bigint) AS lo),
-above AS MATERIALIZED (
-  SELECT count(*) AS pending, min(id) AS first FROM (
-    SELECT id FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL AND id > (SELECT lo FROM c)
-    ORDER BY id) p),
-delayed AS MATERIALIZED (
-  SELECT id FROM outbox WHERE ` + backingOff + ` OFFSET 0)
-SELECT
-  above.pending + (SELECT count(*) FROM delayed WHERE id <= (SELECT lo FROM c)),
-  COALESCE((SELECT extract(epoch FROM now() - created_at)::float8 FROM outbox WHERE id = LEAST(
-    (SELECT min(id) FROM delayed), above.first)), 0),
-  (SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL)
-FROM above`
+// The statements of session.sql and stats.sql that Store runs.
+var (
+	notifyTriggerExistsQ = stmt("notify_trigger_exists")
+	notifyTriggerCreateQ = stmt("notify_trigger_create")
+	notifyTriggerDropQ   = stmt("notify_trigger_drop")
+	ddlLockTimeoutQ      = stmt("ddl_lock_timeout")
+	statsQ               = stmt("stats")
+)
 
-// statsSettings: statsSQL is planned (and runs) with sorts off, so that
-// its walk above the cursor is outbox_pending_idx, the one index that
-// gives ids in order from the cursor (see statsSQL).
+// statsSettings: stats (stats.sql) is planned (and runs) with sorts off,
+// so that its walk above the cursor is outbox_pending_idx, the one index
+// that gives ids in order from the cursor (see stats.sql).
 var statsSettings = []string{`SET LOCAL enable_sort = off`}
 
 // Stats counts pending and dead rows and the oldest pending row's age.
@@ -419,7 +277,7 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 				return err
 			}
 		}
-		return tx.QueryRow(ctx, statsSQL, floor).Scan(&st.Pending, &st.OldestPendingAge, &st.Dead)
+		return statsQ.queryRow(ctx, tx, pgx.NamedArgs{"floor": floor}).Scan(&st.Pending, &st.OldestPendingAge, &st.Dead)
 	})
 	if err != nil {
 		return st, wrap("stats", err)
