@@ -6,7 +6,7 @@ import "context"
 // statement (fenceCTE: $1..$3): rows still pending, not dead, tried before
 // and not yet due. Their attempts and last_error stay. available_at stays
 // above created_at, so the read path finds them through
-// outbox_delayed_idx, as it finds every row backing off.
+// outbox_backoff_idx, as it finds every row backing off.
 const dueNowSQL = fenceCTE + `,
 resumed AS (
   UPDATE outbox SET available_at = now()
