@@ -514,20 +514,10 @@ func checkType(key string, val any) error {
 	if err := checkShape(key, fields[tk], val); err != nil {
 		return err
 	}
-	s, isString := val.(string)
 	if durationKeys[tk] {
-		switch {
-		case isString:
-			if _, err := time.ParseDuration(strings.TrimSpace(s)); err != nil {
-				return &KeyError{Key: key, Err: fmt.Errorf("invalid duration %q (use e.g. 500ms, 30s, 5m, 168h)", s)}
-			}
-		default:
-			if _, ok := val.(time.Duration); !ok {
-				return &KeyError{Key: key, Err: fmt.Errorf("want a duration such as \"30s\", got %v", val)}
-			}
-		}
-		return nil
+		return checkDuration(key, val)
 	}
+	s, isString := val.(string)
 	if _, isMap := fields[tk].(map[string]string); isMap && !stringMapEntry(key) {
 		if val != nil && reflect.ValueOf(val).Kind() != reflect.Map {
 			return &KeyError{Key: key, Err: errors.New("want a map of names to values (from the environment: use the matching _file key)")}
@@ -546,6 +536,21 @@ func checkType(key string, val any) error {
 		if _, err := strconv.ParseBool(strings.TrimSpace(s)); err != nil {
 			return &KeyError{Key: key, Err: fmt.Errorf("want true or false, got %q", s)}
 		}
+	}
+	return nil
+}
+
+// checkDuration checks the value of a duration key: a string Go's
+// time.ParseDuration reads, or a time.Duration.
+func checkDuration(key string, val any) error {
+	if s, ok := val.(string); ok {
+		if _, err := time.ParseDuration(strings.TrimSpace(s)); err != nil {
+			return &KeyError{Key: key, Err: fmt.Errorf("invalid duration %q (use e.g. 500ms, 30s, 5m, 168h)", s)}
+		}
+		return nil
+	}
+	if _, ok := val.(time.Duration); !ok {
+		return &KeyError{Key: key, Err: fmt.Errorf("want a duration such as \"30s\", got %v", val)}
 	}
 	return nil
 }

@@ -12,8 +12,9 @@ type SendFunc func(ctx context.Context, ev Event, token int64) error
 
 // DefaultConcurrency is how many aggregates a PerEvent sink sends at once
 // when asked for 0: throughput is about concurrency / receiver latency, and
-// 512 keeps a receiver answering in 20 ms (another region) above 10k ev/s
-// with room to spare (docs/operations.md, "Slow receivers").
+// the default leaves room for a receiver in another region before its
+// latency, not the relay, sets the pace (docs/operations.md, "Slow
+// receivers"; the figures are in BENCHMARKS.md).
 const DefaultConcurrency = 512
 
 // PerEvent makes a Sink of a destination that takes one event per request

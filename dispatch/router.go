@@ -341,21 +341,7 @@ func (s *routing) run(ctx context.Context) {
 	for {
 		s.mu.Lock()
 		open := ctx.Err() == nil && time.Now().Before(s.b.Until())
-		var sends [][]int
-		for d, idx := range s.ready {
-			if len(idx) == 0 {
-				continue
-			}
-			s.ready[d] = nil
-			if !open {
-				for _, i := range idx {
-					s.result(i, Result{Outcome: NotAttempted})
-				}
-				continue
-			}
-			slices.Sort(idx) // id order, as a Batch promises
-			sends = append(sends, idx)
-		}
+		sends := s.take(open)
 		s.inFlight += len(sends)
 		if len(sends) == 0 && s.inFlight == 0 && !s.anyReady() {
 			s.mu.Unlock()
@@ -369,6 +355,28 @@ func (s *routing) run(ctx context.Context) {
 			<-s.kick // a result came, or a Send returned
 		}
 	}
+}
+
+// take empties the ready lists: while open, it returns each destination's
+// events in id order, one Send's worth each; once closed, it answers them
+// NotAttempted and returns none. mu held.
+func (s *routing) take(open bool) [][]int {
+	var sends [][]int
+	for d, idx := range s.ready {
+		if len(idx) == 0 {
+			continue
+		}
+		s.ready[d] = nil
+		if !open {
+			for _, i := range idx {
+				s.result(i, Result{Outcome: NotAttempted})
+			}
+			continue
+		}
+		slices.Sort(idx) // id order, as a Batch promises
+		sends = append(sends, idx)
+	}
+	return sends
 }
 
 // anyReady: something was released meanwhile (by a NotAttempted above). mu held.

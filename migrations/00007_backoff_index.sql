@@ -1,8 +1,8 @@
 -- +goose NO TRANSACTION
 -- +goose Up
 -- Rows backing off, as outbox_delayed_idx held them, under a predicate
--- written so that only the queries that name it can use it (store.BackingOff
--- is the same text). Why: a query for backing-off rows also satisfies the
+-- written so that only the queries that name it can use it (store's
+-- backingOff, in store/backoff.go, is the same text). Why: a query for backing-off rows also satisfies the
 -- predicate of outbox_pending_idx (every pending row), and once autovacuum
 -- has analyzed the table (few rows pending, ids in heap order) the planner
 -- priced a walk of that whole index as cheap as this small one, and took

@@ -270,8 +270,8 @@ func (pl *pipeline) settle(f *flight, items []item, aggs [][]int) {
 	for _, idx := range aggs {
 		n += len(idx)
 	}
-	// Sized once: grown by append, the copies of a 1,000-row batch were
-	// a fifth of the relay's allocations in a drain.
+	// Sized once: grown by append, a batch's rows would be copied again at
+	// every doubling, on every batch of a drain.
 	pc := piece{idx: make([]int, 0, n), items: make([]item, 0, n)}
 	free := make([]store.Aggregate, 0, len(aggs))
 	for _, idx := range aggs {

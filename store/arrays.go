@@ -10,8 +10,8 @@ import (
 // parameter written $n::bigint[]: pgx sends a string as text, in every
 // query mode, built here in one allocation. Passed as []int64, pgx encoded
 // the array through pgtype.FlatArray, whose Index boxes each element: an
-// allocation per id above 255, 1.8 per event in a drain (the read's Skip,
-// up to 4 batches of ids, and Complete's delivered ids).
+// allocation per id above 255, for every id the read's Skip (up to 4
+// batches of ids) and Complete's delivered ids pass.
 func int8Array(ids []int64) string {
 	var b strings.Builder
 	if len(ids) > 0 {

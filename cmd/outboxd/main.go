@@ -273,44 +273,61 @@ func statusCmd(g *globals, stdout io.Writer) *cobra.Command {
 				enc.SetIndent("", "  ")
 				return enc.Encode(st)
 			}
-			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "LOCK\tHOLDER (instance)\tOWNER\tTTL LEFT\tTOKEN ISSUED (redis)\tFENCE ACCEPTED (postgres)")
-			for _, l := range st.Locks {
-				holder, owner, ttl := "-", "-", "-"
-				if l.Owner != "" {
-					holder, owner, ttl = cmp.Or(l.Holder, "?"), l.Owner, (time.Duration(l.TTLMillis) * time.Millisecond).Round(100*time.Millisecond).String()
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\n", l.Name, holder, owner, ttl, l.RedisCounter, l.FenceToken)
-			}
-			_ = tw.Flush()
-			for _, l := range st.Locks {
-				if l.Error != "" {
-					fmt.Fprintf(stdout, "\n%s: %s\n", l.Name, l.Error)
-				}
-			}
-			fmt.Fprintf(stdout, "\npending %d   oldest pending %s   dead %d\n", st.Pending,
-				(time.Duration(st.OldestPendingAge * float64(time.Second))).Round(time.Second), st.Dead)
-			fmt.Fprintln(stdout)
-			tw = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "DESTINATION\tSINK\tSETTINGS\tCIRCUIT\tPAUSED")
-			for _, d := range st.Destinations {
-				circuit := d.Circuit
-				if !d.CircuitSince.IsZero() {
-					circuit += " since " + d.CircuitSince.UTC().Format(time.RFC3339)
-				}
-				paused := "-"
-				if d.Paused {
-					paused = "paused since " + d.PausedAt.UTC().Format(time.RFC3339)
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", d.Name, d.Sink, d.Key, circuit, paused)
-			}
-			_ = tw.Flush()
-			printReplicas(stdout, st.Replicas)
+			printStatus(stdout, st)
 			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (for scripts)")
 	return cmd
+}
+
+// printStatus prints status' tables: the locks, the backlog, the
+// destinations and the replicas.
+func printStatus(stdout io.Writer, st app.Status) {
+	printLocks(stdout, st.Locks)
+	fmt.Fprintf(stdout, "\npending %d   oldest pending %s   dead %d\n", st.Pending,
+		(time.Duration(st.OldestPendingAge * float64(time.Second))).Round(time.Second), st.Dead)
+	printDestinations(stdout, st.Destinations)
+	printReplicas(stdout, st.Replicas)
+}
+
+// printLocks prints status' locks table, then each lock's error under it.
+func printLocks(stdout io.Writer, ls []app.LockStatus) {
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "LOCK\tHOLDER (instance)\tOWNER\tTTL LEFT\tTOKEN ISSUED (redis)\tFENCE ACCEPTED (postgres)")
+	for _, l := range ls {
+		holder, owner, ttl := "-", "-", "-"
+		if l.Owner != "" {
+			holder, owner, ttl = cmp.Or(l.Holder, "?"), l.Owner, (time.Duration(l.TTLMillis) * time.Millisecond).Round(100*time.Millisecond).String()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\n", l.Name, holder, owner, ttl, l.RedisCounter, l.FenceToken)
+	}
+	_ = tw.Flush()
+	for _, l := range ls {
+		if l.Error != "" {
+			fmt.Fprintf(stdout, "\n%s: %s\n", l.Name, l.Error)
+		}
+	}
+}
+
+// printDestinations prints status' destinations table: each one's sink,
+// settings, circuit and pause.
+func printDestinations(stdout io.Writer, ds []app.DestinationStatus) {
+	fmt.Fprintln(stdout)
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "DESTINATION\tSINK\tSETTINGS\tCIRCUIT\tPAUSED")
+	for _, d := range ds {
+		circuit := d.Circuit
+		if !d.CircuitSince.IsZero() {
+			circuit += " since " + d.CircuitSince.UTC().Format(time.RFC3339)
+		}
+		paused := "-"
+		if d.Paused {
+			paused = "paused since " + d.PausedAt.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", d.Name, d.Sink, d.Key, circuit, paused)
+	}
+	_ = tw.Flush()
 }
 
 // printReplicas prints status' replicas table: each running replica seen

@@ -58,8 +58,8 @@ const (
 
 // metadataMinAge is how soon franz-go may refresh metadata again when it
 // needs to (an unknown topic, a moved leader). Its default of 5 s makes a
-// missing topic slow to report and a created one slow to be used; at
-// 200 ms both take about a second.
+// missing topic slow to report and a created one slow to be used; a short
+// age lets both show within the producer's first few retries.
 const metadataMinAge = 200 * time.Millisecond
 
 // SASL authenticates to the brokers; Mechanism "" means none.

@@ -16,10 +16,9 @@
 //
 // Why not the client's Publisher: with message ordering it bundles per
 // ordering key, one Publish RPC per aggregate in flight, and pauses a key
-// after a failure until ResumePublish. With a batch spread over 1,000
-// aggregates that is 1,000 RPCs per batch, several times the relay's CPU
-// per event and a fraction of its throughput. Here a request holds many
-// keys, in batch order; a failed
+// after a failure until ResumePublish. A batch spread over many aggregates
+// then costs one RPC per aggregate, so the cost per event grows with the
+// spread. Here a request holds many keys, in batch order; a failed
 // key needs no resuming: it is not sent again until the poller retries its
 // row.
 //

@@ -316,3 +316,24 @@ func TestIssue21Relay(t *testing.T) {
 		t.Errorf("found %q, want %q", found, want)
 	}
 }
+
+// listRow is a Markdown table row keyed by a metric or a log line's msg, or
+// the header of such a table: what only docs/reference.md lists.
+var listRow = regexp.MustCompile("^\\|\\s*`?(outboxd_[a-z_]+|msg|metric)`?\\s*\\|")
+
+// TestReferenceIsTheOneListOfMetricsAndLogLines keeps one home per fact:
+// docs/reference.md lists the metrics and the log lines; every other page
+// links to it and never carries a table of them, which would drift.
+func TestReferenceIsTheOneListOfMetricsAndLogLines(t *testing.T) {
+	root := root(t)
+	for _, md := range markdownFiles(t, root) {
+		if filepath.ToSlash(md) == "docs/reference.md" {
+			continue
+		}
+		proseLines(t, filepath.Join(root, md), func(n int, line string) {
+			if listRow.MatchString(line) {
+				t.Errorf("%s:%d lists a metric or a log line in a table; docs/reference.md is their one list: link to it", md, n)
+			}
+		})
+	}
+}

@@ -181,17 +181,32 @@ func dropDB(ctx context.Context, name string) error {
 // DSN returns a fresh, migrated database for this test, dropped at cleanup.
 func DSN(t testing.TB) string {
 	t.Helper()
-	name := "outboxd_t_" + randomHex(8)
-	ctx := context.Background()
-	if err := createDB(ctx, name, template); err != nil {
+	dsn, drop, err := FreshDSN()
+	if err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
 	t.Cleanup(func() {
-		if err := dropDB(context.Background(), name); err != nil {
-			t.Logf("testenv: drop %s: %v", name, err)
+		if err := drop(); err != nil {
+			t.Logf("testenv: %v", err)
 		}
 	})
-	return withDB(baseDSN, name)
+	return dsn
+}
+
+// FreshDSN is DSN for code that has no testing.TB, such as an Example
+// function: it returns a fresh, migrated database and the func that drops it.
+func FreshDSN() (dsn string, drop func() error, err error) {
+	name := "outboxd_t_" + randomHex(8)
+	if err := createDB(context.Background(), name, template); err != nil {
+		return "", nil, err
+	}
+	drop = func() error {
+		if err := dropDB(context.Background(), name); err != nil {
+			return fmt.Errorf("drop %s: %w", name, err)
+		}
+		return nil
+	}
+	return withDB(baseDSN, name), drop, nil
 }
 
 // Store opens a pool on a fresh database (see DSN), closed at cleanup.

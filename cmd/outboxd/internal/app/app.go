@@ -291,47 +291,8 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	defer ops.Close()
 	offLoopback := !httpapi.Loopback(a.Cfg.HTTP.Addr)
-	srv := httpapi.Server(httpapi.Handler(httpapi.Deps{
-		Checks: map[string]httpapi.Check{
-			"postgres": ops.Ping,
-			"redis":    a.pingRedis,
-			// Reachable is not enough: a leader whose every fetch fails is not
-			// doing its job (poller.FetchFailure).
-			"fetch": func(context.Context) error { return p.FetchFailure(time.Now()) },
-		},
-		Registry:      a.Metrics.Registry,
-		BeforeScrape:  func(ctx context.Context) { a.refreshBacklog(ctx, ops); a.refreshPaused(ctx, ops) },
-		Pprof:         a.Cfg.HTTP.Pprof,
-		AuthToken:     a.Cfg.HTTP.AuthToken,
-		OffLoopback:   offLoopback,
-		MaxConcurrent: a.Cfg.HTTP.MaxConcurrent,
-		Dead:          ops,
-		Status: func(ctx context.Context) (any, error) {
-			st, err := a.status(ctx, ops, map[string]func() int64{keys.PollerLock: p.HeldToken, keys.ReconcileLock: rec.HeldToken}, sinksOf(sink))
-			ferr := p.FetchFailure(time.Now())
-			switch {
-			case err != nil && ferr != nil:
-				return nil, fmt.Errorf("%w; poller: %w", err, ferr)
-			case err != nil:
-				return nil, err
-			case ferr != nil:
-				st.FetchError = ferr.Error()
-			}
-			return st, nil
-		},
-	}), httpapi.Timeouts{})
-
-	lo, hi := poller.RetryHorizon(a.pollerConfig())
-	caps := sink.Capabilities()
-	a.Log.Info("outboxd started", "http_addr", ln.Addr().String(), "redis_mode", a.Cfg.Redis.Mode,
-		"sink", sinkNames(a.Cfg), "sink_ordering", caps.Ordering, "poller_notify", a.Cfg.Poller.Notify,
-		// How long a row that keeps failing is retried before it is dead-lettered.
-		"retry_horizon_min", lo.Round(time.Second).String(), "retry_horizon_max", hi.Round(time.Second).String())
-	a.warnUnsafe(sink, hi)
-	if offLoopback && a.Cfg.HTTP.AuthToken == "" {
-		a.Log.Warn("http.addr is not a loopback address and no bearer token is set: /dead, /dead/{id} and /debug/pprof/ answer 403; set http.auth_token_file to serve them",
-			"http_addr", a.Cfg.HTTP.Addr)
-	}
+	srv := httpapi.Server(httpapi.Handler(a.httpDeps(p, rec, sink, ops, offLoopback)), httpapi.Timeouts{})
+	a.logStarted(ln.Addr().String(), sink, offLoopback)
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { a.warnEviction(gctx); return nil })
 	g.Go(func() error {
@@ -363,6 +324,57 @@ func (a *App) Run(ctx context.Context) error {
 	err = g.Wait()
 	a.Log.Info("outboxd stopped")
 	return err
+}
+
+// httpDeps is what the HTTP endpoints read: the checks behind /readyz, the
+// registry and the backlog refresh behind /metrics, /dead and /status, all
+// on the operations pool ops.
+func (a *App) httpDeps(p *poller.Poller, rec *reconcile.Reconciler, sink dispatch.Sink, ops *store.Store, offLoopback bool) httpapi.Deps {
+	return httpapi.Deps{
+		Checks: map[string]httpapi.Check{
+			"postgres": ops.Ping,
+			"redis":    a.pingRedis,
+			// Reachable is not enough: a leader whose every fetch fails is not
+			// doing its job (poller.FetchFailure).
+			"fetch": func(context.Context) error { return p.FetchFailure(time.Now()) },
+		},
+		Registry:      a.Metrics.Registry,
+		BeforeScrape:  func(ctx context.Context) { a.refreshBacklog(ctx, ops); a.refreshPaused(ctx, ops) },
+		Pprof:         a.Cfg.HTTP.Pprof,
+		AuthToken:     a.Cfg.HTTP.AuthToken,
+		OffLoopback:   offLoopback,
+		MaxConcurrent: a.Cfg.HTTP.MaxConcurrent,
+		Dead:          ops,
+		Status: func(ctx context.Context) (any, error) {
+			st, err := a.status(ctx, ops, map[string]func() int64{keys.PollerLock: p.HeldToken, keys.ReconcileLock: rec.HeldToken}, sinksOf(sink))
+			ferr := p.FetchFailure(time.Now())
+			switch {
+			case err != nil && ferr != nil:
+				return nil, fmt.Errorf("%w; poller: %w", err, ferr)
+			case err != nil:
+				return nil, err
+			case ferr != nil:
+				st.FetchError = ferr.Error()
+			}
+			return st, nil
+		},
+	}
+}
+
+// logStarted logs "outboxd started" with what this run uses, then the
+// start-up warnings.
+func (a *App) logStarted(addr string, sink dispatch.Sink, offLoopback bool) {
+	lo, hi := poller.RetryHorizon(a.pollerConfig())
+	caps := sink.Capabilities()
+	a.Log.Info("outboxd started", "http_addr", addr, "redis_mode", a.Cfg.Redis.Mode,
+		"sink", sinkNames(a.Cfg), "sink_ordering", caps.Ordering, "poller_notify", a.Cfg.Poller.Notify,
+		// How long a row that keeps failing is retried before it is dead-lettered.
+		"retry_horizon_min", lo.Round(time.Second).String(), "retry_horizon_max", hi.Round(time.Second).String())
+	a.warnUnsafe(sink, hi)
+	if offLoopback && a.Cfg.HTTP.AuthToken == "" {
+		a.Log.Warn("http.addr is not a loopback address and no bearer token is set: /dead, /dead/{id} and /debug/pprof/ answer 403; set http.auth_token_file to serve them",
+			"http_addr", a.Cfg.HTTP.Addr)
+	}
 }
 
 // sinkNames is the sink of the destination "default" alone, or each
