@@ -1,4 +1,4 @@
-package lock
+package redislease
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxd/outboxd/lock"
 )
 
 // Lock is a held lease. Its Context is cancelled with cause ErrLost when the
@@ -19,7 +21,7 @@ type Lock struct {
 	key   string
 	owner string
 	token int64
-	opts  Options
+	opts  lock.Options
 	// recovered: the token came from the floor, not the counter.
 	recovered bool
 
@@ -68,7 +70,7 @@ func (l *Lock) trustFor(renewStart time.Time) time.Duration {
 }
 
 func (l *Lock) expire() {
-	l.lose(fmt.Errorf("%w: not renewed before the local trust deadline", ErrLost))
+	l.lose(fmt.Errorf("%w: not renewed before the local trust deadline", lock.ErrLost))
 }
 
 func (l *Lock) lose(cause error) {
@@ -94,10 +96,10 @@ func (l *Lock) Extend(ctx context.Context) error {
 		return extendScript.Run(ctx, n, []string{l.key}, l.owner, l.opts.TTL.Milliseconds()).Int64()
 	})
 	switch {
-	case errors.Is(err, ErrNotHeld), errors.Is(err, ErrOwnedByOther), errors.Is(err, ErrCorrupt):
+	case errors.Is(err, lock.ErrNotHeld), errors.Is(err, lock.ErrOwnedByOther), errors.Is(err, lock.ErrCorrupt):
 		// ownerChecked says ErrCorrupt only when the corrupted keys cost the
 		// quorum: no lease of ours is left to renew.
-		l.lose(errors.Join(ErrLost, err))
+		l.lose(errors.Join(lock.ErrLost, err))
 		return context.Cause(l.ctx)
 	case err != nil:
 		return err
@@ -151,7 +153,7 @@ func (l *Lock) watchdog() {
 // Calling it again returns the first result.
 func (l *Lock) Release(ctx context.Context) error {
 	l.releaseOnce.Do(func() {
-		l.cancel(ErrReleased)
+		l.cancel(lock.ErrReleased)
 		l.expiry.Stop()
 		<-l.done
 		l.releaseErr = l.c.releaseAll(ctx, l.opts.TTL, l.key, l.owner, l.c.channel(l.name))
