@@ -3,8 +3,8 @@
 //
 // Lease and Held are the seam; a backend implements them in its own
 // subpackage (lock/redislease: Redis, single, Sentinel, Cluster or
-// Redlock). This package holds what every backend shares and every caller
-// branches on: the interfaces, Options and their defaults, Hooks for
+// Redlock). This package holds what every backend shares and what every
+// caller tells apart: the interfaces, Options and their defaults, Hooks for
 // metrics, and the errors (ErrNotObtained with a *HolderError naming the
 // holder, ErrLost, ErrNotHeld, ErrOwnedByOther, ErrReleased, ErrCorrupt
 // with a *CorruptError naming the repair). lock/leasetest is the
