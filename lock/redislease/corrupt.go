@@ -13,7 +13,7 @@ import (
 const corruptCode = "CORRUPT "
 
 // corruptFrom turns a script's "CORRUPT lock|fence <key> holds <what>" reply
-// into a *CorruptError; nil for any other error.
+// into a *lock.CorruptError; nil for any other error.
 func corruptFrom(err error, node, key, fence string) *lock.CorruptError {
 	var rerr redis.Error
 	if !errors.As(err, &rerr) {

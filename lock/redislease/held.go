@@ -12,8 +12,8 @@ import (
 	"github.com/outboxd/outboxd/lock"
 )
 
-// Lock is a held lease. Its Context is cancelled with cause ErrLost when the
-// lease can no longer be trusted and with ErrReleased after Release; run all
+// Lock is a held lease. Its Context is cancelled with cause lock.ErrLost when the
+// lease can no longer be trusted and with lock.ErrReleased after Release; run all
 // work done as holder in it.
 type Lock struct {
 	c     *Client
@@ -86,7 +86,7 @@ func (l *Lock) lose(cause error) {
 }
 
 // Extend renews the lease once (owner-checked) and moves the local trust
-// deadline. A gone, foreign or corrupted key (ErrCorrupt) loses the lock.
+// deadline. A gone, foreign or corrupted key (lock.ErrCorrupt) loses the lock.
 func (l *Lock) Extend(ctx context.Context) error {
 	if err := l.ctx.Err(); err != nil {
 		return context.Cause(l.ctx)
@@ -97,7 +97,7 @@ func (l *Lock) Extend(ctx context.Context) error {
 	})
 	switch {
 	case errors.Is(err, lock.ErrNotHeld), errors.Is(err, lock.ErrOwnedByOther), errors.Is(err, lock.ErrCorrupt):
-		// ownerChecked says ErrCorrupt only when the corrupted keys cost the
+		// ownerChecked says lock.ErrCorrupt only when the corrupted keys cost the
 		// quorum: no lease of ours is left to renew.
 		l.lose(errors.Join(lock.ErrLost, err))
 		return context.Cause(l.ctx)
@@ -147,9 +147,9 @@ func (l *Lock) watchdog() {
 	}
 }
 
-// Release stops the watchdog, cancels the Context (cause ErrReleased) and
+// Release stops the watchdog, cancels the Context (cause lock.ErrReleased) and
 // deletes the key if it is still ours (owner-checked), waking waiters. It
-// returns ErrNotHeld or ErrOwnedByOther when the lease had already gone.
+// returns lock.ErrNotHeld or lock.ErrOwnedByOther when the lease had already gone.
 // Calling it again returns the first result.
 func (l *Lock) Release(ctx context.Context) error {
 	l.releaseOnce.Do(func() {

@@ -93,12 +93,12 @@ func (c *Client) HolderKey(name string) string { return c.prefix + "holder:{" + 
 func (c *Client) channel(name string) string { return c.Key(name) + ":released" }
 
 // Acquire waits for the lock until it is obtained, opts.Wait passes or ctx is
-// done. On failure the error is ErrNotObtained joined with the cause (the
+// done. On failure the error is lock.ErrNotObtained joined with the cause (the
 // wait's context error and the last Redis error, if any). The exception is
-// corrupted state (see ErrCorrupt): when it leaves too few nodes for a quorum
+// corrupted state (see lock.ErrCorrupt): when it leaves too few nodes for a quorum
 // (with one node: at once), Acquire returns without waiting out the rest of
-// opts.Wait, since no retry can repair it, and the error matches ErrCorrupt
-// but not ErrNotObtained. ctx bounds the wait only: the lock's Context keeps
+// opts.Wait, since no retry can repair it, and the error matches lock.ErrCorrupt
+// but not lock.ErrNotObtained. ctx bounds the wait only: the lock's Context keeps
 // ctx's values but not its cancellation, so a holder can finish in-flight work
 // after its caller is cancelled. Every acquired lock must be released; its
 // watchdog runs until then.
@@ -226,7 +226,7 @@ func (a *attempt) add(r nodeResult) {
 
 // failure is the error of a failed attempt, and whether it is final: the
 // nodes with corrupted state alone leave too few for a quorum, so waiting
-// cannot help. A final error matches ErrCorrupt and not ErrNotObtained, so
+// cannot help. A final error matches lock.ErrCorrupt and not lock.ErrNotObtained, so
 // no caller takes it for "held elsewhere" or "Redis unreachable".
 func (c *Client) failure(key string, a attempt) (final bool, err error) {
 	if len(a.corrupt) > len(c.nodes)-c.quorum {
@@ -309,7 +309,7 @@ func nodeName(n redis.UniversalClient) string {
 }
 
 // nodeErr names the node a script error came from; a CORRUPT reply becomes
-// a *CorruptError.
+// a *lock.CorruptError.
 func nodeErr(n redis.UniversalClient, key, fence string, err error) error {
 	if ce := corruptFrom(err, nodeName(n), key, fence); ce != nil {
 		return ce
@@ -363,7 +363,7 @@ func (c *Client) on(ctx context.Context, ttl time.Duration, nodes []redis.Univer
 }
 
 // ownerChecked runs the extend or release script on all nodes and folds the
-// answers: nil on a quorum of 1s; ErrOwnedByOther / ErrNotHeld / ErrCorrupt
+// answers: nil on a quorum of 1s; lock.ErrOwnedByOther / lock.ErrNotHeld / lock.ErrCorrupt
 // when a quorum can no longer be reached because nodes said so (a corrupted
 // key is no more ours than a foreign one); otherwise the Redis errors.
 func (c *Client) ownerChecked(ctx context.Context, ttl time.Duration, key string, run func(context.Context, redis.UniversalClient) (int64, error)) error {
@@ -472,7 +472,7 @@ func inspectNode(ctx context.Context, n redis.UniversalClient, key, fence, holde
 // Holder reports the current holder, as seen by the first node that
 // answers; Owner is "" when the lock is free. When the lock key on any node
 // holds something other than a lease (another type, a string without
-// expiry) the error matches ErrCorrupt and names key and node.
+// expiry) the error matches lock.ErrCorrupt and names key and node.
 func (c *Client) Holder(ctx context.Context, name string) (lock.HolderInfo, error) {
 	var h lock.HolderInfo
 	var errs, corrupt []error
@@ -500,7 +500,7 @@ func (c *Client) Holder(ctx context.Context, name string) (lock.HolderInfo, erro
 // LastToken reads the fence counter (the last token issued): the highest over
 // the nodes that answer; 0 when none was issued since Redis last lost its
 // data. When the counter on any node is not an integer Acquire can advance,
-// the error matches ErrCorrupt and names key and node.
+// the error matches lock.ErrCorrupt and names key and node.
 func (c *Client) LastToken(ctx context.Context, name string) (int64, error) {
 	var errs, corrupt []error
 	var best int64
