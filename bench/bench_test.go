@@ -26,6 +26,7 @@ import (
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/internal/metrics"
 	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/lock/redislease"
 	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/poller"
 	"github.com/outboxd/outboxd/store"
@@ -85,7 +86,7 @@ func drainOutboxd(b *testing.B, batch int) float64 {
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr, PoolSize: 64})
 	defer rdb.Close()
 	prefix := fmt.Sprintf("cmp:%d:", time.Now().UnixNano())
-	locks := lock.New([]redis.UniversalClient{rdb}, lock.WithKeyPrefix(prefix))
+	locks := redislease.New([]redis.UniversalClient{rdb}, redislease.WithKeyPrefix(prefix))
 	p := poller.New(poller.Config{BatchSize: batch, KeyPrefix: prefix}, poller.Deps{Store: st, Locks: locks,
 		Redis: rdb, Sink: dispatch.Noop{}, Log: slog.New(slog.NewJSONHandler(io.Discard, nil)), Metrics: metrics.New()})
 	b.ResetTimer()
@@ -125,7 +126,7 @@ func drainWatermill(b *testing.B, batch int) float64 {
 type lockImpl func(ctx context.Context, key string) (func(), error)
 
 func impls(b *testing.B, rdb *redis.Client) map[string]lockImpl {
-	ours := lock.New([]redis.UniversalClient{rdb})
+	ours := redislease.New([]redis.UniversalClient{rdb})
 	bsm := redislock.New(rdb)
 	rs := redsync.New(goredis.NewPool(rdb))
 	ttl := 30 * time.Second

@@ -18,7 +18,7 @@ import (
 	"github.com/outboxd/outboxd/internal/metrics"
 	"github.com/outboxd/outboxd/internal/term"
 	"github.com/outboxd/outboxd/internal/testkit"
-	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/lock/redislease"
 	"github.com/outboxd/outboxd/store"
 )
 
@@ -92,7 +92,7 @@ func (s *scripted) Send(_ context.Context, b dispatch.Batch) []dispatch.Result {
 func (e *env) pollerWith(cfg testCfg, sink dispatch.Sink) *runner {
 	cfg.KeyPrefix = e.prefix
 	m := metrics.New()
-	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(e.prefix), lock.WithHooks(term.Hooks(m)))
+	locks := redislease.New([]redis.UniversalClient{e.rdb}, redislease.WithKeyPrefix(e.prefix), redislease.WithHooks(term.Hooks(m)))
 	log := testkit.Logger(e.t)
 	return &runner{New(cfg.Config, Deps{Store: e.st, Locks: locks, Redis: e.rdb, Sink: sink, Log: log, Metrics: m}), m}
 }
@@ -189,7 +189,7 @@ func TestHeldSendsCountFromTheFirstCut(t *testing.T) {
 	cfg.LockTTL, cfg.MaxAttempts, cfg.KeyPrefix = time.Second, 2, e.prefix
 	var logs testkit.Logs
 	m := metrics.New()
-	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(e.prefix), lock.WithHooks(term.Hooks(m)))
+	locks := redislease.New([]redis.UniversalClient{e.rdb}, redislease.WithKeyPrefix(e.prefix), redislease.WithHooks(term.Hooks(m)))
 	p := New(cfg.Config, Deps{Store: e.st, Locks: locks, Redis: e.rdb, Sink: held, Log: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})), Metrics: m})
 	e.run(&runner{p, m})
 	e.waitFor("the row dead-lettered", time.Minute, func() bool { return e.count("dead_at IS NOT NULL") == 1 })
@@ -217,7 +217,7 @@ func TestSendsCutByTheLeaseCountAsAttempts(t *testing.T) {
 	cfg.LockTTL, cfg.MaxAttempts, cfg.KeyPrefix = time.Second, 2, e.prefix
 	var logs testkit.Logs
 	m := metrics.New()
-	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(e.prefix), lock.WithHooks(term.Hooks(m)))
+	locks := redislease.New([]redis.UniversalClient{e.rdb}, redislease.WithKeyPrefix(e.prefix), redislease.WithHooks(term.Hooks(m)))
 	p := New(cfg.Config, Deps{Store: e.st, Locks: locks, Redis: e.rdb, Sink: hang, Log: slog.New(slog.NewJSONHandler(&logs, nil)), Metrics: m})
 	e.run(&runner{p, m})
 	e.waitFor("the row dead-lettered", 20*time.Second, func() bool { return e.count("dead_at IS NOT NULL") == 1 })

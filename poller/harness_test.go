@@ -24,7 +24,7 @@ import (
 	"github.com/outboxd/outboxd/internal/term"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testkit"
-	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/lock/redislease"
 	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/store"
 )
@@ -109,7 +109,7 @@ func (e *env) poller(cfg testCfg, lockPrefix string) *runner {
 		e.t.Fatal(err)
 	}
 	m := metrics.New()
-	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(lockPrefix), lock.WithHooks(term.Hooks(m)))
+	locks := redislease.New([]redis.UniversalClient{e.rdb}, redislease.WithKeyPrefix(lockPrefix), redislease.WithHooks(term.Hooks(m)))
 	log := testkit.Logger(e.t)
 	return &runner{New(cfg.Config, Deps{Store: e.st, Locks: locks, Redis: e.rdb, Sink: sink, Log: log, Metrics: m}), m}
 }
@@ -265,7 +265,7 @@ func childMain() bool {
 	cfg.ClaimTTL, _ = time.ParseDuration(os.Getenv("C_CLAIM"))
 	cfg.BatchSize, _ = strconv.Atoi(os.Getenv("C_BATCH"))
 	m := metrics.New()
-	locks := lock.New([]redis.UniversalClient{rdb}, lock.WithKeyPrefix(prefix), lock.WithHooks(term.Hooks(m)))
+	locks := redislease.New([]redis.UniversalClient{rdb}, redislease.WithKeyPrefix(prefix), redislease.WithHooks(term.Hooks(m)))
 	p := New(cfg.Config, Deps{Store: st, Locks: locks, Redis: rdb, Sink: sink, Log: slog.New(slog.NewJSONHandler(os.Stdout, nil)), Metrics: m})
 	kill := func() { _ = syscall.Kill(os.Getpid(), syscall.SIGKILL); select {} }
 	switch os.Getenv("C_CRASH") {
@@ -309,7 +309,7 @@ func (e *env) loggedRunner(cfg testCfg) (*runner, *testkit.Logs) {
 	}
 	logs := &testkit.Logs{}
 	m := metrics.New()
-	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(e.prefix), lock.WithHooks(term.Hooks(m)))
+	locks := redislease.New([]redis.UniversalClient{e.rdb}, redislease.WithKeyPrefix(e.prefix), redislease.WithHooks(term.Hooks(m)))
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	return &runner{New(cfg.Config, Deps{Store: e.st, Locks: locks, Redis: e.rdb, Sink: sink, Log: log, Metrics: m}), m}, logs
 }

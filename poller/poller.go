@@ -120,7 +120,7 @@ func (c Config) withDefaults() Config {
 // Deps are what the runner acts on.
 type Deps struct {
 	Store   *store.Store
-	Locks   *lock.Client
+	Locks   lock.Lease
 	Redis   redis.UniversalClient // holds the idempotency keys
 	Sink    dispatch.Sink
 	Log     *slog.Logger

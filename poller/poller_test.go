@@ -23,7 +23,7 @@ import (
 	"github.com/outboxd/outboxd/internal/metrics"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testkit"
-	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/lock/redislease"
 	"github.com/outboxd/outboxd/store"
 )
 
@@ -451,7 +451,7 @@ func TestRedisOutageIsLogged(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: down.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
 	defer rdb.Close()
 	logs := &testkit.Logs{}
-	r := New(cfg.Config, Deps{Store: e.st, Locks: lock.New([]redis.UniversalClient{rdb}), Redis: rdb, Sink: dispatch.Noop{},
+	r := New(cfg.Config, Deps{Store: e.st, Locks: redislease.New([]redis.UniversalClient{rdb}), Redis: rdb, Sink: dispatch.Noop{},
 		Log: slog.New(slog.NewJSONHandler(logs, nil)), Metrics: metrics.New()})
 	stop := e.run(&runner{r, nil})
 	e.waitFor("an outage log line", 10*time.Second, func() bool {

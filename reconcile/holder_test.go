@@ -9,6 +9,7 @@ import (
 
 	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/lock/redislease"
 )
 
 // While a reconciliation holds lock:reconciliation, the lock names the
@@ -20,7 +21,7 @@ func TestReconciliationHolderIsNamedByInstanceID(t *testing.T) {
 	ids := e.insertPending(1)
 	e.markKeyDelivered(ids[0]) // the mark sweep has a write to make: its hook runs under the lock
 	r := e.reconciler(Config{Instance: "reconciler-7"})
-	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(e.prefix))
+	locks := redislease.New([]redis.UniversalClient{e.rdb}, redislease.WithKeyPrefix(e.prefix))
 	var h lock.HolderInfo
 	var herr error
 	ran := false

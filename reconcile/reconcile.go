@@ -82,7 +82,7 @@ func (c Config) withDefaults() Config {
 // Deps are what the reconciler acts on.
 type Deps struct {
 	Store   *store.Store
-	Locks   *lock.Client
+	Locks   lock.Lease
 	Redis   redis.UniversalClient // holds the idempotency keys
 	Log     *slog.Logger
 	Metrics *metrics.Metrics

@@ -18,7 +18,7 @@ import (
 	"github.com/outboxd/outboxd/internal/metrics"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testkit"
-	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/lock/redislease"
 	"github.com/outboxd/outboxd/store"
 )
 
@@ -55,7 +55,7 @@ func (e *testBundle) reconciler(cfg Config) *rec {
 		cfg.Retention = time.Hour
 	}
 	m := metrics.New()
-	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(e.prefix))
+	locks := redislease.New([]redis.UniversalClient{e.rdb}, redislease.WithKeyPrefix(e.prefix))
 	r, err := New(cfg, Deps{Store: e.st, Locks: locks, Redis: e.rdb, Log: testkit.Logger(e.t), Metrics: m})
 	if err != nil {
 		e.t.Fatal(err)
@@ -375,7 +375,7 @@ func TestRetentionAndMarkSweeps(t *testing.T) {
 func TestBadScheduleIsRefused(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	_, err := New(Config{Schedule: "every day"}, Deps{Store: e.st, Locks: lock.New([]redis.UniversalClient{e.rdb}),
+	_, err := New(Config{Schedule: "every day"}, Deps{Store: e.st, Locks: redislease.New([]redis.UniversalClient{e.rdb}),
 		Redis: e.rdb, Log: slog.Default(), Metrics: metrics.New()})
 	if err == nil || !strings.Contains(err.Error(), "every") {
 		t.Fatalf("got %v, want the parse error", err)

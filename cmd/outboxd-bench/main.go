@@ -36,7 +36,7 @@ import (
 
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/internal/metrics"
-	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/lock/redislease"
 	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/poller"
 	"github.com/outboxd/outboxd/store"
@@ -217,7 +217,7 @@ func replaceDB(dsn, db string) string {
 
 func (e *env) poller(sink dispatch.Sink, notify bool) *poller.Poller {
 	m := metrics.New()
-	locks := lock.New([]redis.UniversalClient{e.rdb}, lock.WithKeyPrefix(e.prefix))
+	locks := redislease.New([]redis.UniversalClient{e.rdb}, redislease.WithKeyPrefix(e.prefix))
 	return poller.New(poller.Config{
 		BatchSize: *batch, PollInterval: *pollEvery, KeyPrefix: e.prefix, Notify: notify,
 	}, poller.Deps{Store: e.st, Locks: locks, Redis: e.rdb, Sink: sink, Log: slog.New(slog.NewJSONHandler(io.Discard, nil)), Metrics: m})

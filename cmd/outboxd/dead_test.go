@@ -17,6 +17,7 @@ import (
 	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/lock/redislease"
 	"github.com/outboxd/outboxd/store"
 )
 
@@ -263,7 +264,7 @@ func TestReplayWaitsForTheReconciliationLock(t *testing.T) {
 	dsn, st := deadDB(t)
 	rdb, prefix := testenv.Redis(t)
 	ctx := context.Background()
-	locks := lock.New([]redis.UniversalClient{rdb}, lock.WithKeyPrefix(prefix))
+	locks := redislease.New([]redis.UniversalClient{rdb}, redislease.WithKeyPrefix(prefix))
 	held, err := locks.Acquire(ctx, keys.ReconcileLock, lock.Options{TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)

@@ -73,7 +73,7 @@ type Options struct {
 
 // Deps are what a seat acts on.
 type Deps struct {
-	Locks   *lock.Client
+	Locks   lock.Lease
 	Store   *store.Store
 	Log     *slog.Logger
 	Metrics *metrics.Metrics
@@ -107,7 +107,7 @@ func (s *Seat) Token() int64 { return s.token.Load() }
 
 // Term is one held term.
 type Term struct {
-	l     *lock.Lock
+	l     lock.Held
 	fence store.Fence
 	log   *slog.Logger
 }
@@ -122,7 +122,7 @@ func (t *Term) Token() int64 { return t.fence.Token }
 func (t *Term) Log() *slog.Logger { return t.log }
 
 // TrustedUntil is the lease's local trust deadline: act outside Postgres
-// only before it (see lock.Lock.TrustedUntil).
+// only before it (see lock.Held.TrustedUntil).
 func (t *Term) TrustedUntil() time.Time { return t.l.TrustedUntil() }
 
 // Run holds one term: it acquires the lock (waiting up to wait, or
@@ -181,7 +181,7 @@ func (s *Seat) Run(ctx context.Context, wait time.Duration, work func(ctx contex
 	return err
 }
 
-func (s *Seat) acquire(ctx context.Context, wait time.Duration) (*lock.Lock, error) {
+func (s *Seat) acquire(ctx context.Context, wait time.Duration) (lock.Held, error) {
 	qctx, cancel := context.WithTimeout(ctx, s.opts.QueryTimeout)
 	floor, err := s.d.Store.FenceToken(qctx, s.name)
 	cancel()
@@ -260,7 +260,7 @@ func (s *Seat) lost(t *Term, cause error, count bool) {
 }
 
 // Hooks keep the lock metrics (held, acquisitions, losses, renewal
-// failures, wait) for a lock.Client.
+// failures, wait) for a lock.Lease.
 func Hooks(m *metrics.Metrics) lock.Hooks {
 	return lock.Hooks{
 		Acquired: func(name string, _ int64, waited time.Duration) {

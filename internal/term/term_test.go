@@ -16,6 +16,7 @@ import (
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testkit"
 	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/lock/redislease"
 	"github.com/outboxd/outboxd/store"
 )
 
@@ -41,7 +42,7 @@ func setup(t *testing.T) *testBundle {
 }
 
 func (b *testBundle) seat(o term.Options) *term.Seat {
-	locks := lock.New([]redis.UniversalClient{b.rdb}, lock.WithKeyPrefix(b.prefix), lock.WithHooks(term.Hooks(b.m)))
+	locks := redislease.New([]redis.UniversalClient{b.rdb}, redislease.WithKeyPrefix(b.prefix), redislease.WithHooks(term.Hooks(b.m)))
 	return term.New(name, o, term.Deps{Locks: locks, Store: b.st, Log: slog.New(slog.NewJSONHandler(b.logs, nil)), Metrics: b.m})
 }
 

@@ -28,6 +28,7 @@ import (
 	"github.com/outboxd/outboxd/internal/term"
 	"github.com/outboxd/outboxd/internal/tracing"
 	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/lock/redislease"
 	"github.com/outboxd/outboxd/poller"
 	"github.com/outboxd/outboxd/reconcile"
 	"github.com/outboxd/outboxd/store"
@@ -40,7 +41,7 @@ type App struct {
 	Store   *store.Store
 	Nodes   []redis.UniversalClient // lock nodes: one, or several in redlock mode
 	KV      redis.UniversalClient   // idempotency keys (the first node)
-	Locks   *lock.Client
+	Locks   lock.Lease
 	Metrics *metrics.Metrics
 
 	extra   []redis.UniversalClient // a redis_stream sink's own Redis
@@ -62,7 +63,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, error
 	a := &App{Cfg: cfg, Log: log, Store: st, Metrics: metrics.New()}
 	a.Nodes = RedisNodes(cfg.Redis, tlsCfg)
 	a.KV = a.Nodes[0]
-	a.Locks = lock.New(a.Nodes, lock.WithKeyPrefix(cfg.Redis.KeyPrefix), lock.WithHooks(term.Hooks(a.Metrics)))
+	a.Locks = redislease.New(a.Nodes, redislease.WithKeyPrefix(cfg.Redis.KeyPrefix), redislease.WithHooks(term.Hooks(a.Metrics)))
 	return a, nil
 }
 

@@ -1,4 +1,4 @@
-package lock
+package redislease
 
 import (
 	"context"
@@ -8,10 +8,12 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxd/outboxd/lock"
 )
 
-// Lock is a held lease. Its Context is cancelled with cause ErrLost when the
-// lease can no longer be trusted and with ErrReleased after Release; run all
+// Lock is a held lease. Its Context is cancelled with cause lock.ErrLost when the
+// lease can no longer be trusted and with lock.ErrReleased after Release; run all
 // work done as holder in it.
 type Lock struct {
 	c     *Client
@@ -19,7 +21,7 @@ type Lock struct {
 	key   string
 	owner string
 	token int64
-	opts  Options
+	opts  lock.Options
 	// recovered: the token came from the floor, not the counter.
 	recovered bool
 
@@ -68,7 +70,7 @@ func (l *Lock) trustFor(renewStart time.Time) time.Duration {
 }
 
 func (l *Lock) expire() {
-	l.lose(fmt.Errorf("%w: not renewed before the local trust deadline", ErrLost))
+	l.lose(fmt.Errorf("%w: not renewed before the local trust deadline", lock.ErrLost))
 }
 
 func (l *Lock) lose(cause error) {
@@ -84,7 +86,7 @@ func (l *Lock) lose(cause error) {
 }
 
 // Extend renews the lease once (owner-checked) and moves the local trust
-// deadline. A gone, foreign or corrupted key (ErrCorrupt) loses the lock.
+// deadline. A gone, foreign or corrupted key (lock.ErrCorrupt) loses the lock.
 func (l *Lock) Extend(ctx context.Context) error {
 	if err := l.ctx.Err(); err != nil {
 		return context.Cause(l.ctx)
@@ -94,10 +96,10 @@ func (l *Lock) Extend(ctx context.Context) error {
 		return extendScript.Run(ctx, n, []string{l.key}, l.owner, l.opts.TTL.Milliseconds()).Int64()
 	})
 	switch {
-	case errors.Is(err, ErrNotHeld), errors.Is(err, ErrOwnedByOther), errors.Is(err, ErrCorrupt):
-		// ownerChecked says ErrCorrupt only when the corrupted keys cost the
+	case errors.Is(err, lock.ErrNotHeld), errors.Is(err, lock.ErrOwnedByOther), errors.Is(err, lock.ErrCorrupt):
+		// ownerChecked says lock.ErrCorrupt only when the corrupted keys cost the
 		// quorum: no lease of ours is left to renew.
-		l.lose(errors.Join(ErrLost, err))
+		l.lose(errors.Join(lock.ErrLost, err))
 		return context.Cause(l.ctx)
 	case err != nil:
 		return err
@@ -145,13 +147,13 @@ func (l *Lock) watchdog() {
 	}
 }
 
-// Release stops the watchdog, cancels the Context (cause ErrReleased) and
+// Release stops the watchdog, cancels the Context (cause lock.ErrReleased) and
 // deletes the key if it is still ours (owner-checked), waking waiters. It
-// returns ErrNotHeld or ErrOwnedByOther when the lease had already gone.
+// returns lock.ErrNotHeld or lock.ErrOwnedByOther when the lease had already gone.
 // Calling it again returns the first result.
 func (l *Lock) Release(ctx context.Context) error {
 	l.releaseOnce.Do(func() {
-		l.cancel(ErrReleased)
+		l.cancel(lock.ErrReleased)
 		l.expiry.Stop()
 		<-l.done
 		l.releaseErr = l.c.releaseAll(ctx, l.opts.TTL, l.key, l.owner, l.c.channel(l.name))

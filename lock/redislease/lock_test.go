@@ -1,4 +1,4 @@
-package lock_test
+package redislease_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testkit"
 	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/lock/redislease"
 )
 
 func TestMain(m *testing.M) {
@@ -21,9 +22,9 @@ func TestMain(m *testing.M) {
 	testenv.Main(m)
 }
 
-func newClient(t *testing.T) (*lock.Client, *redis.Client, string) {
+func newClient(t *testing.T) (*redislease.Client, *redis.Client, string) {
 	rdb, prefix := testenv.Redis(t)
-	return lock.New([]redis.UniversalClient{rdb}, lock.WithKeyPrefix(prefix)), rdb, prefix
+	return redislease.New([]redis.UniversalClient{rdb}, redislease.WithKeyPrefix(prefix)), rdb, prefix
 }
 
 // subscribed reports whether, within 10 s, someone listens for key's
@@ -37,7 +38,7 @@ func subscribed(rdb *redis.Client, key string) bool {
 	})
 }
 
-func release(t *testing.T, l *lock.Lock) {
+func release(t *testing.T, l lock.Held) {
 	t.Helper()
 	if err := l.Release(context.Background()); err != nil {
 		t.Fatalf("release: %v", err)
@@ -127,7 +128,7 @@ func TestFloorKeepsTokensIncreasingAfterDataLoss(t *testing.T) {
 	t.Parallel()
 	srv := testenv.StartRedisServer(t)
 	rdb := srv.Client()
-	c := lock.New([]redis.UniversalClient{rdb})
+	c := redislease.New([]redis.UniversalClient{rdb})
 	ctx := context.Background()
 	opts := lock.Options{TTL: time.Second, RenewInterval: -1}
 
@@ -309,7 +310,7 @@ func TestLostSignalWhenKeyDeletedOrStolen(t *testing.T) {
 func TestLostBeforeTTLWhenRedisUnreachable(t *testing.T) {
 	t.Parallel()
 	srv := testenv.StartRedisServer(t)
-	c := lock.New([]redis.UniversalClient{srv.Client()})
+	c := redislease.New([]redis.UniversalClient{srv.Client()})
 	ttl := 2 * time.Second
 	a, err := c.TryAcquire(context.Background(), "lock:p", lock.Options{TTL: ttl})
 	if err != nil {
@@ -381,7 +382,7 @@ func TestWaitEndingMidAttemptKeepsHolder(t *testing.T) {
 	t.Parallel()
 	srv := testenv.StartRedisServerArgs(t, "--enable-debug-command", "yes")
 	rdb := srv.Client()
-	c := lock.New([]redis.UniversalClient{rdb})
+	c := redislease.New([]redis.UniversalClient{rdb})
 	ctx := context.Background()
 	a, err := c.TryAcquire(ctx, "lock:stall", lock.Options{TTL: 30 * time.Second, RenewInterval: -1})
 	if err != nil {
@@ -437,7 +438,7 @@ func TestHeldElsewhereTellsAHolderFromAnOutage(t *testing.T) {
 	ln.Close() // nothing answers there now
 	down := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
 	defer down.Close()
-	_, err = lock.New([]redis.UniversalClient{down}).Acquire(ctx, "lock:h", lock.Options{TTL: time.Second, Wait: 100 * time.Millisecond})
+	_, err = redislease.New([]redis.UniversalClient{down}).Acquire(ctx, "lock:h", lock.Options{TTL: time.Second, Wait: 100 * time.Millisecond})
 	if !errors.Is(err, lock.ErrNotObtained) || lock.HeldElsewhere(err) {
 		t.Fatalf("Redis down: got %v (HeldElsewhere %t), want ErrNotObtained and not held elsewhere", err, lock.HeldElsewhere(err))
 	}

@@ -1,4 +1,4 @@
-package lock_test
+package redislease_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/lock/redislease"
 )
 
 const corruptName = "lock:outbox:poller"
@@ -221,7 +222,7 @@ func TestCorruptedKeyLosesHeldLock(t *testing.T) {
 func TestRedlockCorruptNodes(t *testing.T) {
 	t.Parallel()
 	srvs, nodes := redlockNodes(t, 3)
-	c := lock.New(nodes)
+	c := redislease.New(nodes)
 	var clients []*redis.Client
 	for _, n := range nodes {
 		clients = append(clients, n.(*redis.Client))

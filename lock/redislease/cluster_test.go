@@ -1,4 +1,4 @@
-package lock_test
+package redislease_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/lock/redislease"
 )
 
 // A three-master Redis Cluster: the lock key and its fence counter share a
@@ -22,7 +23,7 @@ func TestRedisCluster(t *testing.T) {
 	ctx := context.Background()
 
 	for _, prefix := range []string{"", "billing:", "{tenant}:"} {
-		c := lock.New([]redis.UniversalClient{rdb}, lock.WithKeyPrefix(prefix))
+		c := redislease.New([]redis.UniversalClient{rdb}, redislease.WithKeyPrefix(prefix))
 		var last int64
 		for i := range 5 {
 			name := "lock:outbox:poller"

@@ -1,11 +1,10 @@
-package lock
+package redislease
 
 import (
 	"context"
 	_ "embed"
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -14,26 +13,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
-)
 
-var (
-	// ErrNotObtained: the lock is held by someone else (or too few nodes
-	// answered) and the wait ran out.
-	ErrNotObtained = errors.New("lock: not obtained")
-	// ErrLost: a held lock can no longer be trusted; the cause of a lock's
-	// Context once it is lost.
-	ErrLost = errors.New("lock: lost")
-	// ErrNotHeld: release or extend found the key gone (expired or flushed).
-	ErrNotHeld = errors.New("lock: key gone (expired or flushed)")
-	// ErrOwnedByOther: release or extend found the key owned by another holder.
-	ErrOwnedByOther = errors.New("lock: owned by another holder")
-	// ErrReleased is the cause of a lock's Context after Release.
-	ErrReleased = errors.New("lock: released")
-	// ErrCorrupt: a lock key or fence counter in Redis holds something this
-	// package cannot have written (another type, a non-integer, no expiry).
-	// Retrying cannot help; an operator must delete the key. A *CorruptError
-	// says which key, on which node, what it holds and the fix.
-	ErrCorrupt = errors.New("lock: corrupted lock state in Redis")
+	"github.com/outboxd/outboxd/lock"
 )
 
 var (
@@ -59,84 +40,19 @@ var (
 	inspectScript = redis.NewScript(checksSrc + inspectSrc)
 )
 
-// Defaults applied to zero Options fields.
-const (
-	DefaultWait          = 5 * time.Second
-	DefaultRetryInterval = 50 * time.Millisecond
-)
-
-// Options configure one acquisition.
-type Options struct {
-	// TTL of the lease. Required.
-	TTL time.Duration
-	// Wait bounds Acquire even when ctx has no deadline. Zero means DefaultWait.
-	Wait time.Duration
-	// RetryInterval between attempts while waiting; a random jitter of up to the
-	// same again is added. Zero means DefaultRetryInterval.
-	RetryInterval time.Duration
-	// RenewInterval of the watchdog. Zero means TTL/3; negative disables the
-	// watchdog (the lock then lives for one TTL unless Extend is called).
-	RenewInterval time.Duration
-	// SafetyMargin is subtracted from the local trust deadline on top of the
-	// clock drift. Zero means TTL/10.
-	SafetyMargin time.Duration
-	// Floor is the highest token already accepted downstream; the issued token
-	// is always greater.
-	Floor int64
-	// Instance names the acquiring process for operators (a host or pod
-	// name). It is recorded beside the owner in the holder record
-	// (HolderKey) and reported by Holder and HolderError; "" records none.
-	Instance string
-	// Waiting, if set, is called once per Acquire, when its first attempt
-	// finds the lock held by another owner and the wait begins.
-	Waiting func(holder *HolderError)
-}
-
-func (o Options) withDefaults() (Options, error) {
-	if o.TTL <= 0 {
-		return o, fmt.Errorf("lock: TTL must be positive, got %s", o.TTL)
-	}
-	if o.Floor == math.MaxInt64 {
-		return o, fmt.Errorf("lock: Floor %d leaves no token above it", o.Floor)
-	}
-	// Tokens start at 1: a negative floor lifts nothing, and the script
-	// compares canonical non-negative decimals.
-	o.Floor = max(o.Floor, 0)
-	if o.Wait == 0 {
-		o.Wait = DefaultWait
-	}
-	if o.RetryInterval <= 0 {
-		o.RetryInterval = DefaultRetryInterval
-	}
-	if o.RenewInterval == 0 {
-		o.RenewInterval = o.TTL / 3
-	}
-	if o.SafetyMargin <= 0 {
-		o.SafetyMargin = o.TTL / 10
-	}
-	return o, nil
-}
-
 // drift is Redlock's allowance for clock rate differences between processes.
 func drift(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
 
-// Hooks observe lock events (for metrics). Any field may be nil. They run on
-// the lock's goroutines and must not block.
-type Hooks struct {
-	Acquired    func(name string, token int64, waited time.Duration)
-	Released    func(name string)
-	Lost        func(name string, cause error)
-	RenewFailed func(name string, err error)
-}
+var _ lock.Lease = (*Client)(nil)
 
-// Client issues locks on one Redis deployment (a single node, Sentinel or
-// Cluster through a UniversalClient) or, with several independent nodes, in
-// Redlock mode.
+// Client is the Redis lease: it issues locks on one Redis deployment (a
+// single node, Sentinel or Cluster through a UniversalClient) or, with
+// several independent nodes, in Redlock mode.
 type Client struct {
 	nodes  []redis.UniversalClient
 	quorum int
 	prefix string
-	hooks  Hooks
+	hooks  lock.Hooks
 }
 
 // Option configures a Client.
@@ -146,13 +62,13 @@ type Option func(*Client)
 func WithKeyPrefix(prefix string) Option { return func(c *Client) { c.prefix = prefix } }
 
 // WithHooks installs observers.
-func WithHooks(h Hooks) Option { return func(c *Client) { c.hooks = h } }
+func WithHooks(h lock.Hooks) Option { return func(c *Client) { c.hooks = h } }
 
 // New returns a Client over one node, or over several independent nodes
 // (Redlock: a lock needs len(nodes)/2+1 of them).
 func New(nodes []redis.UniversalClient, opts ...Option) *Client {
 	if len(nodes) == 0 {
-		panic("lock.New: no Redis nodes")
+		panic("redislease.New: no Redis nodes")
 	}
 	c := &Client{nodes: nodes, quorum: len(nodes)/2 + 1}
 	for _, o := range opts {
@@ -177,17 +93,29 @@ func (c *Client) HolderKey(name string) string { return c.prefix + "holder:{" + 
 func (c *Client) channel(name string) string { return c.Key(name) + ":released" }
 
 // Acquire waits for the lock until it is obtained, opts.Wait passes or ctx is
-// done. On failure the error is ErrNotObtained joined with the cause (the
+// done. On failure the error is lock.ErrNotObtained joined with the cause (the
 // wait's context error and the last Redis error, if any). The exception is
-// corrupted state (see ErrCorrupt): when it leaves too few nodes for a quorum
+// corrupted state (see lock.ErrCorrupt): when it leaves too few nodes for a quorum
 // (with one node: at once), Acquire returns without waiting out the rest of
-// opts.Wait, since no retry can repair it, and the error matches ErrCorrupt
-// but not ErrNotObtained. ctx bounds the wait only: the lock's Context keeps
+// opts.Wait, since no retry can repair it, and the error matches lock.ErrCorrupt
+// but not lock.ErrNotObtained. ctx bounds the wait only: the lock's Context keeps
 // ctx's values but not its cancellation, so a holder can finish in-flight work
 // after its caller is cancelled. Every acquired lock must be released; its
 // watchdog runs until then.
-func (c *Client) Acquire(ctx context.Context, name string, opts Options) (*Lock, error) {
-	opts, err := opts.withDefaults()
+func (c *Client) Acquire(ctx context.Context, name string, opts lock.Options) (lock.Held, error) {
+	return held(c.acquire(ctx, name, opts))
+}
+
+// held returns l as a lock.Held, and nil (not a nil *Lock) on failure.
+func held(l *Lock, err error) (lock.Held, error) {
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+func (c *Client) acquire(ctx context.Context, name string, opts lock.Options) (*Lock, error) {
+	opts, err := opts.WithDefaults()
 	if err != nil {
 		return nil, err
 	}
@@ -200,7 +128,7 @@ func (c *Client) Acquire(ctx context.Context, name string, opts Options) (*Lock,
 	if err == nil || final {
 		return l, err
 	}
-	var held *HolderError
+	var held *lock.HolderError
 	if opts.Waiting != nil && errors.As(err, &held) {
 		opts.Waiting(held)
 	}
@@ -210,7 +138,7 @@ func (c *Client) Acquire(ctx context.Context, name string, opts Options) (*Lock,
 	wake, closeWake := c.subscribe(wctx, name)
 	defer closeWake()
 
-	lastErr := err // the last attempt's: a *HolderError, or Redis errors; always wraps ErrNotObtained
+	lastErr := err // the last attempt's: a *lock.HolderError, or Redis errors; always wraps lock.ErrNotObtained
 	for {
 		l, final, err := c.try(wctx, name, opts, start)
 		if err == nil || final {
@@ -235,45 +163,13 @@ func (c *Client) Acquire(ctx context.Context, name string, opts Options) (*Lock,
 }
 
 // TryAcquire makes one attempt and does not wait. Its errors are Acquire's.
-func (c *Client) TryAcquire(ctx context.Context, name string, opts Options) (*Lock, error) {
-	opts, err := opts.withDefaults()
+func (c *Client) TryAcquire(ctx context.Context, name string, opts lock.Options) (lock.Held, error) {
+	opts, err := opts.WithDefaults()
 	if err != nil {
 		return nil, err
 	}
 	l, _, err := c.try(ctx, name, opts, time.Now())
-	return l, err
-}
-
-// HolderError tells who holds a lock when an attempt fails.
-type HolderError struct {
-	Key      string
-	Owner    string        // the holder's owner value
-	Instance string        // the holder's Options.Instance; "" when unknown
-	TTL      time.Duration // time left on the holder's lease
-}
-
-func (e *HolderError) Error() string {
-	return fmt.Sprintf("%s is held by %s for %s more", e.Key, e.Holder(), e.TTL.Round(time.Millisecond))
-}
-
-// Holder names the holder: "instance <id> (owner <uuid>)", or the owner
-// alone when the instance is unknown.
-func (e *HolderError) Holder() string {
-	if e.Instance == "" {
-		return "owner " + e.Owner
-	}
-	return "instance " + e.Instance + " (owner " + e.Owner + ")"
-}
-
-func (e *HolderError) Unwrap() error { return ErrNotObtained }
-
-// HeldElsewhere tells the normal standby case (another owner holds the lock)
-// from an outage: ErrNotObtained alone also means that too few nodes
-// answered. Every failed wait ends in a deadline, so only the last attempt's
-// HolderError says which it was.
-func HeldElsewhere(err error) bool {
-	var h *HolderError
-	return errors.As(err, &h)
+	return held(l, err)
 }
 
 type nodeResult struct {
@@ -311,11 +207,11 @@ type attempt struct {
 	instance  string
 	holderTTL int64
 	errs      []error // nodes that failed: unreachable, slow, unexpected replies
-	corrupt   []error // nodes that failed with a *CorruptError
+	corrupt   []error // nodes that failed with a *lock.CorruptError
 }
 
 func (a *attempt) add(r nodeResult) {
-	var ce *CorruptError
+	var ce *lock.CorruptError
 	switch {
 	case errors.As(r.err, &ce):
 		a.corrupt = append(a.corrupt, r.err)
@@ -334,22 +230,22 @@ func (a *attempt) add(r nodeResult) {
 
 // failure is the error of a failed attempt, and whether it is final: the
 // nodes with corrupted state alone leave too few for a quorum, so waiting
-// cannot help. A final error matches ErrCorrupt and not ErrNotObtained, so
+// cannot help. A final error matches lock.ErrCorrupt and not lock.ErrNotObtained, so
 // no caller takes it for "held elsewhere" or "Redis unreachable".
 func (c *Client) failure(key string, a attempt) (final bool, err error) {
 	if len(a.corrupt) > len(c.nodes)-c.quorum {
 		return true, errors.Join(append(a.corrupt, a.errs...)...)
 	}
-	var base error = &HolderError{Key: key, Owner: a.holder, Instance: a.instance, TTL: time.Duration(a.holderTTL) * time.Millisecond}
+	var base error = &lock.HolderError{Key: key, Owner: a.holder, Instance: a.instance, TTL: time.Duration(a.holderTTL) * time.Millisecond}
 	if a.holderTTL <= 0 {
-		base = ErrNotObtained
+		base = lock.ErrNotObtained
 	}
 	return false, errors.Join(append(append([]error{base}, a.corrupt...), a.errs...)...)
 }
 
 // try makes one attempt on every node; opCtx bounds the Redis calls. final
 // reports a failure no retry can cure (see failure).
-func (c *Client) try(opCtx context.Context, name string, opts Options, waitStart time.Time) (l *Lock, final bool, err error) {
+func (c *Client) try(opCtx context.Context, name string, opts lock.Options, waitStart time.Time) (l *Lock, final bool, err error) {
 	owner := uuid.NewString()
 	key, fence, holder := c.Key(name), c.FenceKey(name), c.HolderKey(name)
 	start := time.Now()
@@ -417,7 +313,7 @@ func nodeName(n redis.UniversalClient) string {
 }
 
 // nodeErr names the node a script error came from; a CORRUPT reply becomes
-// a *CorruptError.
+// a *lock.CorruptError.
 func nodeErr(n redis.UniversalClient, key, fence string, err error) error {
 	if ce := corruptFrom(err, nodeName(n), key, fence); ce != nil {
 		return ce
@@ -471,7 +367,7 @@ func (c *Client) on(ctx context.Context, ttl time.Duration, nodes []redis.Univer
 }
 
 // ownerChecked runs the extend or release script on all nodes and folds the
-// answers: nil on a quorum of 1s; ErrOwnedByOther / ErrNotHeld / ErrCorrupt
+// answers: nil on a quorum of 1s; lock.ErrOwnedByOther / lock.ErrNotHeld / lock.ErrCorrupt
 // when a quorum can no longer be reached because nodes said so (a corrupted
 // key is no more ours than a foreign one); otherwise the Redis errors.
 func (c *Client) ownerChecked(ctx context.Context, ttl time.Duration, key string, run func(context.Context, redis.UniversalClient) (int64, error)) error {
@@ -484,7 +380,7 @@ func (c *Client) ownerChecked(ctx context.Context, ttl time.Duration, key string
 		}
 		return nodeResult{token: v}
 	}) {
-		var ce *CorruptError
+		var ce *lock.CorruptError
 		switch {
 		case errors.As(r.err, &ce):
 			corrupt = append(corrupt, r.err)
@@ -503,9 +399,9 @@ func (c *Client) ownerChecked(ctx context.Context, ttl time.Duration, key string
 	case ok >= c.quorum:
 		return nil
 	case n-other < c.quorum:
-		return joinCause(ErrOwnedByOther, corrupt)
+		return joinCause(lock.ErrOwnedByOther, corrupt)
 	case n-other-gone < c.quorum:
-		return joinCause(ErrNotHeld, corrupt)
+		return joinCause(lock.ErrNotHeld, corrupt)
 	case n-other-gone-len(corrupt) < c.quorum:
 		return errors.Join(corrupt...)
 	case len(errs) > 0:
@@ -516,7 +412,7 @@ func (c *Client) ownerChecked(ctx context.Context, ttl time.Duration, key string
 		}
 		return fmt.Errorf("lock: only %d of %d nodes answered: %w", ok, c.quorum, errors.Join(errs...))
 	}
-	return ErrNotHeld
+	return lock.ErrNotHeld
 }
 
 // joinCause adds the corrupted nodes' errors to a definite answer.
@@ -577,19 +473,12 @@ func inspectNode(ctx context.Context, n redis.UniversalClient, key, fence, holde
 	return v
 }
 
-// HolderInfo describes a lock's current holder.
-type HolderInfo struct {
-	Owner    string        // the lock key's value; "" when the lock is free
-	Instance string        // the holder's Options.Instance; "" when unknown
-	TTL      time.Duration // time left on its lease
-}
-
 // Holder reports the current holder, as seen by the first node that
 // answers; Owner is "" when the lock is free. When the lock key on any node
 // holds something other than a lease (another type, a string without
-// expiry) the error matches ErrCorrupt and names key and node.
-func (c *Client) Holder(ctx context.Context, name string) (HolderInfo, error) {
-	var h HolderInfo
+// expiry) the error matches lock.ErrCorrupt and names key and node.
+func (c *Client) Holder(ctx context.Context, name string) (lock.HolderInfo, error) {
+	var h lock.HolderInfo
 	var errs, corrupt []error
 	answered := -1
 	for i, v := range c.inspect(ctx, name) {
@@ -597,17 +486,17 @@ func (c *Client) Holder(ctx context.Context, name string) (HolderInfo, error) {
 		case v.err != nil:
 			errs = append(errs, v.err)
 		case v.lockProblem != "":
-			corrupt = append(corrupt, &CorruptError{Node: nodeName(c.nodes[i]), Key: c.Key(name), Holds: v.lockProblem})
+			corrupt = append(corrupt, &lock.CorruptError{Node: nodeName(c.nodes[i]), Key: c.Key(name), Holds: v.lockProblem})
 		case answered < 0:
 			answered = i
-			h = HolderInfo{Owner: v.owner, Instance: v.instance, TTL: time.Duration(max(v.pttl, 0)) * time.Millisecond}
+			h = lock.HolderInfo{Owner: v.owner, Instance: v.instance, TTL: time.Duration(max(v.pttl, 0)) * time.Millisecond}
 		}
 	}
 	switch {
 	case len(corrupt) > 0:
-		return HolderInfo{}, errors.Join(corrupt...)
+		return lock.HolderInfo{}, errors.Join(corrupt...)
 	case answered < 0:
-		return HolderInfo{}, errors.Join(errs...)
+		return lock.HolderInfo{}, errors.Join(errs...)
 	}
 	return h, nil
 }
@@ -615,7 +504,7 @@ func (c *Client) Holder(ctx context.Context, name string) (HolderInfo, error) {
 // LastToken reads the fence counter (the last token issued): the highest over
 // the nodes that answer; 0 when none was issued since Redis last lost its
 // data. When the counter on any node is not an integer Acquire can advance,
-// the error matches ErrCorrupt and names key and node.
+// the error matches lock.ErrCorrupt and names key and node.
 func (c *Client) LastToken(ctx context.Context, name string) (int64, error) {
 	var errs, corrupt []error
 	var best int64
@@ -625,7 +514,7 @@ func (c *Client) LastToken(ctx context.Context, name string) (int64, error) {
 		case v.err != nil:
 			errs = append(errs, v.err)
 		case v.fenceProblem != "":
-			corrupt = append(corrupt, &CorruptError{Node: nodeName(c.nodes[i]), Key: c.FenceKey(name), Fence: true, Holds: v.fenceProblem})
+			corrupt = append(corrupt, &lock.CorruptError{Node: nodeName(c.nodes[i]), Key: c.FenceKey(name), Fence: true, Holds: v.fenceProblem})
 		default:
 			answered = true
 			best = max(best, v.counter)

@@ -1,4 +1,4 @@
-package lock_test
+package redislease_test
 
 import (
 	"context"

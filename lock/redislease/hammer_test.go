@@ -1,4 +1,4 @@
-package lock_test
+package redislease_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/lock/redislease"
 )
 
 const (
@@ -33,7 +34,7 @@ func hammerChild() bool {
 	addr, prefix := os.Getenv("H_ADDR"), os.Getenv("H_PREFIX")
 	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, PoolSize: 64})
 	defer rdb.Close()
-	c := lock.New([]redis.UniversalClient{rdb}, lock.WithKeyPrefix(prefix))
+	c := redislease.New([]redis.UniversalClient{rdb}, redislease.WithKeyPrefix(prefix))
 	ctx := context.Background()
 	deadline := time.Now().Add(hammerFor)
 	var wg sync.WaitGroup
@@ -131,7 +132,7 @@ func TestRedlockToleratesMinorityDown(t *testing.T) {
 		t.Run(strconv.Itoa(n)+"nodes", func(t *testing.T) {
 			t.Parallel()
 			srvs, clients := redlockNodes(t, n)
-			c := lock.New(clients)
+			c := redislease.New(clients)
 			ctx := context.Background()
 			opts := lock.Options{TTL: 2 * time.Second, Wait: 500 * time.Millisecond}
 
@@ -172,7 +173,7 @@ func TestRedlockToleratesMinorityDown(t *testing.T) {
 func TestRedlockTokensIncreaseAcrossShiftingMajorities(t *testing.T) {
 	t.Parallel()
 	srvs, clients := redlockNodes(t, 3)
-	c := lock.New(clients)
+	c := redislease.New(clients)
 	ctx := context.Background()
 	opts := lock.Options{TTL: 2 * time.Second, Wait: 500 * time.Millisecond, RenewInterval: -1}
 	// Skew one counter: node 2 has issued many more tokens than the others.
