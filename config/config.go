@@ -394,6 +394,10 @@ func newViper(file string, defaults map[string]any) (*viper.Viper, error) {
 	}
 	v.SetEnvPrefix("OUTBOXD")
 	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
+	// A variable set to "" sets the key to the empty value, as --set key=
+	// and the file do: a key that cannot be empty is then refused, not
+	// left at its default without a word.
+	v.AllowEmptyEnv(true)
 	v.AutomaticEnv()
 	return v, nil
 }

@@ -98,3 +98,28 @@ func TestBinaryRefusesValuesThatCannotWork(t *testing.T) {
 		}
 	}
 }
+
+// An environment variable set to "" sets its key to the empty value, as
+// --set key= does: OUTBOXD_HTTP_ADDR= is refused naming http.addr (it was
+// once left at its default without a word).
+func TestBinaryRefusesAnEmptyVariableOfAKeyThatCannotBeEmpty(t *testing.T) {
+	t.Parallel()
+	bin := buildBinary(t)
+	for _, kv := range []string{"OUTBOXD_HTTP_ADDR=", "OUTBOXD_POSTGRES_DSN=", "OUTBOXD_INSTANCE_ID="} {
+		t.Run(kv, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			c := exec.CommandContext(ctx, bin, "config")
+			c.Env = append(os.Environ(), "OUTBOXD_DISPATCH_SINK=noop", kv)
+			var stderr bytes.Buffer
+			c.Stderr = &stderr
+			err := c.Run()
+			key := map[string]string{"OUTBOXD_HTTP_ADDR=": "http.addr", "OUTBOXD_POSTGRES_DSN=": "postgres.dsn", "OUTBOXD_INSTANCE_ID=": "instance_id"}[kv]
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(stderr.String(), key) {
+				t.Fatalf("%s outboxd config: %v, stderr %q; want exit 2 naming %s", kv, err, stderr.String(), key)
+			}
+		})
+	}
+}
