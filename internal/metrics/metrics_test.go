@@ -104,7 +104,7 @@ func exportedAtStart(destinations, reasons, outcomes []string) map[string][]stri
 			add(m, "lock="+l)
 		}
 	}
-	// The contract's values (DESIGN.md, "Metrics"), not the package's lists.
+	// The contract's values (docs/reference.md, "Metrics"), not the package's lists.
 	for _, r := range []string{"ok", "skipped", "failed"} {
 		add("outboxd_reconcile_runs_total", "result="+r)
 	}
