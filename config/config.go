@@ -5,6 +5,7 @@
 package config
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"maps"
@@ -371,6 +372,9 @@ func Load(file string, sets []string, defaults map[string]any, sections ...Secti
 	return c, nil
 }
 
+// configFlag names the configuration file in errors: the flag that gives it.
+const configFlag = "--config"
+
 // newViper returns a viper holding every key's default, then file (when
 // given), then the OUTBOXD_ environment.
 func newViper(file string, defaults map[string]any) (*viper.Viper, error) {
@@ -383,14 +387,21 @@ func newViper(file string, defaults map[string]any) (*viper.Viper, error) {
 		v.SetDefault(k, d)
 	}
 	if file != "" {
-		v.SetConfigFile(file)
+		b, err := ReadFile(configFlag, file, LargeFileLimit)
+		if err != nil {
+			return nil, err
+		}
 		v.SetConfigType("yaml")
-		if err := v.ReadInConfig(); err != nil {
-			return nil, &KeyError{Key: "--config", Err: fmt.Errorf("read %s: %w", file, err)}
+		if err := v.ReadConfig(bytes.NewReader(b)); err != nil {
+			return nil, &KeyError{Key: configFlag, Err: fmt.Errorf("read %s: %w", file, err)}
 		}
 	}
 	v.SetEnvPrefix("OUTBOXD")
 	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
+	// A variable set to "" sets the key to the empty value, as --set key=
+	// and the file do: a key that cannot be empty is then refused, not
+	// left at its default without a word.
+	v.AllowEmptyEnv(true)
 	v.AutomaticEnv()
 	return v, nil
 }
@@ -602,9 +613,9 @@ func (c *Config) readSecretFiles(sections []Section) error {
 		if sec.exclusive && *dst != "" {
 			return &KeyError{Key: sec.file, Err: fmt.Errorf("set either %s or %s, not both", sec.key, sec.file)}
 		}
-		b, err := readSecretFile(file)
+		b, err := ReadFile(sec.file, file, SecretFileLimit)
 		if err != nil {
-			return &KeyError{Key: sec.file, Err: err}
+			return err
 		}
 		*dst = strings.TrimSpace(string(b))
 		if *dst == "" {
@@ -837,8 +848,8 @@ func (c *Config) validateLog() error {
 }
 
 // CheckTLSFiles checks that the files of the TLS setting under prefix
-// (redis.tls, dispatch.kafka.tls) are regular files (CheckRegularFile) and
-// come with tls.enabled.
+// (redis.tls, dispatch.kafka.tls) keep the file rule (CheckFile, at most
+// LargeFileLimit) and come with tls.enabled.
 func CheckTLSFiles(prefix string, t TLS) error {
 	for _, f := range []struct{ key, path string }{
 		{prefix + ".ca_file", t.CAFile}, {prefix + ".cert_file", t.CertFile}, {prefix + ".key_file", t.KeyFile},
@@ -849,8 +860,8 @@ func CheckTLSFiles(prefix string, t TLS) error {
 		if !t.Enabled {
 			return &KeyError{Key: f.key, Err: fmt.Errorf("set, but %s.enabled is false", prefix)}
 		}
-		if err := CheckRegularFile(f.path); err != nil {
-			return &KeyError{Key: f.key, Err: err}
+		if err := CheckFile(f.key, f.path, LargeFileLimit); err != nil {
+			return err
 		}
 	}
 	if (t.CertFile == "") != (t.KeyFile == "") {

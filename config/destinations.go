@@ -250,7 +250,7 @@ func (c *Config) allSecrets() []secret {
 // sinkSetExplicitly: dispatch.sink came from the file, the environment or
 // a --set, not from its default.
 func sinkSetExplicitly(v *viper.Viper, sets []string) bool {
-	if v.InConfig("dispatch.sink") || os.Getenv("OUTBOXD_DISPATCH_SINK") != "" {
+	if _, inEnv := os.LookupEnv("OUTBOXD_DISPATCH_SINK"); inEnv || v.InConfig("dispatch.sink") {
 		return true
 	}
 	return slices.ContainsFunc(sets, func(s string) bool {

@@ -143,3 +143,39 @@ func TestTLSFilesMustBeRegularFiles(t *testing.T) {
 		wantKeyError(t, path, err, "redis.tls.ca_file")
 	}
 }
+
+// --config keeps the file rule with LargeFileLimit, and so do the TLS
+// files (checked before they are read): a device, a FIFO, a directory or
+// a larger file is refused naming the flag or the key, before any value
+// of the file is used.
+func TestConfigAndTLSFilesKeepTheFileRule(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	big := filepath.Join(dir, "big")
+	if err := os.WriteFile(big, []byte("#"+strings.Repeat("x", LargeFileLimit)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/dev/zero", fifo, dir, big, filepath.Join(dir, "missing")} {
+		_, err := Load(path, nil, fields)
+		wantKeyError(t, "--config "+path, err, "--config")
+		if err != nil && !strings.Contains(err.Error(), path) {
+			t.Errorf("--config %s: %v, want the path named", path, err)
+		}
+		if path == filepath.Join(dir, "missing") {
+			continue
+		}
+		err = CheckTLSFiles("redis.tls", TLS{Enabled: true, CertFile: path, KeyFile: path})
+		wantKeyError(t, "cert_file "+path, err, "redis.tls.cert_file")
+	}
+	atLimit := filepath.Join(dir, "at-limit.yaml")
+	if err := os.WriteFile(atLimit, []byte("#"+strings.Repeat("x", LargeFileLimit-2)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadFile("--config", atLimit, LargeFileLimit); err != nil {
+		t.Errorf("a file of exactly the limit: %v", err)
+	}
+}

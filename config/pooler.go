@@ -2,6 +2,7 @@ package config
 
 import (
 	"regexp"
+	"strings"
 )
 
 // Values of postgres.pooler.
@@ -29,7 +30,17 @@ func (c *Config) validatePooler() error {
 	if !schemaName.MatchString(c.Postgres.Schema) {
 		return bad("postgres.schema", "must be a lower-case identifier (letters, digits, _; at most 63), got %q", c.Postgres.Schema)
 	}
+	if systemSchema(c.Postgres.Schema) {
+		return bad("postgres.schema", "%q is Postgres's own (pg_* and information_schema are reserved to the system): choose a schema of your own", c.Postgres.Schema)
+	}
 	return nil
+}
+
+// systemSchema: Postgres reserves the schema name to itself (CREATE SCHEMA
+// refuses pg_*; pg_catalog, pg_temp and information_schema hold the
+// system's objects), so `migrate` would fail on it.
+func systemSchema(name string) bool {
+	return strings.HasPrefix(name, "pg_") || name == "information_schema"
 }
 
 // validateNotifyPooler refuses poller.notify with a transaction pooler:

@@ -24,10 +24,21 @@ var reservedHeaders = map[string]bool{
 	"Host": true, "Content-Length": true, "Transfer-Encoding": true, "Connection": true,
 }
 
+// Bounds of the static webhook headers: how many, and how long one may be
+// (name and value; receivers commonly refuse a header line above 8 KiB).
+const (
+	MaxStaticHeaders     = 100
+	MaxStaticHeaderBytes = 8 << 10
+)
+
 // CheckStaticHeader checks one static request header: a valid field name
-// that is not reserved, and a value on one line. Its errors never quote the
-// value, which may be a secret.
+// that is not reserved, and a value on one line, together at most
+// MaxStaticHeaderBytes. Its errors never quote the value, which may be a
+// secret.
 func CheckStaticHeader(name, value string) error {
+	if len(name)+len(value) > MaxStaticHeaderBytes {
+		return fmt.Errorf("dispatch: webhook header: name and value hold %d bytes, want at most %d", len(name)+len(value), MaxStaticHeaderBytes)
+	}
 	if !validFieldName(name) {
 		return fmt.Errorf("dispatch: webhook header %q: not a valid header name", name)
 	}
@@ -59,8 +70,9 @@ func validFieldName(s string) bool {
 }
 
 // ParseHeaderLines reads static headers written one per line as
-// "Name: value" (dispatch.webhook.headers_file); blank lines and lines
-// starting with # are skipped. Errors name the line, never its value.
+// "Name: value" (dispatch.webhook.headers_file), at most MaxStaticHeaders;
+// blank lines and lines starting with # are skipped. Errors name the line,
+// never its value.
 func ParseHeaderLines(s string) (map[string]string, error) {
 	out := map[string]string{}
 	sc := bufio.NewScanner(strings.NewReader(s))
@@ -81,6 +93,9 @@ func ParseHeaderLines(s string) (map[string]string, error) {
 		if _, dup := out[canon]; dup {
 			return nil, fmt.Errorf("line %d: header %s given twice", n, canon)
 		}
+		if len(out) == MaxStaticHeaders {
+			return nil, fmt.Errorf("line %d: more than %d headers", n, MaxStaticHeaders)
+		}
 		out[canon] = value
 	}
 	return out, sc.Err()
@@ -88,6 +103,9 @@ func ParseHeaderLines(s string) (map[string]string, error) {
 
 // staticHeaders checks headers and returns them canonical.
 func staticHeaders(headers map[string]string) (http.Header, error) {
+	if len(headers) > MaxStaticHeaders {
+		return nil, fmt.Errorf("dispatch: %d static webhook headers, want at most %d", len(headers), MaxStaticHeaders)
+	}
 	h := http.Header{}
 	for name, value := range headers {
 		if err := CheckStaticHeader(name, value); err != nil {

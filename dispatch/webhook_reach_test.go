@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -59,10 +60,16 @@ func TestWebhookStaticHeadersAndUserAgent(t *testing.T) {
 // A static header cannot replace one of the webhook's own: the webhook is
 // refused at construction, the error naming the header and not its value.
 func TestWebhookStaticHeadersCannotReplaceTheContractsOwn(t *testing.T) {
-	for _, name := range []string{"content-type", "Idempotency-Key", "X-Fencing-Token", "webhook-id", "Webhook-Signature", "User-Agent", "ce-id", "traceparent"} {
+	// Every reserved name, in the case a file might write it: the
+	// contract's, the trace context's and the transport's.
+	for _, name := range []string{"content-type", "Idempotency-Key", "X-Fencing-Token", "webhook-id", "Webhook-Signature", "User-Agent", "ce-id",
+		"traceparent", "Tracestate", "TRACESTATE", "host", "Content-Length", "transfer-encoding", "Connection"} {
 		_, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: "http://127.0.0.1:1/x", Headers: map[string]string{name: "s3cret-value"}})
 		if !errors.Is(err, dispatch.ErrReservedHeader) || strings.Contains(err.Error(), "s3cret-value") {
 			t.Errorf("header %s: %v, want ErrReservedHeader without the value", name, err)
+		}
+		if _, err := dispatch.ParseHeaderLines(name + ": s3cret-value\n"); !errors.Is(err, dispatch.ErrReservedHeader) || strings.Contains(err.Error(), "s3cret-value") {
+			t.Errorf("headers file line %s: %v, want ErrReservedHeader without the value", name, err)
 		}
 	}
 	for _, bad := range []map[string]string{{"X-A": "v\r\nX-Injected: 1"}, {"X A": "v"}, {"": "v"}} {
@@ -138,5 +145,45 @@ func TestWebhookAsymmetricSignatureVerifies(t *testing.T) {
 		if _, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: "http://127.0.0.1:1/x", SigningKey: bad}); err == nil {
 			t.Errorf("signing key %q accepted", bad)
 		}
+	}
+}
+
+// Static headers are bounded: at most MaxStaticHeaders of them, each name
+// and value together at most MaxStaticHeaderBytes, whether given as a map
+// or as the lines of a headers file; the limits themselves are accepted.
+func TestStaticHeadersAreBounded(t *testing.T) {
+	lines := func(n int) (string, map[string]string) {
+		var b strings.Builder
+		m := map[string]string{}
+		for i := range n {
+			fmt.Fprintf(&b, "X-H%d: v\n", i)
+			m[fmt.Sprintf("X-H%d", i)] = "v"
+		}
+		return b.String(), m
+	}
+	text, m := lines(dispatch.MaxStaticHeaders)
+	if got, err := dispatch.ParseHeaderLines(text); err != nil || len(got) != dispatch.MaxStaticHeaders {
+		t.Errorf("%d header lines: %d headers, %v; want all", dispatch.MaxStaticHeaders, len(got), err)
+	}
+	if _, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: "http://127.0.0.1:1/x", Headers: m}); err != nil {
+		t.Errorf("%d headers: %v, want accepted", dispatch.MaxStaticHeaders, err)
+	}
+	text, m = lines(dispatch.MaxStaticHeaders + 1)
+	if _, err := dispatch.ParseHeaderLines(text); err == nil {
+		t.Errorf("%d header lines accepted", dispatch.MaxStaticHeaders+1)
+	}
+	if _, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: "http://127.0.0.1:1/x", Headers: m}); err == nil {
+		t.Errorf("%d headers accepted", dispatch.MaxStaticHeaders+1)
+	}
+	name := "X-Long"
+	fits := strings.Repeat("s", dispatch.MaxStaticHeaderBytes-len(name))
+	if err := dispatch.CheckStaticHeader(name, fits); err != nil {
+		t.Errorf("a header of %d bytes: %v, want accepted", dispatch.MaxStaticHeaderBytes, err)
+	}
+	if err := dispatch.CheckStaticHeader(name, fits+"s"); err == nil || strings.Contains(err.Error(), "sss") {
+		t.Errorf("a header of %d bytes: %v, want refused without its value", dispatch.MaxStaticHeaderBytes+1, err)
+	}
+	if _, err := dispatch.ParseHeaderLines(name + ": " + fits + "s\n"); err == nil || !strings.Contains(err.Error(), "line 1") {
+		t.Errorf("a header line of %d bytes: %v, want refused naming the line", dispatch.MaxStaticHeaderBytes+1, err)
 	}
 }

@@ -88,11 +88,13 @@ func deadDiscardCmd(g *globals, stdout io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if w.dryRun {
-				return deadCount(g, stdout, f, "would discard")
-			}
+			// A dry run answers for the command as written: without --all
+			// it would be refused, so the dry run is too.
 			if !all && isZeroFilter(f) {
 				return usageError{errors.New("--all: without an --id or a filter, discard deletes every dead-lettered event; say --all to mean it")}
+			}
+			if w.dryRun {
+				return deadCount(g, stdout, f, "would discard")
 			}
 			return g.withReconciler(stdout, func(s *session, rec *reconcile.Reconciler) error {
 				n, err := rec.Discard(s.ctx, f, w.lockWait, func(rows []store.Discarded) {

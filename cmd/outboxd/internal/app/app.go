@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"time"
 
@@ -106,9 +105,9 @@ func tlsConfig(prefix string, c config.TLS) (*tls.Config, error) {
 	}
 	t := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.ServerName, InsecureSkipVerify: c.InsecureSkipVerify} //nolint:gosec // operator's explicit choice
 	if c.CAFile != "" {
-		pem, err := os.ReadFile(c.CAFile)
+		pem, err := config.ReadFile(prefix+".ca_file", c.CAFile, config.LargeFileLimit)
 		if err != nil {
-			return nil, &config.KeyError{Key: prefix + ".ca_file", Err: err}
+			return nil, err
 		}
 		t.RootCAs = x509.NewCertPool()
 		if !t.RootCAs.AppendCertsFromPEM(pem) {
@@ -116,13 +115,31 @@ func tlsConfig(prefix string, c config.TLS) (*tls.Config, error) {
 		}
 	}
 	if c.CertFile != "" {
-		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+		cert, err := keyPair(prefix, c)
 		if err != nil {
-			return nil, &config.KeyError{Key: prefix + ".cert_file", Err: err}
+			return nil, err
 		}
 		t.Certificates = []tls.Certificate{cert}
 	}
 	return t, nil
+}
+
+// keyPair is the client certificate of the TLS setting under prefix, its
+// files read by the file rule (config.ReadFile).
+func keyPair(prefix string, c config.TLS) (tls.Certificate, error) {
+	certPEM, err := config.ReadFile(prefix+".cert_file", c.CertFile, config.LargeFileLimit)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	keyPEM, err := config.ReadFile(prefix+".key_file", c.KeyFile, config.LargeFileLimit)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return tls.Certificate{}, &config.KeyError{Key: prefix + ".cert_file", Err: err}
+	}
+	return cert, nil
 }
 
 // Close closes every connection.

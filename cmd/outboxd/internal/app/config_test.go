@@ -111,6 +111,25 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{name: "secret list entry not a string", file: "dispatch:\n  webhook:\n    secret: [whsec_AAAA, {a: 1}]\n", key: "dispatch.webhook.secret[1]"},
 		{name: "bad pooler", sets: []string{"postgres.pooler=session"}, key: "postgres.pooler"},
 		{name: "bad schema", sets: []string{"postgres.schema=Outbox-1"}, key: "postgres.schema"},
+		{name: "system schema pg_catalog", sets: []string{"postgres.schema=pg_catalog"}, key: "postgres.schema"},
+		{name: "system schema pg_temp", sets: []string{"postgres.schema=pg_temp"}, key: "postgres.schema"},
+		{name: "system schema pg_anything", sets: []string{"postgres.schema=pg_outbox"}, key: "postgres.schema"},
+		{name: "system schema information_schema", file: "postgres:\n  schema: information_schema\n", key: "postgres.schema"},
+		{name: "negative breaker failures", sets: []string{"dispatch.breaker.failures=-1"}, key: "dispatch.breaker.failures"},
+		{name: "zero probe interval", sets: []string{"dispatch.breaker.probe_interval=0s"}, key: "dispatch.breaker.probe_interval"},
+		{name: "negative probe interval", env: map[string]string{"OUTBOXD_DISPATCH_BREAKER_PROBE_INTERVAL": "-1s"}, key: "dispatch.breaker.probe_interval"},
+		{name: "a destination's negative breaker failures", file: "dispatch:\n  destinations:\n    audit:\n      sink: noop\n      breaker: {failures: -3}\n",
+			key: "dispatch.destinations.audit.breaker.failures"},
+		{name: "a destination's zero probe interval", file: "dispatch:\n  destinations:\n    audit:\n      sink: noop\n      breaker: {probe_interval: 0s}\n",
+			key: "dispatch.destinations.audit.breaker.probe_interval"},
+		{name: "empty variable of a key that cannot be empty", env: map[string]string{"OUTBOXD_HTTP_ADDR": ""}, key: "http.addr"},
+		{name: "empty variable of a number", env: map[string]string{"OUTBOXD_POLLER_BATCH_SIZE": ""}, key: "poller.batch_size"},
+		{name: "empty variable of a list that cannot be empty", env: map[string]string{"OUTBOXD_REDIS_ADDRS": ""}, key: "redis.addrs"},
+		{name: "misspelt variable of a destination", env: map[string]string{"OUTBOXD_DISPATCH_DESTINATIONS_PAYMENTS_SINK": "kafka",
+			"OUTBOXD_DISPATCH_DESTINATIONS_PAYMENTS_KAFKA_BROKERS": "b:9092", "OUTBOXD_DISPATCH_DESTINATIONS_PAYMENTS_KAFKA_TOPPIC": "payments"},
+			key: "OUTBOXD_DISPATCH_DESTINATIONS_PAYMENTS_KAFKA_TOPPIC"},
+		{name: "variable of an unknown destination's key", file: "dispatch:\n  destinations:\n    payments:\n      sink: noop\n",
+			env: map[string]string{"OUTBOXD_DISPATCH_DESTINATIONS_PAYMENTS_KAFKA_TOPPIC": "payments"}, key: "OUTBOXD_DISPATCH_DESTINATIONS_PAYMENTS_KAFKA_TOPPIC"},
 		{name: "notify behind a transaction pooler", sets: []string{"postgres.pooler=transaction", "poller.notify=true"}, key: "poller.notify"},
 		{name: "env variable of no key", env: map[string]string{"OUTBOXD_POLER_BATCH_SIZE": "10"}, key: "OUTBOXD_POLER_BATCH_SIZE"},
 		{name: "env variable of a section", env: map[string]string{"OUTBOXD_POLLER": "x"}, key: "OUTBOXD_POLLER"},
@@ -546,5 +565,20 @@ func TestEnvironmentNames(t *testing.T) {
 	t.Setenv("OUTBOXD_POLLER_BATCH_SIZE", "10")
 	if _, err := app.LoadConfig("", nil); err != nil {
 		t.Errorf("got %v, want the variables accepted", err)
+	}
+}
+
+// An OUTBOXD_* variable set to "" sets its key to the empty value, over
+// the file, where the key may be empty (a key that cannot be is refused:
+// TestErrorsNameTheKey). Not parallel: it sets OUTBOXD_* variables.
+func TestEmptyVariableIsTheEmptyValue(t *testing.T) {
+	t.Setenv("OUTBOXD_REDIS_KEY_PREFIX", "")
+	t.Setenv("OUTBOXD_REDIS_PASSWORD", "")
+	c, err := app.LoadConfig(writeFile(t, "redis:\n  key_prefix: \"billing:\"\n  password: from-file\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Redis.KeyPrefix != "" || c.Redis.Password != "" {
+		t.Errorf("redis.key_prefix %q, redis.password set: %v; want both empty, as the variables say", c.Redis.KeyPrefix, c.Redis.Password != "")
 	}
 }

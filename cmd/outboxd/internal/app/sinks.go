@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
-	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -122,8 +121,9 @@ var sinks = map[string]sinkKind{
 		section: "nats", templateKey: "subject", template: func(d config.Dispatch) string { return d.NATS.Subject },
 		check: func(_ *config.Config, d destination) error {
 			if f := d.d.NATS.CredsFile; f != "" {
-				if err := config.CheckRegularFile(f); err != nil {
-					return &config.KeyError{Key: d.key("nats.creds_file"), Err: err}
+				// The NATS client reads it itself, at each connection.
+				if err := config.CheckFile(d.key("nats.creds_file"), f, config.SecretFileLimit); err != nil {
+					return err
 				}
 			}
 			return nil
@@ -386,17 +386,23 @@ func webhookHeaders(d destination) (map[string]string, error) {
 		}
 		out[http.CanonicalHeaderKey(name)] = w.Headers[name]
 	}
+	if len(out) > dispatch.MaxStaticHeaders {
+		return nil, &config.KeyError{Key: d.key("webhook.headers"), Err: fmt.Errorf("%d static headers, want at most %d", len(out), dispatch.MaxStaticHeaders)}
+	}
 	if w.HeadersFile == "" {
 		return out, nil
 	}
 	key := d.key("webhook.headers_file")
-	b, err := os.ReadFile(w.HeadersFile)
+	b, err := config.ReadFile(key, w.HeadersFile, config.SecretFileLimit)
 	if err != nil {
-		return nil, &config.KeyError{Key: key, Err: err}
+		return nil, err
 	}
 	lines, err := dispatch.ParseHeaderLines(string(b))
 	if err != nil {
 		return nil, &config.KeyError{Key: key, Err: err}
+	}
+	if n := len(out) + len(lines); n > dispatch.MaxStaticHeaders {
+		return nil, &config.KeyError{Key: key, Err: fmt.Errorf("%d static headers with %s, want at most %d", n, d.key("webhook.headers"), dispatch.MaxStaticHeaders)}
 	}
 	for name, v := range lines {
 		if _, dup := out[name]; dup {
