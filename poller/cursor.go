@@ -56,17 +56,6 @@ func (c *readCursor) move(res store.ReadResult, limit int, gaps gapSet) {
 	c.at = max(c.at, to)
 }
 
-// holdBelow is the highest cursor the runs still holding allow above at.
-func (s gapSet) holdBelow(at int64) int64 {
-	c := int64(math.MaxInt64)
-	for i := range s {
-		if g := &s[i]; g.holding() && g.hi > at {
-			c = min(c, max(g.lo, at+1)-1)
-		}
-	}
-	return c
-}
-
 // firstHeld is the id below the first hot row held or cut.
 func firstHeld(hot []store.HotRow) int64 {
 	for _, h := range hot {

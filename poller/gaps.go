@@ -1,6 +1,7 @@
 package poller
 
 import (
+	"math"
 	"slices"
 	"time"
 
@@ -174,6 +175,17 @@ func (s *gapSet) merge() {
 	}
 	clear((*s)[len(out):])
 	*s = out
+}
+
+// holdBelow is the highest cursor the runs still holding allow above at.
+func (s gapSet) holdBelow(at int64) int64 {
+	c := int64(math.MaxInt64)
+	for i := range s {
+		if g := &s[i]; g.holding() && g.hi > at {
+			c = min(c, max(g.lo, at+1)-1)
+		}
+	}
+	return c
 }
 
 func mergeable(a, b *gapRun) bool {

@@ -257,10 +257,6 @@ func (pl *pipeline) slotFree() bool {
 	return pl.sending < pl.parallel
 }
 
-func aggregateOf(it item) store.Aggregate {
-	return store.Aggregate{Type: it.row.AggregateType, ID: it.row.AggregateID}
-}
-
 // settle takes aggregates' rows (one slice per aggregate of flight f, each
 // row with its final outcome) for writing. An aggregate that went through
 // is free at once: its later rows may be fetched, its own stay skipped
