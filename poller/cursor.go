@@ -33,6 +33,18 @@ type readCursor struct {
 	savedAt          time.Time
 }
 
+// newReadCursor returns the cursor a term loaded: at c, with the sent mark
+// and the cold pass owed saved beside it. A computed cursor (owed not 0) is
+// saved at the first read, moved or not, so that the backlog count and the
+// sweep stop taking a floor of their own (store.Store.SweepFloor).
+func newReadCursor(c, sent int64, owed uint64) readCursor {
+	r := readCursor{at: c, frontier: c, saved: c, savedSent: sent, savedOwed: owed}
+	if owed != 0 {
+		r.saved = math.MinInt64
+	}
+	return r
+}
+
 // noteInflight records the rows not yet written after a read: the
 // pipeline's (skip) and the read's own.
 func (c *readCursor) noteInflight(skip []int64, rows []store.Row) {

@@ -50,6 +50,24 @@ type gapWatch struct {
 	reads int64 // reads so far: whose turn it is among old runs
 }
 
+// visible takes id out of the watch: it became visible. It returns the
+// state of its run, or ok false when id is not watched.
+func (w *gapWatch) visible(id int64) (gapState, bool) { return w.runs.remove(id) }
+
+// found watches a read's new gaps ids, and joins adjacent runs of one kind.
+func (w *gapWatch) found(ids []int64, st gapState) {
+	if len(ids) > 0 {
+		w.runs.add(ids, st)
+	}
+	w.runs.merge()
+}
+
+// watches says whether id is a watched gap.
+func (w *gapWatch) watches(id int64) bool { return w.runs.find(id) >= 0 }
+
+// set is the watched gaps, for the cursor (readCursor.move, saveable).
+func (w *gapWatch) set() gapSet { return w.runs }
+
 const (
 	// lateWatch is how long a gap is still looked up after its
 	// transactions ended without it becoming visible.
