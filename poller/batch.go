@@ -32,7 +32,7 @@ func (p *Poller) batch(ctx context.Context, pl *pipeline) (batchResult, error) {
 	defer cancel()
 	// Before the room check: a pause takes effect (and is acknowledged)
 	// while a full pipeline's sends are still under way.
-	if err := p.readPaused(qctx, pl.fence); err != nil {
+	if err := p.paused.read(qctx, pl.fence); err != nil {
 		return batchResult{}, errors.Join(err, pl.takeErr())
 	}
 	lim, ok := pl.limits()

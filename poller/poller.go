@@ -188,7 +188,8 @@ func New(cfg Config, d Deps) *Poller {
 			TTL: cfg.LockTTL, Wait: cfg.LockWait, WaitAfterDataLoss: true, ShutdownTimeout: cfg.ShutdownTimeout,
 			QueryTimeout: queryTimeout(cfg), Instance: cfg.Instance, LogStandby: true,
 		}, term.Deps{Locks: d.Locks, Store: d.Store, Log: d.Log, Metrics: d.Metrics}),
-		wake: make(chan struct{}, 1), cuts: map[int64]int{}, rescanEvery: rescanEvery, earlyWrite: earlyWrite,
+		paused: newPausedRead(d.Store, d.Sink, log),
+		wake:   make(chan struct{}, 1), cuts: map[int64]int{}, rescanEvery: rescanEvery, earlyWrite: earlyWrite,
 		maxInherit: maxInherit, maxLastSent: maxLastSent,
 	}
 }
