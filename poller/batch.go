@@ -75,7 +75,7 @@ func (p *Poller) batch(ctx context.Context, pl *pipeline) (batchResult, error) {
 		fail(claimSpan, err)
 		claimSpan.End()
 		tr.end(err)
-		p.unread(fence, rows)
+		p.readerFor(fence).unread(rows)
 		return batchResult{fetched: len(rows), more: more}, errors.Join(err, pl.takeErr())
 	}
 	claimSpan.End()
@@ -91,4 +91,40 @@ func (p *Poller) batch(ctx context.Context, pl *pipeline) (batchResult, error) {
 		return batchResult{}, pl.takeErr()
 	}
 	return batchResult{fetched: len(rows), more: more}, pl.takeErr()
+}
+
+// readerFor returns the term's reader, a new one when the term changed.
+func (p *Poller) readerFor(f store.Fence) *reader {
+	if p.rd == nil || p.rd.fence != f {
+		p.rd = newReader(f, p.readDeps(), false)
+	}
+	return p.rd
+}
+
+// readDeps are what the term's reader acts on.
+func (p *Poller) readDeps() readDeps {
+	return readDeps{store: p.store, log: p.log, m: p.m, gapWait: p.cfg.GapWait, rescanEvery: p.rescanEvery,
+		maxInherit: p.maxInherit, maxLastSent: p.maxLastSent, stats: &p.readStats}
+}
+
+// fetch reads the next batch's rows through the term's reader (reader.fetch).
+// A read that reused ids at or below the cursor starts the term's read state
+// again (rewind.go).
+func (p *Poller) fetch(ctx context.Context, f store.Fence, lim store.FetchLimits) (rows []store.Row, held bool, err error) {
+	rows, held, again, err := p.readerFor(f).fetch(ctx, lim)
+	if again != readOn {
+		p.rd = newReader(f, p.readDeps(), again == readCold)
+	}
+	return rows, held, err
+}
+
+// rescuedLate starts the check of a claimed batch's rows found below the
+// cursor (foundCheck) off the lead goroutine (pipeline.walkLate). An error
+// names the rows left unchecked; they are delivered all the same.
+func (p *Poller) rescuedLate(ctx context.Context, pl *pipeline, r *reader, items []item) error {
+	check := r.late.claimed(items)
+	if len(check) == 0 {
+		return nil
+	}
+	return pl.walkLate(ctx, check, r.late.mark())
 }

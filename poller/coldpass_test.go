@@ -199,7 +199,7 @@ func TestColdTimerPassIsTheTermsPass(t *testing.T) {
 	p.rescanEvery = time.Hour
 	const cursor = 20_000
 	due := time.Now().Add(-time.Hour)
-	r := &reader{fence: store.Fence{Lock: keys.PollerLock, Token: 1, Owner: "test"}, loaded: true,
+	r := &reader{deps: p.readDeps(), fence: store.Fence{Lock: keys.PollerLock, Token: 1, Owner: "test"}, loaded: true,
 		cur:      readCursor{at: cursor, saved: cursor, savedSent: cursor, inflightLow: math.MaxInt64},
 		coldPass: coldPass{to: cursor, horizon: math.MaxUint32, at: due}, rescan: rescanPacer{at: due},
 		parked: parkedSet{}}
@@ -208,7 +208,7 @@ func TestColdTimerPassIsTheTermsPass(t *testing.T) {
 	// for 3 s: a pass is paced by its steps' cost, seconds under load).
 	for limit := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
 		idle := !r.rescan.passing() && p.rescanned.Load() > 0
-		if err := p.maintain(ctx, r, true, 0); err != nil {
+		if err := r.maintain(ctx, true, 0); err != nil {
 			t.Fatal(err)
 		}
 		if idle && !r.rescan.passing() {

@@ -25,7 +25,7 @@ type item struct {
 	key, mark string
 }
 
-// aggregateOf is the aggregate of it's row.
+// aggregateOf is the aggregate of the item's row.
 func aggregateOf(it item) store.Aggregate {
 	return store.Aggregate{Type: it.row.AggregateType, ID: it.row.AggregateID}
 }

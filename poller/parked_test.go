@@ -102,9 +102,9 @@ func TestGapFoundVisibleStaysParkedOverTheReadsParkedAnswer(t *testing.T) {
 	p := e.poller(testConfig(), "")
 	now := time.Now()
 	a := store.Aggregate{Type: "deal", ID: "A"}
-	r := &reader{cur: readCursor{at: 100, frontier: 100}, parked: parkedSet{a: 50},
+	r := &reader{deps: p.readDeps(), cur: readCursor{at: 100, frontier: 100}, parked: parkedSet{a: 50},
 		gaps: gapWatch{runs: gapSet{{lo: 20, hi: 20, gapState: gapState{seen: now.Add(-time.Minute), givenUp: true}}}}}
-	p.advance(r, store.ReadResult{Classified: 100, XMin: 1, XMax: 2,
+	r.advance(store.ReadResult{Classified: 100, XMin: 1, XMax: 2,
 		Visible: []store.Watched{{ID: 20, Aggregate: a, Pending: true}},
 		Parked:  map[store.Aggregate]int64{a: 0}}, 100, now)
 	if got, ok := r.parked[a]; !ok || got != 20 {

@@ -145,10 +145,8 @@ type Poller struct {
 	rewindLogged atomic.Int64  // the term (token) that logged "sequence rewind detected"
 	health       fetchHealth   // for FetchFailure
 	rd           *reader       // the term's place in the outbox; the lead goroutine's only
+	readStats                  // what the read path did, this process; tests read it
 	rescanEvery  time.Duration // how often the slow rescan below the cursor starts; tests shorten it
-	rescanned    atomic.Int64  // ids the rescan steps below the cursor spanned, this process; tests read it
-	gapRuns      atomic.Int64  // runs of watched gaps after the last read (gaps.go); tests read it
-	watchedMost  atomic.Int64  // most gap ids one read looked up, this process; tests read it
 	earlyWrite   time.Duration // see the constant
 	maxInherit   int           // see the constant; tests lower it
 	maxLastSent  int           // see the constant; tests lower it

@@ -23,7 +23,7 @@ func TestRescanStepsArePacedByTheirCost(t *testing.T) {
 	e := newEnv(t)
 	e.insert(2000, 10)
 	p := e.poller(testConfig(), "")
-	r := &reader{rescan: rescanPacer{to: 1 << 40, at: time.Now()}, cur: readCursor{inflightLow: math.MaxInt64}, parked: parkedSet{}}
+	r := &reader{deps: p.readDeps(), rescan: rescanPacer{to: 1 << 40, at: time.Now()}, cur: readCursor{inflightLow: math.MaxInt64}, parked: parkedSet{}}
 	ctx := context.Background()
 	const want = 4 // three spacings checked
 	steps := 0
@@ -33,7 +33,7 @@ func TestRescanStepsArePacedByTheirCost(t *testing.T) {
 			t.Fatalf("%d rescan steps in 1m of idle reads, want %d", steps, want)
 		}
 		lo, prevAt, prevTook := r.rescan.lo, r.rescan.stepAt, r.rescan.last
-		if err := p.maintain(ctx, r, true, 0); err != nil {
+		if err := r.maintain(ctx, true, 0); err != nil {
 			t.Fatal(err)
 		}
 		if r.rescan.lo == lo {
@@ -54,9 +54,9 @@ func TestRescanPauseAfterASlowStepIsCapped(t *testing.T) {
 	e.insert(100, 10)
 	p := e.poller(testConfig(), "")
 	now := time.Now()
-	r := &reader{cur: readCursor{inflightLow: math.MaxInt64}, parked: parkedSet{},
+	r := &reader{deps: p.readDeps(), cur: readCursor{inflightLow: math.MaxInt64}, parked: parkedSet{},
 		rescan: rescanPacer{to: 1 << 20, at: now, span: rescanMin, last: time.Hour, stepAt: now.Add(-maxStepPause - time.Second)}}
-	if err := p.maintain(context.Background(), r, true, 0); err != nil {
+	if err := r.maintain(context.Background(), true, 0); err != nil {
 		t.Fatal(err)
 	}
 	if r.rescan.lo == 0 {
@@ -135,10 +135,10 @@ CREATE TRIGGER slow_save BEFORE INSERT OR UPDATE ON outbox_cursor FOR EACH ROW E
 		t.Fatal(err)
 	}
 	p := e.poller(testConfig(), "")
-	r := &reader{fence: store.Fence{Lock: keys.PollerLock, Token: 1, Owner: "test"},
+	r := &reader{deps: p.readDeps(), fence: store.Fence{Lock: keys.PollerLock, Token: 1, Owner: "test"},
 		cur: readCursor{at: 2000, inflightLow: math.MaxInt64}, rescan: rescanPacer{to: 1 << 40, at: time.Now()},
 		parked: parkedSet{}}
-	if err := p.maintain(ctx, r, true, 0); err != nil {
+	if err := r.maintain(ctx, true, 0); err != nil {
 		t.Fatal(err)
 	}
 	if r.cur.saved != 2000 || r.rescan.lo == 0 {

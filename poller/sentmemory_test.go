@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-// The per-aggregate memory of what was sent (reader.lastSent) is bounded:
+// The per-aggregate memory of what was sent (sentMemory) is bounded:
 // past maxLastSent aggregates it is cleared and its generation bumped. A
 // gap given up before a clear whose aggregate is unknown after it may
 // have had a later row sent meanwhile: its late commit is warned and
