@@ -222,3 +222,41 @@ func TestColdTimerPassIsTheTermsPass(t *testing.T) {
 		t.Fatalf("the rescan spanned %d ids, want %d: one pass over (0, %d] while the rescan is an hour apart", n, cursor, cursor)
 	}
 }
+
+// The last cold pass starts once the snapshot xmin reaches the horizon,
+// over the computed cursor; until then a periodic pass starts every
+// rescan interval over the term's cursor too; idle clears what is owed
+// only once the last pass has started.
+func TestColdPassDue(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	const every = time.Minute
+	cases := []struct {
+		name      string
+		pass      coldPass
+		xmin      uint64
+		wantTo    int64
+		wantTimer bool
+		wantOK    bool
+		wantOwed  uint64 // after idle
+	}{
+		{name: "nothing owed", pass: newColdPass(100, 0, now), xmin: 50},
+		{name: "horizon reached", pass: newColdPass(100, 40, now), xmin: 40, wantTo: 100, wantOK: true},
+		{name: "horizon not reached, timer not due", pass: newColdPass(100, 40, now), xmin: 39, wantOwed: 40},
+		{name: "horizon not reached, timer due", pass: newColdPass(100, 40, now.Add(-every)), xmin: 39,
+			wantTo: 300, wantTimer: true, wantOK: true, wantOwed: 40},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := tc.pass
+			to, timer, ok := c.due(tc.xmin, now, every, 300)
+			if to != tc.wantTo || timer != tc.wantTimer || ok != tc.wantOK {
+				t.Errorf("due = %d, timer %v, %v; want %d, timer %v, %v", to, timer, ok, tc.wantTo, tc.wantTimer, tc.wantOK)
+			}
+			if c.idle(); c.owing() != tc.wantOwed {
+				t.Errorf("owed after idle %d, want %d", c.owing(), tc.wantOwed)
+			}
+		})
+	}
+}
