@@ -13,33 +13,10 @@ import (
 	"github.com/outboxd/outboxd/store"
 )
 
-// The read path: where a term stands in the outbox, so that a fetch never
-// walks what was settled before, and per-aggregate id order holds while
-// producers race. Each mechanism is its own type:
-//
-//   - readCursor (cursor.go): the scan starts above it; saved, fenced, for a
-//     successor to start from;
-//   - gapWatch (gaps.go): rows above an id not yet visible wait while it
-//     may still commit, at most gap_wait;
-//   - parkedSet (parked.go): aggregates with pending rows at or below the
-//     cursor, looked up by each read;
-//   - lateCommits (late.go): late commits are delivered, warned and
-//     counted, within a term, across a change of holder and below the
-//     cursor;
-//   - rescanPacer (rescan.go) and coldPass (coldpass.go): the slow rescan
-//     below the cursor, and the pass that finds what producers in flight
-//     at a computed cursor left below it;
-//   - epochWatch (rewind.go): ids reused at or below the cursor restart
-//     the read state.
-//
-// Not guaranteed: order when an identity sequence caches values (CACHE > 1:
-// ids are then not allocated in time order across sessions). The whole
-// read path: docs/design.md, "The read path".
-
-// reader is one term's place in the outbox: the mechanisms above, tied
-// together by fetch. It is used by the lead goroutine only (batch runs
-// serially), so it needs no lock. It changes a mechanism only through that
-// mechanism's methods.
+// reader is one term's place in the outbox: the mechanisms of the read
+// path (doc.go), tied together by fetch. It is used by the lead goroutine
+// only (batch runs serially), so it needs no lock. It changes a mechanism
+// only through that mechanism's methods.
 type reader struct {
 	deps     readDeps
 	fence    store.Fence
