@@ -99,7 +99,7 @@ func TestNoReferenceRunsUpAFloor(t *testing.T) {
 	fset, files, info, pkg := checkedPackage(t)
 	for _, f := range files {
 		file := filepath.Base(fset.File(f.Pos()).Name())
-		if _, ok := floorOf(file); !ok {
+		if _, ok := floorOf(file); !ok && len(f.Decls) > 0 { // doc.go declares nothing
 			t.Errorf("%s is on no floor: add it to the floors table here and in doc.go", file)
 		}
 	}
