@@ -10,29 +10,6 @@ import (
 	"github.com/outboxd/outboxd/store"
 )
 
-// outcome of one row in a batch.
-type outcome uint8
-
-const (
-	pending   outcome = iota // claimed, not reached (aggregate stopped earlier): unclaim
-	sent                     // delivered by us
-	duplicate                // Redis holds this row's delivered mark: mark without sending
-	foreign                  // a newer holder's claim: leave alone
-	failed                   // send failed: unclaim, count the attempt
-	refused                  // the idempotency key could not be claimed (wrong type, odd value): count the attempt
-	poisoned                 // the row cannot be sent as it is (row.Poison): dead-letter, never claimed
-)
-
-type item struct {
-	row     store.Row
-	outcome outcome
-	err     error
-	// Set when claimed: the row's idempotency key and its delivered mark
-	// (keys.Mark), made once and used again by finish (an allocation per
-	// event each).
-	key, mark string
-}
-
 // batchResult is what one batch tells the run loop.
 type batchResult struct {
 	fetched int  // rows fetched
@@ -55,7 +32,7 @@ func (p *Poller) batch(ctx context.Context, pl *pipeline) (batchResult, error) {
 	defer cancel()
 	// Before the room check: a pause takes effect (and is acknowledged)
 	// while a full pipeline's sends are still under way.
-	if err := p.readPaused(qctx, pl.fence); err != nil {
+	if err := p.paused.read(qctx, pl.fence); err != nil {
 		return batchResult{}, errors.Join(err, pl.takeErr())
 	}
 	lim, ok := pl.limits()
@@ -98,7 +75,7 @@ func (p *Poller) batch(ctx context.Context, pl *pipeline) (batchResult, error) {
 		fail(claimSpan, err)
 		claimSpan.End()
 		tr.end(err)
-		p.unread(fence, rows)
+		p.readerFor(fence).unread(rows)
 		return batchResult{fetched: len(rows), more: more}, errors.Join(err, pl.takeErr())
 	}
 	claimSpan.End()
@@ -114,4 +91,40 @@ func (p *Poller) batch(ctx context.Context, pl *pipeline) (batchResult, error) {
 		return batchResult{}, pl.takeErr()
 	}
 	return batchResult{fetched: len(rows), more: more}, pl.takeErr()
+}
+
+// readerFor returns the term's reader, a new one when the term changed.
+func (p *Poller) readerFor(f store.Fence) *reader {
+	if p.rd == nil || p.rd.fence != f {
+		p.rd = newReader(f, p.readDeps(), false)
+	}
+	return p.rd
+}
+
+// readDeps are what the term's reader acts on.
+func (p *Poller) readDeps() readDeps {
+	return readDeps{store: p.store, log: p.log, m: p.m, gapWait: p.cfg.GapWait, rescanEvery: p.rescanEvery,
+		maxInherit: p.maxInherit, maxLastSent: p.maxLastSent, stats: &p.readStats}
+}
+
+// fetch reads the next batch's rows through the term's reader (reader.fetch).
+// A read that reused ids at or below the cursor starts the term's read state
+// again (rewind.go).
+func (p *Poller) fetch(ctx context.Context, f store.Fence, lim store.FetchLimits) (rows []store.Row, held bool, err error) {
+	rows, held, again, err := p.readerFor(f).fetch(ctx, lim)
+	if again != readOn {
+		p.rd = newReader(f, p.readDeps(), again == readCold)
+	}
+	return rows, held, err
+}
+
+// rescuedLate starts the check of a claimed batch's rows found below the
+// cursor (foundCheck) off the lead goroutine (pipeline.walkLate). An error
+// names the rows left unchecked; they are delivered all the same.
+func (p *Poller) rescuedLate(ctx context.Context, pl *pipeline, r *reader, items []item) error {
+	check := r.late.claimed(items)
+	if len(check) == 0 {
+		return nil
+	}
+	return pl.walkLate(ctx, check, r.late.mark())
 }

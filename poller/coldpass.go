@@ -19,6 +19,15 @@ type coldPass struct {
 	at      time.Time // the last pass the timer started
 }
 
+// newColdPass returns the cold pass of a term that loaded cursor to with
+// horizon (0: no pass is owed) at now.
+func newColdPass(to int64, horizon uint64, now time.Time) coldPass {
+	return coldPass{to: to, horizon: horizon, owed: horizon, at: now}
+}
+
+// owing is the horizon saved with the cursor: 0 once no pass is owed.
+func (c *coldPass) owing() uint64 { return c.owed }
+
 // due returns the pass to start now, over (0, to], if any. timer says it
 // is the periodic one, which is the rescan's periodic pass too. cursor is
 // the term's cursor, which a periodic pass covers.

@@ -199,7 +199,7 @@ func TestColdTimerPassIsTheTermsPass(t *testing.T) {
 	p.rescanEvery = time.Hour
 	const cursor = 20_000
 	due := time.Now().Add(-time.Hour)
-	r := &reader{fence: store.Fence{Lock: keys.PollerLock, Token: 1, Owner: "test"}, loaded: true,
+	r := &reader{deps: p.readDeps(), fence: store.Fence{Lock: keys.PollerLock, Token: 1, Owner: "test"}, loaded: true,
 		cur:      readCursor{at: cursor, saved: cursor, savedSent: cursor, inflightLow: math.MaxInt64},
 		coldPass: coldPass{to: cursor, horizon: math.MaxUint32, at: due}, rescan: rescanPacer{at: due},
 		parked: parkedSet{}}
@@ -208,7 +208,7 @@ func TestColdTimerPassIsTheTermsPass(t *testing.T) {
 	// for 3 s: a pass is paced by its steps' cost, seconds under load).
 	for limit := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
 		idle := !r.rescan.passing() && p.rescanned.Load() > 0
-		if err := p.maintain(ctx, r, true, 0); err != nil {
+		if err := r.maintain(ctx, true, 0); err != nil {
 			t.Fatal(err)
 		}
 		if idle && !r.rescan.passing() {
@@ -220,5 +220,43 @@ func TestColdTimerPassIsTheTermsPass(t *testing.T) {
 	}
 	if n := p.rescanned.Load(); n != cursor {
 		t.Fatalf("the rescan spanned %d ids, want %d: one pass over (0, %d] while the rescan is an hour apart", n, cursor, cursor)
+	}
+}
+
+// The last cold pass starts once the snapshot xmin reaches the horizon,
+// over the computed cursor; until then a periodic pass starts every
+// rescan interval over the term's cursor too; idle clears what is owed
+// only once the last pass has started.
+func TestColdPassDue(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	const every = time.Minute
+	cases := []struct {
+		name      string
+		pass      coldPass
+		xmin      uint64
+		wantTo    int64
+		wantTimer bool
+		wantOK    bool
+		wantOwed  uint64 // after idle
+	}{
+		{name: "nothing owed", pass: newColdPass(100, 0, now), xmin: 50},
+		{name: "horizon reached", pass: newColdPass(100, 40, now), xmin: 40, wantTo: 100, wantOK: true},
+		{name: "horizon not reached, timer not due", pass: newColdPass(100, 40, now), xmin: 39, wantOwed: 40},
+		{name: "horizon not reached, timer due", pass: newColdPass(100, 40, now.Add(-every)), xmin: 39,
+			wantTo: 300, wantTimer: true, wantOK: true, wantOwed: 40},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := tc.pass
+			to, timer, ok := c.due(tc.xmin, now, every, 300)
+			if to != tc.wantTo || timer != tc.wantTimer || ok != tc.wantOK {
+				t.Errorf("due = %d, timer %v, %v; want %d, timer %v, %v", to, timer, ok, tc.wantTo, tc.wantTimer, tc.wantOK)
+			}
+			if c.idle(); c.owing() != tc.wantOwed {
+				t.Errorf("owed after idle %d, want %d", c.owing(), tc.wantOwed)
+			}
+		})
 	}
 }

@@ -33,6 +33,18 @@ type readCursor struct {
 	savedAt          time.Time
 }
 
+// newReadCursor returns the cursor a term loaded: at c, with the sent mark
+// and the cold pass owed saved beside it. A computed cursor (owed not 0) is
+// saved at the first read, moved or not, so that the backlog count and the
+// sweep stop taking a floor of their own (store.Store.SweepFloor).
+func newReadCursor(c, sent int64, owed uint64) readCursor {
+	r := readCursor{at: c, frontier: c, saved: c, savedSent: sent, savedOwed: owed}
+	if owed != 0 {
+		r.saved = math.MinInt64
+	}
+	return r
+}
+
 // noteInflight records the rows not yet written after a read: the
 // pipeline's (skip) and the read's own.
 func (c *readCursor) noteInflight(skip []int64, rows []store.Row) {
@@ -54,17 +66,6 @@ func (c *readCursor) move(res store.ReadResult, limit int, gaps gapSet) {
 	c.frontier = max(c.frontier, res.Classified)
 	to := min(c.frontier, gaps.holdBelow(c.at), firstHeld(res.Hot), c.scannedTo(res, limit))
 	c.at = max(c.at, to)
-}
-
-// holdBelow is the highest cursor the runs still holding allow above at.
-func (s gapSet) holdBelow(at int64) int64 {
-	c := int64(math.MaxInt64)
-	for i := range s {
-		if g := &s[i]; g.holding() && g.hi > at {
-			c = min(c, max(g.lo, at+1)-1)
-		}
-	}
-	return c
 }
 
 // firstHeld is the id below the first hot row held or cut.

@@ -1,6 +1,7 @@
 package poller
 
 import (
+	"math"
 	"slices"
 	"time"
 
@@ -48,6 +49,24 @@ type gapWatch struct {
 	runs  gapSet
 	reads int64 // reads so far: whose turn it is among old runs
 }
+
+// visible takes id out of the watch: it became visible. It returns the
+// state of its run, or ok false when id is not watched.
+func (w *gapWatch) visible(id int64) (gapState, bool) { return w.runs.remove(id) }
+
+// found watches a read's new gaps ids, and joins adjacent runs of one kind.
+func (w *gapWatch) found(ids []int64, st gapState) {
+	if len(ids) > 0 {
+		w.runs.add(ids, st)
+	}
+	w.runs.merge()
+}
+
+// watches says whether id is a watched gap.
+func (w *gapWatch) watches(id int64) bool { return w.runs.find(id) >= 0 }
+
+// set is the watched gaps, for the cursor (readCursor.move, saveable).
+func (w *gapWatch) set() gapSet { return w.runs }
 
 const (
 	// lateWatch is how long a gap is still looked up after its
@@ -174,6 +193,17 @@ func (s *gapSet) merge() {
 	}
 	clear((*s)[len(out):])
 	*s = out
+}
+
+// holdBelow is the highest cursor the runs still holding allow above at.
+func (s gapSet) holdBelow(at int64) int64 {
+	c := int64(math.MaxInt64)
+	for i := range s {
+		if g := &s[i]; g.holding() && g.hi > at {
+			c = min(c, max(g.lo, at+1)-1)
+		}
+	}
+	return c
 }
 
 func mergeable(a, b *gapRun) bool {

@@ -2,6 +2,7 @@ package poller
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/outboxd/outboxd/internal/testkit"
+	"github.com/outboxd/outboxd/store"
 )
 
 // takeIDWithoutXID opens a producer transaction that has taken its id
@@ -232,5 +234,58 @@ func TestLateCommitWalkSeesTheClaimsView(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(r.m.LateCommits); n != 0 {
 		t.Fatalf("outboxd_late_commits_total %v, want 0", n)
+	}
+}
+
+// Among rows taken from below the cursor, a row of an aggregate found there
+// at or above its lowest id found, untried and not checked yet, is marked
+// once a term; once claimed it is checked unless Redis holds it delivered
+// or it is poisoned.
+func TestFoundCheckMarksRescuedRowsOnce(t *testing.T) {
+	t.Parallel()
+	row := func(id int64, agg string, attempts int) store.Row {
+		return store.Row{ID: id, AggregateType: "deal", AggregateID: agg, Attempts: attempts}
+	}
+	cases := []struct {
+		name    string
+		rows    []store.Row
+		checked []int64 // already checked this term
+		claimed map[int64]outcome
+		want    []int64
+	}{
+		{name: "rescued row", rows: []store.Row{row(12, "A", 0)}, want: []int64{12}},
+		{name: "below the lowest found", rows: []store.Row{row(9, "A", 0)}},
+		{name: "above the cursor before the read", rows: []store.Row{row(60, "A", 0)}},
+		{name: "another aggregate", rows: []store.Row{row(12, "B", 0)}},
+		{name: "tried before", rows: []store.Row{row(12, "A", 1)}},
+		{name: "checked already", rows: []store.Row{row(12, "A", 0)}, checked: []int64{12}},
+		{name: "delivered in Redis", rows: []store.Row{row(12, "A", 0)}, claimed: map[int64]outcome{12: duplicate}},
+		{name: "poisoned", rows: []store.Row{row(12, "A", 0)}, claimed: map[int64]outcome{12: poisoned}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var c foundCheck
+			var checked checkedSet
+			for _, id := range tc.checked {
+				checked.mark(id)
+			}
+			c.note(store.Aggregate{Type: "deal", ID: "A"}, 10)
+			c.rescued(tc.rows, 50, &checked)
+			items := make([]item, len(tc.rows))
+			for i, r := range tc.rows {
+				items[i] = item{row: r, outcome: tc.claimed[r.ID]}
+			}
+			var got []int64
+			for _, r := range c.claimed(items) {
+				got = append(got, r.ID)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("checked once claimed %v, want %v", got, tc.want)
+			}
+			if again := c.claimed(items); len(again) != 0 {
+				t.Errorf("claimed again: %d rows, want none (checked once)", len(again))
+			}
+		})
 	}
 }

@@ -14,7 +14,7 @@ const maxInherit = 100_000
 
 // inheritedCheck finds late commits across a change of holder: each holder
 // saves, beside its cursor, the highest id it and the holders before it
-// handed on (the sent mark, sentMemory.handed once loaded). A new holder
+// handed on (the sent mark, sentMemory.handedMark once loaded). A new holder
 // checks each row it takes in (lo, sent mark] once, where lo is the cursor
 // it loaded, for a later row of its aggregate already dispatched.
 //
@@ -29,32 +29,35 @@ type inheritedCheck struct {
 	lo int64 // the cursor the term loaded
 	// in is what the range looked like when the term first took a row
 	// there: the late rows and the ids missing then; nil while not loaded
-	// or when either is more than Poller.maxInherit (then each read's rows
+	// or when either is more than the limit (then each read's rows
 	// go to store.LaterSent).
 	in     *store.Inherited
 	loaded bool
 }
 
-// inheritedLate returns the rows among rows (taken by one read) that are
-// late commits across the change of holder, each checked once a term. The
-// rows found before an error are returned with it.
-func (l *lateCommits) inheritedLate(ctx context.Context, st *store.Store, limit int, rows []store.Row) ([]lateRow, error) {
-	hi := l.sent.handed
+// from starts the check at the cursor the term loaded.
+func (c *inheritedCheck) from(cursor int64) { c.lo = cursor }
+
+// late returns the rows among rows (taken by one read) in (lo, hi] that are
+// late commits across the change of holder, each checked once a term
+// (checked). hi is the sent mark handed on. The rows found before an error
+// are returned with it.
+func (c *inheritedCheck) late(ctx context.Context, st *store.Store, limit int, rows []store.Row, hi int64, checked *checkedSet) ([]lateRow, error) {
 	unchecked := func(row store.Row) bool {
-		return !l.done(row.ID) && row.ID > l.inherited.lo && row.ID <= hi
+		return !checked.done(row.ID) && row.ID > c.lo && row.ID <= hi
 	}
 	first := slices.IndexFunc(rows, unchecked)
 	if first < 0 {
 		return nil, nil
 	}
-	if !l.inherited.loaded {
-		in, complete, err := st.InheritedLate(ctx, l.inherited.lo, hi, limit)
+	if !c.loaded {
+		in, complete, err := st.InheritedLate(ctx, c.lo, hi, limit)
 		if err != nil {
 			return nil, fmt.Errorf("late commit check: %w", err)
 		}
-		l.inherited.loaded = true
+		c.loaded = true
 		if complete {
-			l.inherited.in = in
+			c.in = in
 		}
 	}
 	var late []lateRow
@@ -63,11 +66,11 @@ func (l *lateCommits) inheritedLate(ctx context.Context, st *store.Store, limit 
 		if !unchecked(row) {
 			continue
 		}
-		switch after, known := l.settledAtLoad(row.ID); {
+		switch after, known := c.settledAtLoad(row.ID); {
 		case !known:
 			check = append(check, row)
 		case after != 0:
-			l.markDone(row.ID)
+			checked.mark(row.ID)
 			late = append(late, lateRow{row: row, after: after})
 		}
 	}
@@ -79,7 +82,7 @@ func (l *lateCommits) inheritedLate(ctx context.Context, st *store.Store, limit 
 		return late, fmt.Errorf("late commit check: %w", err)
 	}
 	for _, row := range check {
-		l.markDone(row.ID)
+		checked.mark(row.ID)
 		if after, ok := later[row.ID]; ok {
 			late = append(late, lateRow{row: row, after: after})
 		}
@@ -91,8 +94,8 @@ func (l *lateCommits) inheritedLate(ctx context.Context, st *store.Store, limit 
 // range: known when the row was visible then (late when after is not 0),
 // not known when its producer was in flight then (or the check holds too
 // much): store.LaterSent answers for it.
-func (l *lateCommits) settledAtLoad(id int64) (after int64, known bool) {
-	in := l.inherited.in
+func (c *inheritedCheck) settledAtLoad(id int64) (after int64, known bool) {
+	in := c.in
 	if in == nil {
 		return 0, false
 	}

@@ -20,6 +20,23 @@ func (s parkedSet) park(a store.Aggregate, id int64) {
 	}
 }
 
+// answer applies a read's first row id of parked aggregate a: 0 drops it
+// (gone), nothing of it is left pending at or below the cursor.
+func (s parkedSet) answer(a store.Aggregate, id int64) (gone bool) {
+	if id == 0 {
+		delete(s, a)
+		return true
+	}
+	s[a] = id
+	return false
+}
+
+// from returns the id aggregate a is parked from, if parked.
+func (s parkedSet) from(a store.Aggregate) (id int64, ok bool) {
+	id, ok = s[a]
+	return id, ok
+}
+
 // list is the set as a read takes it.
 func (s parkedSet) list() []store.Parked {
 	var out []store.Parked

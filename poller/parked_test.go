@@ -1,6 +1,7 @@
 package poller
 
 import (
+	"maps"
 	"net/http"
 	"testing"
 	"time"
@@ -102,12 +103,61 @@ func TestGapFoundVisibleStaysParkedOverTheReadsParkedAnswer(t *testing.T) {
 	p := e.poller(testConfig(), "")
 	now := time.Now()
 	a := store.Aggregate{Type: "deal", ID: "A"}
-	r := &reader{cur: readCursor{at: 100, frontier: 100}, parked: parkedSet{a: 50},
+	r := &reader{deps: p.readDeps(), cur: readCursor{at: 100, frontier: 100}, parked: parkedSet{a: 50},
 		gaps: gapWatch{runs: gapSet{{lo: 20, hi: 20, gapState: gapState{seen: now.Add(-time.Minute), givenUp: true}}}}}
-	p.advance(r, store.ReadResult{Classified: 100, XMin: 1, XMax: 2,
+	r.advance(store.ReadResult{Classified: 100, XMin: 1, XMax: 2,
 		Visible: []store.Watched{{ID: 20, Aggregate: a, Pending: true}},
 		Parked:  map[store.Aggregate]int64{a: 0}}, 100, now)
 	if got, ok := r.parked[a]; !ok || got != 20 {
 		t.Fatalf("aggregate parked at %d (%v) after its gap 20 was found pending below the cursor, want 20", got, ok)
+	}
+}
+
+// A set keeps each aggregate's lowest parked id; a read's answer moves it
+// to the aggregate's first row, or drops it when none is left; lowest is
+// the lowest parked id of all.
+func TestParkedSetKeepsTheLowestID(t *testing.T) {
+	t.Parallel()
+	a, b := store.Aggregate{Type: "deal", ID: "A"}, store.Aggregate{Type: "deal", ID: "B"}
+	cases := []struct {
+		name       string
+		park       map[store.Aggregate][]int64
+		answer     map[store.Aggregate]int64
+		want       map[store.Aggregate]int64
+		wantLowest int64
+		wantGone   int
+	}{
+		{name: "lowest of several", park: map[store.Aggregate][]int64{a: {30, 10, 20}}, want: map[store.Aggregate]int64{a: 10}, wantLowest: 10},
+		{name: "two aggregates", park: map[store.Aggregate][]int64{a: {30}, b: {5}}, want: map[store.Aggregate]int64{a: 30, b: 5}, wantLowest: 5},
+		{name: "answered higher", park: map[store.Aggregate][]int64{a: {10}}, answer: map[store.Aggregate]int64{a: 40},
+			want: map[store.Aggregate]int64{a: 40}, wantLowest: 40},
+		{name: "answered none left", park: map[store.Aggregate][]int64{a: {10}, b: {20}}, answer: map[store.Aggregate]int64{a: 0},
+			want: map[store.Aggregate]int64{b: 20}, wantLowest: 20, wantGone: 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := parkedSet{}
+			for agg, ids := range tc.park {
+				for _, id := range ids {
+					s.park(agg, id)
+				}
+			}
+			gone := 0
+			for agg, id := range tc.answer {
+				if s.answer(agg, id) {
+					gone++
+				}
+			}
+			if !maps.Equal(s, parkedSet(tc.want)) || gone != tc.wantGone {
+				t.Errorf("set %v, %d gone; want %v, %d gone", s, gone, tc.want, tc.wantGone)
+			}
+			if id, ok := s.lowest(); !ok || id != tc.wantLowest {
+				t.Errorf("lowest %d (%v), want %d", id, ok, tc.wantLowest)
+			}
+		})
+	}
+	if _, ok := (parkedSet{}).lowest(); ok {
+		t.Error("an empty set has a lowest id")
 	}
 }

@@ -3,6 +3,7 @@ package poller
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/outboxd/outboxd/dispatch"
@@ -15,13 +16,22 @@ const pausedEvery = time.Second
 // pausedRead is the set last read, when, by which term (fencing token),
 // and the pause generation that term has acknowledged.
 type pausedRead struct {
+	store *store.Store
+	sink  dispatch.Sink
+	log   *slog.Logger
+
 	at    time.Time
 	token int64
 	set   map[string]bool
 	acked int64
 }
 
-// readPaused reads the destinations an operator paused (`outboxd pause`)
+// newPausedRead returns the paused destinations' reader, none read yet.
+func newPausedRead(st *store.Store, sink dispatch.Sink, log *slog.Logger) pausedRead {
+	return pausedRead{store: st, sink: sink, log: log}
+}
+
+// read reads the destinations an operator paused (`outboxd pause`)
 // at a term's first batch and then every pausedEvery, and tells the sink
 // (dispatch.Pause): their events are answered NotAttempted, stay pending
 // and are charged nothing. Each change is logged (INFO "destination
@@ -36,11 +46,11 @@ type pausedRead struct {
 // send), so after `pause` returns no new send of it starts. An
 // acknowledgement that fails is tried again at the next batch. Called by
 // the lead goroutine only.
-func (p *Poller) readPaused(ctx context.Context, f store.Fence) error {
-	if p.paused.token == f.Token && time.Since(p.paused.at) < pausedEvery {
+func (pr *pausedRead) read(ctx context.Context, f store.Fence) error {
+	if pr.token == f.Token && time.Since(pr.at) < pausedEvery {
 		return nil
 	}
-	ps, err := p.store.ReadPauseSet(ctx)
+	ps, err := pr.store.ReadPauseSet(ctx)
 	if err != nil {
 		return fmt.Errorf("reading the paused destinations: %w", err)
 	}
@@ -48,33 +58,33 @@ func (p *Poller) readPaused(ctx context.Context, f store.Fence) error {
 	for _, d := range ps.Names {
 		set[d] = true
 	}
-	dispatch.Pause(p.sink, func(name string) bool { return set[name] })
-	prev, acked := p.paused.set, p.paused.acked
-	if p.paused.token != f.Token {
+	dispatch.Pause(pr.sink, func(name string) bool { return set[name] })
+	prev, acked := pr.set, pr.acked
+	if pr.token != f.Token {
 		prev, acked = nil, 0 // a new term says where it starts, and acknowledges it
 	}
-	p.logPauseChanges(prev, set)
-	p.paused = pausedRead{token: f.Token, set: set, acked: acked}
+	pr.logChanges(prev, set)
+	pr.at, pr.token, pr.set, pr.acked = time.Time{}, f.Token, set, acked
 	if ps.Generation > acked {
-		if err := p.store.AckPause(ctx, f, ps.Generation); err != nil {
+		if err := pr.store.AckPause(ctx, f, ps.Generation); err != nil {
 			return fmt.Errorf("acknowledging the paused destinations: %w", err)
 		}
-		p.paused.acked = ps.Generation
+		pr.acked = ps.Generation
 	}
-	p.paused.at = time.Now()
+	pr.at = time.Now()
 	return nil
 }
 
-// logPauseChanges logs each destination paused or resumed from prev to set.
-func (p *Poller) logPauseChanges(prev, set map[string]bool) {
+// logChanges logs each destination paused or resumed from prev to set.
+func (pr *pausedRead) logChanges(prev, set map[string]bool) {
 	for name := range set {
 		if !prev[name] {
-			p.log.Info("destination paused", "destination", name)
+			pr.log.Info("destination paused", "destination", name)
 		}
 	}
 	for name := range prev {
 		if !set[name] {
-			p.log.Info("destination resumed", "destination", name)
+			pr.log.Info("destination resumed", "destination", name)
 		}
 	}
 }

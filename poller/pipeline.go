@@ -257,10 +257,6 @@ func (pl *pipeline) slotFree() bool {
 	return pl.sending < pl.parallel
 }
 
-func aggregateOf(it item) store.Aggregate {
-	return store.Aggregate{Type: it.row.AggregateType, ID: it.row.AggregateID}
-}
-
 // settle takes aggregates' rows (one slice per aggregate of flight f, each
 // row with its final outcome) for writing. An aggregate that went through
 // is free at once: its later rows may be fetched, its own stay skipped
@@ -439,20 +435,56 @@ type writtenNote struct {
 // noteWritten tells the term's reader, on the lead goroutine (the reader's
 // only user), what the writer has written since the last call: delivered
 // rows for its late-commit memory, rows left pending below the cursor to
-// park, and the rows of a failed write to read again (reader.sent, readCursor.rewind).
+// park, and the rows of a failed write to read again (reader.written).
 func (pl *pipeline) noteWritten(r *reader) {
 	pl.mu.Lock()
 	notes := pl.notes
 	pl.notes = nil
 	pl.mu.Unlock()
 	for _, n := range notes {
-		r.sent(n.items)
-		if n.failed {
-			ids := make([]int64, len(n.items))
-			for i, it := range n.items {
-				ids[i] = it.row.ID
-			}
-			r.cur.rewind(ids)
-		}
+		r.written(n.items, n.failed)
 	}
+}
+
+// walkLate starts the late-commit walk of rescuedLate's rows on a view
+// taken now, owned by the pipeline. close waits for it, and cancels it once
+// every result is written: a walk cut short says so. Only the view is taken
+// on the caller's goroutine, within the lease's trust deadline.
+func (pl *pipeline) walkLate(ctx context.Context, check []store.Row, sent int64) error {
+	ids := make([]int64, len(check))
+	for i, row := range check {
+		ids[i] = row.ID
+	}
+	select {
+	case pl.lateWalk <- struct{}{}:
+	default:
+		return fmt.Errorf("late commit check of outbox ids %v skipped: the check of earlier rows is still running", ids)
+	}
+	vctx, cancel := context.WithDeadline(ctx, pl.trusted())
+	view, err := pl.p.store.View(vctx)
+	cancel()
+	if err != nil {
+		<-pl.lateWalk
+		return fmt.Errorf("late commit check of outbox ids %v: %w", ids, err)
+	}
+	report := lateReport{log: pl.p.log, m: pl.p.m}
+	pl.lateWalks.Go(func() {
+		defer func() {
+			view.Close()
+			<-pl.lateWalk
+			fire(pl.p.hooks.lateWalked)
+		}()
+		fire(pl.p.hooks.lateWalk)
+		later, err := view.LaterSent(pl.ctx, check, sent)
+		if err != nil {
+			pl.p.log.Warn("late commit check failed", "error", fmt.Errorf("outbox ids %v: %w", ids, err))
+			return
+		}
+		for _, row := range check {
+			if after, ok := later[row.ID]; ok {
+				report.late(lateRow{row: row, after: after})
+			}
+		}
+	})
+	return nil
 }

@@ -1,40 +1,3 @@
-// Package poller is the active batch runner: it holds lock:outbox:poller,
-// reads due rows, claims their idempotency keys, delivers them and writes the
-// results back fenced.
-//
-// Guarantees:
-//   - At most one runner acts at a time as far as Postgres is concerned: all
-//     of its writes carry its fencing token, and a write from a runner whose
-//     token has been superseded is refused (store.ErrStaleFence), after which
-//     that runner steps down.
-//   - No event is lost: a row is marked delivered only after its send
-//     succeeded; a failed or abandoned send releases its claim (owner-checked)
-//     so nothing blocks the retry; a crash at any point costs at most a
-//     duplicate delivery, which receivers dedupe by id (Idempotency-Key).
-//   - Per-aggregate order: rows of one (aggregate_type, aggregate_id) are sent
-//     one after another in id order; the first failure stops that aggregate
-//     for the batch, and later rows wait while an earlier one backs off.
-//   - Work runs in the lock's context: when the lease is lost, no new send
-//     starts.
-//   - A crash costs about one lock TTL, never claim_ttl: a claim names the
-//     token of the term that made it, and a holder with a higher token takes
-//     it over at once (compare-and-set), since the older term's trust
-//     deadline has passed by construction. After Redis lost the lock state,
-//     the successor first waits one TTL (see lead; docs/design.md, "The
-//     lease and the fence").
-//   - A delivered mark names its row, not its id (keys.Judge): a mark left
-//     by an earlier row with the same id is never taken for "delivered"
-//     (docs/design.md, "Idempotency keys").
-//   - Isolation: nothing about one row stalls the others. A row too large
-//     or unsendable as it is (store.Row.Poison) is dead-lettered unloaded; an
-//     idempotency key Redis cannot use (WRONGTYPE) or holding a value outboxd
-//     did not write fails that row alone, counted and named in last_error;
-//     any failure text is stored cleaned (package store). A row that keeps
-//     failing dead-letters after MaxAttempts, no sooner than RetryHorizon.
-//
-// Not guaranteed: exactly-once delivery (a crash between send and mark
-// resends), and order across aggregates. Dead-lettered rows do not block
-// their aggregate.
 package poller
 
 import (
@@ -145,10 +108,8 @@ type Poller struct {
 	rewindLogged atomic.Int64  // the term (token) that logged "sequence rewind detected"
 	health       fetchHealth   // for FetchFailure
 	rd           *reader       // the term's place in the outbox; the lead goroutine's only
+	readStats                  // what the read path did, this process; tests read it
 	rescanEvery  time.Duration // how often the slow rescan below the cursor starts; tests shorten it
-	rescanned    atomic.Int64  // ids the rescan steps below the cursor spanned, this process; tests read it
-	gapRuns      atomic.Int64  // runs of watched gaps after the last read (gaps.go); tests read it
-	watchedMost  atomic.Int64  // most gap ids one read looked up, this process; tests read it
 	earlyWrite   time.Duration // see the constant
 	maxInherit   int           // see the constant; tests lower it
 	maxLastSent  int           // see the constant; tests lower it
@@ -188,7 +149,8 @@ func New(cfg Config, d Deps) *Poller {
 			TTL: cfg.LockTTL, Wait: cfg.LockWait, WaitAfterDataLoss: true, ShutdownTimeout: cfg.ShutdownTimeout,
 			QueryTimeout: queryTimeout(cfg), Instance: cfg.Instance, LogStandby: true,
 		}, term.Deps{Locks: d.Locks, Store: d.Store, Log: d.Log, Metrics: d.Metrics}),
-		wake: make(chan struct{}, 1), cuts: map[int64]int{}, rescanEvery: rescanEvery, earlyWrite: earlyWrite,
+		paused: newPausedRead(d.Store, d.Sink, log),
+		wake:   make(chan struct{}, 1), cuts: map[int64]int{}, rescanEvery: rescanEvery, earlyWrite: earlyWrite,
 		maxInherit: maxInherit, maxLastSent: maxLastSent,
 	}
 }

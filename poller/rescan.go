@@ -46,9 +46,18 @@ func (s *rescanPacer) passing() bool { return s.lo < s.to }
 // (every) has passed since the last began.
 func (s *rescanPacer) startEvery(now time.Time, every time.Duration, to int64) {
 	if !s.passing() && now.Sub(s.at) >= every {
-		s.lo, s.to, s.at = 0, to, now
+		s.begin(to, now)
 	}
 }
+
+// begin starts a pass over (0, to] timed from now: the next periodic pass
+// starts every after it.
+func (s *rescanPacer) begin(to int64, now time.Time) {
+	s.lo, s.to, s.at = 0, to, now
+}
+
+// pass starts a pass over (0, to] that leaves the periodic timer as it is.
+func (s *rescanPacer) pass(to int64) { s.lo, s.to = 0, to }
 
 // due returns the next step's ids, (lo, hi], when one may run now: at once
 // on an idle read, otherwise at most every rescanPause.

@@ -23,7 +23,7 @@ func TestRescanStepsArePacedByTheirCost(t *testing.T) {
 	e := newEnv(t)
 	e.insert(2000, 10)
 	p := e.poller(testConfig(), "")
-	r := &reader{rescan: rescanPacer{to: 1 << 40, at: time.Now()}, cur: readCursor{inflightLow: math.MaxInt64}, parked: parkedSet{}}
+	r := &reader{deps: p.readDeps(), rescan: rescanPacer{to: 1 << 40, at: time.Now()}, cur: readCursor{inflightLow: math.MaxInt64}, parked: parkedSet{}}
 	ctx := context.Background()
 	const want = 4 // three spacings checked
 	steps := 0
@@ -33,7 +33,7 @@ func TestRescanStepsArePacedByTheirCost(t *testing.T) {
 			t.Fatalf("%d rescan steps in 1m of idle reads, want %d", steps, want)
 		}
 		lo, prevAt, prevTook := r.rescan.lo, r.rescan.stepAt, r.rescan.last
-		if err := p.maintain(ctx, r, true, 0); err != nil {
+		if err := r.maintain(ctx, true, 0); err != nil {
 			t.Fatal(err)
 		}
 		if r.rescan.lo == lo {
@@ -54,9 +54,9 @@ func TestRescanPauseAfterASlowStepIsCapped(t *testing.T) {
 	e.insert(100, 10)
 	p := e.poller(testConfig(), "")
 	now := time.Now()
-	r := &reader{cur: readCursor{inflightLow: math.MaxInt64}, parked: parkedSet{},
+	r := &reader{deps: p.readDeps(), cur: readCursor{inflightLow: math.MaxInt64}, parked: parkedSet{},
 		rescan: rescanPacer{to: 1 << 20, at: now, span: rescanMin, last: time.Hour, stepAt: now.Add(-maxStepPause - time.Second)}}
-	if err := p.maintain(context.Background(), r, true, 0); err != nil {
+	if err := r.maintain(context.Background(), true, 0); err != nil {
 		t.Fatal(err)
 	}
 	if r.rescan.lo == 0 {
@@ -135,10 +135,10 @@ CREATE TRIGGER slow_save BEFORE INSERT OR UPDATE ON outbox_cursor FOR EACH ROW E
 		t.Fatal(err)
 	}
 	p := e.poller(testConfig(), "")
-	r := &reader{fence: store.Fence{Lock: keys.PollerLock, Token: 1, Owner: "test"},
+	r := &reader{deps: p.readDeps(), fence: store.Fence{Lock: keys.PollerLock, Token: 1, Owner: "test"},
 		cur: readCursor{at: 2000, inflightLow: math.MaxInt64}, rescan: rescanPacer{to: 1 << 40, at: time.Now()},
 		parked: parkedSet{}}
-	if err := p.maintain(ctx, r, true, 0); err != nil {
+	if err := r.maintain(ctx, true, 0); err != nil {
 		t.Fatal(err)
 	}
 	if r.cur.saved != 2000 || r.rescan.lo == 0 {
@@ -147,5 +147,104 @@ CREATE TRIGGER slow_save BEFORE INSERT OR UPDATE ON outbox_cursor FOR EACH ROW E
 	if r.rescan.last >= 300*time.Millisecond {
 		t.Errorf("the rescan step was judged to take %v: the cursor save before it (300 ms) was counted in (the next step's span cut to %d from %d)",
 			r.rescan.last, r.rescan.span, rescanFirst)
+	}
+}
+
+// The pacer lets a step run at once on an idle read and at most every
+// rescanPause on a busy one, never sooner than stepSpacing times the last
+// step (capped at maxStepPause), and only while a pass has ids left.
+func TestRescanPacerDue(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	cases := []struct {
+		name   string
+		pacer  rescanPacer
+		idle   bool
+		wantOK bool
+		lo, hi int64
+	}{
+		{name: "no pass", pacer: rescanPacer{}, idle: true},
+		{name: "first step on an idle read", pacer: rescanPacer{to: 1 << 20}, idle: true, wantOK: true, hi: rescanFirst},
+		{name: "last step of a pass", pacer: rescanPacer{lo: 100, to: 300, span: 500}, idle: true, wantOK: true, lo: 100, hi: 300},
+		{name: "busy read within rescanPause", pacer: rescanPacer{to: 1 << 20, stepAt: now.Add(-rescanPause / 2)}},
+		{name: "busy read after rescanPause", pacer: rescanPacer{to: 1 << 20, stepAt: now.Add(-rescanPause)}, wantOK: true, hi: rescanFirst},
+		{name: "within the spacing", idle: true,
+			pacer: rescanPacer{to: 1 << 20, span: 1000, last: time.Millisecond, stepAt: now.Add(-stepSpacing*time.Millisecond + time.Microsecond)}},
+		{name: "after the spacing", idle: true, wantOK: true, hi: 1000,
+			pacer: rescanPacer{to: 1 << 20, span: 1000, last: time.Millisecond, stepAt: now.Add(-stepSpacing * time.Millisecond)}},
+		{name: "slow step's pause capped", idle: true, wantOK: true, hi: 1000,
+			pacer: rescanPacer{to: 1 << 20, span: 1000, last: time.Hour, stepAt: now.Add(-maxStepPause)}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := tc.pacer
+			lo, hi, ok := s.due(now, tc.idle)
+			if ok != tc.wantOK || lo != tc.lo || hi != tc.hi {
+				t.Errorf("due = (%d, %d], %v; want (%d, %d], %v", lo, hi, ok, tc.lo, tc.hi, tc.wantOK)
+			}
+		})
+	}
+}
+
+// A step's span halves after a step over twice stepTarget (not below
+// rescanMin), doubles after one under half of it (not above rescanSpan),
+// and the pass moves on to the step's end.
+func TestRescanPacerTookAdaptsTheSpan(t *testing.T) {
+	t.Parallel()
+	start := time.Now()
+	cases := []struct {
+		name     string
+		span     int64
+		took     time.Duration
+		wantSpan int64
+	}{
+		{name: "slow step", span: 4000, took: 3 * stepTarget, wantSpan: 2000},
+		{name: "slow step at the least", span: rescanMin, took: 3 * stepTarget, wantSpan: rescanMin},
+		{name: "fast step", span: 4000, took: stepTarget / 4, wantSpan: 8000},
+		{name: "fast step at the most", span: rescanSpan, took: stepTarget / 4, wantSpan: rescanSpan},
+		{name: "on target", span: 4000, took: stepTarget, wantSpan: 4000},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := rescanPacer{to: 1 << 20, span: tc.span}
+			s.took(777, start, start.Add(tc.took))
+			if s.span != tc.wantSpan || s.lo != 777 || s.last != tc.took || !s.stepAt.Equal(start.Add(tc.took)) {
+				t.Errorf("after a step of %v: span %d, lo %d, last %v; want span %d, lo 777, last %v",
+					tc.took, s.span, s.lo, s.last, tc.wantSpan, tc.took)
+			}
+		})
+	}
+}
+
+// A periodic pass starts once every has passed since the last began, and
+// never while one runs; pass starts a pass and leaves that timer as it is.
+func TestRescanPacerStartsPasses(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	cases := []struct {
+		name           string
+		pacer          rescanPacer
+		wantLo, wantTo int64
+		wantAt         time.Time
+	}{
+		{name: "due", pacer: rescanPacer{at: now.Add(-time.Hour)}, wantTo: 900, wantAt: now},
+		{name: "not yet", pacer: rescanPacer{at: now.Add(-time.Minute)}, wantAt: now.Add(-time.Minute)},
+		{name: "a pass runs", pacer: rescanPacer{lo: 10, to: 20, at: now.Add(-time.Hour)}, wantLo: 10, wantTo: 20, wantAt: now.Add(-time.Hour)},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := tc.pacer
+			s.startEvery(now, 30*time.Minute, 900)
+			if s.lo != tc.wantLo || s.to != tc.wantTo || !s.at.Equal(tc.wantAt) {
+				t.Errorf("startEvery: (%d, %d] at %v; want (%d, %d] at %v", s.lo, s.to, s.at, tc.wantLo, tc.wantTo, tc.wantAt)
+			}
+		})
+	}
+	s := rescanPacer{at: now.Add(-time.Minute)}
+	if s.pass(500); s.lo != 0 || s.to != 500 || !s.at.Equal(now.Add(-time.Minute)) || !s.passing() {
+		t.Errorf("pass(500): (%d, %d] at %v, passing %v; want (0, 500], the timer kept", s.lo, s.to, s.at, s.passing())
 	}
 }

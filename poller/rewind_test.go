@@ -3,6 +3,7 @@ package poller
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -370,5 +371,44 @@ func TestFailedBatchInFlightLeavesTheRowThatTookItsID(t *testing.T) {
 	})
 	if dead || attempts != 0 {
 		t.Fatalf("the row that took the id: dead %v, attempts %d; want delivered, never failed (the failure of the row sent before was written to it)", dead, attempts)
+	}
+}
+
+// A read on another epoch restarts the read state from the saved cursor;
+// so does a read on another server after the first; a sequence below the
+// highest value seen restarts it cold; a read that agrees stands and
+// raises the sequence floor.
+func TestEpochWatchJudgesEachRead(t *testing.T) {
+	t.Parallel()
+	log := slog.New(slog.DiscardHandler)
+	cases := []struct {
+		name       string
+		watch      epochWatch
+		res        store.ReadResult
+		wantReason string
+		wantCold   bool
+		wantFloor  int64
+	}{
+		{name: "first read", watch: newEpochWatch("e1"), res: store.ReadResult{Epoch: "e1", Incarnation: "s1", SeqLast: 10}, wantFloor: 10},
+		{name: "new epoch", watch: newEpochWatch("e1"), res: store.ReadResult{Epoch: "e2", Incarnation: "s1", SeqLast: 10}, wantReason: restartEpoch},
+		{name: "new server", watch: epochWatch{epoch: "e1", incarnation: "s1", seqFloor: 10},
+			res: store.ReadResult{Epoch: "e1", Incarnation: "s2", SeqLast: 10}, wantReason: restartIncarnation, wantFloor: 10},
+		{name: "sequence back", watch: epochWatch{epoch: "e1", incarnation: "s1", seqFloor: 10},
+			res: store.ReadResult{Epoch: "e1", Incarnation: "s1", SeqLast: 9}, wantReason: restartSequence, wantCold: true, wantFloor: 10},
+		{name: "sequence unreadable", watch: epochWatch{epoch: "e1", incarnation: "s1", seqFloor: 10},
+			res: store.ReadResult{Epoch: "e1", Incarnation: "s1", SeqLast: -1}, wantFloor: 10},
+		{name: "sequence on", watch: epochWatch{epoch: "e1", incarnation: "s1", seqFloor: 10},
+			res: store.ReadResult{Epoch: "e1", Incarnation: "s1", SeqLast: 12}, wantFloor: 12},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			w := tc.watch
+			reason, cold := w.idsReused(tc.res, 5, log)
+			if reason != tc.wantReason || cold != tc.wantCold || w.seqFloor != tc.wantFloor {
+				t.Errorf("idsReused = %q, cold %v, floor %d; want %q, cold %v, floor %d",
+					reason, cold, w.seqFloor, tc.wantReason, tc.wantCold, tc.wantFloor)
+			}
+		})
 	}
 }

@@ -40,3 +40,31 @@ func (s *sentMemory) note(a store.Aggregate, id int64) {
 // mark is the sent mark a successor needs: no id above it was handed on to
 // the sink by this holder or the ones before it.
 func (s *sentMemory) mark() int64 { return max(s.handed, s.top) }
+
+// handedOn sets the sent mark the holders before handed on (loaded with
+// the cursor).
+func (s *sentMemory) handedOn(mark int64) { s.handed = mark }
+
+// handedMark is the sent mark the holders before handed on.
+func (s *sentMemory) handedMark() int64 { return s.handed }
+
+// generation is the memory's generation: it moves on each time the memory
+// is cleared.
+func (s *sentMemory) generation() int { return s.gen }
+
+// laterSent says whether a row of aggregate a later than id went first,
+// for a row whose gap was given up at generation gen: a later row is
+// remembered (after: that row), or the memory forgot a since then (after:
+// the highest id sent).
+func (s *sentMemory) laterSent(a store.Aggregate, id int64, gen int) (after int64, late bool) {
+	after, known := s.last[a]
+	switch {
+	case !known && gen == s.gen:
+		return 0, false // nothing of its aggregate sent since it was given up
+	case known && after < id:
+		return 0, false
+	case !known:
+		after = s.top
+	}
+	return after, true
+}

@@ -6,9 +6,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/outboxd/outboxd/store"
 )
 
-// The per-aggregate memory of what was sent (reader.lastSent) is bounded:
+// The per-aggregate memory of what was sent (sentMemory) is bounded:
 // past maxLastSent aggregates it is cleared and its generation bumped. A
 // gap given up before a clear whose aggregate is unknown after it may
 // have had a later row sent meanwhile: its late commit is warned and
@@ -81,4 +83,58 @@ func TestSentMarkPassesThroughAHolderThatSentLess(t *testing.T) {
 	e.waitFor("the late row delivered", time.Minute, func() bool { return e.delivered(lower.id) })
 	oneTerm(t, logs3)
 	expectLateCommit(t, logs3, r3, lower.id, higher)
+}
+
+// A later row of an aggregate that went first makes a given-up gap late;
+// an earlier one does not; a memory cleared since the gap was given up
+// says late after the highest id sent; nothing sent and no clear says
+// order kept. The bound clears the memory and moves the generation on
+// (limit 2: a third aggregate clears it).
+func TestSentMemoryJudgesLaterRows(t *testing.T) {
+	t.Parallel()
+	a, b, c := store.Aggregate{Type: "deal", ID: "A"}, store.Aggregate{Type: "deal", ID: "B"}, store.Aggregate{Type: "deal", ID: "C"}
+	cases := []struct {
+		name      string
+		limit     int
+		sent      map[store.Aggregate]int64 // noted in key order a, b, c
+		handed    int64
+		id        int64
+		gen       int // the gap's generation
+		wantAfter int64
+		wantLate  bool
+		wantGen   int
+		wantMark  int64
+	}{
+		{name: "later row sent", sent: map[store.Aggregate]int64{a: 10}, id: 5, wantAfter: 10, wantLate: true, wantMark: 10},
+		{name: "earlier row sent", sent: map[store.Aggregate]int64{a: 3}, id: 5, wantMark: 3},
+		{name: "nothing sent", id: 5},
+		{name: "another aggregate sent", sent: map[store.Aggregate]int64{b: 9}, id: 5, wantMark: 9},
+		{name: "cleared before the gap was given up", limit: 2, sent: map[store.Aggregate]int64{a: 6, b: 7, c: 8}, id: 5, gen: 1,
+			wantGen: 1, wantMark: 8},
+		{name: "cleared since the gap was given up", limit: 2, sent: map[store.Aggregate]int64{a: 6, b: 7, c: 8}, id: 5, gen: 0,
+			wantAfter: 8, wantLate: true, wantGen: 1, wantMark: 8},
+		{name: "mark handed on above own", sent: map[store.Aggregate]int64{a: 3}, handed: 40, id: 50, wantMark: 40},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := sentMemory{limit: tc.limit}
+			s.handedOn(tc.handed)
+			for _, agg := range []store.Aggregate{a, b, c} {
+				if id, ok := tc.sent[agg]; ok {
+					s.note(agg, id)
+				}
+			}
+			after, late := s.laterSent(a, tc.id, tc.gen)
+			if after != tc.wantAfter || late != tc.wantLate {
+				t.Errorf("laterSent(%d) = %d, %v; want %d, %v", tc.id, after, late, tc.wantAfter, tc.wantLate)
+			}
+			if g := s.generation(); g != tc.wantGen {
+				t.Errorf("generation %d, want %d", g, tc.wantGen)
+			}
+			if m := s.mark(); m != tc.wantMark {
+				t.Errorf("mark %d, want %d", m, tc.wantMark)
+			}
+		})
+	}
 }
