@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -135,11 +136,11 @@ func TestConcurrencyLimitAnswers503WithRetryAfter(t *testing.T) {
 	t.Parallel()
 	st, id := deadRow(t)
 	entered, release := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
 	status := func(ctx context.Context) (any, error) {
-		select {
-		case entered <- struct{}{}:
+		if first.CompareAndSwap(false, true) { // the request holding the place
+			close(entered)
 			<-release
-		default: // not the request holding the place
 		}
 		return map[string]string{}, nil
 	}
