@@ -3,7 +3,6 @@ package dispatch
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"net"
 	"net/http/httptrace"
@@ -11,11 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 )
-
-// ErrDeadlinePassed: a request was not written because its context's
-// deadline (for outboxd, the lock's trust deadline) had passed when the
-// bytes were about to reach the socket.
-var ErrDeadlinePassed = errors.New("dispatch: deadline passed before the request was written")
 
 // deadlineConn refuses a Write once the current request's deadline has
 // passed. The check sits right before the write syscall: a sender frozen
@@ -44,11 +38,6 @@ func dialDeadlineConns(dial func(ctx context.Context, network, addr string) (net
 		return &deadlineConn{Conn: c}, nil
 	}
 }
-
-// ErrInterim: the receiver answered with an interim (1xx) status other
-// than 100 Continue or 103 Early Hints, or switched protocols (101): the
-// request has no final status, so it is not delivered.
-var ErrInterim = errors.New("interim or protocol-switching answer instead of a final status")
 
 // sendGuard is one request's hold on its connection (armSend).
 type sendGuard struct {

@@ -303,7 +303,7 @@ func (w *Webhook) setHeaders(h http.Header, ev Event, token int64, contentType s
 		h.Set("webhook-signature", sig)
 	}
 	if w.ce.Enabled && w.ce.Mode != CloudEventsStructured {
-		for _, a := range w.ce.binary(ev, HTTPBinding) {
+		for _, a := range w.ce.Binary(ev, HTTPBinding) {
 			h.Set(a.Key, a.Value)
 		}
 	}
@@ -324,7 +324,7 @@ func (w *Webhook) setTraceHeaders(h http.Header, ev Event) {
 	h.Set("traceparent", tp)
 	// tracestate belongs to its traceparent: forwarded only beside a
 	// valid one, and only if it can be a header (W3C: at most 512).
-	if ts, ok := traceHeader(ev.Headers, "tracestate"); ok && ts != "" && len(ts) <= 512 && headerSafe(ts) {
+	if ts, ok := traceHeader(ev.Headers, "tracestate"); ok && ts != "" && len(ts) <= 512 && HeaderSafe(ts) {
 		h.Set("tracestate", ts)
 	}
 }
@@ -355,7 +355,7 @@ func (w *Webhook) readResponse(ev Event, resp *http.Response) error {
 // envelope, or in CloudEvents structured mode the event.
 func (w *Webhook) body(ev Event) ([]byte, string, error) {
 	if w.ce.Enabled && w.ce.Mode == CloudEventsStructured {
-		return w.ce.structured(ev), MediaTypeCloudEventsJSON, nil
+		return w.ce.Structured(ev), MediaTypeCloudEventsJSON, nil
 	}
 	if len(ev.Headers) == 0 {
 		ev.Headers = json.RawMessage(`{}`)
