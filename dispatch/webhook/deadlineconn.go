@@ -1,4 +1,4 @@
-package dispatch
+package webhook
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"net/textproto"
 	"sync/atomic"
 	"time"
+
+	"github.com/outboxd/outboxd/dispatch"
 )
 
 // deadlineConn refuses a Write once the current request's deadline has
@@ -23,7 +25,7 @@ type deadlineConn struct {
 
 func (c *deadlineConn) Write(p []byte) (int, error) {
 	if u := c.until.Load(); u != 0 && time.Now().UnixNano() >= u {
-		return 0, ErrDeadlinePassed
+		return 0, dispatch.ErrDeadlinePassed
 	}
 	return c.Conn.Write(p)
 }
@@ -55,10 +57,10 @@ type sendGuard struct {
 //     the peer does, including the paths net/http leaves to the caller (the
 //     raw connection of a 101 answer ignores the request's context).
 //
-// Interim answers other than 100 and 103 end the request with ErrInterim
-// (net/http reports them through the trace only). Call release once the
-// response is done with: after it, ctx ending no longer touches the
-// connection, which may be reused.
+// Interim answers other than 100 and 103 end the request with
+// dispatch.ErrInterim (net/http reports them through the trace only). Call
+// release once the response is done with: after it, ctx ending no longer
+// touches the connection, which may be reused.
 func armSend(ctx context.Context) (context.Context, *sendGuard) {
 	var until int64
 	if d, ok := ctx.Deadline(); ok {
@@ -93,7 +95,7 @@ func armSend(ctx context.Context) (context.Context, *sendGuard) {
 			if code == 100 || code == 103 {
 				return nil
 			}
-			return fmt.Errorf("receiver answered %d: %w", code, ErrInterim)
+			return fmt.Errorf("receiver answered %d: %w", code, dispatch.ErrInterim)
 		},
 	}), g
 }

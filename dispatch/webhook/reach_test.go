@@ -1,4 +1,4 @@
-package dispatch_test
+package webhook_test
 
 import (
 	"context"
@@ -14,12 +14,12 @@ import (
 
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
-	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/dispatch/webhook"
 )
 
 // reachRequest sends event() through a webhook built from cfg (its URL set
 // here) and returns what the receiver got.
-func reachRequest(t *testing.T, cfg dispatch.WebhookConfig) (http.Header, []byte) {
+func reachRequest(t *testing.T, cfg webhook.Config) (http.Header, []byte) {
 	t.Helper()
 	var h http.Header
 	var body []byte
@@ -28,7 +28,7 @@ func reachRequest(t *testing.T, cfg dispatch.WebhookConfig) (http.Header, []byte
 	}))
 	defer srv.Close()
 	cfg.URL = srv.URL
-	w, err := dispatch.NewWebhook(cfg)
+	w, err := webhook.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func reachRequest(t *testing.T, cfg dispatch.WebhookConfig) (http.Header, []byte
 // Static headers reach the receiver beside the contract's own, and every
 // request names outboxd in its User-Agent.
 func TestWebhookStaticHeadersAndUserAgent(t *testing.T) {
-	h, _ := reachRequest(t, dispatch.WebhookConfig{
+	h, _ := reachRequest(t, webhook.Config{
 		Headers:   map[string]string{"x-api-key": "k-123", "X-Tenant": "acme"},
 		UserAgent: "outboxd/v1.2.3",
 	})
@@ -51,7 +51,7 @@ func TestWebhookStaticHeadersAndUserAgent(t *testing.T) {
 			t.Errorf("%s: %q, want %q", name, got, want)
 		}
 	}
-	if h, _ := reachRequest(t, dispatch.WebhookConfig{}); !strings.HasPrefix(h.Get("User-Agent"), "outboxd") {
+	if h, _ := reachRequest(t, webhook.Config{}); !strings.HasPrefix(h.Get("User-Agent"), "outboxd") {
 		t.Errorf("User-Agent %q without a version given, want outboxd", h.Get("User-Agent"))
 	}
 }
@@ -60,22 +60,22 @@ func TestWebhookStaticHeadersAndUserAgent(t *testing.T) {
 // refused at construction, the error naming the header and not its value.
 func TestWebhookStaticHeadersCannotReplaceTheContractsOwn(t *testing.T) {
 	for _, name := range []string{"content-type", "Idempotency-Key", "X-Fencing-Token", "webhook-id", "Webhook-Signature", "User-Agent", "ce-id", "traceparent"} {
-		_, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: "http://127.0.0.1:1/x", Headers: map[string]string{name: "s3cret-value"}})
-		if !errors.Is(err, dispatch.ErrReservedHeader) || strings.Contains(err.Error(), "s3cret-value") {
+		_, err := webhook.New(webhook.Config{URL: "http://127.0.0.1:1/x", Headers: map[string]string{name: "s3cret-value"}})
+		if !errors.Is(err, webhook.ErrReservedHeader) || strings.Contains(err.Error(), "s3cret-value") {
 			t.Errorf("header %s: %v, want ErrReservedHeader without the value", name, err)
 		}
 	}
 	for _, bad := range []map[string]string{{"X-A": "v\r\nX-Injected: 1"}, {"X A": "v"}, {"": "v"}} {
-		if _, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: "http://127.0.0.1:1/x", Headers: bad}); err == nil {
+		if _, err := webhook.New(webhook.Config{URL: "http://127.0.0.1:1/x", Headers: bad}); err == nil {
 			t.Errorf("headers %q accepted", bad)
 		}
 	}
-	got, err := dispatch.ParseHeaderLines("# comment\nX-Api-Key: a: b\n\nx-other:  c \n")
+	got, err := webhook.ParseHeaderLines("# comment\nX-Api-Key: a: b\n\nx-other:  c \n")
 	if err != nil || len(got) != 2 || got["X-Api-Key"] != "a: b" || got["X-Other"] != "c" {
 		t.Errorf("ParseHeaderLines: %v %v", got, err)
 	}
 	for _, text := range []string{"X-Api-Key s3cret", "Webhook-Id: s3cret", "X-A: 1\nx-a: s3cret"} {
-		if _, err := dispatch.ParseHeaderLines(text); err == nil || strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "line ") {
+		if _, err := webhook.ParseHeaderLines(text); err == nil || strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "line ") {
 			t.Errorf("ParseHeaderLines(%q): %v, want an error naming the line, not the value", text, err)
 		}
 	}
@@ -98,7 +98,7 @@ func TestWebhookAsymmetricSignatureVerifies(t *testing.T) {
 		"private key": "whsk_" + base64.StdEncoding.EncodeToString(priv),
 	} {
 		t.Run(name, func(t *testing.T) {
-			h, body := reachRequest(t, dispatch.WebhookConfig{Secret: secret, SigningKey: key})
+			h, body := reachRequest(t, webhook.Config{Secret: secret, SigningKey: key})
 			var v1a []string
 			for _, s := range strings.Split(h.Get("webhook-signature"), " ") {
 				if sig, ok := strings.CutPrefix(s, "v1a,"); ok {
@@ -135,7 +135,7 @@ func TestWebhookAsymmetricSignatureVerifies(t *testing.T) {
 	copy(other, priv.Seed())
 	for _, bad := range []string{"whsec_" + base64.StdEncoding.EncodeToString(priv.Seed()), "whsk_%%%", "whsk_" + base64.StdEncoding.EncodeToString([]byte("short")),
 		"whsk_" + base64.StdEncoding.EncodeToString(other)} {
-		if _, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: "http://127.0.0.1:1/x", SigningKey: bad}); err == nil {
+		if _, err := webhook.New(webhook.Config{URL: "http://127.0.0.1:1/x", SigningKey: bad}); err == nil {
 			t.Errorf("signing key %q accepted", bad)
 		}
 	}
