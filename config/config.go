@@ -498,7 +498,7 @@ func checkUnknown(v *viper.Viper) error {
 var listKeys = []string{"dispatch.webhook.secret"}
 
 // joinLists turns a list given for one of keys into one string, an entry
-// per line: the reader splits it there (dispatch.ParseSecrets), as it does
+// per line: the reader splits it there (webhook.ParseSecrets), as it does
 // a secret_file holding one per line.
 func joinLists(v *viper.Viper, keys ...string) error {
 	for _, k := range keys {

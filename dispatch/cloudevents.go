@@ -110,8 +110,10 @@ func (ce CloudEvents) Attributes(ev Event, prefix string) []Header {
 	}
 }
 
-// binary is ev's binary-mode headers in binding b.
-func (ce CloudEvents) binary(ev Event, b Binding) []Header {
+// Binary is ev's binary-mode headers in binding b: the attributes under
+// b.Prefix, the data's media type where b names a header for it, values
+// percent-encoded when b says so.
+func (ce CloudEvents) Binary(ev Event, b Binding) []Header {
 	hs := ce.Attributes(ev, b.Prefix)
 	switch {
 	case b.ContentTypeHeader != "":
@@ -141,10 +143,10 @@ type structuredEvent struct {
 	DataBase64      []byte          `json:"data_base64,omitempty"`
 }
 
-// structured is ev in the JSON event format: data is the payload JSON (a
+// Structured is ev in the JSON event format: data is the payload JSON (a
 // payload that is not JSON, which a jsonb column cannot hold, goes as
 // data_base64).
-func (ce CloudEvents) structured(ev Event) []byte {
+func (ce CloudEvents) Structured(ev Event) []byte {
 	a := ce.Attributes(ev, "")
 	e := structuredEvent{SpecVersion: a[0].Value, ID: a[1].Value, Source: a[2].Value, Type: a[3].Value, Time: a[4].Value,
 		DataContentType: MediaTypeJSON, AggregateType: a[5].Value, AggregateID: a[6].Value}

@@ -115,7 +115,7 @@ var kindRules = [...]func(NameRules, string) error{
 // controlFree refuses placeholder values holding a control character.
 func controlFree(values []string) error {
 	for _, v := range values {
-		if !headerSafe(v) {
+		if !HeaderSafe(v) {
 			return errors.New("a row value holds a control character")
 		}
 	}

@@ -129,12 +129,12 @@ func Encode(ev Event, token int64, ce CloudEvents, b Binding) Message {
 	switch {
 	case !ce.Enabled:
 	case ce.Mode == CloudEventsStructured:
-		m.Body, m.ContentType = ce.structured(ev), MediaTypeCloudEventsJSON
+		m.Body, m.ContentType = ce.Structured(ev), MediaTypeCloudEventsJSON
 		if name := cmp.Or(b.ContentTypeHeader, b.FormatHeader); name != "" {
 			ceHeaders = []Header{{name, MediaTypeCloudEventsJSON}}
 		}
 	default:
-		ceHeaders = ce.binary(ev, b)
+		ceHeaders = ce.Binary(ev, b)
 	}
 	taken := func(name string) bool {
 		return slices.ContainsFunc(hs, func(h Header) bool { return strings.EqualFold(h.Key, name) }) ||
@@ -152,7 +152,7 @@ func Encode(ev Event, token int64, ce CloudEvents, b Binding) Message {
 				continue // no value: no header (not "" or "null"), and nothing lost to warn about
 			}
 			v := headerValue(row[k])
-			if k == "" || taken(k) || !headerSafe(k) || !headerSafe(v) {
+			if k == "" || taken(k) || !HeaderSafe(k) || !HeaderSafe(v) {
 				m.Dropped = append(m.Dropped, k)
 				continue
 			}
@@ -172,9 +172,10 @@ func headerValue(raw json.RawMessage) string {
 	return string(raw)
 }
 
-// headerSafe: free of control characters, which protocols refuse or split
-// on (NATS headers are lines: a CR/LF would inject another header).
-func headerSafe(s string) bool {
+// HeaderSafe reports whether s is free of control characters, which
+// protocols refuse or split on (NATS headers are lines: a CR/LF would
+// inject another header).
+func HeaderSafe(s string) bool {
 	for i := 0; i < len(s); i++ {
 		if s[i] < ' ' || s[i] == 0x7f {
 			return false

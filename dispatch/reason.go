@@ -24,6 +24,17 @@ const (
 // FailureReasons lists every value FailureReason returns.
 var FailureReasons = []string{ReasonHTTP3xx, ReasonHTTP4xx, ReasonHTTP5xx, ReasonTimeout, ReasonRefused, ReasonConnection, ReasonRejected, ReasonOther}
 
+// ErrDeadlinePassed: a request was not written because its context's
+// deadline (for outboxd, the lock's trust deadline) had passed when the
+// bytes were about to reach the socket. FailureReason counts it a timeout.
+var ErrDeadlinePassed = errors.New("dispatch: deadline passed before the request was written")
+
+// ErrInterim: the receiver answered with an interim (1xx) status other
+// than 100 Continue or 103 Early Hints, or switched protocols (101): the
+// request has no final status, so it is not delivered. FailureReason
+// counts it a connection failure.
+var ErrInterim = errors.New("interim or protocol-switching answer instead of a final status")
+
 // FailureReason classifies a failed send's error into one of
 // FailureReasons.
 func FailureReason(err error) string {

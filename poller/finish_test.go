@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/dispatch/webhook"
 	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -54,9 +55,9 @@ func TestBackoffHasAFloorAndRetryAfterAStop(t *testing.T) {
 			}
 		}
 	}
-	it := item{err: &dispatch.Error{Err: fmt.Errorf("429"), RetryAfter: dispatch.MaxRetryAfter}}
+	it := item{err: &dispatch.Error{Err: fmt.Errorf("429"), RetryAfter: webhook.MaxRetryAfter}}
 	if d := p.failure(it).Delay; d != time.Hour {
-		t.Fatalf("Retry-After of %s scheduled %s ahead, want backoff_max (1h)", dispatch.MaxRetryAfter, d)
+		t.Fatalf("Retry-After of %s scheduled %s ahead, want backoff_max (1h)", webhook.MaxRetryAfter, d)
 	}
 	lo, hi := RetryHorizon(cfg)
 	// 1+2+...+2048 s, then 12 steps of an hour: 47,295 s; the floor half that.

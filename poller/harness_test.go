@@ -19,7 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/dispatch/webhook"
 	"github.com/outboxd/outboxd/internal/metrics"
 	"github.com/outboxd/outboxd/internal/term"
 	"github.com/outboxd/outboxd/internal/testenv"
@@ -104,7 +104,7 @@ func (e *env) poller(cfg testCfg, lockPrefix string) *runner {
 		lockPrefix = e.prefix
 	}
 	cfg.KeyPrefix = e.prefix
-	sink, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: e.rc.URL(), Timeout: 5 * time.Second, Concurrency: cfg.Concurrency})
+	sink, err := webhook.New(webhook.Config{URL: e.rc.URL(), Timeout: 5 * time.Second, Concurrency: cfg.Concurrency})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -256,7 +256,7 @@ func childMain() bool {
 	prefix := os.Getenv("C_PREFIX")
 	cfg := testConfig()
 	cfg.Concurrency, _ = strconv.Atoi(os.Getenv("C_CONC"))
-	sink, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: os.Getenv("C_URL"), Timeout: 30 * time.Second, Concurrency: cfg.Concurrency})
+	sink, err := webhook.New(webhook.Config{URL: os.Getenv("C_URL"), Timeout: 30 * time.Second, Concurrency: cfg.Concurrency})
 	if err != nil {
 		fail(err)
 	}
@@ -303,7 +303,7 @@ func (e *env) privatePostgres() (*testenv.PostgresServer, *store.Store) {
 // loggedRunner is a runner whose log lines (debug included) the test reads.
 func (e *env) loggedRunner(cfg testCfg) (*runner, *testkit.Logs) {
 	cfg.KeyPrefix = e.prefix
-	sink, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: e.rc.URL(), Timeout: 5 * time.Second, Concurrency: cfg.Concurrency})
+	sink, err := webhook.New(webhook.Config{URL: e.rc.URL(), Timeout: 5 * time.Second, Concurrency: cfg.Concurrency})
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/dispatch/webhook"
 	"github.com/outboxd/outboxd/internal/testkit"
 	"github.com/outboxd/outboxd/store"
 )
@@ -33,7 +34,7 @@ func (e *env) enqueue(aggs ...string) {
 func (e *env) slowPoller() *runner {
 	cfg := testConfig()
 	cfg.LockTTL = 5 * time.Minute
-	sink, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: e.rc.URL(), Timeout: 5 * time.Minute, Concurrency: cfg.Concurrency})
+	sink, err := webhook.New(webhook.Config{URL: e.rc.URL(), Timeout: 5 * time.Minute, Concurrency: cfg.Concurrency})
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -13,8 +13,8 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.39.0"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/dispatch/traced"
+	"github.com/outboxd/outboxd/dispatch/webhook"
 	"github.com/outboxd/outboxd/internal/testkit"
 	"github.com/outboxd/outboxd/store"
 )
@@ -40,11 +40,11 @@ func TestBatchSpanTree(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	defer func() { _ = tp.Shutdown(ctx) }()
 	cfg := testConfig()
-	webhook, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: e.rc.URL(), Timeout: 5 * time.Second})
+	sink, err := webhook.New(webhook.Config{URL: e.rc.URL(), Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := e.pollerWith(cfg, traced.Wrap(webhook, tp, traced.Options{System: "webhook"}))
+	r := e.pollerWith(cfg, traced.Wrap(sink, tp, traced.Options{System: "webhook"}))
 	r.spans = tracer(tp)
 	stop := e.run(r)
 	e.rc.WaitDelivered(t, 10*time.Second, 2)

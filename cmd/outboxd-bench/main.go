@@ -35,6 +35,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/dispatch/webhook"
 	"github.com/outboxd/outboxd/internal/metrics"
 	"github.com/outboxd/outboxd/lock/redislease"
 	"github.com/outboxd/outboxd/migrations"
@@ -248,7 +249,7 @@ func drain(ctx context.Context, sinkName string) drainResult {
 	if sinkName == "webhook" {
 		url, closeSrv := receiver(nil)
 		defer closeSrv()
-		w, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: url, Concurrency: *conc})
+		w, err := webhook.New(webhook.Config{URL: url, Concurrency: *conc})
 		check(err)
 		sink = w
 	}
@@ -315,7 +316,7 @@ func steady(ctx context.Context, notify bool) [4]float64 {
 		mu.Unlock()
 	})
 	defer closeSrv()
-	w, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: url, Concurrency: *conc})
+	w, err := webhook.New(webhook.Config{URL: url, Concurrency: *conc})
 	check(err)
 	stop := run(e.poller(w, notify))
 	defer stop()
@@ -396,7 +397,7 @@ func wake(ctx context.Context, notify bool, samples int) []float64 {
 	got := make(chan time.Time, 1)
 	url, closeSrv := receiver(func(int64) { got <- time.Now() })
 	defer closeSrv()
-	w, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: url, Concurrency: *conc})
+	w, err := webhook.New(webhook.Config{URL: url, Concurrency: *conc})
 	check(err)
 	stop := run(e.poller(w, notify))
 	defer stop()

@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/dispatch/webhook"
 	"github.com/outboxd/outboxd/store"
 )
 
@@ -70,7 +71,7 @@ func receive(ctx context.Context, args []string) error {
 		if *secret != "" {
 			ts, _ := strconv.ParseInt(r.Header.Get("webhook-timestamp"), 10, 64)
 			sig = "signature ok"
-			if r.Header.Get("webhook-signature") != dispatch.Sign([]byte(*secret), r.Header.Get("webhook-id"), ts, body) {
+			if r.Header.Get("webhook-signature") != webhook.Sign([]byte(*secret), r.Header.Get("webhook-id"), ts, body) {
 				sig = "SIGNATURE MISMATCH"
 			}
 		}

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/config"
-	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/dispatch/webhook"
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
@@ -44,14 +44,14 @@ func TestBinaryRefusesValuesThatCannotWork(t *testing.T) {
 	}
 	bigHeaders := file("big-headers", "X-A: 1\n"+strings.Repeat("# short lines\n", config.SecretFileLimit/14+1))
 	var many strings.Builder
-	for i := range dispatch.MaxStaticHeaders + 1 {
+	for i := range webhook.MaxStaticHeaders + 1 {
 		fmt.Fprintf(&many, "X-H%d: v\n", i)
 	}
 	manyHeaders := file("many-headers", many.String())
-	longHeader := file("long-header", "X-Long: "+strings.Repeat("x", dispatch.MaxStaticHeaderBytes)+"\n")
+	longHeader := file("long-header", "X-Long: "+strings.Repeat("x", webhook.MaxStaticHeaderBytes)+"\n")
 	bigConfig := file("big.yaml", "log:\n  level: info\n#"+strings.Repeat("x", config.LargeFileLimit)+"\n")
 	set := func(kv string) []string { return []string{"--set", kv} }
-	webhook := func(kv string) []string { return []string{"--set", "dispatch.sink=webhook", "--set", kv} }
+	withWebhook := func(kv string) []string { return []string{"--set", "dispatch.sink=webhook", "--set", kv} }
 	for _, tc := range []struct {
 		key  string
 		args []string
@@ -63,12 +63,12 @@ func TestBinaryRefusesValuesThatCannotWork(t *testing.T) {
 		{"postgres.dsn_file", set("postgres.dsn_file=/dev/zero")},
 		{"postgres.dsn_file", set("postgres.dsn_file=" + fifo)},
 		{"dispatch.webhook.secret_file", set("dispatch.webhook.secret_file=" + fifo)},
-		{"dispatch.webhook.headers_file", webhook("dispatch.webhook.headers_file=/dev/zero")},
-		{"dispatch.webhook.headers_file", webhook("dispatch.webhook.headers_file=" + fifo)},
-		{"dispatch.webhook.headers_file", webhook("dispatch.webhook.headers_file=" + dir)},
-		{"dispatch.webhook.headers_file", webhook("dispatch.webhook.headers_file=" + bigHeaders)},
-		{"dispatch.webhook.headers_file", webhook("dispatch.webhook.headers_file=" + manyHeaders)},
-		{"dispatch.webhook.headers_file", webhook("dispatch.webhook.headers_file=" + longHeader)},
+		{"dispatch.webhook.headers_file", withWebhook("dispatch.webhook.headers_file=/dev/zero")},
+		{"dispatch.webhook.headers_file", withWebhook("dispatch.webhook.headers_file=" + fifo)},
+		{"dispatch.webhook.headers_file", withWebhook("dispatch.webhook.headers_file=" + dir)},
+		{"dispatch.webhook.headers_file", withWebhook("dispatch.webhook.headers_file=" + bigHeaders)},
+		{"dispatch.webhook.headers_file", withWebhook("dispatch.webhook.headers_file=" + manyHeaders)},
+		{"dispatch.webhook.headers_file", withWebhook("dispatch.webhook.headers_file=" + longHeader)},
 		{"--config", []string{"--config", "/dev/zero"}},
 		{"--config", []string{"--config", fifo}},
 		{"--config", []string{"--config", dir}},

@@ -39,6 +39,7 @@ import (
 	"github.com/outboxd/outboxd/dispatch/sinktest"
 	"github.com/outboxd/outboxd/dispatch/sns"
 	"github.com/outboxd/outboxd/dispatch/sqs"
+	"github.com/outboxd/outboxd/dispatch/webhook"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testkit"
 )
@@ -146,7 +147,7 @@ func webhookTarget(*testing.T) func(t *testing.T) sinktest.Target {
 			mu.Unlock()
 		}))
 		t.Cleanup(srv.Close)
-		w, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: srv.URL, Concurrency: 4})
+		w, err := webhook.New(webhook.Config{URL: srv.URL, Concurrency: 4})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/app"
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/dispatch/webhook"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testkit"
 	"github.com/outboxd/outboxd/store"
@@ -67,7 +68,7 @@ func checkContract(t *testing.T, reqs []testkit.Request, secret []byte) {
 			t.Errorf("event %d: headers %v", ev.ID, h)
 		}
 		ts, _ := strconv.ParseInt(h.Get("webhook-timestamp"), 10, 64)
-		if want := dispatch.Sign(secret, id, ts, r.Body); h.Get("webhook-signature") != want {
+		if want := webhook.Sign(secret, id, ts, r.Body); h.Get("webhook-signature") != want {
 			t.Errorf("event %d: signature %q, want %q", ev.ID, h.Get("webhook-signature"), want)
 		}
 		if token, err := strconv.ParseInt(h.Get("X-Fencing-Token"), 10, 64); err != nil || token < 1 {

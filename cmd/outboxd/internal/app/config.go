@@ -14,6 +14,7 @@ import (
 	"github.com/outboxd/outboxd/dispatch/pubsub"
 	"github.com/outboxd/outboxd/dispatch/rabbitmq"
 	"github.com/outboxd/outboxd/dispatch/redisstream"
+	"github.com/outboxd/outboxd/dispatch/webhook"
 	"github.com/outboxd/outboxd/poller"
 	"github.com/outboxd/outboxd/reconcile"
 )
@@ -161,7 +162,7 @@ func LoadConfig(file string, sets []string, sections ...config.Section) (*config
 		return nil, err
 	}
 	// Shown as what it is in effect (outboxd config), not as "0".
-	cfg.SetWebhookTimeouts(dispatch.DefaultWebhookTimeout)
+	cfg.SetWebhookTimeouts(webhook.DefaultTimeout)
 	return cfg, nil
 }
 

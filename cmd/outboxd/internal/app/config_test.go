@@ -10,7 +10,7 @@ import (
 
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/app"
 	"github.com/outboxd/outboxd/config"
-	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/dispatch/webhook"
 	"github.com/outboxd/outboxd/poller"
 )
 
@@ -515,7 +515,7 @@ func TestWebhookSecretList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys, err := dispatch.ParseSecrets(c.Dispatch.Webhook.Secret)
+	keys, err := webhook.ParseSecrets(c.Dispatch.Webhook.Secret)
 	if err != nil || len(keys) != 2 || string(keys[0]) != "new-secret" || string(keys[1]) != "old-secret" {
 		t.Fatalf("secrets %q (%v), want new-secret then old-secret", keys, err)
 	}

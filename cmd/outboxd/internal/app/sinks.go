@@ -21,6 +21,7 @@ import (
 	"github.com/outboxd/outboxd/dispatch/redisstream"
 	"github.com/outboxd/outboxd/dispatch/sns"
 	"github.com/outboxd/outboxd/dispatch/sqs"
+	"github.com/outboxd/outboxd/dispatch/webhook"
 	"github.com/outboxd/outboxd/internal/buildinfo"
 	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/poller"
@@ -91,7 +92,7 @@ var sinks = map[string]sinkKind{
 			if err != nil {
 				return nil, err
 			}
-			return dispatch.NewWebhook(dispatch.WebhookConfig{URL: w.URL, Secret: w.Secret, Timeout: w.Timeout, Log: a.Log,
+			return webhook.New(webhook.Config{URL: w.URL, Secret: w.Secret, Timeout: w.Timeout, Log: a.Log,
 				Concurrency: a.Cfg.Poller.Concurrency, CloudEvents: cloudEvents(d),
 				Headers: headers, SigningKey: w.SigningKey, TLS: t, UserAgent: "outboxd/" + buildinfo.Get().Version})
 		},
@@ -343,13 +344,13 @@ func checkCloudEvents(d destination) error {
 // timeout that fits the lease.
 func checkWebhook(cfg *config.Config, d destination) error {
 	w := d.d.Webhook
-	if _, err := dispatch.ParseURL(w.URL); err != nil {
+	if _, err := webhook.ParseURL(w.URL); err != nil {
 		return &config.KeyError{Key: d.key("webhook.url"), Err: err}
 	}
-	if _, err := dispatch.ParseSecrets(w.Secret); err != nil {
+	if _, err := webhook.ParseSecrets(w.Secret); err != nil {
 		return &config.KeyError{Key: cfg.SourceKey(d.key("webhook.secret")), Err: err}
 	}
-	if _, err := dispatch.ParseSigningKey(w.SigningKey); err != nil {
+	if _, err := webhook.ParseSigningKey(w.SigningKey); err != nil {
 		return &config.KeyError{Key: cfg.SourceKey(d.key("webhook.signing_key")), Err: err}
 	}
 	if _, err := webhookHeaders(d); err != nil {
@@ -375,19 +376,19 @@ func checkWebhook(cfg *config.Config, d destination) error {
 
 // webhookHeaders are d's static webhook headers, canonical names to
 // values: dispatch.webhook.headers and the lines of headers_file, each
-// checked by the webhook's rule (dispatch.CheckStaticHeader). An error
+// checked by the webhook's rule (webhook.CheckStaticHeader). An error
 // names the key and never the value.
 func webhookHeaders(d destination) (map[string]string, error) {
 	w := d.d.Webhook
 	out := map[string]string{}
 	for _, name := range slices.Sorted(maps.Keys(w.Headers)) {
-		if err := dispatch.CheckStaticHeader(name, w.Headers[name]); err != nil {
+		if err := webhook.CheckStaticHeader(name, w.Headers[name]); err != nil {
 			return nil, &config.KeyError{Key: d.key("webhook.headers." + name), Err: err}
 		}
 		out[http.CanonicalHeaderKey(name)] = w.Headers[name]
 	}
-	if len(out) > dispatch.MaxStaticHeaders {
-		return nil, &config.KeyError{Key: d.key("webhook.headers"), Err: fmt.Errorf("%d static headers, want at most %d", len(out), dispatch.MaxStaticHeaders)}
+	if len(out) > webhook.MaxStaticHeaders {
+		return nil, &config.KeyError{Key: d.key("webhook.headers"), Err: fmt.Errorf("%d static headers, want at most %d", len(out), webhook.MaxStaticHeaders)}
 	}
 	if w.HeadersFile == "" {
 		return out, nil
@@ -397,12 +398,12 @@ func webhookHeaders(d destination) (map[string]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	lines, err := dispatch.ParseHeaderLines(string(b))
+	lines, err := webhook.ParseHeaderLines(string(b))
 	if err != nil {
 		return nil, &config.KeyError{Key: key, Err: err}
 	}
-	if n := len(out) + len(lines); n > dispatch.MaxStaticHeaders {
-		return nil, &config.KeyError{Key: key, Err: fmt.Errorf("%d static headers with %s, want at most %d", n, d.key("webhook.headers"), dispatch.MaxStaticHeaders)}
+	if n := len(out) + len(lines); n > webhook.MaxStaticHeaders {
+		return nil, &config.KeyError{Key: key, Err: fmt.Errorf("%d static headers with %s, want at most %d", n, d.key("webhook.headers"), webhook.MaxStaticHeaders)}
 	}
 	for name, v := range lines {
 		if _, dup := out[name]; dup {
@@ -421,7 +422,7 @@ func webhookTLS(d destination) (*tls.Config, error) {
 		return nil, nil
 	}
 	prefix := d.key("webhook.tls")
-	if u, err := dispatch.ParseURL(w.URL); err == nil && u.Scheme != "https" {
+	if u, err := webhook.ParseURL(w.URL); err == nil && u.Scheme != "https" {
 		return nil, &config.KeyError{Key: prefix, Err: fmt.Errorf("set, but %s is not an https URL", d.key("webhook.url"))}
 	}
 	t := config.TLS{Enabled: true, CAFile: w.TLS.CAFile, CertFile: w.TLS.CertFile, KeyFile: w.TLS.KeyFile}

@@ -1,4 +1,4 @@
-package dispatch_test
+package webhook_test
 
 import (
 	"context"
@@ -10,11 +10,12 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/dispatch/webhook"
 )
 
 // A webhook sink sends each event as one POST; the receiver dedupes on
 // the Idempotency-Key. Send answers one Result per event, aligned by index.
-func ExampleNewWebhook() {
+func ExampleNew() {
 	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		fmt.Println("Idempotency-Key:", r.Header.Get("Idempotency-Key"), "X-Fencing-Token:", r.Header.Get("X-Fencing-Token"))
@@ -22,7 +23,7 @@ func ExampleNewWebhook() {
 	}))
 	defer receiver.Close()
 
-	sink, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: receiver.URL})
+	sink, err := webhook.New(webhook.Config{URL: receiver.URL})
 	if err != nil {
 		panic(err)
 	}

@@ -1,4 +1,4 @@
-package dispatch_test
+package webhook_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/dispatch/webhook"
 )
 
 // unfiredDeadline is a context whose deadline has passed while its
@@ -58,7 +59,7 @@ func TestFrozenSenderWritesNothingPastTheDeadline(t *testing.T) {
 	}
 	srv.Start()
 	defer srv.Close()
-	w, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: srv.URL})
+	w, err := webhook.New(webhook.Config{URL: srv.URL})
 	if err != nil {
 		t.Fatal(err)
 	}

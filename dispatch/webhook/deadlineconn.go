@@ -1,21 +1,17 @@
-package dispatch
+package webhook
 
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"net"
 	"net/http/httptrace"
 	"net/textproto"
 	"sync/atomic"
 	"time"
-)
 
-// ErrDeadlinePassed: a request was not written because its context's
-// deadline (for outboxd, the lock's trust deadline) had passed when the
-// bytes were about to reach the socket.
-var ErrDeadlinePassed = errors.New("dispatch: deadline passed before the request was written")
+	"github.com/outboxd/outboxd/dispatch"
+)
 
 // deadlineConn refuses a Write once the current request's deadline has
 // passed. The check sits right before the write syscall: a sender frozen
@@ -29,7 +25,7 @@ type deadlineConn struct {
 
 func (c *deadlineConn) Write(p []byte) (int, error) {
 	if u := c.until.Load(); u != 0 && time.Now().UnixNano() >= u {
-		return 0, ErrDeadlinePassed
+		return 0, dispatch.ErrDeadlinePassed
 	}
 	return c.Conn.Write(p)
 }
@@ -44,11 +40,6 @@ func dialDeadlineConns(dial func(ctx context.Context, network, addr string) (net
 		return &deadlineConn{Conn: c}, nil
 	}
 }
-
-// ErrInterim: the receiver answered with an interim (1xx) status other
-// than 100 Continue or 103 Early Hints, or switched protocols (101): the
-// request has no final status, so it is not delivered.
-var ErrInterim = errors.New("interim or protocol-switching answer instead of a final status")
 
 // sendGuard is one request's hold on its connection (armSend).
 type sendGuard struct {
@@ -66,10 +57,10 @@ type sendGuard struct {
 //     the peer does, including the paths net/http leaves to the caller (the
 //     raw connection of a 101 answer ignores the request's context).
 //
-// Interim answers other than 100 and 103 end the request with ErrInterim
-// (net/http reports them through the trace only). Call release once the
-// response is done with: after it, ctx ending no longer touches the
-// connection, which may be reused.
+// Interim answers other than 100 and 103 end the request with
+// dispatch.ErrInterim (net/http reports them through the trace only). Call
+// release once the response is done with: after it, ctx ending no longer
+// touches the connection, which may be reused.
 func armSend(ctx context.Context) (context.Context, *sendGuard) {
 	var until int64
 	if d, ok := ctx.Deadline(); ok {
@@ -104,7 +95,7 @@ func armSend(ctx context.Context) (context.Context, *sendGuard) {
 			if code == 100 || code == 103 {
 				return nil
 			}
-			return fmt.Errorf("receiver answered %d: %w", code, ErrInterim)
+			return fmt.Errorf("receiver answered %d: %w", code, dispatch.ErrInterim)
 		},
 	}), g
 }

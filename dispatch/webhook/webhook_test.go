@@ -1,4 +1,4 @@
-package dispatch_test
+package webhook_test
 
 import (
 	"bufio"
@@ -22,6 +22,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/dispatch/webhook"
 )
 
 func event() dispatch.Event {
@@ -39,7 +40,7 @@ func TestWebhookRequestFollowsTheContract(t *testing.T) {
 	}))
 	defer srv.Close()
 	raw := []byte("0123456789abcdef")
-	w, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: srv.URL, Secret: "whsec_" + base64.StdEncoding.EncodeToString(raw)})
+	w, err := webhook.New(webhook.Config{URL: srv.URL, Secret: "whsec_" + base64.StdEncoding.EncodeToString(raw)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +94,7 @@ func TestNoSignatureWithoutSecret(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	w, _ := dispatch.NewWebhook(dispatch.WebhookConfig{URL: srv.URL})
+	w, _ := webhook.New(webhook.Config{URL: srv.URL})
 	if err := w.SendEvent(context.Background(), event(), 1); err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +123,7 @@ func TestStatusClassification(t *testing.T) {
 			}
 			w.WriteHeader(tc.status)
 		}))
-		w, _ := dispatch.NewWebhook(dispatch.WebhookConfig{URL: srv.URL})
+		w, _ := webhook.New(webhook.Config{URL: srv.URL})
 		err := w.SendEvent(context.Background(), event(), 1)
 		srv.Close()
 		if (err == nil) != tc.ok || dispatch.IsPermanent(err) != tc.permanent || dispatch.RetryAfter(err) != tc.wait {
@@ -150,7 +151,7 @@ func TestWebhookStatusesAboutTheDestinationCountTowardTheBreaker(t *testing.T) {
 			w.WriteHeader(tc.status)
 			fmt.Fprint(w, "answer-of-the-receiver")
 		}))
-		w, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: srv.URL, Concurrency: 1})
+		w, err := webhook.New(webhook.Config{URL: srv.URL, Concurrency: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -187,14 +188,14 @@ func TestTimeoutsAndConnectionErrorsAreRetryable(t *testing.T) {
 		}
 	}))
 	defer slow.Close()
-	w, _ := dispatch.NewWebhook(dispatch.WebhookConfig{URL: slow.URL, Timeout: 50 * time.Millisecond})
+	w, _ := webhook.New(webhook.Config{URL: slow.URL, Timeout: 50 * time.Millisecond})
 	if err := w.SendEvent(context.Background(), event(), 1); err == nil || dispatch.IsPermanent(err) {
 		t.Fatalf("timeout: %v, want a retryable error", err)
 	}
 	closed := httptest.NewServer(http.NotFoundHandler())
 	url := closed.URL
 	closed.Close()
-	w, _ = dispatch.NewWebhook(dispatch.WebhookConfig{URL: url})
+	w, _ = webhook.New(webhook.Config{URL: url})
 	if err := w.SendEvent(context.Background(), event(), 1); err == nil || dispatch.IsPermanent(err) {
 		t.Fatalf("connection refused: %v, want a retryable error", err)
 	}
@@ -203,17 +204,17 @@ func TestTimeoutsAndConnectionErrorsAreRetryable(t *testing.T) {
 func TestBadConfigIsRefused(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		cfg  dispatch.WebhookConfig
+		cfg  webhook.Config
 		want []string // the error names what is wrong
 	}{
-		{"empty url", dispatch.WebhookConfig{}, []string{"webhook url", "empty"}},
-		{"relative url", dispatch.WebhookConfig{URL: "/hook"}, []string{"webhook url", "absolute http(s) URL"}},
-		{"other scheme", dispatch.WebhookConfig{URL: "ftp://x/hook"}, []string{"webhook url", `scheme "ftp"`}},
-		{"unparsable url", dispatch.WebhookConfig{URL: "http://user:pa%zzword@x/"}, []string{"webhook url", "cannot be parsed"}},
-		{"undecodable whsec_ secret", dispatch.WebhookConfig{URL: "http://x", Secret: "whsec_!!!"}, []string{"webhook secret", "whsec_", "base64"}},
-		{"empty whsec_ secret", dispatch.WebhookConfig{URL: "http://x", Secret: "whsec_"}, []string{"webhook secret", "no key bytes"}},
+		{"empty url", webhook.Config{}, []string{"webhook url", "empty"}},
+		{"relative url", webhook.Config{URL: "/hook"}, []string{"webhook url", "absolute http(s) URL"}},
+		{"other scheme", webhook.Config{URL: "ftp://x/hook"}, []string{"webhook url", `scheme "ftp"`}},
+		{"unparsable url", webhook.Config{URL: "http://user:pa%zzword@x/"}, []string{"webhook url", "cannot be parsed"}},
+		{"undecodable whsec_ secret", webhook.Config{URL: "http://x", Secret: "whsec_!!!"}, []string{"webhook secret", "whsec_", "base64"}},
+		{"empty whsec_ secret", webhook.Config{URL: "http://x", Secret: "whsec_"}, []string{"webhook secret", "no key bytes"}},
 	} {
-		_, err := dispatch.NewWebhook(tc.cfg)
+		_, err := webhook.New(tc.cfg)
 		if err == nil {
 			t.Errorf("%s: accepted", tc.name)
 			continue
@@ -244,7 +245,7 @@ func TestExpiredDeadlineIsNeverWritten(t *testing.T) {
 	hits := 0
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits++ }))
 	defer srv.Close()
-	w, _ := dispatch.NewWebhook(dispatch.WebhookConfig{URL: srv.URL})
+	w, _ := webhook.New(webhook.Config{URL: srv.URL})
 	if err := w.SendEvent(context.Background(), event(), 1); err != nil || hits != 1 {
 		t.Fatalf("warm-up send: %v, hits %d", err, hits)
 	}
@@ -288,7 +289,7 @@ func TestRedirectsAreNeverFollowed(t *testing.T) {
 			first.ServeHTTP(w, r)
 			http.Redirect(w, r, other.URL+"/moved?token=SECRET", code)
 		}))
-		w, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: srv.URL, Secret: "s"})
+		w, err := webhook.New(webhook.Config{URL: srv.URL, Secret: "s"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -321,17 +322,17 @@ func TestRetryAfterIsBounded(t *testing.T) {
 		want  time.Duration
 	}{
 		{"7", 7 * time.Second},
-		{"315360000", dispatch.MaxRetryAfter},            // ten years
-		{"99999999999", dispatch.MaxRetryAfter},          // overflows a Duration in seconds
-		{"18446744073709551616", dispatch.MaxRetryAfter}, // overflows uint64
+		{"315360000", webhook.MaxRetryAfter},            // ten years
+		{"99999999999", webhook.MaxRetryAfter},          // overflows a Duration in seconds
+		{"18446744073709551616", webhook.MaxRetryAfter}, // overflows uint64
 		{"-5", 0}, {"1.5", 0}, {"soon", 0},
-		{time.Now().Add(100 * 365 * 24 * time.Hour).UTC().Format(http.TimeFormat), dispatch.MaxRetryAfter},
+		{time.Now().Add(100 * 365 * 24 * time.Hour).UTC().Format(http.TimeFormat), webhook.MaxRetryAfter},
 	} {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Retry-After", tc.value)
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}))
-		w, _ := dispatch.NewWebhook(dispatch.WebhookConfig{URL: srv.URL})
+		w, _ := webhook.New(webhook.Config{URL: srv.URL})
 		err := w.SendEvent(context.Background(), event(), 1)
 		srv.Close()
 		if got := dispatch.RetryAfter(err); got != tc.want {
@@ -355,7 +356,7 @@ func TestInvalidTraceparentIsDroppedNotRetried(t *testing.T) {
 	}))
 	defer srv.Close()
 	var logs bytes.Buffer
-	w, _ := dispatch.NewWebhook(dispatch.WebhookConfig{URL: srv.URL, Log: slog.New(slog.NewJSONHandler(&logs, nil))})
+	w, _ := webhook.New(webhook.Config{URL: srv.URL, Log: slog.New(slog.NewJSONHandler(&logs, nil))})
 	for _, tc := range []struct {
 		tp      string
 		forward bool
@@ -412,7 +413,7 @@ func TestTraceHeadersAreMatchedInAnyCase(t *testing.T) {
 		mu.Unlock()
 	}))
 	defer srv.Close()
-	w, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: srv.URL})
+	w, err := webhook.New(webhook.Config{URL: srv.URL})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -440,7 +441,7 @@ func TestErrorsDoNotLeakTheURLsSecrets(t *testing.T) {
 	closed := httptest.NewServer(http.NotFoundHandler())
 	host := closed.Listener.Addr().String()
 	closed.Close()
-	w, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: "http://user:PASSWORD@" + host + "/hook?token=TOKEN"})
+	w, err := webhook.New(webhook.Config{URL: "http://user:PASSWORD@" + host + "/hook?token=TOKEN"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -473,7 +474,7 @@ func TestReceiverTextIsQuoted(t *testing.T) {
 			}
 			fmt.Fprintf(c, "HTTP/1.1 %s\r\nContent-Length: 5\r\nConnection: close\r\n\r\n\xff\x00abc", status)
 		}()
-		w, _ := dispatch.NewWebhook(dispatch.WebhookConfig{URL: "http://" + ln.Addr().String()})
+		w, _ := webhook.New(webhook.Config{URL: "http://" + ln.Addr().String()})
 		err = w.SendEvent(context.Background(), event(), 1)
 		<-done
 		ln.Close()

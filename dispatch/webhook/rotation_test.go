@@ -1,4 +1,4 @@
-package dispatch_test
+package webhook_test
 
 import (
 	"encoding/base64"
@@ -9,7 +9,7 @@ import (
 
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
-	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/dispatch/webhook"
 )
 
 // whsec is a Standard Webhooks secret of key.
@@ -19,7 +19,7 @@ func whsec(key string) string { return "whsec_" + base64.StdEncoding.EncodeToStr
 // returns what the receiver got.
 func signedRequest(t *testing.T, secret string) (http.Header, []byte) {
 	t.Helper()
-	return reachRequest(t, dispatch.WebhookConfig{Secret: secret})
+	return reachRequest(t, webhook.Config{Secret: secret})
 }
 
 // Rotation: with the new secret first and the old one after, every request
@@ -91,11 +91,11 @@ func TestWebhookSingleSecretsStayCompatible(t *testing.T) {
 
 // A bad secret in a list is refused naming its place, never its text.
 func TestWebhookSecretListErrors(t *testing.T) {
-	_, err := dispatch.ParseSecrets(whsec("fine-key") + " whsec_!!!notbase64")
+	_, err := webhook.ParseSecrets(whsec("fine-key") + " whsec_!!!notbase64")
 	if err == nil || !strings.Contains(err.Error(), "secret 2 of 2") || strings.Contains(err.Error(), "notbase64") {
 		t.Fatalf("got %v, want an error naming secret 2 without its text", err)
 	}
-	if s, err := dispatch.ParseSecrets(""); err != nil || len(s) != 0 {
+	if s, err := webhook.ParseSecrets(""); err != nil || len(s) != 0 {
 		t.Fatalf("empty: %v %v, want no secrets", s, err)
 	}
 }

@@ -1,4 +1,4 @@
-package dispatch_test
+package webhook_test
 
 import (
 	"context"
@@ -15,12 +15,12 @@ import (
 
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
-	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/dispatch/webhook"
 )
 
 // reachRequest sends event() through a webhook built from cfg (its URL set
 // here) and returns what the receiver got.
-func reachRequest(t *testing.T, cfg dispatch.WebhookConfig) (http.Header, []byte) {
+func reachRequest(t *testing.T, cfg webhook.Config) (http.Header, []byte) {
 	t.Helper()
 	var h http.Header
 	var body []byte
@@ -29,7 +29,7 @@ func reachRequest(t *testing.T, cfg dispatch.WebhookConfig) (http.Header, []byte
 	}))
 	defer srv.Close()
 	cfg.URL = srv.URL
-	w, err := dispatch.NewWebhook(cfg)
+	w, err := webhook.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func reachRequest(t *testing.T, cfg dispatch.WebhookConfig) (http.Header, []byte
 // Static headers reach the receiver beside the contract's own, and every
 // request names outboxd in its User-Agent.
 func TestWebhookStaticHeadersAndUserAgent(t *testing.T) {
-	h, _ := reachRequest(t, dispatch.WebhookConfig{
+	h, _ := reachRequest(t, webhook.Config{
 		Headers:   map[string]string{"x-api-key": "k-123", "X-Tenant": "acme"},
 		UserAgent: "outboxd/v1.2.3",
 	})
@@ -52,7 +52,7 @@ func TestWebhookStaticHeadersAndUserAgent(t *testing.T) {
 			t.Errorf("%s: %q, want %q", name, got, want)
 		}
 	}
-	if h, _ := reachRequest(t, dispatch.WebhookConfig{}); !strings.HasPrefix(h.Get("User-Agent"), "outboxd") {
+	if h, _ := reachRequest(t, webhook.Config{}); !strings.HasPrefix(h.Get("User-Agent"), "outboxd") {
 		t.Errorf("User-Agent %q without a version given, want outboxd", h.Get("User-Agent"))
 	}
 }
@@ -64,25 +64,25 @@ func TestWebhookStaticHeadersCannotReplaceTheContractsOwn(t *testing.T) {
 	// contract's, the trace context's and the transport's.
 	for _, name := range []string{"content-type", "Idempotency-Key", "X-Fencing-Token", "webhook-id", "Webhook-Signature", "User-Agent", "ce-id",
 		"traceparent", "Tracestate", "TRACESTATE", "host", "Content-Length", "transfer-encoding", "Connection"} {
-		_, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: "http://127.0.0.1:1/x", Headers: map[string]string{name: "s3cret-value"}})
-		if !errors.Is(err, dispatch.ErrReservedHeader) || strings.Contains(err.Error(), "s3cret-value") {
+		_, err := webhook.New(webhook.Config{URL: "http://127.0.0.1:1/x", Headers: map[string]string{name: "s3cret-value"}})
+		if !errors.Is(err, webhook.ErrReservedHeader) || strings.Contains(err.Error(), "s3cret-value") {
 			t.Errorf("header %s: %v, want ErrReservedHeader without the value", name, err)
 		}
-		if _, err := dispatch.ParseHeaderLines(name + ": s3cret-value\n"); !errors.Is(err, dispatch.ErrReservedHeader) || strings.Contains(err.Error(), "s3cret-value") {
+		if _, err := webhook.ParseHeaderLines(name + ": s3cret-value\n"); !errors.Is(err, webhook.ErrReservedHeader) || strings.Contains(err.Error(), "s3cret-value") {
 			t.Errorf("headers file line %s: %v, want ErrReservedHeader without the value", name, err)
 		}
 	}
 	for _, bad := range []map[string]string{{"X-A": "v\r\nX-Injected: 1"}, {"X A": "v"}, {"": "v"}} {
-		if _, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: "http://127.0.0.1:1/x", Headers: bad}); err == nil {
+		if _, err := webhook.New(webhook.Config{URL: "http://127.0.0.1:1/x", Headers: bad}); err == nil {
 			t.Errorf("headers %q accepted", bad)
 		}
 	}
-	got, err := dispatch.ParseHeaderLines("# comment\nX-Api-Key: a: b\n\nx-other:  c \n")
+	got, err := webhook.ParseHeaderLines("# comment\nX-Api-Key: a: b\n\nx-other:  c \n")
 	if err != nil || len(got) != 2 || got["X-Api-Key"] != "a: b" || got["X-Other"] != "c" {
 		t.Errorf("ParseHeaderLines: %v %v", got, err)
 	}
 	for _, text := range []string{"X-Api-Key s3cret", "Webhook-Id: s3cret", "X-A: 1\nx-a: s3cret"} {
-		if _, err := dispatch.ParseHeaderLines(text); err == nil || strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "line ") {
+		if _, err := webhook.ParseHeaderLines(text); err == nil || strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "line ") {
 			t.Errorf("ParseHeaderLines(%q): %v, want an error naming the line, not the value", text, err)
 		}
 	}
@@ -105,7 +105,7 @@ func TestWebhookAsymmetricSignatureVerifies(t *testing.T) {
 		"private key": "whsk_" + base64.StdEncoding.EncodeToString(priv),
 	} {
 		t.Run(name, func(t *testing.T) {
-			h, body := reachRequest(t, dispatch.WebhookConfig{Secret: secret, SigningKey: key})
+			h, body := reachRequest(t, webhook.Config{Secret: secret, SigningKey: key})
 			var v1a []string
 			for _, s := range strings.Split(h.Get("webhook-signature"), " ") {
 				if sig, ok := strings.CutPrefix(s, "v1a,"); ok {
@@ -142,7 +142,7 @@ func TestWebhookAsymmetricSignatureVerifies(t *testing.T) {
 	copy(other, priv.Seed())
 	for _, bad := range []string{"whsec_" + base64.StdEncoding.EncodeToString(priv.Seed()), "whsk_%%%", "whsk_" + base64.StdEncoding.EncodeToString([]byte("short")),
 		"whsk_" + base64.StdEncoding.EncodeToString(other)} {
-		if _, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: "http://127.0.0.1:1/x", SigningKey: bad}); err == nil {
+		if _, err := webhook.New(webhook.Config{URL: "http://127.0.0.1:1/x", SigningKey: bad}); err == nil {
 			t.Errorf("signing key %q accepted", bad)
 		}
 	}
@@ -161,29 +161,29 @@ func TestStaticHeadersAreBounded(t *testing.T) {
 		}
 		return b.String(), m
 	}
-	text, m := lines(dispatch.MaxStaticHeaders)
-	if got, err := dispatch.ParseHeaderLines(text); err != nil || len(got) != dispatch.MaxStaticHeaders {
-		t.Errorf("%d header lines: %d headers, %v; want all", dispatch.MaxStaticHeaders, len(got), err)
+	text, m := lines(webhook.MaxStaticHeaders)
+	if got, err := webhook.ParseHeaderLines(text); err != nil || len(got) != webhook.MaxStaticHeaders {
+		t.Errorf("%d header lines: %d headers, %v; want all", webhook.MaxStaticHeaders, len(got), err)
 	}
-	if _, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: "http://127.0.0.1:1/x", Headers: m}); err != nil {
-		t.Errorf("%d headers: %v, want accepted", dispatch.MaxStaticHeaders, err)
+	if _, err := webhook.New(webhook.Config{URL: "http://127.0.0.1:1/x", Headers: m}); err != nil {
+		t.Errorf("%d headers: %v, want accepted", webhook.MaxStaticHeaders, err)
 	}
-	text, m = lines(dispatch.MaxStaticHeaders + 1)
-	if _, err := dispatch.ParseHeaderLines(text); err == nil {
-		t.Errorf("%d header lines accepted", dispatch.MaxStaticHeaders+1)
+	text, m = lines(webhook.MaxStaticHeaders + 1)
+	if _, err := webhook.ParseHeaderLines(text); err == nil {
+		t.Errorf("%d header lines accepted", webhook.MaxStaticHeaders+1)
 	}
-	if _, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: "http://127.0.0.1:1/x", Headers: m}); err == nil {
-		t.Errorf("%d headers accepted", dispatch.MaxStaticHeaders+1)
+	if _, err := webhook.New(webhook.Config{URL: "http://127.0.0.1:1/x", Headers: m}); err == nil {
+		t.Errorf("%d headers accepted", webhook.MaxStaticHeaders+1)
 	}
 	name := "X-Long"
-	fits := strings.Repeat("s", dispatch.MaxStaticHeaderBytes-len(name))
-	if err := dispatch.CheckStaticHeader(name, fits); err != nil {
-		t.Errorf("a header of %d bytes: %v, want accepted", dispatch.MaxStaticHeaderBytes, err)
+	fits := strings.Repeat("s", webhook.MaxStaticHeaderBytes-len(name))
+	if err := webhook.CheckStaticHeader(name, fits); err != nil {
+		t.Errorf("a header of %d bytes: %v, want accepted", webhook.MaxStaticHeaderBytes, err)
 	}
-	if err := dispatch.CheckStaticHeader(name, fits+"s"); err == nil || strings.Contains(err.Error(), "sss") {
-		t.Errorf("a header of %d bytes: %v, want refused without its value", dispatch.MaxStaticHeaderBytes+1, err)
+	if err := webhook.CheckStaticHeader(name, fits+"s"); err == nil || strings.Contains(err.Error(), "sss") {
+		t.Errorf("a header of %d bytes: %v, want refused without its value", webhook.MaxStaticHeaderBytes+1, err)
 	}
-	if _, err := dispatch.ParseHeaderLines(name + ": " + fits + "s\n"); err == nil || !strings.Contains(err.Error(), "line 1") {
-		t.Errorf("a header line of %d bytes: %v, want refused naming the line", dispatch.MaxStaticHeaderBytes+1, err)
+	if _, err := webhook.ParseHeaderLines(name + ": " + fits + "s\n"); err == nil || !strings.Contains(err.Error(), "line 1") {
+		t.Errorf("a header line of %d bytes: %v, want refused naming the line", webhook.MaxStaticHeaderBytes+1, err)
 	}
 }

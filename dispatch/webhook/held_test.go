@@ -1,4 +1,4 @@
-package dispatch_test
+package webhook_test
 
 import (
 	"bufio"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/dispatch"
+	"github.com/outboxd/outboxd/dispatch/webhook"
 )
 
 // heldReceiver answers every request with raw and then keeps the
@@ -76,7 +77,7 @@ func TestInterimAnswersAreFailedAttempts(t *testing.T) {
 		{"100 then 204", "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n", true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			w, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: heldReceiver(t, c.raw), Timeout: time.Hour})
+			w, err := webhook.New(webhook.Config{URL: heldReceiver(t, c.raw), Timeout: time.Hour})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -106,7 +107,7 @@ func TestInterimAnswersAreFailedAttempts(t *testing.T) {
 // its context, marked Unanswered (the destination held it); a send that
 // never reached a receiver is not.
 func TestHeldSocketIsUnanswered(t *testing.T) {
-	w, err := dispatch.NewWebhook(dispatch.WebhookConfig{URL: heldReceiver(t, ""), Timeout: time.Hour})
+	w, err := webhook.New(webhook.Config{URL: heldReceiver(t, ""), Timeout: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +124,7 @@ func TestHeldSocketIsUnanswered(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	_ = ln.Close() // nobody listens: the request is never written
-	w, err = dispatch.NewWebhook(dispatch.WebhookConfig{URL: "http://" + addr + "/events", Timeout: time.Hour})
+	w, err = webhook.New(webhook.Config{URL: "http://" + addr + "/events", Timeout: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

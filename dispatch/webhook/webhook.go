@@ -1,4 +1,17 @@
-package dispatch
+// Package webhook is the HTTP sink: one POST per event to a configured
+// URL, the contract's JSON envelope as the body (or a CloudEvent), signed
+// the Standard Webhooks way (v1 HMAC, v1a ed25519), with the contract's
+// headers (Idempotency-Key, X-Fencing-Token, webhook-*), static headers,
+// TLS and a client certificate for an https receiver. It imports nothing
+// of outboxd but dispatch.
+//
+// What it promises: an event is Delivered only on a 2xx answer to its own
+// request; an aggregate's requests go one after another, each after the
+// previous one's 2xx (dispatch.PerEvent); no request's bytes reach the
+// socket once the batch's trust deadline has passed (deadlineconn.go);
+// redirects are never followed.
+// How each answer is classified is on Sink.
+package webhook
 
 import (
 	"bytes"
@@ -21,22 +34,24 @@ import (
 	"strings"
 	"time"
 	"unicode"
+
+	"github.com/outboxd/outboxd/dispatch"
 )
 
-// WebhookConfig configures the webhook sink.
-type WebhookConfig struct {
+// Config configures the webhook sink.
+type Config struct {
 	URL     string
 	Secret  string        // Standard Webhooks signing: one secret or several (rotation; ParseSecrets), the current first
-	Timeout time.Duration // per request; DefaultWebhookTimeout when 0
+	Timeout time.Duration // per request; DefaultTimeout when 0
 	Client  *http.Client  // optional; default a keep-alive client with Concurrency connections
 	Log     *slog.Logger  // optional; warns about event headers that were dropped
 	// Concurrency is how many aggregates are sent at once (poller.concurrency);
-	// DefaultConcurrency when 0.
+	// dispatch.DefaultConcurrency when 0.
 	Concurrency int
 	// CloudEvents adds ce- request headers (binary mode; the body stays the
 	// contract's JSON envelope), or sends the event as
 	// application/cloudevents+json (structured mode; data = the payload).
-	CloudEvents CloudEvents
+	CloudEvents dispatch.CloudEvents
 	// Headers are static request headers (an API key, a tenant): each
 	// request carries them; a header of the webhook's own is refused
 	// (CheckStaticHeader).
@@ -52,14 +67,14 @@ type WebhookConfig struct {
 	UserAgent string
 }
 
-// DefaultUserAgent is the User-Agent when WebhookConfig.UserAgent is "".
+// DefaultUserAgent is the User-Agent when Config.UserAgent is "".
 const DefaultUserAgent = "outboxd"
 
 // MaxRetryAfter caps a receiver's Retry-After, so an absurd value cannot
 // overflow a duration; callers clamp further to their own backoff ceiling.
 const MaxRetryAfter = 7 * 24 * time.Hour
 
-// Webhook POSTs each event as JSON. 2xx is delivered; 408, 425, 429, 5xx,
+// Sink POSTs each event as JSON. 2xx is delivered; 408, 425, 429, 5xx,
 // timeouts and connection errors are retryable, and so are the answers about
 // the destination (destinationAnswer: 401, 403, 404, 405, 407, 431); other
 // statuses are permanent.
@@ -73,30 +88,30 @@ const MaxRetryAfter = 7 * 24 * time.Hour
 // other 3xx is retryable.
 //
 // A request whose context deadline passes before its bytes reach the socket
-// is never written (ErrDeadlinePassed), even if the sender was frozen
+// is never written (dispatch.ErrDeadlinePassed), even if the sender was frozen
 // between deciding to send and writing.
 //
 // Error texts name the target as scheme://host/path only: the URL's
 // credentials and query (tokens) never reach logs or last_error.
-type Webhook struct {
-	Sink   // PerEvent over SendEvent
-	url    string
-	target string // the URL without userinfo and query, for error texts
-	secret [][]byte
-	sigKey ed25519.PrivateKey // v1a signing; nil: none
-	static http.Header        // static headers (WebhookConfig.Headers)
-	agent  string
-	client *http.Client
-	log    *slog.Logger
-	ce     CloudEvents
-	now    func() time.Time
+type Sink struct {
+	dispatch.Sink // dispatch.PerEvent over SendEvent
+	url           string
+	target        string // the URL without userinfo and query, for error texts
+	secret        [][]byte
+	sigKey        ed25519.PrivateKey // v1a signing; nil: none
+	static        http.Header        // static headers (Config.Headers)
+	agent         string
+	client        *http.Client
+	log           *slog.Logger
+	ce            dispatch.CloudEvents
+	now           func() time.Time
 }
 
-// DefaultWebhookTimeout bounds one request when WebhookConfig.Timeout is 0.
-const DefaultWebhookTimeout = 10 * time.Second
+// DefaultTimeout bounds one request when Config.Timeout is 0.
+const DefaultTimeout = 10 * time.Second
 
-// NewWebhook validates cfg (ParseURL, ParseSecrets) and returns the sink.
-func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
+// New validates cfg (ParseURL, ParseSecrets) and returns the sink.
+func New(cfg Config) (*Sink, error) {
 	u, err := ParseURL(cfg.URL)
 	if err != nil {
 		return nil, err
@@ -121,7 +136,7 @@ func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 		// One connection per aggregate being sent, kept alive between its
 		// events: fewer idle ones than that would close and reopen
 		// connections at every event; more would only hold file descriptors.
-		conns := cmp.Or(cfg.Concurrency, DefaultConcurrency)
+		conns := cmp.Or(cfg.Concurrency, dispatch.DefaultConcurrency)
 		tr.MaxIdleConns, tr.MaxIdleConnsPerHost, tr.MaxConnsPerHost = conns, conns, conns
 		tr.ForceAttemptHTTP2 = false // one request per connection: the write deadline is per request
 		if cfg.TLS != nil {
@@ -130,15 +145,15 @@ func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
 		tr.DialContext = dialDeadlineConns((&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext)
 		client.Transport = tr
 	}
-	client.Timeout = cmp.Or(cfg.Timeout, DefaultWebhookTimeout)
+	client.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
 	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	log := cfg.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	w := &Webhook{url: cfg.URL, target: displayURL(u), secret: secrets, sigKey: sigKey, static: static,
+	w := &Sink{url: cfg.URL, target: displayURL(u), secret: secrets, sigKey: sigKey, static: static,
 		agent: cmp.Or(cfg.UserAgent, DefaultUserAgent), client: &client, log: log, ce: cfg.CloudEvents, now: time.Now}
-	w.Sink = PerEvent(w.SendEvent, cfg.Concurrency, Capabilities{
+	w.Sink = dispatch.PerEvent(w.SendEvent, cfg.Concurrency, dispatch.Capabilities{
 		Ordering: "per aggregate: its requests one after another, each after the previous one's 2xx",
 	})
 	return w, nil
@@ -238,7 +253,7 @@ func Signatures(secrets [][]byte, id string, ts int64, body []byte) string {
 
 // signatures is the webhook-signature header value: the v1 signatures,
 // then the v1a one; "" when nothing signs.
-func (w *Webhook) signatures(id string, ts int64, body []byte) string {
+func (w *Sink) signatures(id string, ts int64, body []byte) string {
 	sigs := make([]string, 0, 2)
 	if len(w.secret) > 0 {
 		sigs = append(sigs, Signatures(w.secret, id, ts, body))
@@ -258,16 +273,16 @@ func Sign(secret []byte, id string, ts int64, body []byte) string {
 }
 
 // SendEvent POSTs one event (the webhook's SendFunc).
-func (w *Webhook) SendEvent(ctx context.Context, ev Event, token int64) error {
+func (w *Sink) SendEvent(ctx context.Context, ev dispatch.Event, token int64) error {
 	body, contentType, err := w.body(ev)
 	if err != nil {
-		return &Error{Err: fmt.Errorf("webhook: encode event %d: %w", ev.ID, err), Permanent: true}
+		return &dispatch.Error{Err: fmt.Errorf("webhook: encode event %d: %w", ev.ID, err), Permanent: true}
 	}
 	actx, guard := armSend(ctx)
 	defer guard.release()
 	req, err := http.NewRequestWithContext(actx, http.MethodPost, w.url, bytes.NewReader(body))
 	if err != nil {
-		return &Error{Err: fmt.Errorf("webhook: build request for %s: %w", w.target, err), Permanent: true}
+		return &dispatch.Error{Err: fmt.Errorf("webhook: build request for %s: %w", w.target, err), Permanent: true}
 	}
 	w.setHeaders(req.Header, ev, token, contentType, body)
 	w.setTraceHeaders(req.Header, ev)
@@ -279,7 +294,7 @@ func (w *Webhook) SendEvent(ctx context.Context, ev Event, token int64) error {
 		}
 		// Written and no final status (a held socket, an interim answer): the
 		// receiver's doing, whoever's deadline ended it.
-		return &Error{Err: fmt.Errorf("webhook: event %d: POST %s: %w", ev.ID, w.target, err), Unanswered: guard.unanswered()}
+		return &dispatch.Error{Err: fmt.Errorf("webhook: event %d: POST %s: %w", ev.ID, w.target, err), Unanswered: guard.unanswered()}
 	}
 	return w.readResponse(ev, resp)
 }
@@ -287,7 +302,7 @@ func (w *Webhook) SendEvent(ctx context.Context, ev Event, token int64) error {
 // setHeaders sets the static headers, then the contract's: identity,
 // idempotency key, fencing token, Standard Webhooks id, timestamp and
 // signatures, and CloudEvents attributes in binary mode.
-func (w *Webhook) setHeaders(h http.Header, ev Event, token int64, contentType string, body []byte) {
+func (w *Sink) setHeaders(h http.Header, ev dispatch.Event, token int64, contentType string, body []byte) {
 	id := strconv.FormatInt(ev.ID, 10)
 	ts := w.now().Unix()
 	for name, values := range w.static {
@@ -302,8 +317,8 @@ func (w *Webhook) setHeaders(h http.Header, ev Event, token int64, contentType s
 	if sig := w.signatures(id, ts, body); sig != "" {
 		h.Set("webhook-signature", sig)
 	}
-	if w.ce.Enabled && w.ce.Mode != CloudEventsStructured {
-		for _, a := range w.ce.binary(ev, HTTPBinding) {
+	if w.ce.Enabled && w.ce.Mode != dispatch.CloudEventsStructured {
+		for _, a := range w.ce.Binary(ev, dispatch.HTTPBinding) {
 			h.Set(a.Key, a.Value)
 		}
 	}
@@ -311,34 +326,34 @@ func (w *Webhook) setHeaders(h http.Header, ev Event, token int64, contentType s
 
 // setTraceHeaders forwards the event's trace context: a valid traceparent,
 // and its tracestate beside it.
-func (w *Webhook) setTraceHeaders(h http.Header, ev Event) {
+func (w *Sink) setTraceHeaders(h http.Header, ev dispatch.Event) {
 	tp, ok := traceHeader(ev.Headers, "traceparent")
 	if !ok {
 		return
 	}
 	if !validTraceparent(tp) {
 		// A producer's bad header must not block the event: send it without.
-		w.log.Warn("invalid traceparent dropped", "outbox_id", ev.ID, "traceparent", Clip(tp, 128))
+		w.log.Warn("invalid traceparent dropped", "outbox_id", ev.ID, "traceparent", dispatch.Clip(tp, 128))
 		return
 	}
 	h.Set("traceparent", tp)
 	// tracestate belongs to its traceparent: forwarded only beside a
 	// valid one, and only if it can be a header (W3C: at most 512).
-	if ts, ok := traceHeader(ev.Headers, "tracestate"); ok && ts != "" && len(ts) <= 512 && headerSafe(ts) {
+	if ts, ok := traceHeader(ev.Headers, "tracestate"); ok && ts != "" && len(ts) <= 512 && dispatch.HeaderSafe(ts) {
 		h.Set("tracestate", ts)
 	}
 }
 
 // readResponse closes resp and returns the outcome its status means.
-func (w *Webhook) readResponse(ev Event, resp *http.Response) error {
+func (w *Sink) readResponse(ev dispatch.Event, resp *http.Response) error {
 	if resp.StatusCode < 200 {
 		// 101 Switching Protocols (net/http returns it; other 1xx end in
 		// ErrInterim in the transport): the connection now speaks another
 		// protocol and belongs to us. Never read it: close it, and count a
 		// failed attempt.
 		resp.Body.Close()
-		return &Error{Err: fmt.Errorf("webhook: event %d: POST %s: receiver answered %d %q: %w (want a final 2xx; protocol switches are not followed)",
-			ev.ID, w.target, resp.StatusCode, Clip(reason(resp), 128), ErrInterim), Unanswered: true}
+		return &dispatch.Error{Err: fmt.Errorf("webhook: event %d: POST %s: receiver answered %d %q: %w (want a final 2xx; protocol switches are not followed)",
+			ev.ID, w.target, resp.StatusCode, dispatch.Clip(reason(resp), 128), dispatch.ErrInterim), Unanswered: true}
 	}
 	// Keep a little of a failure's answer for last_error; drain a little more
 	// so the connection is reused.
@@ -353,15 +368,15 @@ func (w *Webhook) readResponse(ev Event, resp *http.Response) error {
 
 // body is the request body and its media type: the contract's JSON
 // envelope, or in CloudEvents structured mode the event.
-func (w *Webhook) body(ev Event) ([]byte, string, error) {
-	if w.ce.Enabled && w.ce.Mode == CloudEventsStructured {
-		return w.ce.structured(ev), MediaTypeCloudEventsJSON, nil
+func (w *Sink) body(ev dispatch.Event) ([]byte, string, error) {
+	if w.ce.Enabled && w.ce.Mode == dispatch.CloudEventsStructured {
+		return w.ce.Structured(ev), dispatch.MediaTypeCloudEventsJSON, nil
 	}
 	if len(ev.Headers) == 0 {
 		ev.Headers = json.RawMessage(`{}`)
 	}
 	b, err := json.Marshal(ev)
-	return b, MediaTypeJSON, err
+	return b, dispatch.MediaTypeJSON, err
 }
 
 func classify(id int64, resp *http.Response, body []byte, now time.Time) error {
@@ -371,7 +386,7 @@ func classify(id int64, resp *http.Response, body []byte, now time.Time) error {
 	}
 	// Receiver text is quoted (%q): whatever bytes it sent, the message is
 	// printable, valid UTF-8 and bounded.
-	msg := fmt.Sprintf("webhook: event %d: receiver answered %d %q", id, code, Clip(reason(resp), 128))
+	msg := fmt.Sprintf("webhook: event %d: receiver answered %d %q", id, code, dispatch.Clip(reason(resp), 128))
 	if code >= 300 && code < 400 {
 		msg += " (redirects are not followed)"
 		if loc, err := resp.Location(); err == nil {
@@ -379,9 +394,9 @@ func classify(id int64, resp *http.Response, body []byte, now time.Time) error {
 		}
 	}
 	if len(bytes.TrimSpace(body)) > 0 {
-		msg += fmt.Sprintf(": %q", Clip(string(bytes.TrimSpace(body)), 200))
+		msg += fmt.Sprintf(": %q", dispatch.Clip(string(bytes.TrimSpace(body)), 200))
 	}
-	err := &Error{Err: errors.New(msg), Status: code}
+	err := &dispatch.Error{Err: errors.New(msg), Status: code}
 	switch {
 	case code == http.StatusMovedPermanently, code == http.StatusPermanentRedirect:
 		err.Permanent = true // the URL is wrong for good: fix dispatch.webhook.url, then replay
