@@ -118,7 +118,7 @@ func (r errRow) Scan(...any) error { return r.err }
 // with is q with its /* filter */ comment replaced by cond (dead.sql),
 // compiled again: the parameters are those of the conditions written.
 func (q query) with(cond string) query {
-	c, err := compile(q.name, strings.Replace(q.text, "/* filter */", cond, -1), q.header)
+	c, err := compile(q.name, strings.ReplaceAll(q.text, "/* filter */", cond), q.header)
 	if err != nil {
 		panic(err) // the conditions are dead.sql's fragments: TestQueries compiles each
 	}
@@ -207,13 +207,7 @@ func parse(file, src string) []section {
 			continue
 		}
 		if header && strings.HasPrefix(line, "--") {
-			if m := paramLine.FindStringSubmatch(line); m != nil {
-				for _, p := range strings.Split(m[1], ", ") {
-					if !slices.Contains(cur.params, p[1:]) {
-						cur.params = append(cur.params, p[1:])
-					}
-				}
-			}
+			cur.headerLine(line)
 			continue
 		}
 		header = false
@@ -226,6 +220,19 @@ func parse(file, src string) []section {
 		}
 	}
 	return out
+}
+
+// headerLine adds the parameters a header line lists, if it lists any.
+func (s *section) headerLine(line string) {
+	m := paramLine.FindStringSubmatch(line)
+	if m == nil {
+		return
+	}
+	for _, p := range strings.Split(m[1], ", ") {
+		if !slices.Contains(s.params, p[1:]) {
+			s.params = append(s.params, p[1:])
+		}
+	}
 }
 
 // expand puts the fragments text names in place.
@@ -251,30 +258,9 @@ func expand(name, text string, frags map[string]string, depth int) string {
 // rewrite (pgx.NamedArgs) tells the placeholders from an @ in a string or
 // a comment; the two texts differ only at the placeholders.
 func compile(name, text string, params []string) (query, error) {
-	rewritten, _, err := pgx.NamedArgs(nil).RewriteQuery(context.Background(), nil, text, nil)
+	used, spans, err := placeholders(text)
 	if err != nil {
 		return query{}, err
-	}
-	var used []string
-	var spans [][3]int // start, end in text, index in used
-	for i, j := 0, 0; i < len(text); {
-		if j < len(rewritten) && text[i] == rewritten[j] {
-			i, j = i+1, j+1
-			continue
-		}
-		end := i + 1
-		for end < len(text) && isIdent(text[end]) {
-			end++
-		}
-		p := text[i+1 : end]
-		for j++; j < len(rewritten) && rewritten[j] >= '0' && rewritten[j] <= '9'; j++ {
-		}
-		k := slices.Index(used, p)
-		if k < 0 {
-			used, k = append(used, p), len(used)
-		}
-		spans = append(spans, [3]int{i, end, k})
-		i = end
 	}
 	var order []string
 	for _, p := range params {
@@ -296,6 +282,36 @@ func compile(name, text string, params []string) (query, error) {
 	}
 	b.WriteString(text[last:])
 	return query{name: name, sql: b.String(), params: order, text: text, header: params}, nil
+}
+
+// placeholders finds text's @names as pgx.NamedArgs sees them: the names
+// in order of first use, and each placeholder's start and end in text
+// with its index in used.
+func placeholders(text string) (used []string, spans [][3]int, err error) {
+	rewritten, _, err := pgx.NamedArgs(nil).RewriteQuery(context.Background(), nil, text, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	for i, j := 0, 0; i < len(text); {
+		if j < len(rewritten) && text[i] == rewritten[j] {
+			i, j = i+1, j+1
+			continue
+		}
+		end := i + 1
+		for end < len(text) && isIdent(text[end]) {
+			end++
+		}
+		p := text[i+1 : end]
+		for j++; j < len(rewritten) && rewritten[j] >= '0' && rewritten[j] <= '9'; j++ {
+		}
+		k := slices.Index(used, p)
+		if k < 0 {
+			used, k = append(used, p), len(used)
+		}
+		spans = append(spans, [3]int{i, end, k})
+		i = end
+	}
+	return used, spans, nil
 }
 
 func isIdent(c byte) bool {
