@@ -26,6 +26,7 @@ import (
 type Config struct {
 	Postgres        Postgres      `mapstructure:"postgres"`
 	Redis           Redis         `mapstructure:"redis"`
+	Lock            Lock          `mapstructure:"lock"`
 	Poller          Poller        `mapstructure:"poller"`
 	Reconcile       Reconcile     `mapstructure:"reconcile"`
 	Dispatch        Dispatch      `mapstructure:"dispatch"`
@@ -668,6 +669,9 @@ func (c *Config) Validate(sections ...Section) error {
 		return bad("shutdown_timeout", "must be a positive duration, got %s", c.ShutdownTimeout)
 	}
 	if err := validateInstanceID(c.InstanceID); err != nil {
+		return err
+	}
+	if err := c.validateLock(); err != nil {
 		return err
 	}
 	return c.validateLog()

@@ -16,6 +16,7 @@ func valid() Config {
 	return Config{
 		Postgres: Postgres{DSN: "postgres://postgres@127.0.0.1:5432/postgres", Schema: "public", Pooler: "none"},
 		Redis:    Redis{Addrs: []string{"127.0.0.1:6379"}, Mode: "single"},
+		Lock:     Lock{Backend: LockRedis},
 		Poller: Poller{LockTTL: 30 * time.Second, LockWait: time.Second, PollInterval: time.Second, ClaimTTL: time.Minute,
 			BackoffBase: time.Second, BackoffMax: time.Minute, GapWait: time.Second, BatchSize: 100, MaxAttempts: 5,
 			Concurrency: 1, MaxPayloadBytes: 1 << 20, BatchMaxBytes: 1 << 20},

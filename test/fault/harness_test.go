@@ -89,6 +89,7 @@ type cluster struct {
 	binary string   // the outboxd binary the replicas run
 	batch  int      // poller.batch_size of the replicas
 	env    []string // per-case overrides of the replicas' settings
+	named  bool     // options.named
 
 	prodMu    sync.Mutex
 	committed []int64
@@ -102,6 +103,7 @@ type options struct {
 	batch       int      // poller.batch_size; 0 means batchSize
 	plain       bool     // run the binary without the race detector (timing what users get)
 	env         []string // OUTBOXD_* settings overriding the suite's defaults
+	named       bool     // instance_id replica-<i> for replica i (default: the host name, shared)
 }
 
 func newCluster(t *testing.T, opt options) *cluster {
@@ -125,7 +127,7 @@ func newCluster(t *testing.T, opt options) *cluster {
 	rs := testenv.StartRedisServer(t)
 	rc := testkit.NewReceiver(t) // releases held requests before closing
 	c := &cluster{t: t, st: st, dsn: dsn, pgDSN: dsn, redis: rs, redisA: rs.Addr, rc: rc, pg: pg,
-		batch: cmp.Or(opt.batch, batchSize), env: opt.env, binary: binary}
+		batch: cmp.Or(opt.batch, batchSize), env: opt.env, named: opt.named, binary: binary}
 	if opt.plain {
 		c.binary = plainBinary
 	}
@@ -219,6 +221,9 @@ func (c *cluster) start(i int) {
 		"OUTBOXD_RECONCILE_LOCK_TTL=3s",
 		"OUTBOXD_SHUTDOWN_TIMEOUT=5s",
 	)
+	if c.named {
+		env = append(env, "OUTBOXD_INSTANCE_ID="+instanceID(i))
+	}
 	env = append(env, c.env...) // the last value of a key wins
 	var err error
 	if r.Process, err = testproc.Start(c.binary, env, &r.out, &r.out, "run"); err != nil {
@@ -231,6 +236,9 @@ func (c *cluster) start(i int) {
 		c.reps = append(c.reps, r)
 	}
 }
+
+// instanceID is replica i's instance_id with options.named.
+func instanceID(i int) string { return "replica-" + strconv.Itoa(i) }
 
 func (c *cluster) startAll(n int) {
 	for i := range n {

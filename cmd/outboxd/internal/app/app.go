@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
@@ -24,10 +25,8 @@ import (
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/internal/metrics"
-	"github.com/outboxd/outboxd/internal/term"
 	"github.com/outboxd/outboxd/internal/tracing"
 	"github.com/outboxd/outboxd/lock"
-	"github.com/outboxd/outboxd/lock/redislease"
 	"github.com/outboxd/outboxd/poller"
 	"github.com/outboxd/outboxd/reconcile"
 	"github.com/outboxd/outboxd/store"
@@ -43,10 +42,12 @@ type App struct {
 	Locks   lock.Lease
 	Metrics *metrics.Metrics
 
-	extra   []redis.UniversalClient // a redis_stream sink's own Redis
-	tracing *tracing.Provider       // set by Run (startTracing)
-	backlog backlogGate             // spaces out slow backlog counts (backlog.go)
-	circ    *circuits               // the destinations' circuit breakers (circuits.go), made with the first sink
+	extra []redis.UniversalClient // a redis_stream sink's own Redis
+	// leasePool is the Postgres lease's own pool (lock.backend: postgres).
+	leasePool *pgxpool.Pool
+	tracing   *tracing.Provider // set by Run (startTracing)
+	backlog   backlogGate       // spaces out slow backlog counts (backlog.go)
+	circ      *circuits         // the destinations' circuit breakers (circuits.go), made with the first sink
 }
 
 // New connects lazily: it does not wait for Postgres or Redis to be up.
@@ -62,7 +63,10 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, error
 	a := &App{Cfg: cfg, Log: log, Store: st, Metrics: metrics.New()}
 	a.Nodes = RedisNodes(cfg.Redis, tlsCfg)
 	a.KV = a.Nodes[0]
-	a.Locks = redislease.New(a.Nodes, redislease.WithKeyPrefix(cfg.Redis.KeyPrefix), redislease.WithHooks(term.Hooks(a.Metrics)))
+	if err := a.newLease(ctx); err != nil {
+		st.Close()
+		return nil, err
+	}
 	return a, nil
 }
 
@@ -146,6 +150,9 @@ func keyPair(prefix string, c config.TLS) (tls.Certificate, error) {
 func (a *App) Close() {
 	for _, n := range append(a.Nodes, a.extra...) {
 		_ = n.Close()
+	}
+	if a.leasePool != nil {
+		a.leasePool.Close()
 	}
 	a.Store.Close()
 }
@@ -312,7 +319,10 @@ func (a *App) Run(ctx context.Context) error {
 	srv := httpapi.Server(httpapi.Handler(a.httpDeps(p, rec, sink, ops, offLoopback)), httpapi.Timeouts{})
 	a.logStarted(ln.Addr().String(), sink, offLoopback)
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { a.warnEviction(gctx); return nil })
+	if a.Cfg.Lock.Backend == config.LockRedis {
+		// Evicted lock keys hand the lease over while its holder works.
+		g.Go(func() error { a.warnEviction(gctx); return nil })
+	}
 	g.Go(func() error {
 		a.heartbeat(gctx, ln.Addr().String(), func() bool { return p.HeldToken() > 0 })
 		return nil
@@ -384,7 +394,7 @@ func (a *App) httpDeps(p *poller.Poller, rec *reconcile.Reconciler, sink dispatc
 func (a *App) logStarted(addr string, sink dispatch.Sink, offLoopback bool) {
 	lo, hi := poller.RetryHorizon(a.pollerConfig())
 	caps := sink.Capabilities()
-	a.Log.Info("outboxd started", "http_addr", addr, "redis_mode", a.Cfg.Redis.Mode,
+	a.Log.Info("outboxd started", "http_addr", addr, "lock_backend", a.Cfg.Lock.Backend, "redis_mode", a.Cfg.Redis.Mode,
 		"sink", sinkNames(a.Cfg), "sink_ordering", caps.Ordering, "poller_notify", a.Cfg.Poller.Notify,
 		// How long a row that keeps failing is retried before it is dead-lettered.
 		"retry_horizon_min", lo.Round(time.Second).String(), "retry_horizon_max", hi.Round(time.Second).String())

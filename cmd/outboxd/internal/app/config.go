@@ -37,6 +37,7 @@ func Defaults() map[string]any {
 		"postgres.dsn_file":                       "",
 		"postgres.schema":                         "public",
 		"postgres.pooler":                         config.PoolerNone,
+		"lock.backend":                            config.LockRedis,
 		"redis.addrs":                             []string{DefaultRedisAddr},
 		"redis.mode":                              "single",
 		"redis.username":                          "",

@@ -110,6 +110,8 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{name: "structured without cloudevents", sets: []string{"dispatch.cloudevents_mode=structured"}, key: "dispatch.cloudevents_mode"},
 		{name: "secret list entry not a string", file: "dispatch:\n  webhook:\n    secret: [whsec_AAAA, {a: 1}]\n", key: "dispatch.webhook.secret[1]"},
 		{name: "bad pooler", sets: []string{"postgres.pooler=session"}, key: "postgres.pooler"},
+		{name: "bad lock backend", sets: []string{"lock.backend=zookeeper"}, key: "lock.backend"},
+		{name: "etcd lock backend not built", sets: []string{"lock.backend=etcd"}, key: "lock.backend"},
 		{name: "bad schema", sets: []string{"postgres.schema=Outbox-1"}, key: "postgres.schema"},
 		{name: "system schema pg_catalog", sets: []string{"postgres.schema=pg_catalog"}, key: "postgres.schema"},
 		{name: "system schema pg_temp", sets: []string{"postgres.schema=pg_temp"}, key: "postgres.schema"},
