@@ -372,6 +372,7 @@ func (a *App) httpDeps(p *poller.Poller, rec *reconcile.Reconciler, sink dispatc
 		AuthToken:     a.Cfg.HTTP.AuthToken,
 		OffLoopback:   offLoopback,
 		MaxConcurrent: a.Cfg.HTTP.MaxConcurrent,
+		OpsShare:      opsShare,
 		Dead:          ops,
 		Status: func(ctx context.Context) (any, error) {
 			st, err := a.status(ctx, ops, map[string]func() int64{keys.PollerLock: p.HeldToken, keys.ReconcileLock: rec.HeldToken}, sinksOf(sink))
@@ -404,6 +405,11 @@ func (a *App) logStarted(addr string, sink dispatch.Sink, offLoopback bool) {
 			"http_addr", a.Cfg.HTTP.Addr)
 	}
 }
+
+// opsShare is the share of each operations connection's time that
+// requests reading Postgres may take (httpapi.Deps.OpsShare): delivery
+// keeps the rest of the host however many clients read /dead.
+const opsShare = 0.05
 
 // sinkNames is the sink of the destination "default" alone, or each
 // destination as name=sink ("payments=kafka,notify=webhook").

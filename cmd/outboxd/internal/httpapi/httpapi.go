@@ -45,6 +45,11 @@ type Deps struct {
 	// with Retry-After, and a scrape beyond it shows the backlog gauges'
 	// last values (limit). 0: no bound.
 	MaxConcurrent int
+	// OpsShare is the share of each of those places' time the requests
+	// may read for (0 < OpsShare < 1; otherwise no rest): after a request
+	// of d the place rests d×(1/OpsShare − 1), so a crowd of readers costs
+	// delivery at most that share of the operations connections' time.
+	OpsShare float64
 }
 
 // Handler returns the endpoints' mux.
@@ -55,7 +60,7 @@ func Handler(d Deps) http.Handler {
 	if d.OffLoopback && d.AuthToken == "" {
 		payloads = func(pattern string, _ http.HandlerFunc) { mux.HandleFunc(pattern, refusePayloads) }
 	}
-	lim := newLimit(d.MaxConcurrent)
+	lim := newLimit(d.MaxConcurrent, d.OpsShare)
 	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -75,11 +80,14 @@ func Handler(d Deps) http.Handler {
 	if d.Registry != nil {
 		h := promhttp.HandlerFor(d.Registry, promhttp.HandlerOpts{Registry: d.Registry})
 		guarded("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
-			if d.BeforeScrape != nil && lim.try() {
+			if place, _, ok := lim.try(); d.BeforeScrape != nil && ok {
+				began := lim.clock()
 				ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 				d.BeforeScrape(ctx)
 				cancel()
-				lim.release()
+				lim.release(place, lim.clock().Sub(began))
+			} else if ok {
+				lim.release(place, 0)
 			}
 			h.ServeHTTP(w, r)
 		})

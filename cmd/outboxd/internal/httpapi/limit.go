@@ -1,56 +1,100 @@
 package httpapi
 
-import "net/http"
+import (
+	"math"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+)
 
 // limit admits at most its capacity of the operations requests that read
 // Postgres at once (/dead, /dead/{id}, /status, the backlog refresh of a
-// scrape). Guarantee: a request beyond the capacity never waits for a
-// connection: it is answered 503 with Retry-After at once, so a crowd of
-// readers holds at most the capacity of the operations pool's connections
-// and never queues behind a slow query. A nil limit admits everything.
-type limit chan struct{}
+// scrape), and lets each place read for at most its share of the time.
+// Guarantees: a request beyond the capacity never waits for a connection:
+// it is answered 503 with Retry-After at once, so a crowd of readers holds
+// at most the capacity of the operations pool's connections and never
+// queues behind a slow query; and a place that served a request for d
+// rests d×(1/share − 1) before it serves again, so however many readers
+// ask, the operations reads take at most share of each place's time, and
+// the rest of the host's CPU stays with delivery. A nil limit admits
+// everything.
+type limit struct {
+	share float64
+	now   func() time.Time
+	mu    sync.Mutex
+	busy  []bool
+	free  []time.Time // when each idle place may serve again
+}
 
-// retryAfter is the Retry-After (seconds) of a request refused by a full limit.
-const retryAfter = "1"
+// maxRest bounds a place's rest after one slow request.
+const maxRest = 10 * time.Second
 
-func newLimit(n int) limit {
+// newLimit is a limit of n places, each reading for at most share of its
+// time (share ≤ 0 or ≥ 1: no rest); nil when n ≤ 0.
+func newLimit(n int, share float64) *limit {
 	if n <= 0 {
 		return nil
 	}
-	return make(limit, n)
+	return &limit{share: share, now: time.Now, busy: make([]bool, n), free: make([]time.Time, n)}
 }
 
-// try takes a place, or reports false when every place is taken; release
-// gives it back.
-func (l limit) try() bool {
+// try takes a free place and returns it, or reports false and how long
+// until a place may be free; release gives the place back after took.
+func (l *limit) try() (int, time.Duration, bool) {
 	if l == nil {
-		return true
+		return -1, 0, true
 	}
-	select {
-	case l <- struct{}{}:
-		return true
-	default:
-		return false
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now, wait := l.now(), maxRest
+	for i := range l.busy {
+		switch {
+		case l.busy[i]:
+			wait = min(wait, time.Second)
+		case !l.free[i].After(now):
+			l.busy[i] = true
+			return i, 0, true
+		default:
+			wait = min(wait, l.free[i].Sub(now))
+		}
 	}
+	return 0, wait, false
 }
 
-func (l limit) release() {
-	if l != nil {
-		<-l
+func (l *limit) release(place int, took time.Duration) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.busy[place] = false
+	l.free[place] = l.now()
+	if l.share > 0 && l.share < 1 {
+		l.free[place] = l.free[place].Add(min(time.Duration(float64(took)*(1/l.share-1)), maxRest))
 	}
 }
 
 // wrap serves h within the limit, and 503 with Retry-After when it is full.
-func (l limit) wrap(h http.HandlerFunc) http.HandlerFunc {
+func (l *limit) wrap(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !l.try() {
-			w.Header().Set("Retry-After", retryAfter)
+		place, wait, ok := l.try()
+		if !ok {
+			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(max(wait, time.Second).Seconds()))))
 			writeJSON(w, http.StatusServiceUnavailable, map[string]string{
-				"error": "too many operations requests reading Postgres at once (http.max_concurrent); retry later",
+				"error": "too many operations requests reading Postgres (http.max_concurrent); retry later",
 			})
 			return
 		}
-		defer l.release()
+		began := l.clock()
+		defer func() { l.release(place, l.clock().Sub(began)) }()
 		h(w, r)
 	}
+}
+
+func (l *limit) clock() time.Time {
+	if l == nil {
+		return time.Time{}
+	}
+	return l.now()
 }
