@@ -80,7 +80,7 @@ var measures = []measure{
 		},
 		renderPooler},
 	{"dead-readers",
-		[][]string{{"-scenario", "dead-readers", "-rounds", "3", "-rows", "2000", "-dead", "200000", "-readers", "32", "-batches", "1000"}},
+		[][]string{{"-scenario", "dead-readers", "-rounds", "3", "-rows", "20000", "-dead", "200000", "-readers", "32", "-batches", "1000"}},
 		[][]string{{"-scenario", "dead-readers", "-rounds", "1", "-rows", "200", "-dead", "2000", "-readers", "4", "-batches", "100"}},
 		renderTables},
 	{"sinks",
