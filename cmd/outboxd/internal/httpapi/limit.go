@@ -15,20 +15,25 @@ import (
 // it is answered 503 with Retry-After at once, so a crowd of readers holds
 // at most the capacity of the operations pool's connections and never
 // queues behind a slow query; and a place that served a request for d
-// rests d×(1/share − 1) before it serves again, so however many readers
-// ask, the operations reads take at most share of each place's time, and
-// the rest of the host's CPU stays with delivery. A nil limit admits
-// everything.
+// owes a rest of d×(1/share − 1), serving again only while it owes at most
+// restBurst, so however many readers ask, the operations reads take at
+// most share of each place's time (after a burst), and the rest of the
+// host's CPU stays with delivery. A nil limit admits everything.
 type limit struct {
 	share float64
 	now   func() time.Time
 	mu    sync.Mutex
 	busy  []bool
-	free  []time.Time // when each idle place may serve again
+	free  []time.Time // when each place's owed rest ends
 }
 
 // maxRest bounds a place's rest after one slow request.
 const maxRest = 10 * time.Second
+
+// restBurst is the rest a place may owe and still serve: an operator's few
+// requests in a row are served at once; a crowd's owed rest grows past it
+// and is then paid.
+const restBurst = time.Second
 
 // newLimit is a limit of n places, each reading for at most share of its
 // time (share ≤ 0 or ≥ 1: no rest); nil when n ≤ 0.
@@ -52,11 +57,11 @@ func (l *limit) try() (int, time.Duration, bool) {
 		switch {
 		case l.busy[i]:
 			wait = min(wait, time.Second)
-		case !l.free[i].After(now):
+		case !l.free[i].After(now.Add(restBurst)):
 			l.busy[i] = true
 			return i, 0, true
 		default:
-			wait = min(wait, l.free[i].Sub(now))
+			wait = min(wait, l.free[i].Sub(now.Add(restBurst)))
 		}
 	}
 	return 0, wait, false
@@ -69,10 +74,13 @@ func (l *limit) release(place int, took time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.busy[place] = false
-	l.free[place] = l.now()
-	if l.share > 0 && l.share < 1 {
-		l.free[place] = l.free[place].Add(min(time.Duration(float64(took)*(1/l.share-1)), maxRest))
+	now := l.now()
+	if l.share <= 0 || l.share >= 1 {
+		l.free[place] = now
+		return
 	}
+	rest := min(time.Duration(float64(took)*(1/l.share-1)), maxRest)
+	l.free[place] = maxTime(l.free[place], now).Add(rest)
 }
 
 // wrap serves h within the limit, and 503 with Retry-After when it is full.
@@ -97,4 +105,11 @@ func (l *limit) clock() time.Time {
 		return time.Time{}
 	}
 	return l.now()
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
