@@ -164,7 +164,8 @@ func TestChartRendersEveryLeaseBackend(t *testing.T) {
 					t.Errorf("config.yaml sets %s, which is no config key", k)
 				}
 			}
-			checkPodAndPorts(t, r, flat)
+			checkPod(t, r, flat)
+			checkPorts(t, r, flat)
 			checkSecretFiles(t, r, flat)
 			checkMigrate(t, r)
 			checkToken(t, r, flat)
@@ -176,11 +177,9 @@ func TestChartRendersEveryLeaseBackend(t *testing.T) {
 	}
 }
 
-// checkPodAndPorts: replicas, the PDB below them, probes on /livez and
-// /readyz at the named port http, which is http.addr's port, the
-// Service's target and the port the NetworkPolicy admits; the grace
-// period outlasts shutdown_timeout.
-func checkPodAndPorts(t *testing.T, r rendered, flat map[string]any) {
+// checkPod: replicas, the PDB below them, probes on /livez and /readyz at
+// the named port http; the grace period outlasts shutdown_timeout.
+func checkPod(t *testing.T, r rendered, flat map[string]any) {
 	t.Helper()
 	dep := r.one(t, "Deployment")
 	pod := get(dep, "spec", "template", "spec")
@@ -193,6 +192,20 @@ func checkPodAndPorts(t *testing.T, r rendered, flat map[string]any) {
 			t.Errorf("%s %v, want GET %s on port http", probe, get(ctr, probe), want)
 		}
 	}
+	grace := time.Duration(get(pod, "terminationGracePeriodSeconds").(int)) * time.Second
+	shutdown, err := time.ParseDuration(flat["shutdown_timeout"].(string))
+	if err != nil || grace <= shutdown+2*time.Second {
+		t.Errorf("terminationGracePeriodSeconds %s must exceed shutdown_timeout %v plus the lock release (%v)", grace, flat["shutdown_timeout"], err)
+	}
+}
+
+// checkPorts: the container's port http is http.addr's port, the
+// Service's target and the port the NetworkPolicy admits to the relay's
+// pods.
+func checkPorts(t *testing.T, r rendered, flat map[string]any) {
+	t.Helper()
+	dep := r.one(t, "Deployment")
+	ctr := container(t, get(dep, "spec", "template", "spec"), "containers", "outboxd")
 	_, portText, err := net.SplitHostPort(flat["http.addr"].(string))
 	if err != nil {
 		t.Fatalf("http.addr %v: %v", flat["http.addr"], err)
@@ -214,11 +227,6 @@ func checkPodAndPorts(t *testing.T, r rendered, flat map[string]any) {
 		if get(dep, "spec", "template", "metadata", "labels", k) != v {
 			t.Errorf("the NetworkPolicy selects %s=%v, which the relay's pods lack", k, v)
 		}
-	}
-	grace := time.Duration(get(pod, "terminationGracePeriodSeconds").(int)) * time.Second
-	shutdown, err := time.ParseDuration(flat["shutdown_timeout"].(string))
-	if err != nil || grace <= shutdown+2*time.Second {
-		t.Errorf("terminationGracePeriodSeconds %s must exceed shutdown_timeout %v plus the lock release (%v)", grace, flat["shutdown_timeout"], err)
 	}
 }
 
