@@ -349,10 +349,7 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch, rows int, tag st
 		if *profile != "" {
 			prof = d.cpuProfile(filepath.Join(*profile, tag+".cpu.pprof"))
 		}
-		for d.dispatched() < float64(rows+1) {
-			time.Sleep(250 * time.Millisecond)
-			d.checkAlive()
-		}
+		awaitDrained(ctx, pool, d, float64(rows+1))
 		var last time.Time
 		check(pool.QueryRow(ctx, `SELECT max(dispatched_at) FROM outbox`).Scan(&last))
 		res := drainResult{load: load, perSec: float64(rows) / last.Sub(d.started).Seconds()}
@@ -384,12 +381,9 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch, rows int, tag st
 	if *profile != "" {
 		prof = d.cpuProfile(filepath.Join(*profile, tag+".cpu.pprof"))
 	}
-	// /metrics refreshes the backlog gauges from Postgres on each scrape: poll
-	// sparingly; the end time comes from the rows themselves.
-	for d.dispatched() < float64(rows) {
-		time.Sleep(250 * time.Millisecond)
-		d.checkAlive()
-	}
+	// The end time comes from the rows themselves (awaitDrained polls
+	// without loading the relay).
+	awaitDrained(ctx, pool, d, float64(rows))
 	// The last row's mark is the end; the process start is the beginning
 	// (what an operator restarting onto a backlog waits for).
 	var last time.Time
