@@ -26,8 +26,12 @@ var (
 		"(autovacuum off on a -pg private-autovacuum server, for a same-server comparison)")
 )
 
-// build is one outboxd binary and the label its results carry.
-type build struct{ label, path string }
+// build is one outboxd binary, the label its results carry, and the
+// settings every relay of it is started with (a lease backend's, -backends).
+type build struct {
+	label, path string
+	sets        []string
+}
 
 // parseBins reads -bin: "path" or "label=path", comma-separated.
 func parseBins(list string) []build {
@@ -43,7 +47,7 @@ func parseBins(list string) []build {
 		if _, err := os.Stat(path); err != nil {
 			check(fmt.Errorf("-bin %s: %w", s, err))
 		}
-		out = append(out, build{label, path})
+		out = append(out, build{label: label, path: path})
 	}
 	return out
 }

@@ -34,6 +34,10 @@
 //	         producing meanwhile; the order the webhook receiver saw, the
 //	         outboxd_late_commits_total count and whether "late commit" was
 //	         logged
+//	lease    per build and -backends entry, a leader and a standby on one
+//	         database: the leader signalled (SIGTERM: graceful handover;
+//	         SIGKILL: crash takeover, waiting out -lease-ttl), one event
+//	         committed; the time from the signal to its mark by the standby
 //	slow     a -rows backlog over -aggregates aggregates through the webhook
 //	         to a receiver answering in -receiver-delay (-straggler: one
 //	         aggregate's events take that long each), per -concurrency;
@@ -120,7 +124,7 @@ import (
 var (
 	pgDSN      = flag.String("dsn", benchenv.PostgresDSN(), "maintenance DSN (databases are created beside it)")
 	redisAddr  = flag.String("redis", benchenv.RedisAddr(), "Redis address")
-	scenario   = flag.String("scenario", "drain", "drain, latency, history, backlog, order, slow or dead-readers")
+	scenario   = flag.String("scenario", "drain", "drain, latency, history, backlog, order, slow, dead-readers or lease")
 	rounds     = flag.Int("rounds", 3, "drain: rounds (each runs every batch size for outboxd and the peer)")
 	batches    = flag.String("batches", "1000,100", "drain: poller.batch_size values")
 	rows       = flag.Int("rows", 100000, "drain: backlog size")
@@ -181,6 +185,7 @@ func main() {
 		return
 	}
 	selectPostgres()
+	bins = withBackends(bins)
 	for _, b := range bins {
 		fmt.Printf("blackbox: %s = %s, GOMAXPROCS %q, %s, postgres %s, load %s\n", b.label, b.path, os.Getenv("GOMAXPROCS"), time.Now().UTC().Format(time.RFC3339), *pgMode, loadAvg())
 	}
@@ -199,6 +204,8 @@ func main() {
 		slowRounds(ctx, bins)
 	case "dead-readers":
 		deadReaderRounds(ctx, bins)
+	case "lease":
+		leaseRounds(ctx, bins)
 	default:
 		check(fmt.Errorf("unknown -scenario %q", *scenario))
 	}
@@ -233,7 +240,7 @@ func drainRounds(ctx context.Context, bins []build) {
 		for _, b := range sizes {
 			for _, bin := range bins {
 				for _, s := range names {
-					res := drainOutboxd(ctx, bin.path, s, b, *rows, fmt.Sprintf("r%d-b%d-%s-%s", r+1, b, s, bin.label), nil)
+					res := drainOutboxd(ctx, use(bin), s, b, *rows, fmt.Sprintf("r%d-b%d-%s-%s", r+1, b, s, bin.label), nil)
 					ours[key{bin.label, s, b}] = append(ours[key{bin.label, s, b}], res)
 					fmt.Printf("round %d batch %4d outboxd %s %-12s %8.0f ev/s  RSS %5.1f MiB  CPU s/1k events: relay %.4f  postgres %.4f  redis %.4f  relay allocs/event %.1f (%.0f B)  (load %s)\n",
 						r+1, b, bin.label, s, res.perSec, res.rssMiB, res.relayCPU, res.pgCPU, res.rCPU, res.mallocs, res.allocBytes, res.load)
@@ -476,7 +483,7 @@ func latencyRuns(ctx context.Context, bins []build) {
 					if sink != nil {
 						spans0, bad0 = sink.spans.Load(), sink.bad.Load()
 					}
-					q := latencyOnce(ctx, bin.path, extra, env)
+					q := latencyOnce(ctx, use(bin), extra, env)
 					all[key{bin.label, w, mode}] = append(all[key{bin.label, w, mode}], q)
 					recv, traced := "", ""
 					if *latWebhook {
@@ -936,6 +943,9 @@ func startDaemon(ctx context.Context, bin, dsn, prefix string, batch int, pprof 
 		if s = strings.TrimSpace(s); s != "" {
 			args = append(args, "--set", s)
 		}
+	}
+	for _, s := range buildSets {
+		args = append(args, "--set", s)
 	}
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = env // nil: the bench's environment

@@ -57,7 +57,7 @@ func slowRounds(ctx context.Context, bins []build) {
 			c = strings.TrimSpace(c)
 			for _, st := range strags {
 				for _, bin := range bins {
-					res := slowOnce(ctx, bin.path, c, st)
+					res := slowOnce(ctx, use(bin), c, st)
 					k := key{bin.label, c, st}
 					out[k] = append(out[k], res)
 					fmt.Printf("round %d %s concurrency %s%s: %s (load %s)\n", r+1, bin.label, concWord(c), stragglerWord(st), res.describe(st), res.load)
