@@ -151,6 +151,7 @@ var (
 	txHold       = flag.Duration("tx-hold", 0, "latency with -producers: time between a producer's INSERT and its COMMIT")
 	tracing      = flag.String("tracing", "", "latency: off, on, or off,on (each run once per mode): on exports every span over OTLP/HTTP to a receiver in the bench (OTEL_* set for the relay), off clears OTEL_*; empty: the environment as it is")
 	gapWaits     = flag.String("gap-wait", "", "latency: poller.gap_wait values, a comma list run in turn in every run (empty: the build's default)")
+	pgCPUScope   = flag.String("pg-cpu", "server", "Postgres CPU: server (the postmaster and every process it started) or database (only the backends connected to the run's database: on a server others use meanwhile)")
 	longTx       = flag.Duration("long-tx", 0, "latency: one more producer keeps each of its transactions open this long after its INSERT, one after another, all run long (a long writing transaction)")
 )
 
@@ -1102,7 +1103,19 @@ func (t *tail) String() string {
 // (a private server beside the shared one: the shared one's work for other
 // users is not the relay's). Backends that exit between two readings lose
 // their share; the relay's stay connected. The server must run here.
+//
+// With -pg-cpu database, only the backends connected to pool's database
+// are summed: on a server others use meanwhile, their work is not the
+// relay's (the server's shared processes, the WAL writer's share, are then
+// left out too).
 func serverCPU(ctx context.Context, pool *pgxpool.Pool) float64 {
+	if *pgCPUScope == "database" {
+		rows, err := pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database()`)
+		check(err)
+		pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		check(err)
+		return sumCPU(func(pid int) bool { return slices.Contains(pids, int32(pid)) })
+	}
 	var backend int
 	check(pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend))
 	postmaster := parentPID(backend)
