@@ -81,5 +81,5 @@ func plain(s string) bool {
 // htmlSafe is whether encoding/json's HTML escaping leaves m as it is:
 // no <, > or &, and no U+2028 or U+2029.
 func htmlSafe(m []byte) bool {
-	return bytes.IndexAny(m, "<>&") < 0 && !bytes.Contains(m, []byte("\u2028")) && !bytes.Contains(m, []byte("\u2029"))
+	return !bytes.ContainsAny(m, "<>&") && !bytes.Contains(m, []byte("\u2028")) && !bytes.Contains(m, []byte("\u2029"))
 }
