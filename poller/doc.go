@@ -81,7 +81,7 @@
 //     for one term. It gets what it acts on (readDeps) from the runner.
 //  3. Composed mechanisms: cursor.go (readCursor), late.go (lateCommits).
 //  4. Mechanisms: gaps.go, parked.go, rescan.go, coldpass.go, rewind.go,
-//     paused.go, latefound.go, lateinherited.go, sentmemory.go.
+//     paused.go, quiet.go, latefound.go, lateinherited.go, sentmemory.go.
 //  5. Values: item.go (a batch's rows and their outcomes), latecheck.go
 //     (what the late-commit checks share).
 package poller

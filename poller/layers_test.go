@@ -31,7 +31,7 @@ var floors = []struct {
 		"finish.go", "backoff.go", "circuit.go", "health.go", "trace.go", "scripts.go"}},
 	{"read path", false, true, []string{"readpath.go"}},
 	{"composed mechanisms", true, true, []string{"cursor.go", "late.go"}},
-	{"mechanisms", true, true, []string{"gaps.go", "parked.go", "rescan.go", "coldpass.go", "rewind.go", "paused.go",
+	{"mechanisms", true, true, []string{"gaps.go", "parked.go", "rescan.go", "coldpass.go", "rewind.go", "paused.go", "quiet.go",
 		"latefound.go", "lateinherited.go", "sentmemory.go"}},
 	{"values", true, false, []string{"item.go", "latecheck.go"}},
 }

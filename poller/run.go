@@ -55,7 +55,7 @@ func (p *Poller) Run(ctx context.Context) error {
 // term ShutdownTimeout later) and write their results → release (the term,
 // when lead returns).
 func (p *Poller) lead(ctx, work context.Context, t *term.Term) (err error) {
-	idle := time.Duration(0)
+	var quiet quietWait
 	pl := p.newPipeline(work, t.Fence(), t.TrustedUntil)
 	defer func() {
 		// Every result is written (or has failed) before the term ends.
@@ -80,29 +80,31 @@ func (p *Poller) lead(ctx, work context.Context, t *term.Term) (err error) {
 		case err != nil:
 			t.Log().Error("batch failed", "error", err)
 		}
-		idle = p.pause(res, err, idle)
-		if idle > 0 && p.wait(ctx, work, pl, idle) {
-			idle = 0
+		if d := p.pause(res, err, &quiet); d > 0 && p.wait(ctx, work, pl, d) {
+			quiet.rows() // woken: rows, room or an error; look at once, then as after rows
 		}
 	}
 }
 
 // pause is how long the lead waits before the next batch, after one that
-// returned res and err, when it waited idle before that one.
-func (p *Poller) pause(res batchResult, err error, idle time.Duration) time.Duration {
+// returned res and err; quiet counts the empty fetches since the last rows.
+func (p *Poller) pause(res batchResult, err error, quiet *quietWait) time.Duration {
 	switch {
 	case err != nil, res.full:
 		return p.cfg.PollInterval // or until the pipeline has room (pl.wake)
 	case res.more:
+		quiet.rows()
 		return 0 // more waiting: go again at once
 	case res.fetched > 0 || res.held:
 		// A stream, or rows waiting for an earlier id to commit: the next
 		// rows are due within about a poll.
+		quiet.rows()
 		return time.Millisecond
 	}
-	// Quiet: back off 1, 2, 4 ... ms up to poll_interval, so a short gap in
-	// a stream costs a millisecond or two, not a poll interval.
-	return min(max(2*idle, time.Millisecond), p.cfg.PollInterval)
+	// Quiet: a millisecond for a few empty fetches, then 2, 4 ... ms up to
+	// poll_interval (quietWait), so a gap in a stream costs a millisecond,
+	// not a poll interval.
+	return quiet.next(p.cfg.PollInterval)
 }
 
 // wait waits d, or until ctx or work ends; it returns true when woken

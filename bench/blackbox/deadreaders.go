@@ -40,8 +40,8 @@ func deadReaderRounds(ctx context.Context, bins []build) {
 				x = &res{}
 				out[bin.label] = x
 			}
-			a := deadReadersOnce(ctx, bin.path, 0)
-			c := deadReadersOnce(ctx, bin.path, *deadReaders)
+			a := deadReadersOnce(ctx, use(bin), 0)
+			c := deadReadersOnce(ctx, use(bin), *deadReaders)
 			x.alone, x.crowd = append(x.alone, a.secs), append(x.crowd, c.secs)
 			answers[bin.label] = c.answers()
 			fmt.Printf("round %d %s: %d events drained in %.2f s alone (load %s), %.2f s beside %d /dead readers (load %s; %s; %d batch failures)\n",

@@ -26,8 +26,12 @@ var (
 		"(autovacuum off on a -pg private-autovacuum server, for a same-server comparison)")
 )
 
-// build is one outboxd binary and the label its results carry.
-type build struct{ label, path string }
+// build is one outboxd binary, the label its results carry, and the
+// settings every relay of it is started with (a lease backend's, -backends).
+type build struct {
+	label, path string
+	sets        []string
+}
 
 // parseBins reads -bin: "path" or "label=path", comma-separated.
 func parseBins(list string) []build {
@@ -43,7 +47,7 @@ func parseBins(list string) []build {
 		if _, err := os.Stat(path); err != nil {
 			check(fmt.Errorf("-bin %s: %w", s, err))
 		}
-		out = append(out, build{label, path})
+		out = append(out, build{label: label, path: path})
 	}
 	return out
 }
@@ -185,3 +189,30 @@ func loadAvg() string {
 
 // since is a duration in ms, for result lines.
 func since(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }
+
+// awaitDrained returns once the relay d has counted want events
+// dispatched (outboxd_dispatched_total). Until the backlog's last row
+// (the highest id, which the relay reads last) is marked, it reads only
+// that row's dispatched_at, by primary key: a scrape of /metrics every
+// poll would refresh the backlog gauges from Postgres each time (a count
+// over the pending index, and under a held snapshot over every row
+// delivered since) and gzip the page, a load no peer carries and no
+// Prometheus at its usual interval makes; the counter is scraped only
+// after that, a few times at most.
+func awaitDrained(ctx context.Context, pool *pgxpool.Pool, d *daemon, want float64) {
+	var lastID int64
+	check(pool.QueryRow(ctx, `SELECT max(id) FROM outbox`).Scan(&lastID))
+	for {
+		var done bool
+		check(pool.QueryRow(ctx, `SELECT dispatched_at IS NOT NULL FROM outbox WHERE id = $1`, lastID).Scan(&done))
+		if done {
+			break
+		}
+		d.checkAlive()
+		time.Sleep(50 * time.Millisecond)
+	}
+	for d.dispatched() < want {
+		d.checkAlive()
+		time.Sleep(250 * time.Millisecond)
+	}
+}

@@ -34,6 +34,10 @@
 //	         producing meanwhile; the order the webhook receiver saw, the
 //	         outboxd_late_commits_total count and whether "late commit" was
 //	         logged
+//	lease    per build and -backends entry, a leader and a standby on one
+//	         database: the leader signalled (SIGTERM: graceful handover;
+//	         SIGKILL: crash takeover, waiting out -lease-ttl), one event
+//	         committed; the time from the signal to its mark by the standby
 //	slow     a -rows backlog over -aggregates aggregates through the webhook
 //	         to a receiver answering in -receiver-delay (-straggler: one
 //	         aggregate's events take that long each), per -concurrency;
@@ -120,7 +124,7 @@ import (
 var (
 	pgDSN      = flag.String("dsn", benchenv.PostgresDSN(), "maintenance DSN (databases are created beside it)")
 	redisAddr  = flag.String("redis", benchenv.RedisAddr(), "Redis address")
-	scenario   = flag.String("scenario", "drain", "drain, latency, history, backlog, order, slow or dead-readers")
+	scenario   = flag.String("scenario", "drain", "drain, latency, history, backlog, order, slow, dead-readers or lease")
 	rounds     = flag.Int("rounds", 3, "drain: rounds (each runs every batch size for outboxd and the peer)")
 	batches    = flag.String("batches", "1000,100", "drain: poller.batch_size values")
 	rows       = flag.Int("rows", 100000, "drain: backlog size")
@@ -147,6 +151,7 @@ var (
 	txHold       = flag.Duration("tx-hold", 0, "latency with -producers: time between a producer's INSERT and its COMMIT")
 	tracing      = flag.String("tracing", "", "latency: off, on, or off,on (each run once per mode): on exports every span over OTLP/HTTP to a receiver in the bench (OTEL_* set for the relay), off clears OTEL_*; empty: the environment as it is")
 	gapWaits     = flag.String("gap-wait", "", "latency: poller.gap_wait values, a comma list run in turn in every run (empty: the build's default)")
+	pgCPUScope   = flag.String("pg-cpu", "server", "Postgres CPU: server (the postmaster and every process it started) or database (only the backends connected to the run's database: on a server others use meanwhile)")
 	longTx       = flag.Duration("long-tx", 0, "latency: one more producer keeps each of its transactions open this long after its INSERT, one after another, all run long (a long writing transaction)")
 )
 
@@ -181,6 +186,7 @@ func main() {
 		return
 	}
 	selectPostgres()
+	bins = withBackends(bins)
 	for _, b := range bins {
 		fmt.Printf("blackbox: %s = %s, GOMAXPROCS %q, %s, postgres %s, load %s\n", b.label, b.path, os.Getenv("GOMAXPROCS"), time.Now().UTC().Format(time.RFC3339), *pgMode, loadAvg())
 	}
@@ -199,6 +205,8 @@ func main() {
 		slowRounds(ctx, bins)
 	case "dead-readers":
 		deadReaderRounds(ctx, bins)
+	case "lease":
+		leaseRounds(ctx, bins)
 	default:
 		check(fmt.Errorf("unknown -scenario %q", *scenario))
 	}
@@ -233,7 +241,7 @@ func drainRounds(ctx context.Context, bins []build) {
 		for _, b := range sizes {
 			for _, bin := range bins {
 				for _, s := range names {
-					res := drainOutboxd(ctx, bin.path, s, b, *rows, fmt.Sprintf("r%d-b%d-%s-%s", r+1, b, s, bin.label), nil)
+					res := drainOutboxd(ctx, use(bin), s, b, *rows, fmt.Sprintf("r%d-b%d-%s-%s", r+1, b, s, bin.label), nil)
 					ours[key{bin.label, s, b}] = append(ours[key{bin.label, s, b}], res)
 					fmt.Printf("round %d batch %4d outboxd %s %-12s %8.0f ev/s  RSS %5.1f MiB  CPU s/1k events: relay %.4f  postgres %.4f  redis %.4f  relay allocs/event %.1f (%.0f B)  (load %s)\n",
 						r+1, b, bin.label, s, res.perSec, res.rssMiB, res.relayCPU, res.pgCPU, res.rCPU, res.mallocs, res.allocBytes, res.load)
@@ -349,10 +357,7 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch, rows int, tag st
 		if *profile != "" {
 			prof = d.cpuProfile(filepath.Join(*profile, tag+".cpu.pprof"))
 		}
-		for d.dispatched() < float64(rows+1) {
-			time.Sleep(250 * time.Millisecond)
-			d.checkAlive()
-		}
+		awaitDrained(ctx, pool, d, float64(rows+1))
 		var last time.Time
 		check(pool.QueryRow(ctx, `SELECT max(dispatched_at) FROM outbox`).Scan(&last))
 		res := drainResult{load: load, perSec: float64(rows) / last.Sub(d.started).Seconds()}
@@ -384,12 +389,9 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch, rows int, tag st
 	if *profile != "" {
 		prof = d.cpuProfile(filepath.Join(*profile, tag+".cpu.pprof"))
 	}
-	// /metrics refreshes the backlog gauges from Postgres on each scrape: poll
-	// sparingly; the end time comes from the rows themselves.
-	for d.dispatched() < float64(rows) {
-		time.Sleep(250 * time.Millisecond)
-		d.checkAlive()
-	}
+	// The end time comes from the rows themselves (awaitDrained polls
+	// without loading the relay).
+	awaitDrained(ctx, pool, d, float64(rows))
 	// The last row's mark is the end; the process start is the beginning
 	// (what an operator restarting onto a backlog waits for).
 	var last time.Time
@@ -482,7 +484,7 @@ func latencyRuns(ctx context.Context, bins []build) {
 					if sink != nil {
 						spans0, bad0 = sink.spans.Load(), sink.bad.Load()
 					}
-					q := latencyOnce(ctx, bin.path, extra, env)
+					q := latencyOnce(ctx, use(bin), extra, env)
 					all[key{bin.label, w, mode}] = append(all[key{bin.label, w, mode}], q)
 					recv, traced := "", ""
 					if *latWebhook {
@@ -943,6 +945,9 @@ func startDaemon(ctx context.Context, bin, dsn, prefix string, batch int, pprof 
 			args = append(args, "--set", s)
 		}
 	}
+	for _, s := range buildSets {
+		args = append(args, "--set", s)
+	}
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = env // nil: the bench's environment
 	logs := &tail{}
@@ -1098,7 +1103,19 @@ func (t *tail) String() string {
 // (a private server beside the shared one: the shared one's work for other
 // users is not the relay's). Backends that exit between two readings lose
 // their share; the relay's stay connected. The server must run here.
+//
+// With -pg-cpu database, only the backends connected to pool's database
+// are summed: on a server others use meanwhile, their work is not the
+// relay's (the server's shared processes, the WAL writer's share, are then
+// left out too).
 func serverCPU(ctx context.Context, pool *pgxpool.Pool) float64 {
+	if *pgCPUScope == "database" {
+		rows, err := pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database()`)
+		check(err)
+		pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		check(err)
+		return sumCPU(func(pid int) bool { return slices.Contains(pids, int32(pid)) })
+	}
 	var backend int
 	check(pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend))
 	postmaster := parentPID(backend)

@@ -19,7 +19,7 @@ import (
 var (
 	report      = flag.Bool("report", false, "run every measure of BENCHMARKS.md against one build, rewrite its tables (between the report: markers), bench/*.dat and docs/benchmarks.png (with gnuplot)")
 	reportSmoke = flag.Bool("report-smoke", false, "as -report, each measure at toy size, into a copy of BENCHMARKS.md and a temporary folder: checks the command in seconds")
-	reportOnly  = flag.String("report-only", "", "-report: only these measures, a comma list (drain, backlog, history, latency, held, slow, pooler, dead-readers, sinks)")
+	reportOnly  = flag.String("report-only", "", "-report: only these measures, a comma list (drain, backlog, history, latency, held, slow, pooler, dead-readers, backends, sinks)")
 	reportMD    = flag.String("report-md", "../BENCHMARKS.md", "-report: the report to rewrite")
 	reportPNG   = flag.String("report-png", "../docs/benchmarks.png", "-report: the plot to draw")
 )
@@ -83,6 +83,18 @@ var measures = []measure{
 		[][]string{{"-scenario", "dead-readers", "-rounds", "3", "-rows", "20000", "-dead", "200000", "-readers", "32", "-batches", "1000"}},
 		[][]string{{"-scenario", "dead-readers", "-rounds", "1", "-rows", "200", "-dead", "2000", "-readers", "4", "-batches", "100"}},
 		renderTables},
+	{"backends",
+		[][]string{
+			{"-scenario", "drain", "-batches", "1000", "-rounds", "3", "-peer=false", "-bare=false", "-backends", reportBackends},
+			{"-scenario", "latency", "-rate", "1000", "-runs", "3", "-backends", reportBackends},
+			{"-scenario", "lease", "-runs", "3", "-backends", reportBackends},
+		},
+		[][]string{
+			{"-scenario", "drain", "-batches", "100", "-rounds", "1", "-rows", "300", "-peer=false", "-bare=false", "-backends", reportBackends},
+			{"-scenario", "latency", "-rate", "100", "-for", "2s", "-runs", "1", "-backends", reportBackends},
+			{"-scenario", "lease", "-runs", "1", "-lease-ttl", "2s", "-backends", reportBackends},
+		},
+		renderBackends},
 	{"sinks",
 		[][]string{
 			{"-rounds", "1", "-peer=false", "-bare=false", "-batches", "1000", "-sink", "noop,webhook,kafka,nats,rabbitmq,redis_stream,pubsub,kinesis"},
@@ -245,6 +257,43 @@ func renderPooler(outs []string, _ *plotData) (string, error) {
 		b.WriteString(path + "\n\n" + strings.Join(t, "\n") + "\n\n")
 	}
 	return strings.TrimSuffix(b.String(), "\n"), nil
+}
+
+// reportBackends are the lease backends the report measures side by side
+// (backendSettings); one the build refuses or whose server is missing is
+// skipped, and its rows are absent.
+const reportBackends = "redis,postgres,postgres-only,etcd"
+
+// renderBackends gives, per lease backend, the drain table, the 1k ev/s
+// latency rows and the handover and takeover table, with the backends the
+// run skipped named.
+func renderBackends(outs []string, plot *plotData) (string, error) {
+	if len(outs) != 3 {
+		return "", fmt.Errorf("backends: want 3 outputs, got %d", len(outs))
+	}
+	var skipped []string
+	for _, l := range strings.Split(outs[0], "\n") {
+		if strings.HasPrefix(l, "backend ") && strings.Contains(l, " skipped") {
+			skipped = append(skipped, l)
+		}
+	}
+	drain, err := renderTables(outs[:1], plot)
+	if err != nil {
+		return "", err
+	}
+	lat, err := renderLatency(outs[1:2], &plotData{})
+	if err != nil {
+		return "", err
+	}
+	lease, err := renderTables(outs[2:], plot)
+	if err != nil {
+		return "", err
+	}
+	b := drain + "\n" + lat + "\n" + lease
+	if len(skipped) > 0 {
+		b += "\nSkipped: " + strings.Join(skipped, "; ") + "\n"
+	}
+	return b, nil
 }
 
 // middle is the median of "min / median / max".

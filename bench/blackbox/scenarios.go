@@ -41,10 +41,10 @@ func historyRounds(ctx context.Context, bins []build) {
 				x = &res{}
 				out[bin.label] = x
 			}
-			c := drainOutboxd(ctx, bin.path, "noop", firstBatch(), *rows, "clean", nil)
+			c := drainOutboxd(ctx, use(bin), "noop", firstBatch(), *rows, "clean", nil)
 			x.clean = append(x.clean, c.perSec)
 			fmt.Printf("round %d %s: %d pending on a clean table: %8.0f ev/s (load %s)\n", r+1, bin.label, *rows, c.perSec, c.load)
-			h := drainOutboxd(ctx, bin.path, "noop", firstBatch(), *rows, "history", settledHistory(ctx))
+			h := drainOutboxd(ctx, use(bin), "noop", firstBatch(), *rows, "history", settledHistory(ctx))
 			x.behind = append(x.behind, h.perSec)
 			fmt.Printf("round %d %s: %d pending behind %d settled, snapshot held: %8.0f ev/s (load %s), %.1f%% of clean\n",
 				r+1, bin.label, *rows, *historyRows, h.perSec, h.load, 100*h.perSec/c.perSec)
@@ -168,8 +168,8 @@ func backlogRounds(ctx context.Context, bins []build) {
 				x = &res{}
 				out[bin.label] = x
 			}
-			s := drainOutboxd(ctx, bin.path, "noop", firstBatch(), *smallRows, "small", nil)
-			b := drainOutboxd(ctx, bin.path, "noop", firstBatch(), *rows, "big", nil)
+			s := drainOutboxd(ctx, use(bin), "noop", firstBatch(), *smallRows, "small", nil)
+			b := drainOutboxd(ctx, use(bin), "noop", firstBatch(), *rows, "big", nil)
 			x.small, x.big, x.ratio = append(x.small, s.perSec), append(x.big, b.perSec), append(x.ratio, b.perSec/s.perSec)
 			fmt.Printf("round %d %s: %d backlog %8.0f ev/s (load %s), %d backlog %8.0f ev/s (load %s): %.1f%%\n",
 				r+1, bin.label, *smallRows, s.perSec, s.load, *rows, b.perSec, b.load, 100*b.perSec/s.perSec)
@@ -211,7 +211,7 @@ func orderProbes(ctx context.Context, bins []build) {
 
 func orderProbe(ctx context.Context, run int, bin build, late time.Duration, rollBack bool) {
 	load := loadAvg()
-	r := newRun(ctx, bin.path)
+	r := newRun(ctx, use(bin))
 	defer r.done()
 	pool, err := pgxpool.New(ctx, r.dsn)
 	check(err)
@@ -219,7 +219,7 @@ func orderProbe(ctx context.Context, run int, bin build, late time.Duration, rol
 	tableAutovacuum(ctx, pool)
 	got, sink, stop := arrivalReceiver()
 	defer stop()
-	d := startDaemon(ctx, bin.path, r.dsn, r.prefix, *latBatch, false, sink)
+	d := startDaemon(ctx, use(bin), r.dsn, r.prefix, *latBatch, false, sink)
 	defer d.stop()
 	d.waitLeader()
 

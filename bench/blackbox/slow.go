@@ -9,11 +9,14 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -57,7 +60,7 @@ func slowRounds(ctx context.Context, bins []build) {
 			c = strings.TrimSpace(c)
 			for _, st := range strags {
 				for _, bin := range bins {
-					res := slowOnce(ctx, bin.path, c, st)
+					res := slowOnce(ctx, use(bin), c, st)
 					k := key{bin.label, c, st}
 					out[k] = append(out[k], res)
 					fmt.Printf("round %d %s concurrency %s%s: %s (load %s)\n", r+1, bin.label, concWord(c), stragglerWord(st), res.describe(st), res.load)
@@ -66,21 +69,26 @@ func slowRounds(ctx context.Context, bins []build) {
 		}
 	}
 	fmt.Printf("\n%d events over %d aggregates, receiver %v per event, %s payloads\n\n", *rows, *slowAggs, *receiverDelay, payloadWord())
-	fmt.Printf("| build | poller.concurrency | straggler | others ev/s min / median / max | others' per-aggregate finish p50 / max s (medians) | straggler events delivered by then | peak RSS MiB (max) | CPU s per 1k events relay / Postgres (medians) | received twice / out of order (sum) |\n|---|---|---|---|---|---|---|---|---|\n")
+	cores := runtime.NumCPU()
+	fmt.Printf("| build | poller.concurrency | straggler | others ev/s min / median / max | others' per-aggregate finish p50 / max s (medians) | straggler events delivered by then | peak RSS MiB (max) | CPU s per 1k events relay / Postgres / Redis / receiver (medians) | CPU ceiling (%d cores) ev/s, all / receiver excluded | received twice / out of order (sum) |\n|---|---|---|---|---|---|---|---|---|---|\n", cores)
 	for _, c := range concs {
 		c = strings.TrimSpace(c)
 		for _, st := range strags {
 			for _, bin := range bins {
-				var evs, p50, pmax, rss, cpu, pg, strag []float64
+				var evs, p50, pmax, rss, cpu, pg, rd, rcv, strag []float64
 				twice, early := 0, 0
 				for _, x := range out[key{bin.label, c, st}] {
 					evs, p50, pmax = append(evs, x.perSec), append(p50, x.finishP50), append(pmax, x.finishMax)
 					rss, cpu, strag = append(rss, x.rssMiB), append(cpu, x.relayCPU), append(strag, float64(x.stragglerDone))
-					pg = append(pg, x.pgCPU)
+					pg, rd, rcv = append(pg, x.pgCPU), append(rd, x.redisCPU), append(rcv, x.rcvCPU)
 					twice, early = twice+x.repeats, early+x.outOfOrder
 				}
-				fmt.Printf("| %s | %s | %s | %s | %.2f / %.2f | %.0f of %d | %.1f | %.4f / %.4f | %d / %d |\n", bin.label, concWord(c), strings.TrimPrefix(stragglerWord(st), ", "),
-					mmm(evs), median(p50), median(pmax), median(strag), stragglerRows(st), slices.Max(rss), median(cpu), median(pg), twice, early)
+				// The ceiling: the cores over what an event costs, with and
+				// without the receiver that shares them here.
+				relay := median(cpu) + median(pg) + median(rd)
+				fmt.Printf("| %s | %s | %s | %s | %.2f / %.2f | %.0f of %d | %.1f | %.4f / %.4f / %.4f / %.4f | %.0f / %.0f | %d / %d |\n", bin.label, concWord(c), strings.TrimPrefix(stragglerWord(st), ", "),
+					mmm(evs), median(p50), median(pmax), median(strag), stragglerRows(st), slices.Max(rss), median(cpu), median(pg), median(rd), median(rcv),
+					float64(cores)*1000/(relay+median(rcv)), float64(cores)*1000/relay, twice, early)
 			}
 		}
 	}
@@ -120,12 +128,14 @@ type slowResult struct {
 	outOfOrder    int     // events first received after a later one of their aggregate
 	rssMiB        float64
 	relayCPU      float64 // CPU s per 1,000 events marked
-	pgCPU         float64 // Postgres' (every backend; other databases' too), likewise
+	pgCPU         float64 // Postgres' (serverCPU), likewise
+	redisCPU      float64 // Redis', likewise
+	rcvCPU        float64 // this process' (the receiver, on the same cores), likewise
 }
 
 func (r slowResult) describe(strag time.Duration) string {
-	s := fmt.Sprintf("others %.0f ev/s, per-aggregate finish p50 %.2f s max %.2f s, peak RSS %.1f MiB, CPU s/1k events relay %.4f Postgres %.4f, %d received twice, %d out of order",
-		r.perSec, r.finishP50, r.finishMax, r.rssMiB, r.relayCPU, r.pgCPU, r.repeats, r.outOfOrder)
+	s := fmt.Sprintf("others %.0f ev/s, per-aggregate finish p50 %.2f s max %.2f s, peak RSS %.1f MiB, CPU s/1k events relay %.4f Postgres %.4f Redis %.4f receiver %.4f, %d received twice, %d out of order",
+		r.perSec, r.finishP50, r.finishMax, r.rssMiB, r.relayCPU, r.pgCPU, r.redisCPU, r.rcvCPU, r.repeats, r.outOfOrder)
 	if strag > 0 {
 		s += fmt.Sprintf(", straggler %d of %d delivered by then", r.stragglerDone, stragglerRows(strag))
 	}
@@ -157,9 +167,12 @@ func slowOnce(ctx context.Context, bin, conc string, strag time.Duration) slowRe
 	if *slowBatchMax != "" {
 		sets = append(sets, "poller.batch_max_bytes="+*slowBatchMax)
 	}
-	pgBefore := processCPU("postgres")
-	d := startDaemon(ctx, bin, r.dsn, r.prefix, *latBatch, false, sets)
+	pgBefore, redisBefore, selfBefore := serverCPU(ctx, pool), redisCPU(ctx, r.rdb), selfCPU()
+	d := startDaemon(ctx, bin, r.dsn, r.prefix, *latBatch, *profile != "", sets)
 	defer d.stop()
+	if *profile != "" {
+		defer d.cpuProfile(filepath.Join(*profile, fmt.Sprintf("slow-c%s-%s.cpu.pprof", concWord(conc), time.Now().Format("150405")))).wait()
+	}
 	for rcv.others.Load() < int64(others) {
 		time.Sleep(100 * time.Millisecond)
 		d.checkAlive()
@@ -196,7 +209,9 @@ func slowOnce(ctx context.Context, bin, conc string, strag time.Duration) slowRe
 		res.stragglerDone = 0
 	}
 	res.relayCPU = d.cpuSeconds() / (float64(marked) / 1000)
-	res.pgCPU = (processCPU("postgres") - pgBefore) / (float64(marked) / 1000)
+	res.pgCPU = (serverCPU(ctx, pool) - pgBefore) / (float64(marked) / 1000)
+	res.redisCPU = (redisCPU(ctx, r.rdb) - redisBefore) / (float64(marked) / 1000)
+	res.rcvCPU = (selfCPU() - selfBefore) / (float64(marked) / 1000)
 	if logs := d.logs.String(); logs != "" {
 		fmt.Fprintf(os.Stderr, "outboxd said:\n%s", logs)
 	}
@@ -276,4 +291,12 @@ func slowReceiver(strag time.Duration) *slowRecv {
 	go func() { _ = srv.Serve(ln) }()
 	rc.close = func() { _ = srv.Close() }
 	return rc
+}
+
+// selfCPU is this process' user+system CPU seconds so far (getrusage):
+// the receiver's, the bench's own polling beside it being small.
+func selfCPU() float64 {
+	var ru syscall.Rusage
+	check(syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }

@@ -375,7 +375,7 @@ func (w *Sink) body(ev dispatch.Event) ([]byte, string, error) {
 	if len(ev.Headers) == 0 {
 		ev.Headers = json.RawMessage(`{}`)
 	}
-	b, err := json.Marshal(ev)
+	b, err := envelope(ev)
 	return b, dispatch.MediaTypeJSON, err
 }
 
