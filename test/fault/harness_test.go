@@ -104,6 +104,7 @@ type options struct {
 	plain       bool     // run the binary without the race detector (timing what users get)
 	env         []string // OUTBOXD_* settings overriding the suite's defaults
 	named       bool     // instance_id replica-<i> for replica i (default: the host name, shared)
+	backend     backend  // the lease's backend (backends_test.go); the zero value is the default, Redis
 }
 
 func newCluster(t *testing.T, opt options) *cluster {
@@ -127,7 +128,12 @@ func newCluster(t *testing.T, opt options) *cluster {
 	rs := testenv.StartRedisServer(t)
 	rc := testkit.NewReceiver(t) // releases held requests before closing
 	c := &cluster{t: t, st: st, dsn: dsn, pgDSN: dsn, redis: rs, redisA: rs.Addr, rc: rc, pg: pg,
-		batch: cmp.Or(opt.batch, batchSize), env: opt.env, named: opt.named, binary: binary}
+		batch: cmp.Or(opt.batch, batchSize), named: opt.named, binary: binary}
+	c.env = append(c.env, opt.backend.settings...)
+	if opt.backend.start != nil {
+		c.env = append(c.env, opt.backend.start(c)...)
+	}
+	c.env = append(c.env, opt.env...) // the case's own settings win
 	if opt.plain {
 		c.binary = plainBinary
 	}
@@ -543,4 +549,29 @@ func (c *cluster) check(faultAt time.Time, deadAggs map[string]bool) report {
 func tail(s string, n int) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// statusHolder is the poller lock's holder that replica i's /status names.
+func (c *cluster) statusHolder(i int) string {
+	c.t.Helper()
+	resp, err := statusClient.Get("http://" + c.reps[i].addr + "/status")
+	if err != nil {
+		c.t.Fatalf("status of replica %d: %v", i, err)
+	}
+	defer resp.Body.Close()
+	var s struct {
+		Locks []struct {
+			Name   string `json:"name"`
+			Holder string `json:"holder"`
+		} `json:"locks"`
+	}
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&s) != nil {
+		c.t.Fatalf("status of replica %d: %s", i, resp.Status)
+	}
+	for _, l := range s.Locks {
+		if l.Name == "lock:outbox:poller" {
+			return l.Holder
+		}
+	}
+	return ""
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -80,9 +79,13 @@ func (c *cluster) flowAfter(killAt time.Time, dead int64, aggs int, timeout time
 // apart (half of claim_ttl), not how fast this machine is: the time itself
 // is a benchmark figure (OUTBOXD_TEST_FAULT_REPORT writes it for
 // BENCHMARKS.md), and a threshold near the TTL fails on a loaded machine.
-// Not parallel: it times what a user sees, so it runs before this
-// package's parallel cases, not among them.
+// Per backend, one after the other. Not parallel: it times what a user
+// sees, so it runs before this package's parallel cases, not among them.
 func TestKillLeaderTimeToFlow(t *testing.T) {
+	eachBackend(t, true, testKillLeaderTimeToFlow)
+}
+
+func testKillLeaderTimeToFlow(t *testing.T, b backend) {
 	const (
 		ttl      = 3 * time.Second
 		events   = 3000
@@ -90,7 +93,7 @@ func TestKillLeaderTimeToFlow(t *testing.T) {
 		claimTTL = 60 * time.Second
 		maxDelay = claimTTL / 2 // waiting out the claims takes claimTTL
 	)
-	c := newCluster(t, options{plain: true, batch: 500, env: []string{
+	c := newCluster(t, options{plain: true, batch: 500, backend: b, named: true, env: []string{
 		"OUTBOXD_POLLER_LOCK_TTL=" + ttl.String(), "OUTBOXD_POLLER_CLAIM_TTL=" + claimTTL.String(),
 		"OUTBOXD_POLLER_CONCURRENCY=16", "OUTBOXD_DISPATCH_WEBHOOK_TIMEOUT=1s",
 	}})
@@ -111,8 +114,8 @@ func TestKillLeaderTimeToFlow(t *testing.T) {
 	flowing, drained := c.flowAfter(killAt, dead, aggs, 90*time.Second)
 	c.stopAll()
 	rep := c.check(killAt, nil)
-	t.Logf("kill -9 of the leader (lock TTL %s, %d events over %d aggregates, batch 500, claim TTL 60s): "+
-		"every aggregate flowing again after %s, backlog drained after %s", ttl, events, aggs,
+	t.Logf("%s: kill -9 of the leader (lock TTL %s, %d events over %d aggregates, batch 500, claim TTL 60s): "+
+		"every aggregate flowing again after %s, backlog drained after %s", b.name, ttl, events, aggs,
 		flowing.Round(time.Millisecond), drained.Round(time.Millisecond))
 	if rep.duplicates == 0 {
 		t.Error("no duplicate: the kill did not hit a batch between send and mark")
@@ -122,11 +125,6 @@ func TestKillLeaderTimeToFlow(t *testing.T) {
 			flowing.Round(time.Millisecond), drained.Round(time.Millisecond), maxDelay)
 	}
 	if f := os.Getenv("OUTBOXD_TEST_FAULT_REPORT"); f != "" { // for BENCHMARKS.md
-		line := fmt.Sprintf("kill9_time_to_flow_ms %d drained_ms %d\n", flowing.Milliseconds(), drained.Milliseconds())
-		af, err := os.OpenFile(filepath.Clean(f), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
-		if err == nil {
-			_, _ = af.WriteString(line)
-			_ = af.Close()
-		}
+		appendReport(f, fmt.Sprintf("kill9_time_to_flow_ms %d drained_ms %d backend %s\n", flowing.Milliseconds(), drained.Milliseconds(), b.name))
 	}
 }
