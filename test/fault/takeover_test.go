@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/internal/testkit"
 )
 
 // backlog inserts n events round-robin over aggs aggregates (deal/0..) in one
@@ -98,7 +100,10 @@ func testKillLeaderTimeToFlow(t *testing.T, b backend) {
 		"OUTBOXD_POLLER_CONCURRENCY=16", "OUTBOXD_DISPATCH_WEBHOOK_TIMEOUT=1s",
 	}})
 	c.backlog(events, aggs)
-	release := c.hold("deal/3") // the leader's first batch stays in flight
+	// Every send is held: the leader's first batch stays in flight, and no
+	// aggregate's events are delivered before the kill, so every aggregate
+	// must flow again under its successor.
+	release := c.rc.Hold(func(testkit.Request) bool { return true })
 	c.startAll(3)
 	c.waitHeld()
 	l := c.leader()
