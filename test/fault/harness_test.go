@@ -104,6 +104,7 @@ type options struct {
 	plain       bool     // run the binary without the race detector (timing what users get)
 	env         []string // OUTBOXD_* settings overriding the suite's defaults
 	named       bool     // instance_id replica-<i> for replica i (default: the host name, shared)
+	backend     backend  // the lease's backend (backends_test.go); the zero value is the default, Redis
 }
 
 func newCluster(t *testing.T, opt options) *cluster {
@@ -127,7 +128,12 @@ func newCluster(t *testing.T, opt options) *cluster {
 	rs := testenv.StartRedisServer(t)
 	rc := testkit.NewReceiver(t) // releases held requests before closing
 	c := &cluster{t: t, st: st, dsn: dsn, pgDSN: dsn, redis: rs, redisA: rs.Addr, rc: rc, pg: pg,
-		batch: cmp.Or(opt.batch, batchSize), env: opt.env, named: opt.named, binary: binary}
+		batch: cmp.Or(opt.batch, batchSize), named: opt.named, binary: binary}
+	c.env = append(c.env, opt.backend.settings...)
+	if opt.backend.start != nil {
+		c.env = append(c.env, opt.backend.start(c)...)
+	}
+	c.env = append(c.env, opt.env...) // the case's own settings win
 	if opt.plain {
 		c.binary = plainBinary
 	}
@@ -275,8 +281,14 @@ func (c *cluster) waitFlowing(since time.Time, n int, limit time.Duration) {
 	})
 }
 
-// statusClient times out: a paused replica never answers.
-var statusClient = &http.Client{Timeout: 500 * time.Millisecond}
+// statusClient times out: a paused replica never answers. A running one
+// may take seconds on a loaded machine (its /status asks Postgres and the
+// lease's backend).
+var statusClient = &http.Client{Timeout: 3 * time.Second}
+
+// waitLimit bounds a wait for a replica's state: long, because a loaded
+// machine makes it slower; only a replica that never gets there fails.
+const waitLimit = 60 * time.Second
 
 // leader returns the index of the replica whose /status says it leads.
 func (c *cluster) leader() int { return c.leaderOtherThan(-1) }
@@ -286,7 +298,7 @@ func (c *cluster) leader() int { return c.leaderOtherThan(-1) }
 func (c *cluster) leaderOtherThan(not int) int {
 	c.t.Helper()
 	found := -1
-	testkit.WaitFor(c.t, 15*time.Second, "a replica to lead", func() bool {
+	testkit.WaitFor(c.t, waitLimit, "a replica to lead", func() bool {
 		for i := range c.reps {
 			if held, ok := c.leads(i); i != not && ok && held {
 				found = i
@@ -339,7 +351,7 @@ func (c *cluster) leads(i int) (held, ok bool) {
 // term, if it had one, has ended (written or refused, and released).
 func (c *cluster) waitStandby(i int) {
 	c.t.Helper()
-	testkit.WaitFor(c.t, 15*time.Second, fmt.Sprintf("replica %d to answer as a standby", i), func() bool {
+	testkit.WaitFor(c.t, waitLimit, fmt.Sprintf("replica %d to answer as a standby", i), func() bool {
 		held, ok := c.leads(i)
 		return ok && !held
 	}, func() string { return tail(c.reps[i].logs(), 10) })
@@ -348,7 +360,7 @@ func (c *cluster) waitStandby(i int) {
 // waitReady waits until replica i's /readyz answers 200.
 func (c *cluster) waitReady(i int) {
 	c.t.Helper()
-	testkit.WaitFor(c.t, 15*time.Second, fmt.Sprintf("replica %d ready", i), func() bool {
+	testkit.WaitFor(c.t, waitLimit, fmt.Sprintf("replica %d ready", i), func() bool {
 		resp, err := statusClient.Get("http://" + c.reps[i].addr + "/readyz")
 		if err != nil {
 			return false
@@ -543,4 +555,45 @@ func (c *cluster) check(faultAt time.Time, deadAggs map[string]bool) report {
 func tail(s string, n int) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// statusHolder is the poller lock's holder that replica i's /status
+// names, once it answers 200.
+func (c *cluster) statusHolder(i int) string {
+	c.t.Helper()
+	var holder, last string
+	testkit.WaitFor(c.t, waitLimit, fmt.Sprintf("replica %d's /status", i), func() bool {
+		var ok bool
+		holder, last, ok = c.readHolder(i)
+		return ok
+	}, func() string { return last })
+	return holder
+}
+
+// readHolder reads the poller lock's holder from replica i's /status; ok
+// is false, and failure says why, when it does not answer 200.
+func (c *cluster) readHolder(i int) (holder, failure string, ok bool) {
+	resp, err := statusClient.Get("http://" + c.reps[i].addr + "/status")
+	if err != nil {
+		return "", err.Error(), false
+	}
+	defer resp.Body.Close()
+	var s struct {
+		Locks []struct {
+			Name   string `json:"name"`
+			Holder string `json:"holder"`
+		} `json:"locks"`
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", resp.Status, false
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
+		return "", err.Error(), false
+	}
+	for _, l := range s.Locks {
+		if l.Name == pollerLock {
+			return l.Holder, "", true
+		}
+	}
+	return "", "", true
 }
