@@ -103,7 +103,11 @@ func (c *Client) acquire(ctx context.Context, name string, opts lock.Options) (*
 	}
 	// Watch for the key's deletion from the revision the attempt read on:
 	// a release after that read wakes the loop, however early it came.
-	watch := c.cli.Watch(clientv3.WithRequireLeader(wctx), c.Key(name), clientv3.WithRev(rev+1), clientv3.WithFilterPut())
+	wopts := []clientv3.OpOption{clientv3.WithFilterPut()}
+	if rev > 0 { // else the attempt read nothing: watch from now on
+		wopts = append(wopts, clientv3.WithRev(rev+1))
+	}
+	watch := c.cli.Watch(clientv3.WithRequireLeader(wctx), c.Key(name), wopts...)
 	lastErr := err
 	for {
 		jitter := time.Duration(rand.Int64N(int64(opts.RetryInterval) + 1))
