@@ -294,6 +294,7 @@ func redactWhole(v string) string {
 var secrets = []secret{
 	{key: "postgres.dsn", file: "postgres.dsn_file", section: PostgresSection, redact: RedactDSN},
 	{key: "redis.password", file: "redis.password_file", section: RedisSection, exclusive: true, redact: redactWhole},
+	{key: "lock.etcd.password", file: "lock.etcd.password_file", section: LockSection, exclusive: true, redact: redactWhole},
 	{key: "dispatch.webhook.secret", file: "dispatch.webhook.secret_file", section: DispatchSection, exclusive: true, redact: redactWhole},
 	{key: "dispatch.webhook.signing_key", file: "dispatch.webhook.signing_key_file", section: DispatchSection, exclusive: true, redact: redactWhole},
 	{key: "dispatch.kafka.sasl.password", file: "dispatch.kafka.sasl.password_file", section: DispatchSection, exclusive: true, redact: redactWhole},
@@ -590,6 +591,9 @@ const (
 	ReconcileSection Section = "reconcile"
 	DispatchSection  Section = "dispatch"
 	HTTPSection      Section = "http"
+	// LockSection is checked and read by every command, as lock.backend
+	// is; no command names it.
+	LockSection Section = "lock"
 )
 
 // AllSections is what `run` and `config` use.
@@ -604,7 +608,7 @@ func uses(sections []Section, s Section) bool {
 // secrets), for the sections used.
 func (c *Config) readSecretFiles(sections []Section) error {
 	for _, sec := range c.allSecrets() {
-		if sec.file == "" || !uses(sections, sec.section) {
+		if sec.file == "" || (sec.section != LockSection && !uses(sections, sec.section)) {
 			continue
 		}
 		file, dst := *c.stringField(sec.file), c.stringField(sec.key)

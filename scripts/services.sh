@@ -68,6 +68,20 @@ if [ ! -x /usr/sbin/pgbouncer ] && ! command -v pgbouncer >/dev/null; then
   fi
 fi
 
+# etcd: the fault tests of lock.backend etcd start their own members
+# (test/fault/etcdlease_test.go) from Debian's etcd-server.
+if ! command -v etcd >/dev/null; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    say "installing etcd-server with apt-get"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null
+    # The package's own service is not needed: the tests run theirs.
+    { systemctl disable --now etcd || service etcd stop; } >/dev/null 2>&1 || true
+  else
+    say "etcd is missing (the etcd fault tests need it): install Debian's etcd-server"
+  fi
+fi
+
 if pg_up && redis_up; then say "Postgres and Redis are up"; exit 0; fi
 
 # Installed but stopped (a fresh session, a reboot)?

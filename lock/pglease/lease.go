@@ -13,15 +13,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/lock/internal/hold"
 )
 
 // Channel is where a release is announced (pg_notify, the payload the lock
 // name); waiters LISTEN on it.
 const Channel = "outboxd_lease_released"
-
-// drift is the allowance for clock rate differences between this process
-// and Postgres.
-func drift(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
 
 var _ lock.Lease = (*Client)(nil)
 
@@ -149,21 +146,10 @@ func (c *Client) try(opCtx context.Context, name string, opts lock.Options, wait
 	if r.token == nil {
 		return nil, r.refusal(name)
 	}
-	l := &Lock{
-		c: c, name: name, owner: owner, token: *r.token, opts: opts, recovered: r.recovered,
-		done: make(chan struct{}),
-	}
-	// A held lock lives until released or lost, not until the wait's context
-	// ends: the holder decides when to stop.
-	l.ctx, l.cancel = context.WithCancelCause(context.WithoutCancel(opCtx))
-	l.expiry = time.AfterFunc(l.trustFor(start), l.expire)
+	l := &Lock{c: c, name: name, owner: owner, token: *r.token, opts: opts, recovered: r.recovered}
+	l.hold = hold.Start(opCtx, name, opts, c.hooks, start, l.renew)
 	if h := c.hooks.Acquired; h != nil {
 		h(name, l.token, time.Since(waitStart))
-	}
-	if opts.RenewInterval > 0 {
-		go l.watchdog()
-	} else {
-		close(l.done)
 	}
 	return l, nil
 }

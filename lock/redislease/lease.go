@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxd/outboxd/lock"
+	"github.com/outboxd/outboxd/lock/internal/hold"
 )
 
 var (
@@ -41,7 +42,7 @@ var (
 )
 
 // drift is Redlock's allowance for clock rate differences between processes.
-func drift(ttl time.Duration) time.Duration { return ttl/100 + 2*time.Millisecond }
+func drift(ttl time.Duration) time.Duration { return hold.Drift(ttl) }
 
 var _ lock.Lease = (*Client)(nil)
 
@@ -281,22 +282,11 @@ func (c *Client) try(opCtx context.Context, name string, opts lock.Options, wait
 		return nil, final, err
 	}
 
-	l = &Lock{
-		c: c, name: name, key: key, owner: owner, token: a.token, opts: opts, recovered: a.recovered,
-		done: make(chan struct{}),
-	}
-	// A held lock lives until released or lost, not until the wait's context
-	// ends: the holder decides when to stop (finish in-flight work, then Release).
-	l.ctx, l.cancel = context.WithCancelCause(context.WithoutCancel(opCtx))
+	l = &Lock{c: c, name: name, key: key, owner: owner, token: a.token, opts: opts, recovered: a.recovered}
 	// The lease is trusted until start + TTL - drift - margin on our own clock.
-	l.expiry = time.AfterFunc(l.trustFor(start), l.expire)
+	l.hold = hold.Start(opCtx, name, opts, c.hooks, start, l.renew)
 	if h := c.hooks.Acquired; h != nil {
 		h(name, a.token, time.Since(waitStart))
-	}
-	if opts.RenewInterval > 0 {
-		go l.watchdog()
-	} else {
-		close(l.done)
 	}
 	return l, false, nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/httpapi"
@@ -45,6 +46,8 @@ type App struct {
 	extra []redis.UniversalClient // a redis_stream sink's own Redis
 	// leasePool is the Postgres lease's own pool (lock.backend: postgres).
 	leasePool *pgxpool.Pool
+	// leaseEtcd is the etcd lease's client (lock.backend: etcd).
+	leaseEtcd *clientv3.Client
 	tracing   *tracing.Provider // set by Run (startTracing)
 	backlog   backlogGate       // spaces out slow backlog counts (backlog.go)
 	circ      *circuits         // the destinations' circuit breakers (circuits.go), made with the first sink
@@ -153,6 +156,9 @@ func (a *App) Close() {
 	}
 	if a.leasePool != nil {
 		a.leasePool.Close()
+	}
+	if a.leaseEtcd != nil {
+		_ = a.leaseEtcd.Close()
 	}
 	a.Store.Close()
 }

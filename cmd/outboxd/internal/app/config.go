@@ -15,6 +15,7 @@ import (
 	"github.com/outboxd/outboxd/dispatch/rabbitmq"
 	"github.com/outboxd/outboxd/dispatch/redisstream"
 	"github.com/outboxd/outboxd/dispatch/webhook"
+	"github.com/outboxd/outboxd/lock/etcdlease"
 	"github.com/outboxd/outboxd/poller"
 	"github.com/outboxd/outboxd/reconcile"
 )
@@ -26,6 +27,8 @@ const (
 	DefaultRedisAddr   = "127.0.0.1:6379"
 	DefaultWebhookURL  = "http://127.0.0.1:8081/events"
 	DefaultHTTPAddr    = "127.0.0.1:9090"
+	// DefaultEtcdDialTimeout bounds the first connection to etcd.
+	DefaultEtcdDialTimeout = 5 * time.Second
 )
 
 // Defaults is every configuration key's default. Each value is written once:
@@ -38,6 +41,18 @@ func Defaults() map[string]any {
 		"postgres.schema":                         "public",
 		"postgres.pooler":                         config.PoolerNone,
 		"lock.backend":                            config.LockRedis,
+		"lock.etcd.endpoints":                     []string{},
+		"lock.etcd.dial_timeout":                  DefaultEtcdDialTimeout,
+		"lock.etcd.key_prefix":                    etcdlease.DefaultKeyPrefix,
+		"lock.etcd.username":                      "",
+		"lock.etcd.password":                      "",
+		"lock.etcd.password_file":                 "",
+		"lock.etcd.tls.enabled":                   false,
+		"lock.etcd.tls.ca_file":                   "",
+		"lock.etcd.tls.cert_file":                 "",
+		"lock.etcd.tls.key_file":                  "",
+		"lock.etcd.tls.server_name":               "",
+		"lock.etcd.tls.insecure_skip_verify":      false,
 		"redis.addrs":                             []string{DefaultRedisAddr},
 		"redis.mode":                              "single",
 		"redis.username":                          "",

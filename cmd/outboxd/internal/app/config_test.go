@@ -111,7 +111,13 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{name: "secret list entry not a string", file: "dispatch:\n  webhook:\n    secret: [whsec_AAAA, {a: 1}]\n", key: "dispatch.webhook.secret[1]"},
 		{name: "bad pooler", sets: []string{"postgres.pooler=session"}, key: "postgres.pooler"},
 		{name: "bad lock backend", sets: []string{"lock.backend=zookeeper"}, key: "lock.backend"},
-		{name: "etcd lock backend not built", sets: []string{"lock.backend=etcd"}, key: "lock.backend"},
+		{name: "etcd without endpoints", sets: []string{"lock.backend=etcd"}, key: "lock.etcd.endpoints"},
+		{name: "etcd with an empty endpoint", sets: []string{"lock.backend=etcd", "lock.etcd.endpoints=127.0.0.1:2379,"}, key: "lock.etcd.endpoints"},
+		{name: "etcd dial timeout zero", sets: []string{"lock.backend=etcd", "lock.etcd.endpoints=127.0.0.1:2379", "lock.etcd.dial_timeout=0s"}, key: "lock.etcd.dial_timeout"},
+		{name: "etcd password without username", sets: []string{"lock.backend=etcd", "lock.etcd.endpoints=127.0.0.1:2379", "lock.etcd.password=x"}, key: "lock.etcd.username"},
+		{name: "etcd lease of a fraction of a second", sets: []string{"lock.backend=etcd", "lock.etcd.endpoints=127.0.0.1:2379", "poller.lock_ttl=2500ms"}, key: "poller.lock_ttl"},
+		{name: "etcd lease below its minimum", sets: []string{"lock.backend=etcd", "lock.etcd.endpoints=127.0.0.1:2379", "reconcile.lock_ttl=1s"}, key: "reconcile.lock_ttl"},
+		{name: "etcd TLS file without TLS", sets: []string{"lock.backend=etcd", "lock.etcd.endpoints=127.0.0.1:2379", "lock.etcd.tls.ca_file=/etc/hostname"}, key: "lock.etcd.tls.ca_file"},
 		{name: "bad schema", sets: []string{"postgres.schema=Outbox-1"}, key: "postgres.schema"},
 		{name: "system schema pg_catalog", sets: []string{"postgres.schema=pg_catalog"}, key: "postgres.schema"},
 		{name: "system schema pg_temp", sets: []string{"postgres.schema=pg_temp"}, key: "postgres.schema"},
@@ -194,6 +200,7 @@ func TestRedactedCoversEverySecretKey(t *testing.T) {
 	cases := map[string]struct{ value, canary string }{
 		"postgres.dsn":                 {"host=db user=app password='pg canary' dbname=app", "canary"},
 		"redis.password":               {"canary", "canary"},
+		"lock.etcd.password":           {"canary", "canary"},
 		"dispatch.webhook.secret":      {"canary", "canary"},
 		"dispatch.webhook.url":         {"https://u:canary@h/x?api_key=canary2", "canary"},
 		"dispatch.kafka.sasl.password": {"canary", "canary"},
@@ -490,11 +497,17 @@ func TestSecretFiles(t *testing.T) {
 	if c.Postgres.DSN != "postgres://app:pw@db:5432/app" || c.Dispatch.Webhook.Secret != "s3cret" {
 		t.Fatalf("dsn %q secret %q: want the files' trimmed contents", c.Postgres.DSN, c.Dispatch.Webhook.Secret)
 	}
+	// lock.etcd is read by every command, whatever sections it uses.
+	c, err = app.LoadConfig("", []string{"lock.etcd.password_file=" + secret}, config.PostgresSection)
+	if err != nil || c.Lock.Etcd.Password != "s3cret" {
+		t.Fatalf("lock.etcd.password from its file: %v, set %t; want the file's trimmed contents", err, c != nil && c.Lock.Etcd.Password == "s3cret")
+	}
 	for _, tc := range []struct {
 		sets []string
 		key  string
 	}{
 		{[]string{"redis.password=x", "redis.password_file=" + secret}, "redis.password_file"},
+		{[]string{"lock.etcd.password=x", "lock.etcd.password_file=" + secret}, "lock.etcd.password_file"},
 		{[]string{"dispatch.webhook.secret_file=" + filepath.Join(dir, "missing")}, "dispatch.webhook.secret_file"},
 		{[]string{"redis.tls.ca_file=" + secret}, "redis.tls.ca_file"},
 		{[]string{"redis.tls.enabled=true", "redis.tls.ca_file=" + filepath.Join(dir, "missing")}, "redis.tls.ca_file"},
