@@ -27,6 +27,7 @@ type Config struct {
 	Postgres        Postgres      `mapstructure:"postgres"`
 	Redis           Redis         `mapstructure:"redis"`
 	Lock            Lock          `mapstructure:"lock"`
+	Idempotency     Idempotency   `mapstructure:"idempotency"`
 	Poller          Poller        `mapstructure:"poller"`
 	Reconcile       Reconcile     `mapstructure:"reconcile"`
 	Dispatch        Dispatch      `mapstructure:"dispatch"`
@@ -481,6 +482,7 @@ func decode(v *viper.Viper) (*Config, error) {
 	for i, a := range c.Redis.Addrs {
 		c.Redis.Addrs[i] = strings.TrimSpace(a)
 	}
+	c.resolveIdempotency()
 	return &c, nil
 }
 
@@ -642,7 +644,7 @@ func (c *Config) Validate(sections ...Section) error {
 		check   func() error
 	}{
 		{PostgresSection, c.validatePostgres},
-		{RedisSection, c.validateRedis},
+		{RedisSection, c.validateRedisUsed},
 		{PollerSection, c.validatePoller},
 		{ReconcileSection, c.validateReconcile},
 		{HTTPSection, c.validateHTTP},
@@ -672,6 +674,9 @@ func (c *Config) Validate(sections ...Section) error {
 		return err
 	}
 	if err := c.validateLock(); err != nil {
+		return err
+	}
+	if err := c.validateIdempotency(); err != nil {
 		return err
 	}
 	return c.validateLog()
@@ -710,6 +715,16 @@ func (c *Config) validatePostgres() error {
 		return &KeyError{Key: c.SourceKey("postgres.dsn"), Err: err}
 	}
 	return c.validatePooler()
+}
+
+// validateRedisUsed checks redis.* when the lease or the idempotency
+// keys live there (UsesRedis): a deployment on Postgres alone may leave
+// redis.addrs empty.
+func (c *Config) validateRedisUsed() error {
+	if !c.UsesRedis() {
+		return nil
+	}
+	return c.validateRedis()
 }
 
 func (c *Config) validateRedis() error {

@@ -38,6 +38,7 @@ func Defaults() map[string]any {
 		"postgres.schema":                         "public",
 		"postgres.pooler":                         config.PoolerNone,
 		"lock.backend":                            config.LockRedis,
+		"idempotency.store":                       "", // follows lock.backend (config.Idempotency)
 		"redis.addrs":                             []string{DefaultRedisAddr},
 		"redis.mode":                              "single",
 		"redis.username":                          "",
