@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/internal/testkit"
 	"github.com/outboxd/outboxd/store"
 )
 
@@ -197,4 +198,49 @@ func TestExpiredKeysReadAsAbsentAndArePurged(t *testing.T) {
 	if b.value(1) == "" || b.value(2) != "" || b.value(3) != "" {
 		t.Error("purge deleted a live key or left an expired one")
 	}
+}
+
+// A key another writer claims while ClaimKeys runs (its insert committed
+// after ClaimKeys read the table) is left to that writer and reported as
+// neither ours nor found: the row waits for a later batch.
+func TestClaimKeysLeavesAKeyClaimedMeanwhile(t *testing.T) {
+	b := keysSetup(t)
+	tx, err := b.st.Pool().Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	if _, err := tx.Exec(b.ctx, `INSERT INTO outbox_idempotency VALUES (7, 'claim:9:o9:z', now() + interval '1 minute')`); err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		got []store.KeyClaim
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		got, err := b.st.ClaimKeys(b.ctx, []int64{7}, "claim:5:o5:b", time.Minute)
+		done <- answer{got, err}
+	}()
+	testkitWait(t, "ClaimKeys waits for the other writer", func() bool {
+		var n int
+		err := b.st.Pool().QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+		return err == nil && n > 0
+	})
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	a := <-done
+	if a.err != nil || len(a.got) != 1 || a.got[0] != (store.KeyClaim{}) {
+		t.Fatalf("claim: %+v %v, want neither ours nor found", a.got, a.err)
+	}
+	if v := b.value(7); v != "claim:9:o9:z" {
+		t.Errorf("the other writer's claim was overwritten: %q", v)
+	}
+}
+
+// testkitWait polls cond until it holds (testkit.WaitFor's bound).
+func testkitWait(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	testkit.WaitFor(t, 20*time.Second, what, cond, func() string { return "" })
 }
