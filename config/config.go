@@ -639,6 +639,7 @@ func bad(key, format string, a ...any) error {
 // dispatch section's settings belong to its sink and are checked by the sink
 // registry (cmd/outboxd/internal/app/sinks.go) through app.Check.
 func (c *Config) Validate(sections ...Section) error {
+	c.resolveIdempotency() // a Config built in code leaves it unset
 	for _, v := range []struct {
 		section Section
 		check   func() error

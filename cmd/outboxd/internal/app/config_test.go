@@ -112,6 +112,9 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{name: "bad pooler", sets: []string{"postgres.pooler=session"}, key: "postgres.pooler"},
 		{name: "bad lock backend", sets: []string{"lock.backend=zookeeper"}, key: "lock.backend"},
 		{name: "etcd lock backend not built", sets: []string{"lock.backend=etcd"}, key: "lock.backend"},
+		{name: "bad idempotency store", sets: []string{"idempotency.store=etcd"}, key: "idempotency.store"},
+		{name: "keys in redis without redis.addrs", sets: []string{"lock.backend=postgres", "idempotency.store=redis", "redis.addrs="}, key: "redis.addrs"},
+		{name: "redis_stream on postgres alone without its addr", sets: []string{"lock.backend=postgres", "dispatch.sink=redis_stream"}, key: "dispatch.redis_stream.addr"},
 		{name: "bad schema", sets: []string{"postgres.schema=Outbox-1"}, key: "postgres.schema"},
 		{name: "system schema pg_catalog", sets: []string{"postgres.schema=pg_catalog"}, key: "postgres.schema"},
 		{name: "system schema pg_temp", sets: []string{"postgres.schema=pg_temp"}, key: "postgres.schema"},
@@ -582,5 +585,28 @@ func TestEmptyVariableIsTheEmptyValue(t *testing.T) {
 	}
 	if c.Redis.KeyPrefix != "" || c.Redis.Password != "" {
 		t.Errorf("redis.key_prefix %q, redis.password set: %v; want both empty, as the variables say", c.Redis.KeyPrefix, c.Redis.Password != "")
+	}
+}
+
+// idempotency.store follows lock.backend when unset, and with both on
+// Postgres redis.* is not checked: redis.addrs may be empty.
+func TestIdempotencyStoreFollowsTheLease(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		sets []string
+		want string
+	}{
+		{nil, config.IdempotencyRedis},
+		{[]string{"lock.backend=postgres", "redis.addrs="}, config.IdempotencyPostgres},
+		{[]string{"lock.backend=postgres", "idempotency.store=redis"}, config.IdempotencyRedis},
+		{[]string{"idempotency.store=postgres"}, config.IdempotencyPostgres},
+	} {
+		c, err := app.LoadConfig("", tc.sets)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.sets, err)
+		}
+		if c.Idempotency.Store != tc.want {
+			t.Errorf("%v: idempotency.store %q, want %q", tc.sets, c.Idempotency.Store, tc.want)
+		}
 	}
 }
