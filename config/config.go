@@ -27,6 +27,7 @@ type Config struct {
 	Postgres        Postgres      `mapstructure:"postgres"`
 	Redis           Redis         `mapstructure:"redis"`
 	Lock            Lock          `mapstructure:"lock"`
+	Idempotency     Idempotency   `mapstructure:"idempotency"`
 	Poller          Poller        `mapstructure:"poller"`
 	Reconcile       Reconcile     `mapstructure:"reconcile"`
 	Dispatch        Dispatch      `mapstructure:"dispatch"`
@@ -482,6 +483,7 @@ func decode(v *viper.Viper) (*Config, error) {
 	for i, a := range c.Redis.Addrs {
 		c.Redis.Addrs[i] = strings.TrimSpace(a)
 	}
+	c.resolveIdempotency()
 	return &c, nil
 }
 
@@ -641,12 +643,13 @@ func bad(key, format string, a ...any) error {
 // dispatch section's settings belong to its sink and are checked by the sink
 // registry (cmd/outboxd/internal/app/sinks.go) through app.Check.
 func (c *Config) Validate(sections ...Section) error {
+	c.resolveIdempotency() // a Config built in code leaves it unset
 	for _, v := range []struct {
 		section Section
 		check   func() error
 	}{
 		{PostgresSection, c.validatePostgres},
-		{RedisSection, c.validateRedis},
+		{RedisSection, c.validateRedisUsed},
 		{PollerSection, c.validatePoller},
 		{ReconcileSection, c.validateReconcile},
 		{HTTPSection, c.validateHTTP},
@@ -676,6 +679,9 @@ func (c *Config) Validate(sections ...Section) error {
 		return err
 	}
 	if err := c.validateLock(); err != nil {
+		return err
+	}
+	if err := c.validateIdempotency(); err != nil {
 		return err
 	}
 	return c.validateLog()
@@ -714,6 +720,16 @@ func (c *Config) validatePostgres() error {
 		return &KeyError{Key: c.SourceKey("postgres.dsn"), Err: err}
 	}
 	return c.validatePooler()
+}
+
+// validateRedisUsed checks redis.* when the lease or the idempotency
+// keys live there (UsesRedis): a deployment on Postgres alone may leave
+// redis.addrs empty.
+func (c *Config) validateRedisUsed() error {
+	if !c.UsesRedis() {
+		return nil
+	}
+	return c.validateRedis()
 }
 
 func (c *Config) validateRedis() error {

@@ -74,7 +74,7 @@ func (p *Poller) claimKeys(ctx context.Context, items []item, c claimValue) erro
 	value := c.String()
 	ttl := strconv.FormatInt(p.cfg.ClaimTTL.Milliseconds(), 10)
 	idx, names := p.claimable(items)
-	found, err := p.evalClaims(ctx, names, value, ttl)
+	found, err := p.claims(ctx, items, idx, names, value, ttl)
 	if err != nil {
 		return err
 	}
@@ -180,6 +180,9 @@ func (p *Poller) sortClaim(items []item, i int, reply any, c claimValue, value s
 		return nil
 	case err != nil && rowError(err):
 		items[i].outcome, items[i].err = refused, fmt.Errorf("idempotency key %s: %w", p.keys.Idempotency(items[i].row.ID), err)
+		return nil
+	case errors.Is(err, errClaimedMeanwhile):
+		items[i].outcome = foreign
 		return nil
 	case err != nil:
 		return fmt.Errorf("poller: claim %s: %w", p.keys.Idempotency(items[i].row.ID), err)
@@ -293,6 +296,9 @@ func (p *Poller) rewound(items []item, stale []int, seen string, token int64) {
 // takeOver swaps what earlier holders or earlier rows left for our claim,
 // each only if unchanged (compare-and-set), in one pipelined round trip.
 func (p *Poller) takeOver(ctx context.Context, items []item, idx []int, previous []string, value, ttl string) error {
+	if p.rdb == nil {
+		return p.pgTakeOver(ctx, items, idx, previous, value)
+	}
 	pipe := p.rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(idx))
 	for j, i := range idx {
@@ -310,22 +316,37 @@ func (p *Poller) takeOver(ctx context.Context, items []item, idx []int, previous
 			items[i].outcome, items[i].err = refused, fmt.Errorf("idempotency key %s: %w", p.keys.Idempotency(items[i].row.ID), err)
 		case err != nil:
 			return fmt.Errorf("poller: take over %s: %w", p.keys.Idempotency(items[i].row.ID), err)
-		case n == 1:
-			items[i].outcome = pending
-			if _, ok := parseClaimValue(previous[j]); ok {
-				taken++
-			}
-		case n == 2:
-			items[i].outcome = duplicate // its holder finished meanwhile
-		default:
-			items[i].outcome = foreign // changed under us: look again next batch
+		case tookOver(items, i, n, previous[j]):
+			taken++
 		}
 	}
+	p.reportTakeovers(taken)
+	return nil
+}
+
+// tookOver sets items[i]'s outcome from n, takeover.lua's answer for its
+// key (previous, the value it replaced), and reports whether a claim was
+// taken over.
+func tookOver(items []item, i int, n int, previous string) bool {
+	switch n {
+	case 1:
+		items[i].outcome = pending
+		_, ok := parseClaimValue(previous)
+		return ok
+	case 2:
+		items[i].outcome = duplicate // its holder finished meanwhile
+	default:
+		items[i].outcome = foreign // changed under us: look again next batch
+	}
+	return false
+}
+
+// reportTakeovers counts and logs the claims of earlier holders taken over.
+func (p *Poller) reportTakeovers(taken int) {
 	if taken > 0 {
 		p.m.ClaimsTakenOver.Add(float64(taken))
 		p.log.Info("took over claims of an earlier holder", "claims", taken)
 	}
-	return nil
 }
 
 // rowError: Redis refused one key's command for what the key holds; other

@@ -75,7 +75,7 @@
 //
 //  1. The runner: poller.go, run.go, batch.go, pipeline.go, claim.go,
 //     deliver.go, finish.go, backoff.go, circuit.go, health.go, trace.go,
-//     scripts.go. These are the methods of Poller and pipeline: the term,
+//     scripts.go, pgkeys.go. These are the methods of Poller and pipeline: the term,
 //     the batch stages and the pipeline that sends and writes.
 //  2. The read path: readpath.go. The reader ties the mechanisms together
 //     for one term. It gets what it acts on (readDeps) from the runner.

@@ -31,15 +31,17 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 	// in variables of their own, so those that do not escape may stay in
 	// finish's frame.
 	delivered, failures, failedTo := p.rowWrites(items, make([]store.Delivered, 0, len(items)))
-	names, ops, marks := p.keyWrites(items, make([]string, 0, len(items)), make([]byte, 0, len(items)), make([]string, 0, len(items)))
-	if err := p.settleKeys(ctx, names, ops, marks, ours); err != nil {
-		// Not fatal: an unreleased claim is taken over by the next batch, and a
-		// missing delivered mark costs at most a duplicate. Postgres is the record.
-		p.log.Warn("idempotency keys not updated", "error", err, "batch_size", len(items))
+	if p.rdb != nil {
+		names, ops, marks := p.keyWrites(items, make([]string, 0, len(items)), make([]byte, 0, len(items)), make([]string, 0, len(items)))
+		if err := p.settleKeys(ctx, names, ops, marks, ours); err != nil {
+			// Not fatal: an unreleased claim is taken over by the next batch, and a
+			// missing delivered mark costs at most a duplicate. Postgres is the record.
+			p.log.Warn("idempotency keys not updated", "error", err, "batch_size", len(items))
+		}
 	}
 	fire(p.hooks.afterFinalize)
 
-	nd, nf, err := p.store.Complete(ctx, fence, delivered, failures)
+	nd, nf, err := p.complete(ctx, fence, delivered, failures, items, ours)
 	if err != nil {
 		fail(span, err)
 		return false, err

@@ -28,7 +28,7 @@ var floors = []struct {
 	files         []string
 }{
 	{"runner", false, false, []string{"poller.go", "run.go", "batch.go", "pipeline.go", "claim.go", "deliver.go",
-		"finish.go", "backoff.go", "circuit.go", "health.go", "trace.go", "scripts.go"}},
+		"finish.go", "backoff.go", "circuit.go", "health.go", "trace.go", "scripts.go", "pgkeys.go"}},
 	{"read path", false, true, []string{"readpath.go"}},
 	{"composed mechanisms", true, true, []string{"cursor.go", "late.go"}},
 	{"mechanisms", true, true, []string{"gaps.go", "parked.go", "rescan.go", "coldpass.go", "rewind.go", "paused.go", "quiet.go",

@@ -62,6 +62,7 @@ type Config struct {
 	KeyPrefix       string        // before every Redis key
 	Notify          bool          // LISTEN outbox_events for faster wake-ups
 	GapWait         time.Duration // longest wait behind an uncommitted earlier id
+	LockBackend     string        // where the leases live (lock.backend), for the logs
 }
 
 func (c Config) withDefaults() Config {
@@ -84,7 +85,7 @@ func (c Config) withDefaults() Config {
 type Deps struct {
 	Store   *store.Store
 	Locks   lock.Lease
-	Redis   redis.UniversalClient // holds the idempotency keys
+	Redis   redis.UniversalClient // holds the idempotency keys; nil: Postgres holds them (pgkeys.go)
 	Sink    dispatch.Sink
 	Log     *slog.Logger
 	Metrics *metrics.Metrics
@@ -147,7 +148,7 @@ func New(cfg Config, d Deps) *Poller {
 		spans: tracer(d.Tracer),
 		seat: term.New(keys.PollerLock, term.Options{
 			TTL: cfg.LockTTL, Wait: cfg.LockWait, WaitAfterDataLoss: true, ShutdownTimeout: cfg.ShutdownTimeout,
-			QueryTimeout: queryTimeout(cfg), Instance: cfg.Instance, LogStandby: true,
+			QueryTimeout: queryTimeout(cfg), Instance: cfg.Instance, LogStandby: true, Backend: cfg.LockBackend,
 		}, term.Deps{Locks: d.Locks, Store: d.Store, Log: d.Log, Metrics: d.Metrics}),
 		paused: newPausedRead(d.Store, d.Sink, log),
 		wake:   make(chan struct{}, 1), cuts: map[int64]int{}, rescanEvery: rescanEvery, earlyWrite: earlyWrite,

@@ -68,6 +68,7 @@ type Config struct {
 	ShutdownTimeout time.Duration // how long a sweep goes on after shutdown begins
 	KeyPrefix       string        // before every Redis key
 	Instance        string        // names this replica as the lock's holder (instance_id)
+	LockBackend     string        // where the leases live (lock.backend), for the logs
 }
 
 func (c Config) withDefaults() Config {
@@ -83,7 +84,7 @@ func (c Config) withDefaults() Config {
 type Deps struct {
 	Store   *store.Store
 	Locks   lock.Lease
-	Redis   redis.UniversalClient // holds the idempotency keys
+	Redis   redis.UniversalClient // holds the idempotency keys; nil: Postgres holds them (keys.go)
 	Log     *slog.Logger
 	Metrics *metrics.Metrics
 }
@@ -120,7 +121,7 @@ func New(cfg Config, d Deps) (*Reconciler, error) {
 		log: d.Log.With("lock", keys.ReconcileLock), m: d.Metrics,
 		seat: term.New(keys.ReconcileLock, term.Options{
 			TTL: cfg.LockTTL, Wait: cfg.LockWait, ShutdownTimeout: cfg.ShutdownTimeout, QueryTimeout: queryTimeout,
-			Instance: cfg.Instance,
+			Instance: cfg.Instance, Backend: cfg.LockBackend,
 		}, term.Deps{Locks: d.Locks, Store: d.Store, Log: d.Log, Metrics: d.Metrics}),
 	}, nil
 }
@@ -186,11 +187,14 @@ func (d alignedEvery) Next(t time.Time) time.Time {
 
 // Summary is what one run did and found.
 type Summary struct {
-	FireTime          time.Time     `json:"fire_time"`
-	FencingToken      int64         `json:"fencing_token"`
-	MarkedFromRedis   int64         `json:"marked_from_redis"`
-	PurgedDelivered   int64         `json:"purged_delivered"`
-	PurgedDead        int64         `json:"purged_dead"`
+	FireTime        time.Time `json:"fire_time"`
+	FencingToken    int64     `json:"fencing_token"`
+	MarkedFromRedis int64     `json:"marked_from_redis"`
+	PurgedDelivered int64     `json:"purged_delivered"`
+	PurgedDead      int64     `json:"purged_dead"`
+	// PurgedKeys counts the expired idempotency keys deleted from Postgres
+	// (idempotency.store: postgres; Redis expires its own).
+	PurgedKeys        int64         `json:"purged_idempotency_keys,omitempty"`
 	Pending           int64         `json:"pending"`
 	OldestPendingAge  float64       `json:"oldest_pending_age_seconds"`
 	Dead              int64         `json:"dead"`
@@ -299,6 +303,9 @@ func (r *Reconciler) sweep(ctx context.Context, fence store.Fence, sum *Summary)
 			return fmt.Errorf("reconcile: purge dead: %w", err)
 		}
 	}
+	if sum.PurgedKeys, err = r.purgeKeys(ctx, fence); err != nil {
+		return fmt.Errorf("reconcile: purge idempotency keys: %w", err)
+	}
 	sctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	st, err := r.store.Stats(sctx)
@@ -404,10 +411,12 @@ func (r *Reconciler) readMarks(ctx context.Context, rows []store.Pending) (rowMa
 	}
 	var m rowMarks
 	var err error
-	if m.vals, err = mget(ctx, r.rdb, names); err != nil {
-		return m, err
+	if r.rdb == nil {
+		m.vals, m.pttls, err = r.pgMarks(ctx, rows)
+	} else if m.vals, err = mget(ctx, r.rdb, names); err == nil {
+		m.pttls, err = legacyAges(ctx, r.rdb, names, m.vals)
 	}
-	if m.pttls, err = legacyAges(ctx, r.rdb, names, m.vals); err != nil {
+	if err != nil {
 		return m, err
 	}
 	m.contents, err = r.contents(ctx, rows, m.vals)

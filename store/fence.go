@@ -198,6 +198,12 @@ func (s *Store) complete(ctx context.Context, f Fence, delivered []Delivered, fa
 	if len(delivered) == 0 && len(failures) == 0 {
 		return 0, 0, nil
 	}
+	return s.completeWith(ctx, f, completeQ, delivered, failures, pgx.NamedArgs{})
+}
+
+// completeWith runs complete, or a statement built on it (q), with the
+// batch's arguments added to na.
+func (s *Store) completeWith(ctx context.Context, f Fence, q query, delivered []Delivered, failures []Failure, na pgx.NamedArgs) (nDelivered, nFailed int64, err error) {
 	n := len(failures)
 	ids, errs, delay, dead := make([]int64, n), make([]string, n), make([]int64, n), make([]bool, n)
 	made := make([]pgtype.Timestamptz, n) // NULL: unknown (infinite), by id alone
@@ -210,11 +216,10 @@ func (s *Store) complete(ctx context.Context, f Fence, delivered []Delivered, fa
 		done[i], created[i] = d.ID, d.CreatedAt
 	}
 	kinds, ms := attemptsOf(failures)
-	err = s.fenced(ctx, f, completeQ, []*int64{&nDelivered, &nFailed}, pgx.NamedArgs{
-		"delivered_ids": int8Array(done), "delivered_created_at": created,
-		"failed_ids": ids, "failed_errors": errs, "failed_delay_us": delay, "failed_dead": dead,
-		"failed_created_at": made, "failed_kinds": kinds, "failed_ms": ms,
-	})
+	na["delivered_ids"], na["delivered_created_at"] = int8Array(done), created
+	na["failed_ids"], na["failed_errors"], na["failed_delay_us"], na["failed_dead"] = ids, errs, delay, dead
+	na["failed_created_at"], na["failed_kinds"], na["failed_ms"] = made, kinds, ms
+	err = s.fenced(ctx, f, q, []*int64{&nDelivered, &nFailed}, na)
 	return nDelivered, nFailed, err
 }
 

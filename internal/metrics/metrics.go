@@ -50,7 +50,7 @@ type Metrics struct {
 	DeadEvents       prometheus.Gauge
 
 	ReconcileRuns  *prometheus.CounterVec // result: ok, skipped, failed
-	ReconcileSwept *prometheus.CounterVec // sweep: marked, purged, purged_dead
+	ReconcileSwept *prometheus.CounterVec // sweep: marked, purged, purged_dead, purged_idempotency_keys
 
 	BuildInfo *prometheus.GaugeVec // 1, labelled with the running build (internal/buildinfo)
 }
@@ -136,7 +136,7 @@ func New() *Metrics {
 // outboxd_reconcile_runs_total{result} and outboxd_reconcile_rows_total{sweep}.
 var (
 	ReconcileResults = []string{"ok", "skipped", "failed"}
-	ReconcileSweeps  = []string{"marked", "purged", "purged_dead"}
+	ReconcileSweeps  = []string{"marked", "purged", "purged_dead", "purged_idempotency_keys"}
 )
 
 // Destinations exports the per-destination series at 0 for each name, so

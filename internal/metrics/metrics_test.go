@@ -108,7 +108,7 @@ func exportedAtStart(destinations, reasons, outcomes []string) map[string][]stri
 	for _, r := range []string{"ok", "skipped", "failed"} {
 		add("outboxd_reconcile_runs_total", "result="+r)
 	}
-	for _, s := range []string{"marked", "purged", "purged_dead"} {
+	for _, s := range []string{"marked", "purged", "purged_dead", "purged_idempotency_keys"} {
 		add("outboxd_reconcile_rows_total", "sweep="+s)
 	}
 	for _, r := range []string{"ids_restarted", "server_changed", "sequence_rewound"} {

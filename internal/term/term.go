@@ -57,6 +57,9 @@ type Options struct {
 	// before raising the fence and working, so a predecessor that has not
 	// noticed yet finishes (its trust deadline) first.
 	WaitAfterDataLoss bool
+	// Backend names where the leases live (lock.backend: redis,
+	// postgres), for the log line that says their state was lost.
+	Backend string
 	// ShutdownTimeout is how long the work goes on after the caller's
 	// context ends; 0 means until the work returns.
 	ShutdownTimeout time.Duration
@@ -159,7 +162,7 @@ func (s *Seat) Run(ctx context.Context, wait time.Duration, work func(ctx contex
 	}
 
 	if l.Recovered() && s.opts.WaitAfterDataLoss {
-		t.log.Warn("redis lost the lock state; waiting one lock TTL before acting", "wait_ms", s.opts.TTL.Milliseconds())
+		t.log.Warn("lock state lost; waiting one lock TTL before acting", "lock_backend", s.opts.Backend, "wait_ms", s.opts.TTL.Milliseconds())
 		select {
 		case <-ctx.Done():
 			return nil

@@ -38,8 +38,8 @@ type App struct {
 	Cfg     *config.Config
 	Log     *slog.Logger
 	Store   *store.Store
-	Nodes   []redis.UniversalClient // lock nodes: one, or several in redlock mode
-	KV      redis.UniversalClient   // idempotency keys (the first node)
+	Nodes   []redis.UniversalClient // lock nodes: one, or several in redlock mode; none when nothing lives in Redis (config.UsesRedis)
+	KV      redis.UniversalClient   // idempotency keys and circuit states (the first node); nil with idempotency.store postgres
 	Locks   lock.Lease
 	Metrics *metrics.Metrics
 
@@ -54,18 +54,25 @@ type App struct {
 }
 
 // New connects lazily: it does not wait for Postgres or Redis to be up.
+// With neither the lease nor the idempotency keys in Redis
+// (config.UsesRedis) it builds no Redis client at all.
 func New(ctx context.Context, cfg *config.Config, log *slog.Logger) (*App, error) {
-	tlsCfg, err := redisTLS(cfg.Redis.TLS)
-	if err != nil {
-		return nil, err
+	var nodes []redis.UniversalClient
+	if cfg.UsesRedis() {
+		tlsCfg, err := redisTLS(cfg.Redis.TLS)
+		if err != nil {
+			return nil, err
+		}
+		nodes = RedisNodes(cfg.Redis, tlsCfg)
 	}
 	st, err := OpenStore(ctx, cfg.Postgres)
 	if err != nil {
 		return nil, err
 	}
-	a := &App{Cfg: cfg, Log: log, Store: st, Metrics: metrics.New()}
-	a.Nodes = RedisNodes(cfg.Redis, tlsCfg)
-	a.KV = a.Nodes[0]
+	a := &App{Cfg: cfg, Log: log, Store: st, Metrics: metrics.New(), Nodes: nodes}
+	if cfg.Idempotency.Store == config.IdempotencyRedis {
+		a.KV = a.Nodes[0]
+	}
 	if err := a.newLease(ctx); err != nil {
 		st.Close()
 		return nil, err
@@ -272,6 +279,7 @@ func (a *App) pollerConfig() poller.Config {
 		BackoffBase: c.BackoffBase, BackoffMax: c.BackoffMax, ShutdownTimeout: a.Cfg.ShutdownTimeout,
 		MaxPayloadBytes: int64(c.MaxPayloadBytes), BatchMaxBytes: int64(c.BatchMaxBytes),
 		KeyPrefix: a.Cfg.Redis.KeyPrefix, Notify: c.Notify, GapWait: c.GapWait, Instance: a.Cfg.InstanceID,
+		LockBackend: a.Cfg.Lock.Backend,
 	}
 }
 
@@ -281,7 +289,7 @@ func (a *App) Reconciler() (*reconcile.Reconciler, error) {
 	return reconcile.New(reconcile.Config{
 		Schedule: c.Schedule, LockTTL: c.LockTTL, Retention: c.Retention, DeadRetention: c.DeadRetention,
 		BatchSize: c.BatchSize, ShutdownTimeout: a.Cfg.ShutdownTimeout, KeyPrefix: a.Cfg.Redis.KeyPrefix,
-		Instance: a.Cfg.InstanceID,
+		Instance: a.Cfg.InstanceID, LockBackend: a.Cfg.Lock.Backend,
 	}, reconcile.Deps{Store: a.Store, Locks: a.Locks, Redis: a.KV, Log: a.Log, Metrics: a.Metrics})
 }
 
@@ -364,14 +372,17 @@ func (a *App) Run(ctx context.Context) error {
 // registry and the backlog refresh behind /metrics, /dead and /status, all
 // on the operations pool ops.
 func (a *App) httpDeps(p *poller.Poller, rec *reconcile.Reconciler, sink dispatch.Sink, ops *store.Store, offLoopback bool) httpapi.Deps {
+	checks := map[string]httpapi.Check{
+		"postgres": ops.Ping,
+		// Reachable is not enough: a leader whose every fetch fails is not
+		// doing its job (poller.FetchFailure).
+		"fetch": func(context.Context) error { return p.FetchFailure(time.Now()) },
+	}
+	if len(a.Nodes) > 0 {
+		checks["redis"] = a.pingRedis
+	}
 	return httpapi.Deps{
-		Checks: map[string]httpapi.Check{
-			"postgres": ops.Ping,
-			"redis":    a.pingRedis,
-			// Reachable is not enough: a leader whose every fetch fails is not
-			// doing its job (poller.FetchFailure).
-			"fetch": func(context.Context) error { return p.FetchFailure(time.Now()) },
-		},
+		Checks:        checks,
 		Registry:      a.Metrics.Registry,
 		BeforeScrape:  func(ctx context.Context) { a.refreshBacklog(ctx, ops); a.refreshPaused(ctx, ops) },
 		Pprof:         a.Cfg.HTTP.Pprof,

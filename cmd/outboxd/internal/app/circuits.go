@@ -72,6 +72,9 @@ func (c *circuits) note(s dispatch.BreakerState) {
 // run writes the states to Redis until ctx ends: each change at once, open
 // circuits again every probe interval.
 func (c *circuits) run(ctx context.Context) error {
+	if c.a.KV == nil {
+		return nil // idempotency.store postgres: the states stay in this process (/status)
+	}
 	c.mu.Lock()
 	every := max(c.every, time.Second)
 	c.mu.Unlock()
@@ -136,6 +139,9 @@ func (c *circuits) write(ctx context.Context) {
 func (a *App) circuitState(ctx context.Context, name string, built dispatch.Sink) (dispatch.BreakerState, error) {
 	if b, ok := built.(*dispatch.Breaker); ok {
 		return b.State(), nil
+	}
+	if a.KV == nil {
+		return dispatch.BreakerState{Destination: name}, nil // not shared without Redis
 	}
 	v, err := a.KV.Get(ctx, keys.New(a.Cfg.Redis.KeyPrefix).Circuit(name)).Bytes()
 	if errors.Is(err, redis.Nil) {

@@ -53,6 +53,7 @@ func Defaults() map[string]any {
 		"lock.etcd.tls.key_file":                  "",
 		"lock.etcd.tls.server_name":               "",
 		"lock.etcd.tls.insecure_skip_verify":      false,
+		"idempotency.store":                       "", // follows lock.backend (config.Idempotency)
 		"redis.addrs":                             []string{DefaultRedisAddr},
 		"redis.mode":                              "single",
 		"redis.username":                          "",

@@ -118,6 +118,9 @@ func TestErrorsNameTheKey(t *testing.T) {
 		{name: "etcd lease of a fraction of a second", sets: []string{"lock.backend=etcd", "lock.etcd.endpoints=127.0.0.1:2379", "poller.lock_ttl=2500ms"}, key: "poller.lock_ttl"},
 		{name: "etcd lease below its minimum", sets: []string{"lock.backend=etcd", "lock.etcd.endpoints=127.0.0.1:2379", "reconcile.lock_ttl=1s"}, key: "reconcile.lock_ttl"},
 		{name: "etcd TLS file without TLS", sets: []string{"lock.backend=etcd", "lock.etcd.endpoints=127.0.0.1:2379", "lock.etcd.tls.ca_file=/etc/hostname"}, key: "lock.etcd.tls.ca_file"},
+		{name: "bad idempotency store", sets: []string{"idempotency.store=etcd"}, key: "idempotency.store"},
+		{name: "keys in redis without redis.addrs", sets: []string{"lock.backend=postgres", "idempotency.store=redis", "redis.addrs="}, key: "redis.addrs"},
+		{name: "redis_stream on postgres alone without its addr", sets: []string{"lock.backend=postgres", "dispatch.sink=redis_stream"}, key: "dispatch.redis_stream.addr"},
 		{name: "bad schema", sets: []string{"postgres.schema=Outbox-1"}, key: "postgres.schema"},
 		{name: "system schema pg_catalog", sets: []string{"postgres.schema=pg_catalog"}, key: "postgres.schema"},
 		{name: "system schema pg_temp", sets: []string{"postgres.schema=pg_temp"}, key: "postgres.schema"},
@@ -595,5 +598,28 @@ func TestEmptyVariableIsTheEmptyValue(t *testing.T) {
 	}
 	if c.Redis.KeyPrefix != "" || c.Redis.Password != "" {
 		t.Errorf("redis.key_prefix %q, redis.password set: %v; want both empty, as the variables say", c.Redis.KeyPrefix, c.Redis.Password != "")
+	}
+}
+
+// idempotency.store follows lock.backend when unset, and with both on
+// Postgres redis.* is not checked: redis.addrs may be empty.
+func TestIdempotencyStoreFollowsTheLease(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		sets []string
+		want string
+	}{
+		{nil, config.IdempotencyRedis},
+		{[]string{"lock.backend=postgres", "redis.addrs="}, config.IdempotencyPostgres},
+		{[]string{"lock.backend=postgres", "idempotency.store=redis"}, config.IdempotencyRedis},
+		{[]string{"idempotency.store=postgres"}, config.IdempotencyPostgres},
+	} {
+		c, err := app.LoadConfig("", tc.sets)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.sets, err)
+		}
+		if c.Idempotency.Store != tc.want {
+			t.Errorf("%v: idempotency.store %q, want %q", tc.sets, c.Idempotency.Store, tc.want)
+		}
 	}
 }

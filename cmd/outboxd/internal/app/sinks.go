@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/dispatch/kafka"
@@ -152,15 +154,21 @@ var sinks = map[string]sinkKind{
 	},
 	"redis_stream": {
 		section: "redis_stream", templateKey: "stream", template: func(d config.Dispatch) string { return d.RedisStream.Stream },
-		check: func(_ *config.Config, d destination) error {
+		check: func(cfg *config.Config, d destination) error {
 			if n := d.d.RedisStream.MaxLen; n < 0 {
 				return &config.KeyError{Key: d.key("redis_stream.maxlen"), Err: fmt.Errorf("must be 0 (no trimming) or positive, got %d", n)}
+			}
+			if d.d.RedisStream.Addr == "" && !cfg.UsesRedis() {
+				return &config.KeyError{Key: d.key("redis_stream.addr"), Err: errors.New("must be set: with lock.backend and idempotency.store postgres there is no lock's Redis to default to")}
 			}
 			return nil
 		},
 		build: func(a *App, d destination) (dispatch.Sink, error) {
 			r := d.d.RedisStream
-			client := a.KV
+			var client redis.UniversalClient
+			if len(a.Nodes) > 0 {
+				client = a.Nodes[0]
+			}
 			if r.Addr != "" {
 				tlsCfg, err := redisTLS(a.Cfg.Redis.TLS)
 				if err != nil {

@@ -1,0 +1,104 @@
+-- The idempotency keys of idempotency.store: postgres (outbox_idempotency,
+-- store/idempotency.go): what Redis holds at idempotency:notify:<outbox_id>
+-- otherwise, with the same values and the same rules (poller/scripts/*.lua).
+-- A row whose expires_at is not ahead of Postgres' now() counts as absent.
+
+-- name: idempotency_claim
+-- claim.lua: each row whose key is absent (or expired) gets our claim for
+-- @ttl_ms; a live key is left as it is. Returns, per id in @ids order, the
+-- value found on a live key (NULL when none) and whether our claim was
+-- written. Neither means another writer claimed the key while this ran.
+--   @ids     bigint[]  the rows' ids
+--   @value   text      our claim
+--   @ttl_ms  bigint    the claim's life, ms
+WITH live AS MATERIALIZED (
+  SELECT i.outbox_id, i.value FROM outbox_idempotency i
+  WHERE i.outbox_id = ANY (@ids::bigint[]) AND i.expires_at > now()),
+claimed AS (
+  INSERT INTO outbox_idempotency AS i (outbox_id, value, expires_at)
+  SELECT w.id, @value::text, now() + @ttl_ms::bigint * interval '1 millisecond'
+  FROM unnest(@ids::bigint[]) AS w(id) WHERE w.id NOT IN (SELECT outbox_id FROM live)
+  ON CONFLICT (outbox_id) DO UPDATE SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at
+  WHERE i.expires_at <= now()
+  RETURNING i.outbox_id)
+SELECT l.value, EXISTS (SELECT 1 FROM claimed c WHERE c.outbox_id = w.id)
+FROM unnest(@ids::bigint[]) WITH ORDINALITY AS w(id, n) LEFT JOIN live l ON l.outbox_id = w.id
+ORDER BY w.n
+
+-- name: idempotency_take_over
+-- takeover.lua: each key that still holds exactly the value seen (and is
+-- live) gets our claim for @ttl_ms (compare-and-set: Postgres re-checks a
+-- row another writer changed meanwhile). Returns, per id in @ids order, 1
+-- taken over, 2 the key holds this row's mark (its holder finished), 0 it
+-- changed otherwise.
+--   @ids       bigint[]  the rows' ids
+--   @previous  text[]    the value seen on each key
+--   @marks     text[]    each row's delivered mark
+--   @value     text      our claim
+--   @ttl_ms    bigint    the claim's life, ms
+WITH x AS (SELECT * FROM unnest(@ids::bigint[], @previous::text[], @marks::text[]) WITH ORDINALITY AS x(id, previous, mark, n)),
+taken AS (
+  UPDATE outbox_idempotency i SET value = @value::text, expires_at = now() + @ttl_ms::bigint * interval '1 millisecond'
+  FROM x WHERE i.outbox_id = x.id AND i.value = x.previous AND i.expires_at > now()
+  RETURNING i.outbox_id)
+SELECT CASE
+  WHEN EXISTS (SELECT 1 FROM taken t WHERE t.outbox_id = x.id) THEN 1
+  WHEN EXISTS (SELECT 1 FROM outbox_idempotency i WHERE i.outbox_id = x.id AND i.value = x.mark AND i.expires_at > now()) THEN 2
+  ELSE 0 END
+FROM x ORDER BY x.n
+
+-- fragment: idempotency_settle
+-- finish.lua, as two more parts of the poller's fenced write of a batch's
+-- outcome (Store.CompleteSettled): each sent row's key gets its delivered
+-- mark for @mark_ttl_ms if it holds our claim or nothing live (our claim
+-- expired during a slow send, and the row was delivered); each key of
+-- @release_ids that holds our claim is deleted. Anything else is left
+-- alone. Neither part waits for the fence: like finish.lua, a key is
+-- written only while it holds the writer's own claim, which a newer
+-- holder replaces (takeover) before it sends.
+--   @mark_ids     bigint[]  the sent rows' ids
+--   @marks        text[]    their delivered marks
+--   @mark_ttl_ms  bigint    the marks' life, ms (24 h)
+--   @release_ids  bigint[]  the rows whose claim is dropped
+--   @claim        text      our claim
+marked AS (
+  INSERT INTO outbox_idempotency AS i (outbox_id, value, expires_at)
+  SELECT m.id, m.mark, now() + @mark_ttl_ms::bigint * interval '1 millisecond'
+  FROM unnest(@mark_ids::bigint[], @marks::text[]) AS m(id, mark)
+  ON CONFLICT (outbox_id) DO UPDATE SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at
+  WHERE i.value = @claim::text OR i.expires_at <= now()
+  RETURNING 1),
+released AS (
+  DELETE FROM outbox_idempotency i WHERE i.outbox_id = ANY (@release_ids::bigint[]) AND i.value = @claim::text
+  RETURNING 1)
+
+-- name: idempotency_settle
+-- The idempotency_settle fragment alone: for a batch whose outcome is
+-- written in parts (Store.CompleteSettled after a data exception). Returns
+-- the keys changed.
+--   @mark_ids     bigint[]  the sent rows' ids
+--   @marks        text[]    their delivered marks
+--   @mark_ttl_ms  bigint    the marks' life, ms (24 h)
+--   @release_ids  bigint[]  the rows whose claim is dropped
+--   @claim        text      our claim
+WITH {{idempotency_settle}}
+SELECT (SELECT count(*) FROM marked) + (SELECT count(*) FROM released)
+
+-- name: idempotency_values
+-- What the live keys of @ids hold: outbox_id, value (reconciliation's
+-- repair sweep reads the delivered marks).
+--   @ids  bigint[]  the rows' ids
+SELECT outbox_id, value FROM outbox_idempotency WHERE outbox_id = ANY (@ids::bigint[]) AND expires_at > now()
+
+-- name: idempotency_purge
+-- Deletes one batch of expired keys, fenced (reconciliation's retention).
+-- Returns the fence's outcome and the keys deleted.
+--   @lock, @token, @owner  the fence (fence.sql)
+--   @limit  int  keys, at most
+{{fence}},
+del AS (
+  DELETE FROM outbox_idempotency WHERE outbox_id = ANY (ARRAY(
+    SELECT outbox_id FROM outbox_idempotency WHERE expires_at <= now() ORDER BY expires_at LIMIT @limit))
+  AND expires_at <= now() AND EXISTS (SELECT 1 FROM fence)
+  RETURNING 1)
+SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM del)
