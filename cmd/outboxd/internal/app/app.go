@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/outboxd/outboxd/cmd/outboxd/internal/console"
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/httpapi"
 
 	"github.com/outboxd/outboxd/config"
@@ -270,13 +271,16 @@ func (a *App) pollerConfig() poller.Config {
 }
 
 // Reconciler builds the scheduled reconciliation.
-func (a *App) Reconciler() (*reconcile.Reconciler, error) {
+func (a *App) Reconciler() (*reconcile.Reconciler, error) { return a.reconcilerOn(a.Store) }
+
+// reconcilerOn builds a reconciler writing through s.
+func (a *App) reconcilerOn(s *store.Store) (*reconcile.Reconciler, error) {
 	c := a.Cfg.Reconcile
 	return reconcile.New(reconcile.Config{
 		Schedule: c.Schedule, LockTTL: c.LockTTL, Retention: c.Retention, DeadRetention: c.DeadRetention,
 		BatchSize: c.BatchSize, ShutdownTimeout: a.Cfg.ShutdownTimeout, KeyPrefix: a.Cfg.Redis.KeyPrefix,
 		Instance: a.Cfg.InstanceID,
-	}, reconcile.Deps{Store: a.Store, Locks: a.Locks, Redis: a.KV, Log: a.Log, Metrics: a.Metrics})
+	}, reconcile.Deps{Store: s, Locks: a.Locks, Redis: a.KV, Log: a.Log, Metrics: a.Metrics})
 }
 
 // Run runs the daemon until ctx is cancelled: the batch runner, the
@@ -316,13 +320,17 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	defer ops.Close()
 	offLoopback := !httpapi.Loopback(a.Cfg.HTTP.Addr)
-	srv := httpapi.Server(httpapi.Handler(a.httpDeps(p, rec, sink, ops, offLoopback)), httpapi.Timeouts{})
+	ring := console.NewRing(console.DefaultSamples, console.DefaultSampleEvery, console.FromRegistry(a.Metrics.Registry, time.Now))
+	deps := a.httpDeps(p, rec, sink, ops, offLoopback)
+	deps.UI = a.consoleHandler(p, sink, ops, ring, offLoopback)
+	srv := httpapi.Server(httpapi.Handler(deps), httpapi.Timeouts{})
 	a.logStarted(ln.Addr().String(), sink, offLoopback)
 	g, gctx := errgroup.WithContext(ctx)
 	if a.Cfg.Lock.Backend == config.LockRedis {
 		// Evicted lock keys hand the lease over while its holder works.
 		g.Go(func() error { a.warnEviction(gctx); return nil })
 	}
+	g.Go(func() error { return ring.Run(gctx) })
 	g.Go(func() error {
 		a.heartbeat(gctx, ln.Addr().String(), func() bool { return p.HeldToken() > 0 })
 		return nil
@@ -375,7 +383,7 @@ func (a *App) httpDeps(p *poller.Poller, rec *reconcile.Reconciler, sink dispatc
 		OpsShare:      opsShare,
 		Dead:          ops,
 		Status: func(ctx context.Context) (any, error) {
-			st, err := a.status(ctx, ops, map[string]func() int64{keys.PollerLock: p.HeldToken, keys.ReconcileLock: rec.HeldToken}, sinksOf(sink))
+			st, err := a.status(ctx, ops, map[string]func() int64{keys.PollerLock: p.HeldToken, keys.ReconcileLock: rec.HeldToken}, sinksOf(sink), ops.Stats)
 			ferr := p.FetchFailure(time.Now())
 			switch {
 			case err != nil && ferr != nil:
@@ -485,6 +493,7 @@ func (a *App) refreshBacklog(ctx context.Context, s *store.Store) {
 			return
 		}
 		a.Metrics.SetBacklog(st.Pending, st.OldestPendingAge, st.Dead)
+		a.backlog.keep(st, time.Now())
 	})
 }
 
@@ -557,14 +566,15 @@ type Status struct {
 // destinations come from the configuration, without their sinks'
 // capabilities (those are known once built: /status).
 func (a *App) Status(ctx context.Context) (Status, error) {
-	return a.status(ctx, a.Store, nil, nil)
+	return a.status(ctx, a.Store, nil, nil, a.Store.Stats)
 }
 
 // status reads Postgres through s; held gives this replica's token per
 // lock (0 while not holding); built the sink of each destination, by name,
-// once built.
-func (a *App) status(ctx context.Context, s *store.Store, held map[string]func() int64, built map[string]dispatch.Sink) (Status, error) {
-	st, err := s.Stats(ctx)
+// once built; stats counts the backlog.
+func (a *App) status(ctx context.Context, s *store.Store, held map[string]func() int64, built map[string]dispatch.Sink,
+	stats func(context.Context) (store.Stats, error)) (Status, error) {
+	st, err := stats(ctx)
 	if err != nil {
 		return Status{}, err
 	}

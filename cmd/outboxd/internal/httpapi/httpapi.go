@@ -1,5 +1,6 @@
 // Package httpapi serves outboxd's operations endpoints: /livez, /readyz,
-// /metrics, /status and /dead, and /debug/pprof/ when asked for.
+// /metrics, /status and /dead, the console under /ui, and /debug/pprof/
+// when asked for.
 package httpapi
 
 import (
@@ -45,6 +46,10 @@ type Deps struct {
 	// with Retry-After, and a scrape beyond it shows the backlog gauges'
 	// last values (limit). 0: no bound.
 	MaxConcurrent int
+	// UI serves the console under /ui (its own sign-in and CSRF checks,
+	// not the bearer token a browser cannot send), within the limit like
+	// /status; nil: no console.
+	UI http.Handler
 	// OpsShare is the share of each of those places' time the requests
 	// may read for (0 < OpsShare < 1; otherwise no rest): after a request
 	// of d the place rests d×(1/OpsShare − 1), so a crowd of readers costs
@@ -105,6 +110,10 @@ func Handler(d Deps) http.Handler {
 	if d.Dead != nil {
 		payloads("GET /dead", lim.wrap(func(w http.ResponseWriter, r *http.Request) { serveDead(w, r, d.Dead) }))
 		payloads("GET /dead/{id}", lim.wrap(func(w http.ResponseWriter, r *http.Request) { serveDeadRow(w, r, d.Dead) }))
+	}
+	if d.UI != nil {
+		mux.HandleFunc("/ui", lim.wrap(d.UI.ServeHTTP))
+		mux.HandleFunc("/ui/", lim.wrap(d.UI.ServeHTTP))
 	}
 	if d.Pprof {
 		payloads("GET /debug/pprof/", pprof.Index)

@@ -1,0 +1,181 @@
+// Package console serves the operations console at /ui on the ops port:
+// server-rendered pages (html/template, embedded with the binary, no
+// script needed to read them) showing the leader, the replicas, the
+// destinations with their circuits, pauses and a chart of the relay's own
+// counters, and the dead letters with their attempt history; and forms,
+// behind http.auth_token and CSRF protection, that pause and resume a
+// destination and replay, discard or resend rows after a confirmation
+// showing how many they select.
+package console
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"html/template"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/outboxd/outboxd/store"
+)
+
+//go:embed templates/*.html static/*
+var files embed.FS
+
+// Backend reads and changes what the console shows; the relay's app
+// implements it on the operations pool and its reconciler. Every write is
+// fenced as its CLI command is. Called from one goroutine per request.
+type Backend interface {
+	Overview(ctx context.Context) (Overview, error)
+	ListDead(ctx context.Context, f store.DeadFilter, after *store.DeadCursor, limit int) (store.DeadPage, error)
+	ShowDead(ctx context.Context, id int64) (store.DeadEvent, error)
+	History(ctx context.Context, id int64, createdAt pgtype.Timestamptz) ([]store.Attempt, error)
+	// SetPaused pauses or resumes destination name and says how it took
+	// effect (acknowledged by the leader, or no replica leads).
+	SetPaused(ctx context.Context, name string, pause bool) (string, error)
+	// Count is how many rows op would change; Apply changes them.
+	Count(ctx context.Context, op Op, f Filter) (int64, error)
+	Apply(ctx context.Context, op Op, f Filter) (int64, error)
+}
+
+// Overview is the first page: who leads, the replicas, the destinations
+// and the backlog.
+type Overview struct {
+	Leader       Leader
+	Replicas     []store.Replica
+	Destinations []Destination
+	Backlog      store.Stats
+	BacklogAt    time.Time // when the backlog was counted
+	FetchError   string
+}
+
+// Leader is the holder of lock:outbox:poller: its instance_id ("" when no
+// replica leads), its fencing token as Postgres last accepted it, and the
+// Redis counter of tokens issued.
+type Leader struct {
+	Instance     string
+	FenceToken   int64
+	RedisCounter int64
+	TTL          time.Duration
+	Error        string
+}
+
+// Destination is one destination as the console shows it.
+type Destination struct {
+	Name, Sink   string
+	Circuit      string // "open" or "closed"
+	CircuitSince time.Time
+	CircuitError string
+	Paused       bool
+	PausedAt     time.Time
+	// Backlog and Lag (seconds) are its pending rows and the age of the
+	// oldest; HasBacklog is false when they are not counted per destination.
+	Backlog    int64
+	Lag        float64
+	HasBacklog bool
+}
+
+// Deps are what the console needs.
+type Deps struct {
+	Backend Backend
+	Samples *Ring
+	// AuthToken (http.auth_token): when set, every page but the login
+	// asks for it once (a session cookie) and the forms that change
+	// anything are served; when empty the console only reads.
+	AuthToken string
+	// OffLoopback: http.addr is reachable from other hosts; without a
+	// token the dead letters are then not shown, as /dead answers 403.
+	OffLoopback bool
+	Log         *slog.Logger
+	Now         func() time.Time // time.Now when nil
+}
+
+// Handler serves the console under /ui.
+func Handler(d Deps) http.Handler {
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	s := &server{d: d, g: newGuard(d.AuthToken, d.Now), pages: parsePages()}
+	mux := http.NewServeMux()
+	mux.Handle("GET /ui/static/", http.StripPrefix("/ui", http.FileServerFS(files)))
+	mux.HandleFunc("GET /ui/login", s.loginPage)
+	mux.HandleFunc("POST /ui/login", s.loginPost)
+	mux.HandleFunc("POST /ui/logout", s.write(s.logoutPost))
+	mux.HandleFunc("GET /ui", s.read(s.overview))
+	mux.HandleFunc("GET /ui/{$}", s.read(s.overview))
+	mux.HandleFunc("GET /ui/dead", s.read(s.deadOnly(s.deadList)))
+	mux.HandleFunc("GET /ui/dead/{id}", s.read(s.deadOnly(s.deadRow)))
+	mux.HandleFunc("GET /ui/confirm/{op}", s.read(s.deadOnly(s.confirm)))
+	mux.HandleFunc("POST /ui/do/{op}", s.write(s.apply))
+	mux.HandleFunc("POST /ui/pause/{name}", s.write(s.pause(true)))
+	mux.HandleFunc("POST /ui/resume/{name}", s.write(s.pause(false)))
+	return mux
+}
+
+// server holds the console's state: its dependencies, the guard and the
+// parsed pages.
+type server struct {
+	d     Deps
+	g     *guard
+	pages map[string]*template.Template
+}
+
+// read serves h to a signed-in browser, or to anyone when no token is
+// set; others are sent to the login page.
+func (s *server) read(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.g.hasTok && !s.g.signedIn(r) {
+			http.Redirect(w, r, "/ui/login?next="+template.URLQueryEscaper(r.URL.RequestURI()), http.StatusSeeOther)
+			return
+		}
+		h(w, r)
+	}
+}
+
+// write serves h only past the guard's write checks (writeRefusal).
+func (s *server) write(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+		if why := s.g.writeRefusal(r); why != "" {
+			s.message(w, r, http.StatusForbidden, "Refused", why)
+			return
+		}
+		h(w, r)
+	}
+}
+
+// deadOnly refuses the dead-letter pages where /dead refuses them: off
+// loopback without a token.
+func (s *server) deadOnly(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.d.OffLoopback && !s.g.hasTok {
+			s.message(w, r, http.StatusForbidden, "Refused",
+				"http.addr is not a loopback address and no token is set: set http.auth_token_file to show the dead letters here")
+			return
+		}
+		h(w, r)
+	}
+}
+
+// payloadsShown: r may see event payloads and headers: signed in, or on
+// loopback with no token set (as /dead/{id} serves them).
+func (s *server) payloadsShown(r *http.Request) bool {
+	return s.g.signedIn(r) || (!s.g.hasTok && !s.d.OffLoopback)
+}
+
+// ctx bounds a page's reads.
+func ctx(r *http.Request, d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), d)
+}
+
+// errStatus is the answer for a backend error: 404 for a row that is not
+// dead, 503 for the rest (Postgres or Redis not answering).
+func errStatus(err error) int {
+	if errors.Is(err, store.ErrNoRow) || errors.Is(err, store.ErrNotDead) {
+		return http.StatusNotFound
+	}
+	return http.StatusServiceUnavailable
+}

@@ -1,0 +1,346 @@
+package console
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"html/template"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/outboxd/outboxd/cmd/outboxd/internal/deadquery"
+	"github.com/outboxd/outboxd/store"
+)
+
+// pageNames are the templates/<name>.html pages, each drawn in layout.html.
+var pageNames = []string{"overview", "dead", "row", "confirm", "result", "login", "message"}
+
+var funcs = template.FuncMap{
+	"ago":  func(t time.Time) string { return ago(t, time.Now()) },
+	"when": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
+	"secs": func(v float64) string { return (time.Duration(v * float64(time.Second))).Round(time.Second).String() },
+}
+
+func parsePages() map[string]*template.Template {
+	out := map[string]*template.Template{}
+	for _, n := range pageNames {
+		out[n] = template.Must(template.New("layout.html").Funcs(funcs).ParseFS(files, "templates/layout.html", "templates/"+n+".html"))
+	}
+	return out
+}
+
+// frame is what every page's layout reads.
+type frame struct {
+	Title    string
+	SignedIn bool
+	HasToken bool
+	CSRF     string
+	Refresh  int // seconds; 0: none
+	Body     any
+}
+
+// render draws page name with body; a template error is a 500.
+func (s *server) render(w http.ResponseWriter, r *http.Request, code int, name, title string, body any) {
+	f := frame{Title: title, SignedIn: s.g.signedIn(r), HasToken: s.g.hasTok, CSRF: s.g.csrf(r), Body: body}
+	if name == "overview" && r.URL.Query().Get("refresh") != "0" {
+		f.Refresh = 5
+	}
+	var buf bytes.Buffer
+	if err := s.pages[name].Execute(&buf, f); err != nil {
+		http.Error(w, "console: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'")
+	w.WriteHeader(code)
+	_, _ = w.Write(buf.Bytes())
+}
+
+func (s *server) message(w http.ResponseWriter, r *http.Request, code int, title, text string) {
+	s.render(w, r, code, "message", title, text)
+}
+
+func (s *server) loginPage(w http.ResponseWriter, r *http.Request) {
+	if !s.g.hasTok {
+		http.Redirect(w, r, "/ui", http.StatusSeeOther)
+		return
+	}
+	s.render(w, r, http.StatusOK, "login", "Sign in", map[string]string{"Next": safeNext(r.URL.Query().Get("next"))})
+}
+
+// loginPost signs a browser in with the token; it is protected from
+// cross-origin posts like every write, though it needs no session.
+func (s *server) loginPost(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+	if err := s.g.origin.Check(r); err != nil {
+		s.message(w, r, http.StatusForbidden, "Refused", "refused: a cross-origin request")
+		return
+	}
+	next := safeNext(r.PostFormValue("next"))
+	if !s.g.tokenOK(r.PostFormValue("token")) {
+		s.d.Log.Warn("console sign-in refused", "remote_addr", r.RemoteAddr)
+		s.render(w, r, http.StatusUnauthorized, "login", "Sign in", map[string]string{"Next": next, "Error": "wrong token"})
+		return
+	}
+	s.g.login(w, r)
+	s.d.Log.Info("console signed in", "remote_addr", r.RemoteAddr)
+	http.Redirect(w, r, next, http.StatusSeeOther)
+}
+
+func (s *server) logoutPost(w http.ResponseWriter, r *http.Request) {
+	logout(w)
+	http.Redirect(w, r, "/ui/login", http.StatusSeeOther)
+}
+
+// safeNext is next when it is a console path, else /ui: a login never
+// sends the browser elsewhere.
+func safeNext(next string) string {
+	if strings.HasPrefix(next, "/ui") && !strings.HasPrefix(next, "//") && !strings.ContainsAny(next, "\\\r\n") {
+		return next
+	}
+	return "/ui"
+}
+
+// overviewBody is the overview page's data.
+type overviewBody struct {
+	Overview
+	DeliveredChart, PendingChart template.HTML
+	Spark              map[string]template.HTML
+	Window             time.Duration
+	Flash              string
+}
+
+func (s *server) overview(w http.ResponseWriter, r *http.Request) {
+	c, cancel := ctx(r, 3*time.Second)
+	defer cancel()
+	ov, err := s.d.Backend.Overview(c)
+	if err != nil {
+		s.message(w, r, http.StatusServiceUnavailable, "Not available", err.Error())
+		return
+	}
+	b := overviewBody{Overview: ov, Flash: r.URL.Query().Get("done"), Spark: map[string]template.HTML{}}
+	if s.d.Samples != nil {
+		samples := s.d.Samples.Samples()
+		now := s.d.Now()
+		b.Window = time.Duration(len(s.d.Samples.buf)) * s.d.Samples.every
+		b.DeliveredChart = svgChart("events delivered and failed attempts per second", now, b.Window,
+			line{"delivered", "delivered per second", rate(samples, func(x Sample) float64 { return x.Delivered })},
+			line{"failed", "failed attempts per second", rate(samples, func(x Sample) float64 { return x.Failures })})
+		b.PendingChart = svgChart("pending events", now, b.Window,
+			line{"pending", "pending events", level(samples, func(x Sample) float64 { return x.Pending })})
+		for _, d := range ov.Destinations {
+			name := d.Name
+			b.Spark[name] = svgChart(name+": delivered per second", now, b.Window,
+				line{"delivered", "delivered per second", rate(samples, func(x Sample) float64 { return x.ByDest[name] })})
+		}
+	}
+	s.render(w, r, http.StatusOK, "overview", "Overview", b)
+}
+
+// deadBody is the dead-letter list page's data.
+type deadBody struct {
+	Page    store.DeadPage
+	Values  map[string]string // the filter form's values
+	Filters string            // the filters as a query string, for the action links
+	Next    string            // the next page's query string; "" on the last
+	Error   string
+}
+
+func (s *server) deadList(w http.ResponseWriter, r *http.Request) {
+	v := r.URL.Query()
+	b := deadBody{Values: map[string]string{}}
+	for _, n := range deadquery.All {
+		b.Values[n] = v.Get(n)
+	}
+	fs := filterFields(v)
+	b.Filters = filterQuery(fs)
+	q, err := parseFilter(v, s.d.Now())
+	if err != nil {
+		b.Error = err.Error()
+		s.render(w, r, http.StatusBadRequest, "dead", "Dead letters", b)
+		return
+	}
+	c, cancel := ctx(r, 5*time.Second)
+	defer cancel()
+	if b.Page, err = s.d.Backend.ListDead(c, q.Filter, q.After, q.Limit); err != nil {
+		s.message(w, r, errStatus(err), "Not available", err.Error())
+		return
+	}
+	if b.Page.Next != "" {
+		next := url.Values{}
+		for _, f := range fs {
+			next.Add(f.Name, f.Value)
+		}
+		next.Set(deadquery.After, b.Page.Next)
+		if l := v.Get(deadquery.Limit); l != "" {
+			next.Set(deadquery.Limit, l)
+		}
+		b.Next = next.Encode()
+	}
+	s.render(w, r, http.StatusOK, "dead", "Dead letters", b)
+}
+
+// rowBody is one dead row's page data.
+type rowBody struct {
+	Event            store.DeadEvent
+	History          []store.Attempt
+	Shown            bool // payload and headers shown
+	Payload, Headers string
+}
+
+func (s *server) deadRow(w http.ResponseWriter, r *http.Request) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil {
+		s.message(w, r, http.StatusBadRequest, "Bad request", "want an outbox id (a whole number)")
+		return
+	}
+	c, cancel := ctx(r, 5*time.Second)
+	defer cancel()
+	e, err := s.d.Backend.ShowDead(c, id)
+	var hist []store.Attempt
+	if err == nil {
+		hist, err = s.d.Backend.History(c, e.ID, e.CreatedAt)
+	}
+	if err != nil {
+		s.message(w, r, errStatus(err), "Not available", err.Error())
+		return
+	}
+	b := rowBody{Event: e, History: hist, Shown: s.payloadsShown(r)}
+	if b.Shown {
+		b.Payload, b.Headers = indent(e.Payload), indent(e.Headers)
+	}
+	b.Event.Payload, b.Event.Headers = nil, nil // never drawn unless Shown
+	s.render(w, r, http.StatusOK, "row", "Dead letter "+strconv.FormatInt(id, 10), b)
+}
+
+// indent is raw JSON indented for reading.
+func indent(raw json.RawMessage) string {
+	var buf bytes.Buffer
+	if len(raw) == 0 || json.Indent(&buf, raw, "", "  ") != nil {
+		return string(raw)
+	}
+	return buf.String()
+}
+
+// confirmBody is the confirmation page's data: how many rows op changes.
+type confirmBody struct {
+	Op, Verb, Past string
+	Count          int64
+	Every          bool // the filter selects every dead row
+	Fields         []field
+	Filters        string
+	CanWrite       bool
+}
+
+func (s *server) confirm(w http.ResponseWriter, r *http.Request) {
+	op := Op(r.PathValue("op"))
+	words, ok := ops[op]
+	if !ok {
+		s.message(w, r, http.StatusNotFound, "Not found", "no such operation")
+		return
+	}
+	v := r.URL.Query()
+	q, err := parseFilter(v, s.d.Now())
+	if err != nil {
+		s.message(w, r, http.StatusBadRequest, "Bad request", err.Error())
+		return
+	}
+	c, cancel := ctx(r, 5*time.Second)
+	defer cancel()
+	n, err := s.d.Backend.Count(c, op, q.Filter)
+	if err != nil {
+		s.message(w, r, errStatus(err), "Not available", err.Error())
+		return
+	}
+	fs := filterFields(v)
+	s.render(w, r, http.StatusOK, "confirm", words.verb+"?", confirmBody{
+		Op: string(op), Verb: words.verb, Past: words.past, Count: n, Every: everyRow(q.Filter),
+		Fields: fs, Filters: filterQuery(fs), CanWrite: s.g.signedIn(r),
+	})
+}
+
+// resultBody is what a confirmed write did.
+type resultBody struct {
+	Verb, Past string
+	N          int64
+	Error      string
+}
+
+func (s *server) apply(w http.ResponseWriter, r *http.Request) {
+	op := Op(r.PathValue("op"))
+	words, ok := ops[op]
+	if !ok {
+		s.message(w, r, http.StatusNotFound, "Not found", "no such operation")
+		return
+	}
+	q, err := parseFilter(r.PostForm, s.d.Now())
+	switch {
+	case err != nil:
+		s.message(w, r, http.StatusBadRequest, "Bad request", err.Error())
+		return
+	case everyRow(q.Filter) && r.PostFormValue("all") != "yes":
+		s.message(w, r, http.StatusBadRequest, "Bad request",
+			"no filter selects every dead row: tick “every dead row” on the confirmation to mean it")
+		return
+	}
+	c, cancel := ctx(r, 2*time.Minute)
+	defer cancel()
+	n, err := s.d.Backend.Apply(c, op, q.Filter)
+	b := resultBody{Verb: words.verb, Past: words.past, N: n}
+	code := http.StatusOK
+	attrs := []any{"op", string(op), "changed", n, "filter", filterQuery(filterFields(r.PostForm)), "remote_addr", r.RemoteAddr}
+	if err != nil {
+		b.Error, code = err.Error(), errStatus(err)
+		s.d.Log.Warn("console write failed", append(attrs, "error", err)...)
+	} else {
+		s.d.Log.Info("console write", attrs...)
+	}
+	s.render(w, r, code, "result", words.verb, b)
+}
+
+// pause serves the pause (on) or resume toggle of one destination.
+func (s *server) pause(on bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		name, verb := r.PathValue("name"), "resume"
+		if on {
+			verb = "pause"
+		}
+		c, cancel := ctx(r, time.Minute)
+		defer cancel()
+		effect, err := s.d.Backend.SetPaused(c, name, on)
+		attrs := []any{"op", verb, "destination", name, "remote_addr", r.RemoteAddr}
+		if err != nil {
+			s.d.Log.Warn("console write failed", append(attrs, "error", err)...)
+			code := http.StatusServiceUnavailable
+			if errors.Is(err, ErrUnknownDestination) {
+				code = http.StatusNotFound
+			}
+			s.message(w, r, code, "Not done", verb+" "+name+": "+err.Error())
+			return
+		}
+		s.d.Log.Info("console write", append(attrs, "in_effect", effect)...)
+		http.Redirect(w, r, "/ui?done="+url.QueryEscape(verb+" "+name+": "+effect), http.StatusSeeOther)
+	}
+}
+
+// ErrUnknownDestination: SetPaused was given a name no destination has.
+var ErrUnknownDestination = errors.New("unknown destination")
+
+// ago is how long before now t was, rounded for reading ("" for zero).
+func ago(t, now time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	d := now.Sub(t)
+	switch {
+	case d < time.Minute:
+		return d.Round(time.Second).String() + " ago"
+	case d < time.Hour:
+		return d.Round(time.Minute).String() + " ago"
+	}
+	return d.Round(time.Hour).String() + " ago"
+}
