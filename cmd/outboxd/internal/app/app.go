@@ -322,7 +322,9 @@ func (a *App) Run(ctx context.Context) error {
 	offLoopback := !httpapi.Loopback(a.Cfg.HTTP.Addr)
 	ring := console.NewRing(console.DefaultSamples, console.DefaultSampleEvery, console.FromRegistry(a.Metrics.Registry, time.Now))
 	deps := a.httpDeps(p, rec, sink, ops, offLoopback)
-	deps.UI = a.consoleHandler(p, sink, ops, ring, offLoopback)
+	deps.UI = func(bound func(http.HandlerFunc, httpapi.Busy) http.HandlerFunc) http.Handler {
+		return a.consoleHandler(p, sink, ops, ring, offLoopback, bound)
+	}
 	srv := httpapi.Server(httpapi.Handler(deps), httpapi.Timeouts{})
 	a.logStarted(ln.Addr().String(), sink, offLoopback)
 	g, gctx := errgroup.WithContext(ctx)
@@ -355,7 +357,14 @@ func (a *App) Run(ctx context.Context) error {
 		<-gctx.Done()
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.Cfg.ShutdownTimeout)
 		defer cancel()
-		return srv.Shutdown(sctx)
+		err := srv.Shutdown(sctx)
+		if errors.Is(err, context.DeadlineExceeded) {
+			// A connection still open at the deadline (a browser's
+			// preconnected socket counts as busy for 5 s, a slow client)
+			// is closed: the relay's own work has stopped by then.
+			return srv.Close()
+		}
+		return err
 	})
 	err = g.Wait()
 	a.Log.Info("outboxd stopped")

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/console"
+	"github.com/outboxd/outboxd/cmd/outboxd/internal/httpapi"
 	"github.com/outboxd/outboxd/dispatch"
 	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/poller"
@@ -32,10 +33,14 @@ type consoleBackend struct {
 }
 
 // consoleHandler is the console for the running relay: its reads and
-// writes on ops, its chart from ring.
-func (a *App) consoleHandler(p *poller.Poller, sink dispatch.Sink, ops *store.Store, ring *console.Ring, offLoopback bool) http.Handler {
+// writes on ops within bound, its chart from ring.
+func (a *App) consoleHandler(p *poller.Poller, sink dispatch.Sink, ops *store.Store, ring *console.Ring, offLoopback bool,
+	bound func(http.HandlerFunc, httpapi.Busy) http.HandlerFunc) http.Handler {
 	return console.Handler(console.Deps{
 		Backend: &consoleBackend{a: a, ops: ops, p: p, built: sinksOf(sink)}, Samples: ring,
+		Bound: func(h http.HandlerFunc, busy func(http.ResponseWriter, *http.Request, time.Duration)) http.HandlerFunc {
+			return bound(h, busy)
+		},
 		AuthToken: a.Cfg.HTTP.AuthToken, OffLoopback: offLoopback, Log: a.Log,
 	})
 }

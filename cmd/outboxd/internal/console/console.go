@@ -91,6 +91,13 @@ type Deps struct {
 	OffLoopback bool
 	Log         *slog.Logger
 	Now         func() time.Time // time.Now when nil
+	// Bound wraps each page that reads Postgres or Redis in the
+	// operations requests' limit (http.max_concurrent and its share of
+	// time), which answers a request beyond it with busy. The sign-in form,
+	// the style sheet and the writes are served outside it: a write is an
+	// operator's, signed in, and its time is mostly spent waiting for a
+	// lock or the leader, on the operations pool. nil: unbounded.
+	Bound func(h http.HandlerFunc, busy func(w http.ResponseWriter, r *http.Request, retry time.Duration)) http.HandlerFunc
 }
 
 // Handler serves the console under /ui.
@@ -98,17 +105,21 @@ func Handler(d Deps) http.Handler {
 	if d.Now == nil {
 		d.Now = time.Now
 	}
+	if d.Bound == nil {
+		d.Bound = func(h http.HandlerFunc, _ func(http.ResponseWriter, *http.Request, time.Duration)) http.HandlerFunc { return h }
+	}
 	s := &server{d: d, g: newGuard(d.AuthToken, d.Now), pages: parsePages()}
 	mux := http.NewServeMux()
 	mux.Handle("GET /ui/static/", http.StripPrefix("/ui", http.FileServerFS(files)))
 	mux.HandleFunc("GET /ui/login", s.loginPage)
 	mux.HandleFunc("POST /ui/login", s.loginPost)
 	mux.HandleFunc("POST /ui/logout", s.write(s.logoutPost))
-	mux.HandleFunc("GET /ui", s.read(s.overview))
-	mux.HandleFunc("GET /ui/{$}", s.read(s.overview))
-	mux.HandleFunc("GET /ui/dead", s.read(s.deadOnly(s.deadList)))
-	mux.HandleFunc("GET /ui/dead/{id}", s.read(s.deadOnly(s.deadRow)))
-	mux.HandleFunc("GET /ui/confirm/{op}", s.read(s.deadOnly(s.confirm)))
+	b := func(h http.HandlerFunc) http.HandlerFunc { return d.Bound(h, s.busy) }
+	mux.HandleFunc("GET /ui", s.read(b(s.overview)))
+	mux.HandleFunc("GET /ui/{$}", s.read(b(s.overview)))
+	mux.HandleFunc("GET /ui/dead", s.read(s.deadOnly(b(s.deadList))))
+	mux.HandleFunc("GET /ui/dead/{id}", s.read(s.deadOnly(b(s.deadRow))))
+	mux.HandleFunc("GET /ui/confirm/{op}", s.read(s.deadOnly(b(s.confirm))))
 	mux.HandleFunc("POST /ui/do/{op}", s.write(s.apply))
 	mux.HandleFunc("POST /ui/pause/{name}", s.write(s.pause(true)))
 	mux.HandleFunc("POST /ui/resume/{name}", s.write(s.pause(false)))

@@ -3,6 +3,7 @@ package console
 import (
 	"errors"
 	"net/url"
+	"slices"
 	"strconv"
 	"time"
 
@@ -37,9 +38,14 @@ const idParam = "id"
 var fieldNames = append([]string{idParam}, deadquery.Filters...)
 
 // parseFilter reads the filters and paging of `dead list` (and id) from
-// v. An invalid field is a
-// *deadquery.ParamError naming it.
-func parseFilter(v url.Values, now time.Time) (deadquery.Query, error) {
+// v, which may also hold the fields extra. An invalid or unknown field is
+// a *deadquery.ParamError naming it: a typo must not widen a selection.
+func parseFilter(v url.Values, now time.Time, extra ...string) (deadquery.Query, error) {
+	for name := range v {
+		if !deadquery.Known(name) && name != idParam && !slices.Contains(extra, name) {
+			return deadquery.Query{}, &deadquery.ParamError{Name: name, Err: errors.New("unknown field")}
+		}
+	}
 	// An empty field of the form is a filter not given.
 	q, err := deadquery.Parse(func(name string) (string, bool) { return v.Get(name), v.Get(name) != "" }, now)
 	if err != nil {

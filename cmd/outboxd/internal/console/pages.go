@@ -48,6 +48,11 @@ func (s *server) render(w http.ResponseWriter, r *http.Request, code int, name, 
 	if name == "overview" && r.URL.Query().Get("refresh") != "0" {
 		f.Refresh = 5
 	}
+	s.draw(w, code, name, f)
+}
+
+// draw executes page name with f and writes it with code.
+func (s *server) draw(w http.ResponseWriter, code int, name string, f frame) {
 	var buf bytes.Buffer
 	if err := s.pages[name].Execute(&buf, f); err != nil {
 		http.Error(w, "console: "+err.Error(), http.StatusInternalServerError)
@@ -62,6 +67,14 @@ func (s *server) render(w http.ResponseWriter, r *http.Request, code int, name, 
 
 func (s *server) message(w http.ResponseWriter, r *http.Request, code int, title, text string) {
 	s.render(w, r, code, "message", title, text)
+}
+
+// busy answers a page the operations limit refused: 503, and the page
+// reloads itself after retry.
+func (s *server) busy(w http.ResponseWriter, r *http.Request, retry time.Duration) {
+	f := frame{Title: "Busy", SignedIn: s.g.signedIn(r), HasToken: s.g.hasTok, CSRF: s.g.csrf(r), Refresh: int(retry.Seconds()),
+		Body: "The operations port is serving as many reads of Postgres as it may (http.max_concurrent); this page reloads in " + retry.String() + "."}
+	s.draw(w, http.StatusServiceUnavailable, "message", f)
 }
 
 func (s *server) loginPage(w http.ResponseWriter, r *http.Request) {
@@ -144,10 +157,9 @@ func (s *server) overview(w http.ResponseWriter, r *http.Request) {
 // deadBody is the dead-letter list page's data.
 type deadBody struct {
 	Page    store.DeadPage
-	Values  map[string]string // the filter form's values
-	Filters string            // the filters as a query string, for the action links
-	Next    string            // the next page's query string; "" on the last
-	Error   string
+	Values                map[string]string // the filter form's values
+	Replay, Discard, Next template.URL      // the action links and the next page ("" on the last)
+	Error                 string
 }
 
 func (s *server) deadList(w http.ResponseWriter, r *http.Request) {
@@ -157,8 +169,8 @@ func (s *server) deadList(w http.ResponseWriter, r *http.Request) {
 		b.Values[n] = v.Get(n)
 	}
 	fs := filterFields(v)
-	b.Filters = filterQuery(fs)
-	q, err := parseFilter(v, s.d.Now())
+	b.Replay, b.Discard = link("/ui/confirm/replay", filterQuery(fs)), link("/ui/confirm/discard", filterQuery(fs))
+	q, err := parseFilter(v, s.d.Now(), "refresh")
 	if err != nil {
 		b.Error = err.Error()
 		s.render(w, r, http.StatusBadRequest, "dead", "Dead letters", b)
@@ -179,7 +191,7 @@ func (s *server) deadList(w http.ResponseWriter, r *http.Request) {
 		if l := v.Get(deadquery.Limit); l != "" {
 			next.Set(deadquery.Limit, l)
 		}
-		b.Next = next.Encode()
+		b.Next = link("/ui/dead", next.Encode())
 	}
 	s.render(w, r, http.StatusOK, "dead", "Dead letters", b)
 }
@@ -232,7 +244,8 @@ type confirmBody struct {
 	Count          int64
 	Every          bool // the filter selects every dead row
 	Fields         []field
-	Filters        string
+	Filters        string       // shown
+	Cancel         template.URL // back to the list
 	CanWrite       bool
 }
 
@@ -259,7 +272,7 @@ func (s *server) confirm(w http.ResponseWriter, r *http.Request) {
 	fs := filterFields(v)
 	s.render(w, r, http.StatusOK, "confirm", words.verb+"?", confirmBody{
 		Op: string(op), Verb: words.verb, Past: words.past, Count: n, Every: everyRow(q.Filter),
-		Fields: fs, Filters: filterQuery(fs), CanWrite: s.g.signedIn(r),
+		Fields: fs, Filters: filterQuery(fs), Cancel: link("/ui/dead", filterQuery(fs)), CanWrite: s.g.signedIn(r),
 	})
 }
 
@@ -277,7 +290,7 @@ func (s *server) apply(w http.ResponseWriter, r *http.Request) {
 		s.message(w, r, http.StatusNotFound, "Not found", "no such operation")
 		return
 	}
-	q, err := parseFilter(r.PostForm, s.d.Now())
+	q, err := parseFilter(r.PostForm, s.d.Now(), csrfField, "all")
 	switch {
 	case err != nil:
 		s.message(w, r, http.StatusBadRequest, "Bad request", err.Error())
@@ -329,6 +342,15 @@ func (s *server) pause(on bool) http.HandlerFunc {
 
 // ErrUnknownDestination: SetPaused was given a name no destination has.
 var ErrUnknownDestination = errors.New("unknown destination")
+
+// link is path with the encoded query (url.Values.Encode), as a URL the
+// templates write as it is rather than escape again.
+func link(path, query string) template.URL {
+	if query == "" {
+		return template.URL(path) //nolint:gosec // a fixed path
+	}
+	return template.URL(path + "?" + query) //nolint:gosec // a fixed path and an encoded query
+}
 
 // ago is how long before now t was, rounded for reading ("" for zero).
 func ago(t, now time.Time) string {

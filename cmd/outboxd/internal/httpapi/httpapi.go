@@ -46,10 +46,11 @@ type Deps struct {
 	// with Retry-After, and a scrape beyond it shows the backlog gauges'
 	// last values (limit). 0: no bound.
 	MaxConcurrent int
-	// UI serves the console under /ui (its own sign-in and CSRF checks,
-	// not the bearer token a browser cannot send), within the limit like
-	// /status; nil: no console.
-	UI http.Handler
+	// UI builds the console served under /ui (its own sign-in and CSRF
+	// checks, not the bearer token a browser cannot send); it wraps each
+	// of its pages that read Postgres in bound, the limit /status is
+	// served within, answering a refused request with busy. nil: no console.
+	UI func(bound func(h http.HandlerFunc, busy Busy) http.HandlerFunc) http.Handler
 	// OpsShare is the share of each of those places' time the requests
 	// may read for (0 < OpsShare < 1; otherwise no rest): after a request
 	// of d the place rests d×(1/OpsShare − 1), so a crowd of readers costs
@@ -112,8 +113,9 @@ func Handler(d Deps) http.Handler {
 		payloads("GET /dead/{id}", lim.wrap(func(w http.ResponseWriter, r *http.Request) { serveDeadRow(w, r, d.Dead) }))
 	}
 	if d.UI != nil {
-		mux.HandleFunc("/ui", lim.wrap(d.UI.ServeHTTP))
-		mux.HandleFunc("/ui/", lim.wrap(d.UI.ServeHTTP))
+		ui := d.UI(lim.wrapAs)
+		mux.Handle("/ui", ui)
+		mux.Handle("/ui/", ui)
 	}
 	if d.Pprof {
 		payloads("GET /debug/pprof/", pprof.Index)
