@@ -2,6 +2,8 @@ package blackbox
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -284,4 +286,75 @@ func TestConsoleReplayDeliversTheDeadRows(t *testing.T) {
 	}) {
 		t.Errorf("no console write log line for the replay; tail:\n%s", leader.tail(10))
 	}
+}
+
+// A resend confirmed in the console, after a count, sends a delivered
+// aggregate's events again, in their order, each marked with the id it
+// copies; the other aggregates are not sent again.
+func TestConsoleResendRedeliversAnAggregateInOrder(t *testing.T) {
+	t.Parallel()
+	b := newBrowser(t)
+	e := newEnv(t)
+	rc := newRecorder(t, nil)
+	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL())
+	leader, _ := twoConsoleReplicas(t, e, "")
+	e.insertMany("acct", 3, 4)
+	waitFor(t, "the rows delivered", func() bool { return e.count("dispatched_at IS NULL") == 0 }, e.describeRows("dispatched_at IS NULL"))
+	originals := e.rows("aggregate_type = 'acct' AND aggregate_id = '1'")
+	before := len(rc.Requests())
+
+	signIn(t, b, leader)
+	run(t, b, "count a resend of acct/1",
+		chromedp.Navigate("http://"+leader.addr+"/ui/resend"),
+		chromedp.SendKeys(chromedp.ID("resend-aggregate"), "acct/1"),
+		chromedp.Click(chromedp.ID("resend-count")))
+	if count := get(t, b, "the count", chromedp.Text(chromedp.ID("count"))); count != strconv.Itoa(len(originals)) {
+		t.Fatalf("the confirmation counts %s rows; want %d", count, len(originals))
+	}
+	if n := len(rc.Requests()); n != before {
+		t.Fatalf("the count sent %d events", n-before)
+	}
+	run(t, b, "resend", chromedp.Click(chromedp.ID("confirm")))
+	if changed := get(t, b, "the resend's outcome", chromedp.Text(chromedp.ID("changed"))); changed != strconv.Itoa(len(originals)) {
+		t.Errorf("the result says %s resent; want %d", changed, len(originals))
+	}
+	var resent []testkit.Request
+	waitFor(t, "the aggregate sent again", func() bool {
+		resent = nil
+		for _, r := range rc.Requests()[before:] {
+			if r.Status/100 == 2 {
+				resent = append(resent, r)
+			}
+		}
+		return len(resent) >= len(originals)
+	}, func() string { return strconv.Itoa(len(resent)) + " sent again" })
+	if len(resent) != len(originals) {
+		t.Fatalf("%d events sent again; want %d", len(resent), len(originals))
+	}
+	for i, r := range resent {
+		from := resentFrom(t, r)
+		if r.Agg != "acct/1" || from != strconv.FormatInt(originals[i].ID, 10) {
+			t.Errorf("sent again #%d: %s resent from %q; want acct/1 from %d (in order)", i, r.Agg, from, originals[i].ID)
+		}
+	}
+}
+
+// resentFrom is the id a resent event copies: its webhook header
+// Outbox-Resent-From, or the entry outbox-resent-from of the event's own
+// headers in the body.
+func resentFrom(t *testing.T, r testkit.Request) string {
+	t.Helper()
+	if from := r.Header.Get("Outbox-Resent-From"); from != "" {
+		return from
+	}
+	var body struct {
+		Headers map[string]any `json:"headers"`
+	}
+	if err := json.Unmarshal(r.Body, &body); err != nil {
+		t.Fatalf("event body: %v: %s", err, trunc(string(r.Body), 300))
+	}
+	if v, ok := body.Headers["outbox-resent-from"]; ok {
+		return fmt.Sprint(v)
+	}
+	return ""
 }

@@ -322,9 +322,12 @@ func (a *App) Run(ctx context.Context) error {
 	offLoopback := !httpapi.Loopback(a.Cfg.HTTP.Addr)
 	ring := console.NewRing(console.DefaultSamples, console.DefaultSampleEvery, console.FromRegistry(a.Metrics.Registry, time.Now))
 	deps := a.httpDeps(p, rec, sink, ops, offLoopback)
-	deps.UI = func(bound func(http.HandlerFunc, httpapi.Busy) http.HandlerFunc) http.Handler {
-		return a.consoleHandler(p, sink, ops, ring, offLoopback, bound)
+	ui, err := a.consoleUI(p, sink, ops, ring, offLoopback)
+	if err != nil {
+		_ = ln.Close()
+		return err
 	}
+	deps.UI = ui
 	srv := httpapi.Server(httpapi.Handler(deps), httpapi.Timeouts{})
 	a.logStarted(ln.Addr().String(), sink, offLoopback)
 	g, gctx := errgroup.WithContext(ctx)

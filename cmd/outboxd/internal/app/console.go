@@ -3,13 +3,10 @@ package app
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
-	"slices"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgtype"
-
+	"github.com/outboxd/outboxd/cmd/outboxd/internal/admin"
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/console"
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/httpapi"
 	"github.com/outboxd/outboxd/dispatch"
@@ -18,31 +15,50 @@ import (
 	"github.com/outboxd/outboxd/store"
 )
 
-// consoleWait is how long a console write waits for lock:reconciliation,
-// and then for the leader to take a pause into effect.
-const consoleWait = 10 * time.Second
-
 // consoleBackend is what the console at /ui reads and changes: the
-// operations pool ops for reads, and a reconciler of its own on ops for
-// each write, fenced under lock:reconciliation as the CLI's commands are.
+// operator controls (admin.Service on the operations pool, a reconciler
+// of its own for the writes) and the overview, read as /status is.
 type consoleBackend struct {
+	*admin.Service
 	a     *App
 	ops   *store.Store
 	p     *poller.Poller
 	built map[string]dispatch.Sink
 }
 
-// consoleHandler is the console for the running relay: its reads and
-// writes on ops within bound, its chart from ring.
-func (a *App) consoleHandler(p *poller.Poller, sink dispatch.Sink, ops *store.Store, ring *console.Ring, offLoopback bool,
-	bound func(http.HandlerFunc, httpapi.Busy) http.HandlerFunc) http.Handler {
-	return console.Handler(console.Deps{
-		Backend: &consoleBackend{a: a, ops: ops, p: p, built: sinksOf(sink)}, Samples: ring,
-		Bound: func(h http.HandlerFunc, busy func(http.ResponseWriter, *http.Request, time.Duration)) http.HandlerFunc {
-			return bound(h, busy)
+// consoleUI builds the console for the running relay (httpapi.Deps.UI):
+// its reads and writes on ops, the pages that read within the operations
+// limit, its chart from ring.
+func (a *App) consoleUI(p *poller.Poller, sink dispatch.Sink, ops *store.Store, ring *console.Ring, offLoopback bool,
+) (func(bound func(http.HandlerFunc, httpapi.Busy) http.HandlerFunc) http.Handler, error) {
+	rec, err := a.reconcilerOn(ops)
+	if err != nil {
+		return nil, err
+	}
+	b := &consoleBackend{a: a, ops: ops, p: p, built: sinksOf(sink)}
+	b.Service = admin.New(admin.Deps{
+		Store: ops, Reconciler: rec, Log: a.Log,
+		Status: func(ctx context.Context) (any, error) { return b.Overview(ctx) },
+		Destinations: func(ctx context.Context) ([]admin.Destination, error) {
+			var out []admin.Destination
+			for _, d := range destinations(a.Cfg) {
+				out = append(out, admin.Destination{Name: d.name, Sink: d.d.Sink})
+			}
+			return out, nil
 		},
-		AuthToken: a.Cfg.HTTP.AuthToken, OffLoopback: offLoopback, Log: a.Log,
+		AwaitPause: func(ctx context.Context, gen int64, wait time.Duration) (admin.PauseEffect, error) {
+			eff, err := a.AwaitPause(ctx, gen, wait)
+			return admin.PauseEffect{Leader: eff.Leader, NoLeader: eff.NoLeader}, err
+		},
 	})
+	return func(bound func(http.HandlerFunc, httpapi.Busy) http.HandlerFunc) http.Handler {
+		return console.Handler(console.Deps{
+			Backend: b, Samples: ring, AuthToken: a.Cfg.HTTP.AuthToken, OffLoopback: offLoopback, Log: a.Log,
+			Bound: func(h http.HandlerFunc, busy func(http.ResponseWriter, *http.Request, time.Duration)) http.HandlerFunc {
+				return bound(h, busy)
+			},
+		})
+	}, nil
 }
 
 // backlog is the backlog gauges' count, refreshed as a scrape refreshes
@@ -63,7 +79,7 @@ func (b *consoleBackend) Overview(ctx context.Context) (console.Overview, error)
 		return console.Overview{}, err
 	}
 	_, at := b.a.backlog.latest()
-	ov := console.Overview{Replicas: st.Replicas, Backlog: st.Stats, BacklogAt: at, FetchError: st.FetchError}
+	ov := console.Overview{Replicas: st.Replicas, Backlog: st.Stats, BacklogAt: at}
 	if ferr := b.p.FetchFailure(time.Now()); ferr != nil {
 		ov.FetchError = ferr.Error()
 	}
@@ -81,65 +97,4 @@ func (b *consoleBackend) Overview(ctx context.Context) (console.Overview, error)
 			CircuitSince: d.CircuitSince, CircuitError: d.CircuitError, Paused: d.Paused, PausedAt: d.PausedAt})
 	}
 	return ov, nil
-}
-
-func (b *consoleBackend) ListDead(ctx context.Context, f store.DeadFilter, after *store.DeadCursor, limit int) (store.DeadPage, error) {
-	return b.ops.ListDead(ctx, f, after, limit)
-}
-
-func (b *consoleBackend) ShowDead(ctx context.Context, id int64) (store.DeadEvent, error) {
-	return b.ops.ShowDead(ctx, id)
-}
-
-func (b *consoleBackend) History(ctx context.Context, id int64, createdAt pgtype.Timestamptz) ([]store.Attempt, error) {
-	return b.ops.History(ctx, id, createdAt)
-}
-
-// SetPaused is `outboxd pause NAME` (or resume): a fenced write, then a
-// wait for the leader to take it into effect.
-func (b *consoleBackend) SetPaused(ctx context.Context, name string, pause bool) (string, error) {
-	if !slices.ContainsFunc(destinations(b.a.Cfg), func(d destination) bool { return d.name == name }) {
-		return "", fmt.Errorf("%w %q", console.ErrUnknownDestination, name)
-	}
-	rec, err := b.a.reconcilerOn(b.ops)
-	if err != nil {
-		return "", err
-	}
-	var sw store.Switched
-	if pause {
-		sw, err = rec.Pause(ctx, []string{name}, consoleWait)
-	} else {
-		sw, err = rec.Resume(ctx, []string{name}, false, consoleWait)
-	}
-	if err != nil {
-		return "", fmt.Errorf("nothing changed: %w", err)
-	}
-	eff, err := b.a.AwaitPause(ctx, sw.Generation, consoleWait)
-	switch {
-	case err != nil:
-		return "", fmt.Errorf("written, not yet in effect: %w", err)
-	case eff.NoLeader:
-		return "written; no replica leads: the next leader reads it before its first send", nil
-	}
-	return "acknowledged by the leader " + eff.Leader, nil
-}
-
-// Count is what a dry run of op prints.
-func (b *consoleBackend) Count(ctx context.Context, op console.Op, f console.Filter) (int64, error) {
-	return b.ops.CountDead(ctx, f)
-}
-
-// Apply is `outboxd replay --dead` or `outboxd dead discard` with f.
-func (b *consoleBackend) Apply(ctx context.Context, op console.Op, f console.Filter) (int64, error) {
-	rec, err := b.a.reconcilerOn(b.ops)
-	if err != nil {
-		return 0, err
-	}
-	switch op {
-	case console.OpReplay:
-		return rec.Replay(ctx, f, consoleWait, nil)
-	case console.OpDiscard:
-		return rec.Discard(ctx, f, consoleWait, nil)
-	}
-	return 0, fmt.Errorf("console: unknown operation %q", op)
 }

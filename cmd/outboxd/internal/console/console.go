@@ -5,7 +5,8 @@
 // counters, and the dead letters with their attempt history; and forms,
 // behind http.auth_token and CSRF protection, that pause and resume a
 // destination and replay, discard or resend rows after a confirmation
-// showing how many they select.
+// showing how many they select. The writes are the operator controls of
+// package admin, fenced as the CLI's commands.
 package console
 
 import (
@@ -17,28 +18,25 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgtype"
-
+	"github.com/outboxd/outboxd/cmd/outboxd/internal/admin"
 	"github.com/outboxd/outboxd/store"
 )
 
 //go:embed templates/*.html static/*
 var files embed.FS
 
-// Backend reads and changes what the console shows; the relay's app
-// implements it on the operations pool and its reconciler. Every write is
-// fenced as its CLI command is. Called from one goroutine per request.
+// Backend reads and changes what the console shows: the operator
+// controls (*admin.Service, each write fenced as its CLI command) and the
+// overview. Called from one goroutine per request.
 type Backend interface {
 	Overview(ctx context.Context) (Overview, error)
-	ListDead(ctx context.Context, f store.DeadFilter, after *store.DeadCursor, limit int) (store.DeadPage, error)
-	ShowDead(ctx context.Context, id int64) (store.DeadEvent, error)
-	History(ctx context.Context, id int64, createdAt pgtype.Timestamptz) ([]store.Attempt, error)
-	// SetPaused pauses or resumes destination name and says how it took
-	// effect (acknowledged by the leader, or no replica leads).
-	SetPaused(ctx context.Context, name string, pause bool) (string, error)
-	// Count is how many rows op would change; Apply changes them.
-	Count(ctx context.Context, op Op, f Filter) (int64, error)
-	Apply(ctx context.Context, op Op, f Filter) (int64, error)
+	DeadList(ctx context.Context, req admin.DeadListRequest) (store.DeadPage, error)
+	DeadShow(ctx context.Context, id int64) (admin.DeadShown, error)
+	Pause(ctx context.Context, who admin.Caller, req admin.PauseRequest) (admin.PauseResult, error)
+	Resume(ctx context.Context, who admin.Caller, req admin.PauseRequest) (admin.PauseResult, error)
+	Replay(ctx context.Context, who admin.Caller, req admin.DeadWriteRequest) (admin.DeadWriteResult, error)
+	Discard(ctx context.Context, who admin.Caller, req admin.DeadWriteRequest) (admin.DeadWriteResult, error)
+	Resend(ctx context.Context, who admin.Caller, req admin.ResendRequest) (admin.ResendResult, error)
 }
 
 // Overview is the first page: who leads, the replicas, the destinations
@@ -120,6 +118,7 @@ func Handler(d Deps) http.Handler {
 	mux.HandleFunc("GET /ui/dead", s.read(s.deadOnly(b(s.deadList))))
 	mux.HandleFunc("GET /ui/dead/{id}", s.read(s.deadOnly(b(s.deadRow))))
 	mux.HandleFunc("GET /ui/confirm/{op}", s.read(s.deadOnly(b(s.confirm))))
+	mux.HandleFunc("GET /ui/resend", s.read(s.deadOnly(s.resendForm)))
 	mux.HandleFunc("POST /ui/do/{op}", s.write(s.apply))
 	mux.HandleFunc("POST /ui/pause/{name}", s.write(s.pause(true)))
 	mux.HandleFunc("POST /ui/resume/{name}", s.write(s.pause(false)))
@@ -182,11 +181,23 @@ func ctx(r *http.Request, d time.Duration) (context.Context, context.CancelFunc)
 	return context.WithTimeout(r.Context(), d)
 }
 
-// errStatus is the answer for a backend error: 404 for a row that is not
-// dead, 503 for the rest (Postgres or Redis not answering).
+// errStatus is the answer for a backend error, as the admin API's: 400
+// for an invalid request, 404 for a row that is not dead, 409 for a write
+// refused by a newer fence, 423 while lock:reconciliation is held
+// elsewhere, 503 for the rest (Postgres or Redis not answering).
 func errStatus(err error) int {
-	if errors.Is(err, store.ErrNoRow) || errors.Is(err, store.ErrNotDead) {
+	switch {
+	case errors.Is(err, admin.ErrInvalid):
+		return http.StatusBadRequest
+	case errors.Is(err, admin.ErrNotFound), errors.Is(err, store.ErrNoRow), errors.Is(err, store.ErrNotDead):
 		return http.StatusNotFound
+	case errors.Is(err, admin.ErrStale):
+		return http.StatusConflict
+	case errors.Is(err, admin.ErrBusy):
+		return http.StatusLocked
 	}
 	return http.StatusServiceUnavailable
 }
+
+// caller is who the console's writes are logged as.
+var caller = admin.Caller{Name: "console"}

@@ -3,7 +3,6 @@ package console
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"html/template"
 	"net/http"
 	"net/url"
@@ -11,12 +10,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outboxd/outboxd/cmd/outboxd/internal/admin"
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/deadquery"
 	"github.com/outboxd/outboxd/store"
 )
 
 // pageNames are the templates/<name>.html pages, each drawn in layout.html.
-var pageNames = []string{"overview", "dead", "row", "confirm", "result", "login", "message"}
+var pageNames = []string{"overview", "dead", "row", "confirm", "result", "resend", "login", "message"}
 
 var funcs = template.FuncMap{
 	"ago":  func(t time.Time) string { return ago(t, time.Now()) },
@@ -168,9 +168,9 @@ func (s *server) deadList(w http.ResponseWriter, r *http.Request) {
 	for _, n := range deadquery.All {
 		b.Values[n] = v.Get(n)
 	}
-	fs := filterFields(v)
-	b.Replay, b.Discard = link("/ui/confirm/replay", filterQuery(fs)), link("/ui/confirm/discard", filterQuery(fs))
-	q, err := parseFilter(v, s.d.Now(), "refresh")
+	fs := formFields(v, deadFields)
+	b.Replay, b.Discard = link("/ui/confirm/replay", encode(fs)), link("/ui/confirm/discard", encode(fs))
+	q, err := parseList(v, s.d.Now())
 	if err != nil {
 		b.Error = err.Error()
 		s.render(w, r, http.StatusBadRequest, "dead", "Dead letters", b)
@@ -178,7 +178,7 @@ func (s *server) deadList(w http.ResponseWriter, r *http.Request) {
 	}
 	c, cancel := ctx(r, 5*time.Second)
 	defer cancel()
-	if b.Page, err = s.d.Backend.ListDead(c, q.Filter, q.After, q.Limit); err != nil {
+	if b.Page, err = s.d.Backend.DeadList(c, admin.DeadListRequest{Filter: q.Filter, After: q.After, Limit: q.Limit}); err != nil {
 		s.message(w, r, errStatus(err), "Not available", err.Error())
 		return
 	}
@@ -212,16 +212,13 @@ func (s *server) deadRow(w http.ResponseWriter, r *http.Request) {
 	}
 	c, cancel := ctx(r, 5*time.Second)
 	defer cancel()
-	e, err := s.d.Backend.ShowDead(c, id)
-	var hist []store.Attempt
-	if err == nil {
-		hist, err = s.d.Backend.History(c, e.ID, e.CreatedAt)
-	}
+	shown, err := s.d.Backend.DeadShow(c, id)
 	if err != nil {
 		s.message(w, r, errStatus(err), "Not available", err.Error())
 		return
 	}
-	b := rowBody{Event: e, History: hist, Shown: s.payloadsShown(r)}
+	e := shown.DeadEvent
+	b := rowBody{Event: e, History: shown.History, Shown: s.payloadsShown(r)}
 	if b.Shown {
 		b.Payload, b.Headers = indent(e.Payload), indent(e.Headers)
 	}
@@ -237,111 +234,6 @@ func indent(raw json.RawMessage) string {
 	}
 	return buf.String()
 }
-
-// confirmBody is the confirmation page's data: how many rows op changes.
-type confirmBody struct {
-	Op, Verb, Past string
-	Count          int64
-	Every          bool // the filter selects every dead row
-	Fields         []field
-	Filters        string       // shown
-	Cancel         template.URL // back to the list
-	CanWrite       bool
-}
-
-func (s *server) confirm(w http.ResponseWriter, r *http.Request) {
-	op := Op(r.PathValue("op"))
-	words, ok := ops[op]
-	if !ok {
-		s.message(w, r, http.StatusNotFound, "Not found", "no such operation")
-		return
-	}
-	v := r.URL.Query()
-	q, err := parseFilter(v, s.d.Now())
-	if err != nil {
-		s.message(w, r, http.StatusBadRequest, "Bad request", err.Error())
-		return
-	}
-	c, cancel := ctx(r, 5*time.Second)
-	defer cancel()
-	n, err := s.d.Backend.Count(c, op, q.Filter)
-	if err != nil {
-		s.message(w, r, errStatus(err), "Not available", err.Error())
-		return
-	}
-	fs := filterFields(v)
-	s.render(w, r, http.StatusOK, "confirm", words.verb+"?", confirmBody{
-		Op: string(op), Verb: words.verb, Past: words.past, Count: n, Every: everyRow(q.Filter),
-		Fields: fs, Filters: filterQuery(fs), Cancel: link("/ui/dead", filterQuery(fs)), CanWrite: s.g.signedIn(r),
-	})
-}
-
-// resultBody is what a confirmed write did.
-type resultBody struct {
-	Verb, Past string
-	N          int64
-	Error      string
-}
-
-func (s *server) apply(w http.ResponseWriter, r *http.Request) {
-	op := Op(r.PathValue("op"))
-	words, ok := ops[op]
-	if !ok {
-		s.message(w, r, http.StatusNotFound, "Not found", "no such operation")
-		return
-	}
-	q, err := parseFilter(r.PostForm, s.d.Now(), csrfField, "all")
-	switch {
-	case err != nil:
-		s.message(w, r, http.StatusBadRequest, "Bad request", err.Error())
-		return
-	case everyRow(q.Filter) && r.PostFormValue("all") != "yes":
-		s.message(w, r, http.StatusBadRequest, "Bad request",
-			"no filter selects every dead row: tick “every dead row” on the confirmation to mean it")
-		return
-	}
-	c, cancel := ctx(r, 2*time.Minute)
-	defer cancel()
-	n, err := s.d.Backend.Apply(c, op, q.Filter)
-	b := resultBody{Verb: words.verb, Past: words.past, N: n}
-	code := http.StatusOK
-	attrs := []any{"op", string(op), "changed", n, "filter", filterQuery(filterFields(r.PostForm)), "remote_addr", r.RemoteAddr}
-	if err != nil {
-		b.Error, code = err.Error(), errStatus(err)
-		s.d.Log.Warn("console write failed", append(attrs, "error", err)...)
-	} else {
-		s.d.Log.Info("console write", attrs...)
-	}
-	s.render(w, r, code, "result", words.verb, b)
-}
-
-// pause serves the pause (on) or resume toggle of one destination.
-func (s *server) pause(on bool) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		name, verb := r.PathValue("name"), "resume"
-		if on {
-			verb = "pause"
-		}
-		c, cancel := ctx(r, time.Minute)
-		defer cancel()
-		effect, err := s.d.Backend.SetPaused(c, name, on)
-		attrs := []any{"op", verb, "destination", name, "remote_addr", r.RemoteAddr}
-		if err != nil {
-			s.d.Log.Warn("console write failed", append(attrs, "error", err)...)
-			code := http.StatusServiceUnavailable
-			if errors.Is(err, ErrUnknownDestination) {
-				code = http.StatusNotFound
-			}
-			s.message(w, r, code, "Not done", verb+" "+name+": "+err.Error())
-			return
-		}
-		s.d.Log.Info("console write", append(attrs, "in_effect", effect)...)
-		http.Redirect(w, r, "/ui?done="+url.QueryEscape(verb+" "+name+": "+effect), http.StatusSeeOther)
-	}
-}
-
-// ErrUnknownDestination: SetPaused was given a name no destination has.
-var ErrUnknownDestination = errors.New("unknown destination")
 
 // link is path with the encoded query (url.Values.Encode), as a URL the
 // templates write as it is rather than escape again.
