@@ -104,7 +104,9 @@ func Handler(d Deps) http.Handler {
 		d.Now = time.Now
 	}
 	if d.Bound == nil {
-		d.Bound = func(h http.HandlerFunc, _ func(http.ResponseWriter, *http.Request, time.Duration)) http.HandlerFunc { return h }
+		d.Bound = func(h http.HandlerFunc, _ func(http.ResponseWriter, *http.Request, time.Duration)) http.HandlerFunc {
+			return h
+		}
 	}
 	s := &server{d: d, g: newGuard(d.AuthToken, d.Now), pages: parsePages()}
 	mux := http.NewServeMux()

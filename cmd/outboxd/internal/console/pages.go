@@ -122,9 +122,9 @@ func safeNext(next string) string {
 type overviewBody struct {
 	Overview
 	DeliveredChart, PendingChart template.HTML
-	Spark              map[string]template.HTML
-	Window             time.Duration
-	Flash              string
+	Spark                        map[string]template.HTML
+	Window                       time.Duration
+	Flash                        string
 }
 
 func (s *server) overview(w http.ResponseWriter, r *http.Request) {
@@ -156,7 +156,7 @@ func (s *server) overview(w http.ResponseWriter, r *http.Request) {
 
 // deadBody is the dead-letter list page's data.
 type deadBody struct {
-	Page    store.DeadPage
+	Page                  store.DeadPage
 	Values                map[string]string // the filter form's values
 	Replay, Discard, Next template.URL      // the action links and the next page ("" on the last)
 	Error                 string
