@@ -19,7 +19,7 @@ import (
 var (
 	report      = flag.Bool("report", false, "run every measure of BENCHMARKS.md against one build, rewrite its tables (between the report: markers), bench/*.dat and docs/benchmarks.png (with gnuplot)")
 	reportSmoke = flag.Bool("report-smoke", false, "as -report, each measure at toy size, into a copy of BENCHMARKS.md and a temporary folder: checks the command in seconds")
-	reportOnly  = flag.String("report-only", "", "-report: only these measures, a comma list (drain, backlog, history, latency, held, slow, pooler, dead-readers, sinks)")
+	reportOnly  = flag.String("report-only", "", "-report: only these measures, a comma list (drain, backlog, history, latency, held, slow, pooler, dead-readers, console, sinks)")
 	reportMD    = flag.String("report-md", "../BENCHMARKS.md", "-report: the report to rewrite")
 	reportPNG   = flag.String("report-png", "../docs/benchmarks.png", "-report: the plot to draw")
 )
@@ -82,6 +82,10 @@ var measures = []measure{
 	{"dead-readers",
 		[][]string{{"-scenario", "dead-readers", "-rounds", "3", "-rows", "20000", "-dead", "200000", "-readers", "32", "-batches", "1000"}},
 		[][]string{{"-scenario", "dead-readers", "-rounds", "1", "-rows", "200", "-dead", "2000", "-readers", "4", "-batches", "100"}},
+		renderTables},
+	{"console",
+		[][]string{{"-scenario", "console", "-rounds", "3", "-rows", "100000", "-console-clients", "1", "-console-every", "1s", "-batches", "1000"}},
+		[][]string{{"-scenario", "console", "-rounds", "1", "-rows", "300", "-console-every", "100ms", "-batches", "100"}},
 		renderTables},
 	{"sinks",
 		[][]string{

@@ -67,7 +67,7 @@ func svgChart(title string, end time.Time, window time.Duration, lines ...line) 
 	fmt.Fprintf(&b, `<svg class="chart" viewBox="0 0 %g %g" role="img" aria-label="%s">`, chartW, chartH, template.HTMLEscapeString(title))
 	fmt.Fprintf(&b, `<line class="axis" x1="0" y1="%g" x2="%g" y2="%g"/>`, chartH-chartPad, chartW, chartH-chartPad)
 	fmt.Fprintf(&b, `<text class="tick" x="2" y="10">%s</text>`, number(scale))
-	fmt.Fprintf(&b, `<text class="tick" x="2" y="%g">−%s</text>`, chartH-2, window.Round(time.Minute))
+	fmt.Fprintf(&b, `<text class="tick" x="2" y="%g">−%d min</text>`, chartH-2, int(window.Round(time.Minute).Minutes()))
 	fmt.Fprintf(&b, `<text class="tick" x="%g" y="%g" text-anchor="end">now</text>`, chartW-2, chartH-2)
 	for _, l := range lines {
 		if len(l.pts) == 0 {

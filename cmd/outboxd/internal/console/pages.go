@@ -22,6 +22,7 @@ var funcs = template.FuncMap{
 	"ago":  func(t time.Time) string { return ago(t, time.Now()) },
 	"when": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
 	"secs": func(v float64) string { return (time.Duration(v * float64(time.Second))).Round(time.Second).String() },
+	"mins": func(d time.Duration) int { return int(d.Round(time.Minute).Minutes()) },
 }
 
 func parsePages() map[string]*template.Template {
