@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/outboxd/outboxd/cmd/outboxd/internal/admin"
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/console"
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/httpapi"
 
@@ -320,14 +321,13 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	defer ops.Close()
 	offLoopback := !httpapi.Loopback(a.Cfg.HTTP.Addr)
-	ring := console.NewRing(console.DefaultSamples, console.DefaultSampleEvery, console.FromRegistry(a.Metrics.Registry, time.Now))
-	deps := a.httpDeps(p, rec, sink, ops, offLoopback)
-	ui, err := a.consoleUI(p, sink, ops, ring, offLoopback)
+	deps, err := a.httpDeps(p, rec, sink, ops, offLoopback)
 	if err != nil {
 		_ = ln.Close()
 		return err
 	}
-	deps.UI = ui
+	ring := console.NewRing(console.DefaultSamples, console.DefaultSampleEvery, console.FromRegistry(a.Metrics.Registry, time.Now))
+	deps.UI = a.consoleUI(deps.Admin, p, sink, ops, ring, offLoopback)
 	srv := httpapi.Server(httpapi.Handler(deps), httpapi.Timeouts{})
 	a.logStarted(ln.Addr().String(), sink, offLoopback)
 	g, gctx := errgroup.WithContext(ctx)
@@ -377,8 +377,23 @@ func (a *App) Run(ctx context.Context) error {
 // httpDeps is what the HTTP endpoints read: the checks behind /readyz, the
 // registry and the backlog refresh behind /metrics, /dead and /status, all
 // on the operations pool ops.
-func (a *App) httpDeps(p *poller.Poller, rec *reconcile.Reconciler, sink dispatch.Sink, ops *store.Store, offLoopback bool) httpapi.Deps {
-	return httpapi.Deps{
+func (a *App) httpDeps(p *poller.Poller, rec *reconcile.Reconciler, sink dispatch.Sink, ops *store.Store, offLoopback bool) (httpapi.Deps, error) {
+	named, err := a.Cfg.AuthTokens()
+	if err != nil {
+		return httpapi.Deps{}, err
+	}
+	var toks []httpapi.Token
+	for _, t := range named {
+		toks = append(toks, httpapi.Token{Name: t.Name, Value: t.Token})
+	}
+	// The admin API's writes hold lock:reconciliation on a seat of their
+	// own, as the CLI's commands do from their process.
+	adminRec, err := a.Reconciler()
+	if err != nil {
+		return httpapi.Deps{}, err
+	}
+	d := httpapi.Deps{
+		Tokens: toks,
 		Checks: map[string]httpapi.Check{
 			"postgres": ops.Ping,
 			"redis":    a.pingRedis,
@@ -408,6 +423,34 @@ func (a *App) httpDeps(p *poller.Poller, rec *reconcile.Reconciler, sink dispatc
 			return st, nil
 		},
 	}
+	d.Admin = admin.New(admin.Deps{
+		Store: ops, Reconciler: adminRec, Status: d.Status, Log: a.Log,
+		Destinations: func(ctx context.Context) ([]admin.Destination, error) {
+			st, err := a.status(ctx, ops, nil, sinksOf(sink), ops.Stats)
+			if err != nil {
+				return nil, err
+			}
+			return adminDestinations(st), nil
+		},
+		AwaitPause: func(ctx context.Context, gen int64, wait time.Duration) (admin.PauseEffect, error) {
+			eff, err := a.AwaitPause(ctx, gen, wait)
+			return admin.PauseEffect{Leader: eff.Leader, NoLeader: eff.NoLeader}, err
+		},
+	})
+	return d, nil
+}
+
+// adminDestinations are st's destinations as the admin API lists them,
+// each with the shared backlog and lag.
+func adminDestinations(st Status) []admin.Destination {
+	out := []admin.Destination{}
+	for _, d := range st.Destinations {
+		out = append(out, admin.Destination{
+			Name: d.Name, Sink: d.Sink, Circuit: d.Circuit, CircuitSince: d.CircuitSince, CircuitError: d.CircuitError,
+			Paused: d.Paused, PausedAt: d.PausedAt, Backlog: st.Pending, LagSeconds: st.OldestPendingAge,
+		})
+	}
+	return out
 }
 
 // logStarted logs "outboxd started" with what this run uses, then the

@@ -27,30 +27,14 @@ type consoleBackend struct {
 }
 
 // consoleUI builds the console for the running relay (httpapi.Deps.UI):
-// its reads and writes on ops, the pages that read within the operations
-// limit, its chart from ring.
-func (a *App) consoleUI(p *poller.Poller, sink dispatch.Sink, ops *store.Store, ring *console.Ring, offLoopback bool,
-) (func(bound func(http.HandlerFunc, httpapi.Busy) http.HandlerFunc) http.Handler, error) {
-	rec, err := a.reconcilerOn(ops)
-	if err != nil {
-		return nil, err
+// its writes through svc (the admin API's controls), its overview on ops,
+// the pages that read within the operations limit, its chart from ring.
+func (a *App) consoleUI(svc *admin.Service, p *poller.Poller, sink dispatch.Sink, ops *store.Store, ring *console.Ring, offLoopback bool,
+) func(bound func(http.HandlerFunc, httpapi.Busy) http.HandlerFunc) http.Handler {
+	if svc == nil {
+		return nil
 	}
-	b := &consoleBackend{a: a, ops: ops, p: p, built: sinksOf(sink)}
-	b.Service = admin.New(admin.Deps{
-		Store: ops, Reconciler: rec, Log: a.Log,
-		Status: func(ctx context.Context) (any, error) { return b.Overview(ctx) },
-		Destinations: func(ctx context.Context) ([]admin.Destination, error) {
-			var out []admin.Destination
-			for _, d := range destinations(a.Cfg) {
-				out = append(out, admin.Destination{Name: d.name, Sink: d.d.Sink})
-			}
-			return out, nil
-		},
-		AwaitPause: func(ctx context.Context, gen int64, wait time.Duration) (admin.PauseEffect, error) {
-			eff, err := a.AwaitPause(ctx, gen, wait)
-			return admin.PauseEffect{Leader: eff.Leader, NoLeader: eff.NoLeader}, err
-		},
-	})
+	b := &consoleBackend{Service: svc, a: a, ops: ops, p: p, built: sinksOf(sink)}
 	return func(bound func(http.HandlerFunc, httpapi.Busy) http.HandlerFunc) http.Handler {
 		return console.Handler(console.Deps{
 			Backend: b, Samples: ring, AuthToken: a.Cfg.HTTP.AuthToken, OffLoopback: offLoopback, Log: a.Log,
@@ -58,7 +42,7 @@ func (a *App) consoleUI(p *poller.Poller, sink dispatch.Sink, ops *store.Store, 
 				return bound(h, busy)
 			},
 		})
-	}, nil
+	}
 }
 
 // backlog is the backlog gauges' count, refreshed as a scrape refreshes
