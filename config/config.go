@@ -233,6 +233,10 @@ type HTTP struct {
 	// require (a secret); AuthTokenFile reads it from a file.
 	AuthToken     string `mapstructure:"auth_token"`
 	AuthTokenFile string `mapstructure:"auth_token_file"`
+	// AuthTokensFile names more bearer tokens, one "name:token" a line
+	// (# comments and blank lines skipped): the name is logged as who
+	// asked for an admin write; http.auth_token is named "default".
+	AuthTokensFile string `mapstructure:"auth_tokens_file"`
 	// MaxConcurrent bounds the operations requests that read Postgres at
 	// once; they run on a pool of their own of MaxConcurrent+1 connections
 	// (the one more for /readyz), never on the delivery's.
@@ -654,6 +658,7 @@ func (c *Config) Validate(sections ...Section) error {
 		{ReconcileSection, c.validateReconcile},
 		{HTTPSection, c.validateHTTP},
 		{HTTPSection, c.validateAuthToken},
+		{HTTPSection, c.validateAuthTokens},
 	} {
 		if !uses(sections, v.section) {
 			continue
@@ -710,6 +715,46 @@ func (c *Config) validateAuthToken() error {
 		}
 	}
 	return nil
+}
+
+// NamedToken is one line of http.auth_tokens_file.
+type NamedToken struct{ Name, Token string }
+
+// AuthTokens reads http.auth_tokens_file (none when unset): each line
+// "name:token"; a name is [A-Za-z0-9_.-]+ and unique, and "default" is
+// http.auth_token's. An error names the key and the line, never a token.
+func (c *Config) AuthTokens() ([]NamedToken, error) {
+	path := c.HTTP.AuthTokensFile
+	if path == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, &KeyError{Key: c.SourceKey("http.auth_tokens_file"), Err: err}
+	}
+	var out []NamedToken
+	seen := map[string]bool{"default": c.HTTP.AuthToken != ""}
+	for i, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, tok, ok := strings.Cut(line, ":")
+		bad := !ok || tok == "" || name == "" || seen[name] || strings.IndexFunc(name, func(r rune) bool {
+			return !(r == '_' || r == '.' || r == '-' || (r >= '0' && r <= '9') || (r|0x20 >= 'a' && r|0x20 <= 'z'))
+		}) >= 0 || strings.IndexFunc(tok, func(r rune) bool { return r <= ' ' || r == 0x7f }) >= 0
+		if bad {
+			return nil, &KeyError{Key: c.SourceKey("http.auth_tokens_file"), Err: fmt.Errorf("%s line %d: want name:token (a unique name of letters, digits, _ . -; a token of one word)", path, i+1)}
+		}
+		seen[name] = true
+		out = append(out, NamedToken{Name: name, Token: tok})
+	}
+	return out, nil
+}
+
+func (c *Config) validateAuthTokens() error {
+	_, err := c.AuthTokens()
+	return err
 }
 
 func (c *Config) validatePostgres() error {

@@ -71,6 +71,12 @@ func (t Template) Expand(ev Event) string {
 // table entry, Redis stream field).
 type Header struct{ Key, Value string }
 
+// HeaderResentFrom is the entry of a resent copy's headers object (outboxd
+// resend): the id of the delivered row it copies. Broker sinks pass it on
+// as any entry of the row's headers; the webhook sends it as
+// Outbox-Resent-From.
+const HeaderResentFrom = "outbox-resent-from"
+
 // Header names every broker message carries (docs/reference.md, "Headers per sink").
 const (
 	HeaderID            = "id"

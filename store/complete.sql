@@ -29,9 +29,10 @@
 -- history records each failure the statement wrote (failed: id, attempts
 -- after it, created_at) in outbox_attempts: the failure's kind and send
 -- duration in ms (-1: unknown), the start of its text, Postgres' now() and
--- the writer's token; trimmed drops the row's entries older than its last
--- 10 (MaxHistory), or numbered above its attempts (from before a replay
--- reset them). Both are driven by the failures' ids (the primary key), so
+-- the writer's token, numbered after the row's last replay entry (base:
+-- its attempt, 0 without one) plus its attempts, so the entries from
+-- before a replay stay; trimmed drops the row's entries older than its
+-- last 10 (MaxHistory) but never that replay entry, or numbered above. Both are driven by the failures' ids (the primary key), so
 -- a batch without failures touches nothing there.
 --
 -- Parameters:
@@ -61,16 +62,21 @@ failed AS (
   WHERE o.id = x.id AND (x.created_at IS NULL OR o.created_at = x.created_at)
     AND COALESCE(o.dispatched_at IS NULL AND o.dead_at IS NULL, false) AND EXISTS (SELECT 1 FROM fence)
   RETURNING o.id, o.attempts, o.created_at),
+base AS (
+  SELECT f.id, f.attempts, f.created_at, COALESCE((SELECT max(a.attempt) FROM outbox_attempts a
+    WHERE a.outbox_id = f.id AND a.created_at = f.created_at AND a.kind = 'replay'), 0) AS b
+  FROM failed f),
 history AS (
   INSERT INTO outbox_attempts (outbox_id, attempt, created_at, kind, excerpt, duration_ms, fencing_token)
-  SELECT f.id, f.attempts, f.created_at, h.kind, left(h.err, 300), NULLIF(h.ms, -1), @token::bigint
-  FROM failed f JOIN unnest(@failed_ids::bigint[], @failed_errors::text[], @failed_kinds::text[], @failed_ms::bigint[]) AS h(id, err, kind, ms) ON h.id = f.id
+  SELECT f.id, f.b + f.attempts, f.created_at, h.kind, left(h.err, 300), NULLIF(h.ms, -1), @token::bigint
+  FROM base f JOIN unnest(@failed_ids::bigint[], @failed_errors::text[], @failed_kinds::text[], @failed_ms::bigint[]) AS h(id, err, kind, ms) ON h.id = f.id
   ON CONFLICT (outbox_id, attempt) DO UPDATE SET created_at = EXCLUDED.created_at, at = now(), kind = EXCLUDED.kind,
     excerpt = EXCLUDED.excerpt, duration_ms = EXCLUDED.duration_ms, fencing_token = EXCLUDED.fencing_token
   RETURNING 1),
 trimmed AS (
   DELETE FROM outbox_attempts a WHERE a.outbox_id = ANY (@failed_ids::bigint[])
-    AND EXISTS (SELECT 1 FROM failed f WHERE f.id = a.outbox_id
-      AND (a.attempt <= f.attempts - 10 OR a.attempt > f.attempts))
+    AND EXISTS (SELECT 1 FROM base f WHERE f.id = a.outbox_id
+      AND (a.attempt <= f.b + f.attempts - 10 OR a.attempt > f.b + f.attempts)
+      AND NOT (a.kind = 'replay' AND a.attempt = f.b))
   RETURNING 1)
 SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM delivered), (SELECT count(*) FROM failed) FROM async

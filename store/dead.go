@@ -296,7 +296,8 @@ func (s *Store) ShowDead(ctx context.Context, id int64) (DeadEvent, error) {
 
 // ReplayDead requeues dead rows (clears dead_at, resets attempts, due now;
 // last_error stays for the record) in batches of batchSize, calling progress
-// after each.
+// after each. The rows' attempt history stays and gains an entry of kind
+// "replay"; the failures after it are numbered after that entry.
 //
 // Replays are fenced writes like every other: each batch is one statement
 // under fence (the holder of lock:reconciliation, which purges dead rows),
@@ -305,8 +306,8 @@ func (s *Store) ShowDead(ctx context.Context, id int64) (DeadEvent, error) {
 func (s *Store) ReplayDead(ctx context.Context, fence Fence, f ReplayFilter, batchSize int, progress func(done int64)) (int64, error) {
 	na := pgx.NamedArgs{}
 	q := deadReplayQ.with(f.filter(na))
-	var total int64
-	return s.deadBatches(ctx, fence, "replay", q, na, batchSize, nil, func(n int64) {
+	var total, marked int64
+	return s.deadBatches(ctx, fence, "replay", q, na, batchSize, []any{&marked}, func(n int64) {
 		total += n
 		if progress != nil && n > 0 {
 			progress(total)

@@ -80,7 +80,9 @@ SELECT {{dead_columns}}, payload, headers, dispatched_at FROM outbox WHERE id = 
 -- name: dead_replay
 -- Requeues the next batch of the filter's dead rows (dead_picked) as one
 -- fenced statement. The UPDATE re-checks dead_at, so a row that stopped
--- being dead meanwhile is not touched. Returns the fence's outcome, how
+-- being dead meanwhile is not touched. The attempt history stays: marked
+-- adds an entry of kind "replay" after the row's last, and the failures
+-- after the replay are numbered after it (complete.sql). Returns the fence's outcome, how
 -- many rows it requeued and the last of them (dead_at, id) as the next
 -- cursor.
 --   @lock, @token, @owner  the fence (fence.sql)
@@ -94,10 +96,18 @@ SELECT {{dead_columns}}, payload, headers, dispatched_at FROM outbox WHERE id = 
 requeued AS (
   UPDATE outbox o SET dead_at = NULL, attempts = 0, available_at = now()
   FROM picked WHERE o.id = picked.id AND o.dead_at IS NOT NULL AND EXISTS (SELECT 1 FROM fence)
-  RETURNING o.id, picked.dead_at),
+  RETURNING o.id, o.created_at, picked.dead_at),
+marked AS (
+  INSERT INTO outbox_attempts (outbox_id, attempt, created_at, kind, excerpt, fencing_token)
+  SELECT r.id, COALESCE((SELECT max(a.attempt) FROM outbox_attempts a WHERE a.outbox_id = r.id AND a.created_at = r.created_at), 0) + 1,
+    r.created_at, 'replay', 'requeued by replay', @token::bigint
+  FROM requeued r
+  ON CONFLICT (outbox_id, attempt) DO UPDATE SET created_at = EXCLUDED.created_at, at = now(), kind = EXCLUDED.kind,
+    excerpt = EXCLUDED.excerpt, duration_ms = NULL, fencing_token = EXCLUDED.fencing_token
+  RETURNING 1),
 last AS (SELECT dead_at, id FROM requeued ORDER BY dead_at DESC, id DESC LIMIT 1)
 SELECT EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM requeued),
-  (SELECT dead_at FROM last), COALESCE((SELECT id FROM last), 0)
+  (SELECT dead_at FROM last), COALESCE((SELECT id FROM last), 0), (SELECT count(*) FROM marked)
 
 -- name: dead_discard
 -- Deletes the next batch of the filter's dead rows (dead_picked) as one

@@ -18,9 +18,14 @@ func TestQueries(t *testing.T) {
 	all := pgx.NamedArgs{}
 	cond := DeadFilter{IDs: []int64{1}, AggregateType: "a", AggregateID: "b", EventType: "c*", Since: time.Unix(1, 0), Until: time.Unix(2, 0),
 		SinceAgo: 1, UntilAgo: 1, Error: "e"}.filter(all)
+	resendCond := ResendFilter{IDs: []int64{1}, FromID: 1, ToID: 2, AggregateType: "a", AggregateID: "b", EventType: "c*",
+		Since: time.Unix(1, 0), Until: time.Unix(2, 0), SinceAgo: 1, UntilAgo: 1, Error: "e"}.filter(pgx.NamedArgs{})
 	for name, q := range queries {
-		if slices.Contains(filters, name) {
+		switch {
+		case slices.Contains(filters, name):
 			q = q.with(cond)
+		case name == "resend" || name == "resend_count":
+			q = q.with(resendCond)
 		}
 		if !slices.Equal(q.params, q.header) {
 			t.Errorf("%s: the header lists %v, the text uses %v", name, q.header, q.params)

@@ -42,6 +42,9 @@
 //	         to a receiver answering in -receiver-delay (-straggler: one
 //	         aggregate's events take that long each), per -concurrency;
 //	         the other aggregates' ev/s and when each finished, peak RSS
+//	console  a -rows backlog drained with the ops port idle and beside
+//	         -console-clients clients reading the console (/ui) every
+//	         -console-every; the ratio of the drains' times
 //
 // -bin takes a comma list of builds (label=path), alternated in every round
 // or run. -pg private-autovacuum runs everything on a private Postgres
@@ -93,6 +96,7 @@
 //	cd bench && go run ./blackbox -scenario latency -rate 2000 -for 1m -runs 3 -pause postgres@40s:2s -dsn postgres://postgres@127.0.0.1:5511/postgres
 //	cd bench && go run ./blackbox -scenario slow -rounds 1 -rows 20000 -receiver-delay 20ms -aggregates 1000 [-straggler 500ms]
 //	cd bench && go run ./blackbox -scenario dead-readers -rounds 3 -rows 2000 -dead 200000 -readers 32
+//	cd bench && go run ./blackbox -scenario console -rounds 3 -rows 100000 -console-every 1s
 package main
 
 import (
@@ -124,7 +128,7 @@ import (
 var (
 	pgDSN      = flag.String("dsn", benchenv.PostgresDSN(), "maintenance DSN (databases are created beside it)")
 	redisAddr  = flag.String("redis", benchenv.RedisAddr(), "Redis address")
-	scenario   = flag.String("scenario", "drain", "drain, latency, history, backlog, order, slow, dead-readers or lease")
+	scenario   = flag.String("scenario", "drain", "drain, latency, history, backlog, order, slow, dead-readers, lease or console")
 	rounds     = flag.Int("rounds", 3, "drain: rounds (each runs every batch size for outboxd and the peer)")
 	batches    = flag.String("batches", "1000,100", "drain: poller.batch_size values")
 	rows       = flag.Int("rows", 100000, "drain: backlog size")
@@ -207,6 +211,8 @@ func main() {
 		deadReaderRounds(ctx, bins)
 	case "lease":
 		leaseRounds(ctx, bins)
+	case "console":
+		consoleRounds(ctx, bins)
 	default:
 		check(fmt.Errorf("unknown -scenario %q", *scenario))
 	}

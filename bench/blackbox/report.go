@@ -19,7 +19,7 @@ import (
 var (
 	report      = flag.Bool("report", false, "run every measure of BENCHMARKS.md against one build, rewrite its tables (between the report: markers), bench/*.dat and docs/benchmarks.png (with gnuplot)")
 	reportSmoke = flag.Bool("report-smoke", false, "as -report, each measure at toy size, into a copy of BENCHMARKS.md and a temporary folder: checks the command in seconds")
-	reportOnly  = flag.String("report-only", "", "-report: only these measures, a comma list (drain, backlog, history, latency, held, slow, pooler, dead-readers, backends, sinks)")
+	reportOnly  = flag.String("report-only", "", "-report: only these measures, a comma list (drain, backlog, history, latency, held, slow, pooler, dead-readers, backends, console, sinks)")
 	reportMD    = flag.String("report-md", "../BENCHMARKS.md", "-report: the report to rewrite")
 	reportPNG   = flag.String("report-png", "../docs/benchmarks.png", "-report: the plot to draw")
 )
@@ -95,6 +95,10 @@ var measures = []measure{
 			{"-scenario", "lease", "-runs", "1", "-lease-ttl", "2s", "-backends", reportBackends},
 		},
 		renderBackends},
+	{"console",
+		[][]string{{"-scenario", "console", "-rounds", "3", "-rows", "100000", "-console-clients", "1", "-console-every", "1s", "-batches", "1000"}},
+		[][]string{{"-scenario", "console", "-rounds", "1", "-rows", "300", "-console-every", "100ms", "-batches", "100"}},
+		renderTables},
 	{"sinks",
 		[][]string{
 			{"-rounds", "1", "-peer=false", "-bare=false", "-batches", "1000", "-sink", "noop,webhook,kafka,nats,rabbitmq,redis_stream,pubsub,kinesis"},

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/outboxd/outboxd/cmd/outboxd/internal/admin"
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/app"
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/deadquery"
 	"github.com/outboxd/outboxd/config"
@@ -79,8 +80,9 @@ func (g *globals) withReconcilerApp(w io.Writer, do func(s *session, a *app.App,
 func deadDiscardCmd(g *globals, stdout io.Writer) *cobra.Command {
 	var all bool
 	var w deadWriteFlags
+	var via viaFlags
 	cmd := &cobra.Command{
-		Use:   "discard [--id N ...] [filters] [--all] [--dry-run] [--lock-wait D]",
+		Use:   "discard [--id N ...] [filters] [--all] [--dry-run] [--lock-wait D] [--via URL]",
 		Short: "Delete dead-lettered events (by id, or those the filters of `dead list` select; --all for every one), fenced under lock:reconciliation, printing each",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -92,6 +94,9 @@ func deadDiscardCmd(g *globals, stdout io.Writer) *cobra.Command {
 			// it would be refused, so the dry run is too.
 			if !all && isZeroFilter(f) {
 				return usageError{errors.New("--all: without an --id or a filter, discard deletes every dead-lettered event; say --all to mean it")}
+			}
+			if via.on() {
+				return viaDeadWrite(cmd, &via, stdout, "/admin/discard", "discarded", "would discard")
 			}
 			if w.dryRun {
 				return deadCount(g, stdout, f, "would discard")
@@ -113,6 +118,7 @@ func deadDiscardCmd(g *globals, stdout io.Writer) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&all, "all", false, "with no --id and no filter: discard every dead-lettered event")
 	w.add(cmd, "discarded")
+	via.add(cmd)
 	return cmd
 }
 
@@ -138,4 +144,23 @@ func deadWriteError(op, past, doing string, n int64, lockWait time.Duration, err
 		return fmt.Errorf("%s stopped after %s %d events; the other rows are still dead: %w", op, doing, n, err)
 	}
 	return err
+}
+
+// viaDeadWrite sends a replay or discard (its flags) to the admin API's
+// path and prints its count: past ("requeued") or, for a dry run, would.
+func viaDeadWrite(cmd *cobra.Command, via *viaFlags, stdout io.Writer, path, past, would string) error {
+	var res admin.DeadWriteResult
+	err := via.post(cmd.Context(), path, paramsOf(cmd.Flags(), admin.DeadWriteParams), &res)
+	if err != nil {
+		return err
+	}
+	for _, r := range res.Discarded {
+		fmt.Fprintf(stdout, "discarded %d %s/%s %s\n", r.ID, r.AggregateType, r.AggregateID, r.EventType)
+	}
+	if res.DryRun {
+		fmt.Fprintf(stdout, "%s %d dead-lettered events (dry run: nothing changed)\n", would, res.Count)
+		return nil
+	}
+	fmt.Fprintf(stdout, "%s %d dead-lettered events\n", past, res.Count)
+	return nil
 }

@@ -89,7 +89,7 @@ func newRoot(stdout io.Writer) *cobra.Command {
 		}
 		return cmd.Help()
 	}
-	root.AddCommand(runCmd(g, stdout), migrateCmd(g, stdout), versionCmd(stdout), statusCmd(g, stdout), replayCmd(g, stdout), pauseCmd(g, stdout), resumeCmd(g, stdout), deadCmd(g, stdout), reconcileCmd(g, stdout), configCmd(g, stdout), healthCmd(g, stdout))
+	root.AddCommand(runCmd(g, stdout), migrateCmd(g, stdout), versionCmd(stdout), statusCmd(g, stdout), replayCmd(g, stdout), resendCmd(g, stdout), pauseCmd(g, stdout), resumeCmd(g, stdout), deadCmd(g, stdout), reconcileCmd(g, stdout), configCmd(g, stdout), healthCmd(g, stdout))
 	return root
 }
 
@@ -367,8 +367,9 @@ func configCmd(g *globals, stdout io.Writer) *cobra.Command {
 func replayCmd(g *globals, stdout io.Writer) *cobra.Command {
 	var dead bool
 	var w deadWriteFlags
+	var via viaFlags
 	cmd := &cobra.Command{
-		Use:   "replay --dead [--id N ...] [filters] [--dry-run] [--lock-wait D]",
+		Use:   "replay --dead [--id N ...] [filters] [--dry-run] [--lock-wait D] [--via URL]",
 		Short: "Requeue dead-lettered events (all, by id, or those the filters of `dead list` select), fenced under lock:reconciliation",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -378,6 +379,9 @@ func replayCmd(g *globals, stdout io.Writer) *cobra.Command {
 			f, err := w.filter(cmd)
 			if err != nil {
 				return err
+			}
+			if via.on() {
+				return viaDeadWrite(cmd, &via, stdout, "/admin/replay", "requeued", "would requeue")
 			}
 			if w.dryRun {
 				return deadCount(g, stdout, f, "would requeue")
@@ -398,6 +402,7 @@ func replayCmd(g *globals, stdout io.Writer) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&dead, "dead", false, "requeue dead-lettered rows")
 	w.add(cmd, "requeued")
+	via.add(cmd)
 	return cmd
 }
 

@@ -20,7 +20,7 @@ var ErrReservedHeader = errors.New("reserved: outboxd sets this header itself")
 // reserved as prefixes.
 var reservedHeaders = map[string]bool{
 	"Content-Type": true, "Idempotency-Key": true, "X-Fencing-Token": true, "User-Agent": true,
-	"Traceparent": true, "Tracestate": true,
+	"Traceparent": true, "Tracestate": true, ResentFromHeader: true,
 	"Host": true, "Content-Length": true, "Transfer-Encoding": true, "Connection": true,
 }
 

@@ -317,6 +317,10 @@ func (w *Sink) setHeaders(h http.Header, ev dispatch.Event, token int64, content
 	if sig := w.signatures(id, ts, body); sig != "" {
 		h.Set("webhook-signature", sig)
 	}
+	// A resent copy (outboxd resend) names the row it copies.
+	if from, ok := traceHeader(ev.Headers, dispatch.HeaderResentFrom); ok && isID(from) {
+		h.Set(ResentFromHeader, from)
+	}
 	if w.ce.Enabled && w.ce.Mode != dispatch.CloudEventsStructured {
 		for _, a := range w.ce.Binary(ev, dispatch.HTTPBinding) {
 			h.Set(a.Key, a.Value)
@@ -472,6 +476,16 @@ func traceHeader(headers json.RawMessage, name string) (string, bool) {
 	}
 	s, ok := m[key].(string)
 	return s, ok
+}
+
+// ResentFromHeader is the request header of a resent copy: the id of the
+// delivered row it copies (the event's outbox-resent-from header).
+const ResentFromHeader = "Outbox-Resent-From"
+
+// isID: s is a decimal outbox id.
+func isID(s string) bool {
+	_, err := strconv.ParseInt(s, 10, 64)
+	return err == nil && s != "" && s[0] != '+' && s[0] != '-'
 }
 
 // validTraceparent checks the W3C Trace Context form

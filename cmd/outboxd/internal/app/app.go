@@ -20,6 +20,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/outboxd/outboxd/cmd/outboxd/internal/admin"
+	"github.com/outboxd/outboxd/cmd/outboxd/internal/console"
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/httpapi"
 
 	"github.com/outboxd/outboxd/config"
@@ -284,13 +286,16 @@ func (a *App) pollerConfig() poller.Config {
 }
 
 // Reconciler builds the scheduled reconciliation.
-func (a *App) Reconciler() (*reconcile.Reconciler, error) {
+func (a *App) Reconciler() (*reconcile.Reconciler, error) { return a.reconcilerOn(a.Store) }
+
+// reconcilerOn builds a reconciler writing through s.
+func (a *App) reconcilerOn(s *store.Store) (*reconcile.Reconciler, error) {
 	c := a.Cfg.Reconcile
 	return reconcile.New(reconcile.Config{
 		Schedule: c.Schedule, LockTTL: c.LockTTL, Retention: c.Retention, DeadRetention: c.DeadRetention,
 		BatchSize: c.BatchSize, ShutdownTimeout: a.Cfg.ShutdownTimeout, KeyPrefix: a.Cfg.Redis.KeyPrefix,
 		Instance: a.Cfg.InstanceID, LockBackend: a.Cfg.Lock.Backend,
-	}, reconcile.Deps{Store: a.Store, Locks: a.Locks, Redis: a.KV, Log: a.Log, Metrics: a.Metrics})
+	}, reconcile.Deps{Store: s, Locks: a.Locks, Redis: a.KV, Log: a.Log, Metrics: a.Metrics})
 }
 
 // Run runs the daemon until ctx is cancelled: the batch runner, the
@@ -330,13 +335,21 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	defer ops.Close()
 	offLoopback := !httpapi.Loopback(a.Cfg.HTTP.Addr)
-	srv := httpapi.Server(httpapi.Handler(a.httpDeps(p, rec, sink, ops, offLoopback)), httpapi.Timeouts{})
+	deps, err := a.httpDeps(p, rec, sink, ops, offLoopback)
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
+	ring := console.NewRing(console.DefaultSamples, console.DefaultSampleEvery, console.FromRegistry(a.Metrics.Registry, time.Now))
+	deps.UI = a.consoleUI(deps.Admin, p, sink, ops, ring, offLoopback)
+	srv := httpapi.Server(httpapi.Handler(deps), httpapi.Timeouts{})
 	a.logStarted(ln.Addr().String(), sink, offLoopback)
 	g, gctx := errgroup.WithContext(ctx)
 	if a.Cfg.Lock.Backend == config.LockRedis {
 		// Evicted lock keys hand the lease over while its holder works.
 		g.Go(func() error { a.warnEviction(gctx); return nil })
 	}
+	g.Go(func() error { return ring.Run(gctx) })
 	g.Go(func() error {
 		a.heartbeat(gctx, ln.Addr().String(), func() bool { return p.HeldToken() > 0 })
 		return nil
@@ -361,7 +374,14 @@ func (a *App) Run(ctx context.Context) error {
 		<-gctx.Done()
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.Cfg.ShutdownTimeout)
 		defer cancel()
-		return srv.Shutdown(sctx)
+		err := srv.Shutdown(sctx)
+		if errors.Is(err, context.DeadlineExceeded) {
+			// A connection still open at the deadline (a browser's
+			// preconnected socket counts as busy for 5 s, a slow client)
+			// is closed: the relay's own work has stopped by then.
+			return srv.Close()
+		}
+		return err
 	})
 	err = g.Wait()
 	a.Log.Info("outboxd stopped")
@@ -371,7 +391,21 @@ func (a *App) Run(ctx context.Context) error {
 // httpDeps is what the HTTP endpoints read: the checks behind /readyz, the
 // registry and the backlog refresh behind /metrics, /dead and /status, all
 // on the operations pool ops.
-func (a *App) httpDeps(p *poller.Poller, rec *reconcile.Reconciler, sink dispatch.Sink, ops *store.Store, offLoopback bool) httpapi.Deps {
+func (a *App) httpDeps(p *poller.Poller, rec *reconcile.Reconciler, sink dispatch.Sink, ops *store.Store, offLoopback bool) (httpapi.Deps, error) {
+	named, err := a.Cfg.AuthTokens()
+	if err != nil {
+		return httpapi.Deps{}, err
+	}
+	var toks []httpapi.Token
+	for _, t := range named {
+		toks = append(toks, httpapi.Token{Name: t.Name, Value: t.Token})
+	}
+	// The admin API's writes hold lock:reconciliation on a seat of their
+	// own, as the CLI's commands do from their process.
+	adminRec, err := a.Reconciler()
+	if err != nil {
+		return httpapi.Deps{}, err
+	}
 	checks := map[string]httpapi.Check{
 		"postgres": ops.Ping,
 		// Reachable is not enough: a leader whose every fetch fails is not
@@ -381,7 +415,8 @@ func (a *App) httpDeps(p *poller.Poller, rec *reconcile.Reconciler, sink dispatc
 	if len(a.Nodes) > 0 {
 		checks["redis"] = a.pingRedis
 	}
-	return httpapi.Deps{
+	d := httpapi.Deps{
+		Tokens:        toks,
 		Checks:        checks,
 		Registry:      a.Metrics.Registry,
 		BeforeScrape:  func(ctx context.Context) { a.refreshBacklog(ctx, ops); a.refreshPaused(ctx, ops) },
@@ -392,7 +427,7 @@ func (a *App) httpDeps(p *poller.Poller, rec *reconcile.Reconciler, sink dispatc
 		OpsShare:      opsShare,
 		Dead:          ops,
 		Status: func(ctx context.Context) (any, error) {
-			st, err := a.status(ctx, ops, map[string]func() int64{keys.PollerLock: p.HeldToken, keys.ReconcileLock: rec.HeldToken}, sinksOf(sink))
+			st, err := a.status(ctx, ops, map[string]func() int64{keys.PollerLock: p.HeldToken, keys.ReconcileLock: rec.HeldToken}, sinksOf(sink), ops.Stats)
 			ferr := p.FetchFailure(time.Now())
 			switch {
 			case err != nil && ferr != nil:
@@ -405,6 +440,34 @@ func (a *App) httpDeps(p *poller.Poller, rec *reconcile.Reconciler, sink dispatc
 			return st, nil
 		},
 	}
+	d.Admin = admin.New(admin.Deps{
+		Store: ops, Reconciler: adminRec, Status: d.Status, Log: a.Log,
+		Destinations: func(ctx context.Context) ([]admin.Destination, error) {
+			st, err := a.status(ctx, ops, nil, sinksOf(sink), ops.Stats)
+			if err != nil {
+				return nil, err
+			}
+			return adminDestinations(st), nil
+		},
+		AwaitPause: func(ctx context.Context, gen int64, wait time.Duration) (admin.PauseEffect, error) {
+			eff, err := a.AwaitPause(ctx, gen, wait)
+			return admin.PauseEffect{Leader: eff.Leader, NoLeader: eff.NoLeader}, err
+		},
+	})
+	return d, nil
+}
+
+// adminDestinations are st's destinations as the admin API lists them,
+// each with the shared backlog and lag.
+func adminDestinations(st Status) []admin.Destination {
+	out := []admin.Destination{}
+	for _, d := range st.Destinations {
+		out = append(out, admin.Destination{
+			Name: d.Name, Sink: d.Sink, Circuit: d.Circuit, CircuitSince: d.CircuitSince, CircuitError: d.CircuitError,
+			Paused: d.Paused, PausedAt: d.PausedAt, Backlog: st.Pending, LagSeconds: st.OldestPendingAge,
+		})
+	}
+	return out
 }
 
 // logStarted logs "outboxd started" with what this run uses, then the
@@ -502,6 +565,7 @@ func (a *App) refreshBacklog(ctx context.Context, s *store.Store) {
 			return
 		}
 		a.Metrics.SetBacklog(st.Pending, st.OldestPendingAge, st.Dead)
+		a.backlog.keep(st, time.Now())
 	})
 }
 
@@ -574,14 +638,15 @@ type Status struct {
 // destinations come from the configuration, without their sinks'
 // capabilities (those are known once built: /status).
 func (a *App) Status(ctx context.Context) (Status, error) {
-	return a.status(ctx, a.Store, nil, nil)
+	return a.status(ctx, a.Store, nil, nil, a.Store.Stats)
 }
 
 // status reads Postgres through s; held gives this replica's token per
 // lock (0 while not holding); built the sink of each destination, by name,
-// once built.
-func (a *App) status(ctx context.Context, s *store.Store, held map[string]func() int64, built map[string]dispatch.Sink) (Status, error) {
-	st, err := s.Stats(ctx)
+// once built; stats counts the backlog.
+func (a *App) status(ctx context.Context, s *store.Store, held map[string]func() int64, built map[string]dispatch.Sink,
+	stats func(context.Context) (store.Stats, error)) (Status, error) {
+	st, err := stats(ctx)
 	if err != nil {
 		return Status{}, err
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/outboxd/outboxd/store"
 )
 
 // The backlog gauges are counted from Postgres at each scrape
@@ -24,6 +26,24 @@ const (
 type backlogGate struct {
 	mu   sync.Mutex
 	next time.Time // no count before this
+
+	lastMu sync.Mutex
+	last   store.Stats // the last count, for the console
+	lastAt time.Time   // when it was taken; zero: none yet
+}
+
+// keep records st, counted at at, as the last count.
+func (g *backlogGate) keep(st store.Stats, at time.Time) {
+	g.lastMu.Lock()
+	defer g.lastMu.Unlock()
+	g.last, g.lastAt = st, at
+}
+
+// latest is the last count and when it was taken (zero: none yet).
+func (g *backlogGate) latest() (store.Stats, time.Time) {
+	g.lastMu.Lock()
+	defer g.lastMu.Unlock()
+	return g.last, g.lastAt
 }
 
 // run calls count unless a slow count ran too recently.

@@ -145,6 +145,7 @@ func Defaults() map[string]any {
 		"http.pprof":                              false,
 		"http.auth_token":                         "",
 		"http.auth_token_file":                    "",
+		"http.auth_tokens_file":                   "",
 		"http.max_concurrent":                     2,
 		"log.level":                               "info",
 		"log.format":                              "json",

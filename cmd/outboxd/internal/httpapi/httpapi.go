@@ -1,5 +1,6 @@
 // Package httpapi serves outboxd's operations endpoints: /livez, /readyz,
-// /metrics, /status and /dead, and /debug/pprof/ when asked for.
+// /metrics, /status and /dead, the admin API under /admin/, the console
+// under /ui, and /debug/pprof/ when asked for.
 package httpapi
 
 import (
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxd/outboxd/cmd/outboxd/internal/admin"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -36,6 +39,12 @@ type Deps struct {
 	// by /metrics, /status, /dead and /debug/pprof/; /livez and /readyz
 	// stay open for probes.
 	AuthToken string
+	// Tokens are more named bearer tokens (http.auth_tokens_file), accepted
+	// as AuthToken is; AuthToken itself is named "default".
+	Tokens []Token
+	// Admin serves the admin API under /admin/ (reads as /status and /dead
+	// are guarded, writes always behind a token); nil: none.
+	Admin *admin.Service
 	// OffLoopback: http.addr is reachable from other hosts (not Loopback).
 	// Without AuthToken, /dead, /dead/{id} and /debug/pprof/ then answer
 	// 403 (refusePayloads); the other paths serve as usual.
@@ -45,6 +54,11 @@ type Deps struct {
 	// with Retry-After, and a scrape beyond it shows the backlog gauges'
 	// last values (limit). 0: no bound.
 	MaxConcurrent int
+	// UI builds the console served under /ui (its own sign-in and CSRF
+	// checks, not the bearer token a browser cannot send); it wraps each
+	// of its pages that read Postgres in bound, the limit /status is
+	// served within, answering a refused request with busy. nil: no console.
+	UI func(bound func(h http.HandlerFunc, busy Busy) http.HandlerFunc) http.Handler
 	// OpsShare is the share of each of those places' time the requests
 	// may read for (0 < OpsShare < 1; otherwise no rest): after a request
 	// of d the place rests d×(1/OpsShare − 1), so a crowd of readers costs
@@ -55,9 +69,10 @@ type Deps struct {
 // Handler returns the endpoints' mux.
 func Handler(d Deps) http.Handler {
 	mux := http.NewServeMux()
-	guarded := func(pattern string, h http.HandlerFunc) { mux.HandleFunc(pattern, requireToken(d.AuthToken, h)) }
+	toks := newTokens(append([]Token{{Name: "default", Value: d.AuthToken}}, d.Tokens...))
+	guarded := func(pattern string, h http.HandlerFunc) { mux.HandleFunc(pattern, requireToken(toks, h)) }
 	payloads := guarded
-	if d.OffLoopback && d.AuthToken == "" {
+	if d.OffLoopback && len(toks.sums) == 0 {
 		payloads = func(pattern string, _ http.HandlerFunc) { mux.HandleFunc(pattern, refusePayloads) }
 	}
 	lim := newLimit(d.MaxConcurrent, d.OpsShare)
@@ -105,6 +120,19 @@ func Handler(d Deps) http.Handler {
 	if d.Dead != nil {
 		payloads("GET /dead", lim.wrap(func(w http.ResponseWriter, r *http.Request) { serveDead(w, r, d.Dead) }))
 		payloads("GET /dead/{id}", lim.wrap(func(w http.ResponseWriter, r *http.Request) { serveDeadRow(w, r, d.Dead) }))
+	}
+	if d.Admin != nil && d.Dead != nil {
+		adminRoutes(d.Admin, d.Dead,
+			func(p string, h http.HandlerFunc) { guarded(p, lim.wrap(h)) },
+			func(p string, h http.HandlerFunc) { payloads(p, lim.wrap(h)) },
+			func(p string, h func(http.ResponseWriter, *http.Request, admin.Caller)) {
+				mux.HandleFunc(p, requireWriter(toks, h))
+			})
+	}
+	if d.UI != nil {
+		ui := d.UI(lim.wrapAs)
+		mux.Handle("/ui", ui)
+		mux.Handle("/ui/", ui)
 	}
 	if d.Pprof {
 		payloads("GET /debug/pprof/", pprof.Index)

@@ -84,14 +84,26 @@ func (l *limit) release(place int, took time.Duration) {
 }
 
 // wrap serves h within the limit, and 503 with Retry-After when it is full.
-func (l *limit) wrap(h http.HandlerFunc) http.HandlerFunc {
+func (l *limit) wrap(h http.HandlerFunc) http.HandlerFunc { return l.wrapAs(h, busyJSON) }
+
+// Busy answers a request the limit refused, after Retry-After is set to
+// retry (whole seconds, at least one); it writes the status (503).
+type Busy func(w http.ResponseWriter, r *http.Request, retry time.Duration)
+
+func busyJSON(w http.ResponseWriter, _ *http.Request, _ time.Duration) {
+	writeJSON(w, http.StatusServiceUnavailable, map[string]string{
+		"error": "too many operations requests reading Postgres (http.max_concurrent); retry later",
+	})
+}
+
+// wrapAs is wrap answering a refused request with busy.
+func (l *limit) wrapAs(h http.HandlerFunc, busy Busy) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		place, wait, ok := l.try()
 		if !ok {
-			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(max(wait, time.Second).Seconds()))))
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{
-				"error": "too many operations requests reading Postgres (http.max_concurrent); retry later",
-			})
+			secs := math.Ceil(max(wait, time.Second).Seconds())
+			w.Header().Set("Retry-After", strconv.Itoa(int(secs)))
+			busy(w, r, time.Duration(secs)*time.Second)
 			return
 		}
 		began := l.clock()
