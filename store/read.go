@@ -13,6 +13,9 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+// Aggregate names one ordering key.
+type Aggregate struct{ Type, ID string }
+
 // Gap is an id below a visible row that was not visible itself when first
 // read: a producer transaction that took the id earlier and has not
 // committed, or one that rolled back.
