@@ -200,7 +200,7 @@ func TestClaimsTakenOverByTokenAndOwner(t *testing.T) {
 	ctx := context.Background()
 	e.insert(1, 1)
 	r := e.poller(testConfig(), "")
-	res, err := e.st.Read(ctx, store.FetchLimits{Rows: 10}, store.ReadPos{})
+	res, err := e.st.ReadPath().Read(ctx, store.FetchLimits{Rows: 10}, store.ReadPos{})
 	rows := res.Rows
 	if err != nil || len(rows) != 1 {
 		t.Fatalf("%d rows, %v", len(rows), err)
@@ -344,7 +344,7 @@ func TestOwnClaimSeenAgainIsOurs(t *testing.T) {
 	e.insert(3, 3)
 	r := e.poller(testConfig(), "")
 	ctx := context.Background()
-	res, err := e.st.Read(ctx, store.FetchLimits{Rows: 10}, store.ReadPos{})
+	res, err := e.st.ReadPath().Read(ctx, store.FetchLimits{Rows: 10}, store.ReadPos{})
 	rows := res.Rows
 	if err != nil || len(rows) != 3 {
 		t.Fatalf("%d rows, %v", len(rows), err)

@@ -42,7 +42,7 @@ func (c *inheritedCheck) from(cursor int64) { c.lo = cursor }
 // late commits across the change of holder, each checked once a term
 // (checked). hi is the sent mark handed on. The rows found before an error
 // are returned with it.
-func (c *inheritedCheck) late(ctx context.Context, st *store.Store, limit int, rows []store.Row, hi int64, checked *checkedSet) ([]lateRow, error) {
+func (c *inheritedCheck) late(ctx context.Context, st store.ReadPath, limit int, rows []store.Row, hi int64, checked *checkedSet) ([]lateRow, error) {
 	unchecked := func(row store.Row) bool {
 		return !checked.done(row.ID) && row.ID > c.lo && row.ID <= hi
 	}
@@ -51,14 +51,12 @@ func (c *inheritedCheck) late(ctx context.Context, st *store.Store, limit int, r
 		return nil, nil
 	}
 	if !c.loaded {
-		in, complete, err := st.InheritedLate(ctx, c.lo, hi, limit)
+		in, err := st.InheritedLate(ctx, store.InheritedRange{Lo: c.lo, Hi: hi, Limit: limit})
 		if err != nil {
 			return nil, fmt.Errorf("late commit check: %w", err)
 		}
 		c.loaded = true
-		if complete {
-			c.in = in
-		}
+		c.in = in // nil when too many: LaterSent checks each row
 	}
 	var late []lateRow
 	var check []store.Row // only the rows the query must settle are copied

@@ -208,7 +208,7 @@ func TestPermanentErrorDeadLettersAndReplayDelivers(t *testing.T) {
 	mu.Lock()
 	reject = false
 	mu.Unlock()
-	n, err := e.st.ReplayDead(context.Background(), store.Fence{Lock: "lock:reconciliation", Token: 1, Owner: "test-replay"}, store.ReplayFilter{AggregateType: "deal", AggregateID: "3"}, 4, nil)
+	n, err := e.st.Reconcile().ReplayDead(context.Background(), store.Fence{Lock: "lock:reconciliation", Token: 1, Owner: "test-replay"}, store.Replay{Filter: store.ReplayFilter{AggregateType: "deal", AggregateID: "3"}, BatchSize: 4})
 	if err != nil || n != 10 {
 		t.Fatalf("replayed %d, err %v; want 10", n, err)
 	}

@@ -82,7 +82,7 @@ func TestRowsBelowTheCursorAreFound(t *testing.T) {
 	e.waitFor("the rows settled", 20*time.Second, func() bool { return e.count("dispatched_at IS NULL AND dead_at IS NULL") == 0 })
 	e.rc.SetRespond(nil)
 
-	if n, err := e.st.ReplayDead(context.Background(), store.Fence{Lock: "lock:reconciliation", Token: 1, Owner: "test-replay"}, store.ReplayFilter{IDs: []int64{dead}}, 10, nil); err != nil || n != 1 {
+	if n, err := e.st.Reconcile().ReplayDead(context.Background(), store.Fence{Lock: "lock:reconciliation", Token: 1, Owner: "test-replay"}, store.Replay{Filter: store.ReplayFilter{IDs: []int64{dead}}, BatchSize: 10}); err != nil || n != 1 {
 		t.Fatalf("replay: %d, %v", n, err)
 	}
 	e.waitFor("the replayed row delivered", 10*time.Second, func() bool { return e.delivered(dead) })

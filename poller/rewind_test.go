@@ -195,7 +195,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO relay`); 
 		t.Fatal(err)
 	}
 	t.Cleanup(relaySt.Close)
-	if res, err := relaySt.Read(ctx, store.FetchLimits{Rows: 1}, store.ReadPos{}); err != nil || res.SeqLast != -1 || res.Incarnation == "" {
+	if res, err := relaySt.ReadPath().Read(ctx, store.FetchLimits{Rows: 1}, store.ReadPos{}); err != nil || res.SeqLast != -1 || res.Incarnation == "" {
 		t.Fatalf("a read as the relay role: sequence %d, incarnation %q, %v; want -1, a name, no error", res.SeqLast, res.Incarnation, err)
 	}
 

@@ -92,7 +92,7 @@ type Deps struct {
 type Reconciler struct {
 	cfg      Config
 	schedule cron.Schedule
-	store    *store.Store
+	store    store.Reconcile
 	rdb      redis.UniversalClient
 	keys     keys.Space
 	log      *slog.Logger
@@ -116,7 +116,7 @@ func New(cfg Config, d Deps) (*Reconciler, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Reconciler{cfg: cfg, schedule: sched, store: d.Store, rdb: d.Redis, keys: keys.New(cfg.KeyPrefix),
+	return &Reconciler{cfg: cfg, schedule: sched, store: d.Store.Reconcile(), rdb: d.Redis, keys: keys.New(cfg.KeyPrefix),
 		log: d.Log.With("lock", keys.ReconcileLock), m: d.Metrics,
 		seat: term.New(keys.ReconcileLock, term.Options{
 			TTL: cfg.LockTTL, Wait: cfg.LockWait, ShutdownTimeout: cfg.ShutdownTimeout, QueryTimeout: queryTimeout,
@@ -280,7 +280,7 @@ func (r *Reconciler) RunOnce(ctx context.Context, fireTime time.Time, wait time.
 		sum.DurationMS = time.Since(start).Milliseconds()
 		fctx, cancelF := writeCtx(ctx)
 		defer cancelF()
-		return r.store.FinishRun(fctx, t.Fence(), fireTime, sum)
+		return r.store.FinishRun(fctx, t.Fence(), store.Run{FireTime: fireTime, Summary: sum})
 	})
 	return sum, err
 }
@@ -366,7 +366,7 @@ func (r *Reconciler) sweepFloor(ctx context.Context) (*int64, error) {
 func (r *Reconciler) pendingRows(ctx context.Context, floor *int64, cursor int64) ([]store.Pending, error) {
 	rctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	return r.store.PendingRowsFrom(rctx, floor, cursor, r.cfg.BatchSize)
+	return r.store.PendingRowsFrom(rctx, store.PendingPage{Floor: floor, After: cursor, Limit: r.cfg.BatchSize})
 }
 
 // markBatch marks delivered the rows of one batch whose keys hold their
@@ -445,7 +445,7 @@ func (r *Reconciler) markDelivered(ctx context.Context, fence store.Fence, deliv
 	}
 	wctx, cancel := writeCtx(ctx)
 	defer cancel()
-	n, _, err := r.store.Complete(wctx, fence, delivered, nil)
+	n, err := r.store.MarkDelivered(wctx, fence, delivered)
 	if err != nil {
 		return 0, err
 	}
@@ -537,7 +537,7 @@ func legacyAges(ctx context.Context, rdb redis.UniversalClient, names, vals []st
 }
 
 // purge deletes kind's rows older than age (on Postgres's clock: see
-// store.Purge) in batches.
+// store.Reconcile.Purge) in batches.
 func (r *Reconciler) purge(ctx context.Context, fence store.Fence, kind store.PurgeKind, age time.Duration) (int64, error) {
 	label := map[store.PurgeKind]string{store.PurgeDelivered: "purged", store.PurgeDead: "purged_dead"}[kind]
 	var cursor store.PurgeCursor
@@ -547,17 +547,18 @@ func (r *Reconciler) purge(ctx context.Context, fence store.Fence, kind store.Pu
 			return total, context.Cause(ctx)
 		}
 		wctx, cancel := writeCtx(ctx)
-		n, last, err := r.store.Purge(wctx, fence, kind, age, cursor, r.cfg.BatchSize)
+		purged, err := r.store.Purge(wctx, fence, store.PurgeBatch{Kind: kind, Age: age, After: cursor, Limit: r.cfg.BatchSize})
 		cancel()
 		if err != nil {
 			return total, err
 		}
+		n := purged.Rows
 		total += n
 		r.m.ReconcileSwept.WithLabelValues(label).Add(float64(n))
 		if n < int64(r.cfg.BatchSize) {
 			return total, nil
 		}
-		cursor = last
+		cursor = purged.Next
 	}
 }
 

@@ -27,12 +27,12 @@ const DefaultReplayLockWait = 30 * time.Second
 // holder); nothing was requeued then.
 func (r *Reconciler) Replay(ctx context.Context, f store.ReplayFilter, wait time.Duration, progress func(requeued int64)) (int64, error) {
 	return r.deadWrite(ctx, wait, func(wctx context.Context, fence store.Fence, batchDone func()) (int64, error) {
-		return r.store.ReplayDead(wctx, fence, f, r.cfg.BatchSize, func(done int64) {
+		return r.store.ReplayDead(wctx, fence, store.Replay{Filter: f, BatchSize: r.cfg.BatchSize, Progress: func(done int64) {
 			if progress != nil {
 				progress(done)
 			}
 			batchDone()
-		})
+		}})
 	})
 }
 
@@ -43,12 +43,12 @@ func (r *Reconciler) Replay(ctx context.Context, f store.ReplayFilter, wait time
 // each batch's rows.
 func (r *Reconciler) Discard(ctx context.Context, f store.DeadFilter, wait time.Duration, removed func([]store.Discarded)) (int64, error) {
 	return r.deadWrite(ctx, wait, func(wctx context.Context, fence store.Fence, batchDone func()) (int64, error) {
-		return r.store.DiscardDead(wctx, fence, f, r.cfg.BatchSize, func(rows []store.Discarded) {
+		return r.store.DiscardDead(wctx, fence, store.Discard{Filter: f, BatchSize: r.cfg.BatchSize, Removed: func(rows []store.Discarded) {
 			if removed != nil {
 				removed(rows)
 			}
 			batchDone()
-		})
+		}})
 	})
 }
 

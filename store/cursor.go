@@ -43,7 +43,28 @@ var (
 // sent is the highest id the earlier holders handed on (SaveCursor), at
 // least cursor; with none known (no cursor saved, or saved before
 // migration 00008) the table's highest id, which is at least as high.
-func (s *Store) LoadCursor(ctx context.Context, lock string) (cursor, sent int64, horizon uint64, epoch string, err error) {
+func (s ReadPath) LoadCursor(ctx context.Context, lock string) (Cursor, error) {
+	cursor, sent, horizon, epoch, err := s.loadCursor(ctx, lock)
+	return Cursor{At: cursor, Sent: sent, Horizon: horizon, Epoch: epoch}, err
+}
+
+// Cursor is where a holder stands, as SaveCursor stores it and LoadCursor
+// returns it.
+type Cursor struct {
+	// At: every id at or below is delivered, dead or backing off, except
+	// what a producer in flight may still commit while Horizon is not 0.
+	At int64
+	// Sent is the highest id handed on to a sink, at least At.
+	Sent int64
+	// Horizon is the xmax of the snapshot At was computed in while the
+	// cold pass is owed, 0 once it is done.
+	Horizon uint64
+	// Epoch is the database incarnation the cursor belongs to
+	// (ReadResult.Epoch).
+	Epoch string
+}
+
+func (s ReadPath) loadCursor(ctx context.Context, lock string) (cursor, sent int64, horizon uint64, epoch string, err error) {
 	var h int64
 	var floor pgtype.Int8 // NULL: nothing pending
 	for walked := false; ; walked = true {
@@ -71,9 +92,9 @@ func (s *Store) LoadCursor(ctx context.Context, lock string) (cursor, sent int64
 // its successor); and no id above sent was handed on to a sink by this
 // holder or the ones before it. A stale holder changes nothing
 // (ErrStaleFence).
-func (s *Store) SaveCursor(ctx context.Context, f Fence, cursor, sent int64, horizon uint64, epoch string) error {
+func (s ReadPath) SaveCursor(ctx context.Context, f Fence, c Cursor) error {
 	return s.fenced(ctx, f, saveCursorQ, []*int64{new(int64)}, pgx.NamedArgs{
-		"cursor": cursor, "epoch": epoch, "sent": sent, "horizon": int64(horizon),
+		"cursor": c.At, "epoch": c.Epoch, "sent": c.Sent, "horizon": int64(c.Horizon),
 	})
 }
 
@@ -81,7 +102,7 @@ func (s *Store) SaveCursor(ctx context.Context, f Fence, cursor, sent int64, hor
 // in (lo, hi], each with its lowest such id: the poller's slow rescan below
 // its cursor, for rows that re-entered the pending set there (an operator's
 // UPDATE ... SET dispatched_at = NULL). Its cost is bounded by hi - lo.
-func (s *Store) PendingBetween(ctx context.Context, lo, hi int64) ([]Parked, error) {
+func (s ReadPath) PendingBetween(ctx context.Context, lo, hi int64) ([]Parked, error) {
 	rows, err := pendingBetweenQ.query(ctx, s.db, pgx.NamedArgs{"lo": lo, "hi": hi})
 	if err != nil {
 		return nil, wrap("rescan", err)

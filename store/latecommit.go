@@ -31,7 +31,7 @@ import (
 // Rows at or above sent have no such id and are not looked up: the query
 // for them alone may be planned as a walk of the aggregates' whole
 // history.
-func (s *Store) LaterSent(ctx context.Context, rows []Row, sent int64) (map[int64]int64, error) {
+func (s ReadPath) LaterSent(ctx context.Context, rows []Row, sent int64) (map[int64]int64, error) {
 	return laterSent(ctx, s.db, rows, sent)
 }
 
@@ -43,7 +43,7 @@ func (s *Store) LaterSent(ctx context.Context, rows []Row, sent int64) (map[int6
 type View struct{ tx pgx.Tx }
 
 // View takes a view of the outbox now (one round trip).
-func (s *Store) View(ctx context.Context) (*View, error) {
+func (s ReadPath) View(ctx context.Context) (*View, error) {
 	tx, err := s.db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, wrap("view", err)
@@ -134,13 +134,13 @@ func (h *Inherited) InHole(id int64) bool {
 }
 
 // InheritedLate reads what a new holder needs to check the rows it takes
-// in (lo, hi] for late commits across the change of holder, in one
+// in (r.Lo, r.Hi] for late commits across the change of holder, in one
 // statement: its cost is one walk of (lo, hi] (a hash of the aggregates
 // dispatched there; below the highest of them, the pending rows of those
 // aggregates and the ids missing: nothing more when none is dispatched),
 // once a term, whatever the number of aggregates; the memory it returns is the
-// late rows and the holes, not the aggregates. complete is false (and the
-// answer nil) when either is more than limit.
+// late rows and the holes, not the aggregates. It returns nil when either
+// is more than r.Limit.
 //
 // Not flat: the generic plan made on a small table finds the late rows
 // through outbox_pending_aggregate_idx, whose pages hold every entry a
@@ -150,7 +150,19 @@ func (h *Inherited) InHole(id int64) bool {
 // over the range per dispatched aggregate.
 // TestHotPathPlansMadeOnASmallTableStayFlat bounds it as a once-a-term
 // statement.
-func (s *Store) InheritedLate(ctx context.Context, lo, hi int64, limit int) (in *Inherited, complete bool, err error) {
+func (s ReadPath) InheritedLate(ctx context.Context, r InheritedRange) (*Inherited, error) {
+	in, _, err := s.inheritedLate(ctx, r.Lo, r.Hi, r.Limit)
+	return in, err
+}
+
+// InheritedRange asks InheritedLate about the ids in (Lo, Hi], for at most
+// Limit late rows and Limit holes.
+type InheritedRange struct {
+	Lo, Hi int64
+	Limit  int
+}
+
+func (s ReadPath) inheritedLate(ctx context.Context, lo, hi int64, limit int) (in *Inherited, complete bool, err error) {
 	rows, err := inheritedLateQ.query(ctx, s.db, pgx.NamedArgs{"lo": lo, "hi": hi, "limit": limit + 1})
 	if err != nil {
 		return nil, false, wrap("inherited late", err)

@@ -367,15 +367,15 @@ func (a *App) httpDeps(p *poller.Poller, rec *reconcile.Reconciler, sink dispatc
 			"fetch": func(context.Context) error { return p.FetchFailure(time.Now()) },
 		},
 		Registry:      a.Metrics.Registry,
-		BeforeScrape:  func(ctx context.Context) { a.refreshBacklog(ctx, ops); a.refreshPaused(ctx, ops) },
+		BeforeScrape:  func(ctx context.Context) { a.refreshBacklog(ctx, ops.Ops()); a.refreshPaused(ctx, ops.Ops()) },
 		Pprof:         a.Cfg.HTTP.Pprof,
 		AuthToken:     a.Cfg.HTTP.AuthToken,
 		OffLoopback:   offLoopback,
 		MaxConcurrent: a.Cfg.HTTP.MaxConcurrent,
 		OpsShare:      opsShare,
-		Dead:          ops,
+		Dead:          ops.Ops(),
 		Status: func(ctx context.Context) (any, error) {
-			st, err := a.status(ctx, ops, map[string]func() int64{keys.PollerLock: p.HeldToken, keys.ReconcileLock: rec.HeldToken}, sinksOf(sink))
+			st, err := a.status(ctx, ops.Ops(), map[string]func() int64{keys.PollerLock: p.HeldToken, keys.ReconcileLock: rec.HeldToken}, sinksOf(sink))
 			ferr := p.FetchFailure(time.Now())
 			switch {
 			case err != nil && ferr != nil:
@@ -478,7 +478,7 @@ func (a *App) pingRedis(ctx context.Context) error {
 // refreshBacklog sets the backlog gauges from Postgres, at most as often
 // as backlogGate allows; on error they keep their last values (and /readyz
 // reports Postgres).
-func (a *App) refreshBacklog(ctx context.Context, s *store.Store) {
+func (a *App) refreshBacklog(ctx context.Context, s store.Ops) {
 	a.backlog.run(ctx, time.Now, func(ctx context.Context) {
 		st, err := s.Stats(ctx)
 		if err != nil {
@@ -490,7 +490,7 @@ func (a *App) refreshBacklog(ctx context.Context, s *store.Store) {
 
 // refreshPaused sets outboxd_destination_paused from Postgres; on error
 // the gauges keep their last values.
-func (a *App) refreshPaused(ctx context.Context, s *store.Store) {
+func (a *App) refreshPaused(ctx context.Context, s store.Ops) {
 	paused, err := s.PausedDestinations(ctx)
 	if err != nil {
 		return
@@ -557,13 +557,13 @@ type Status struct {
 // destinations come from the configuration, without their sinks'
 // capabilities (those are known once built: /status).
 func (a *App) Status(ctx context.Context) (Status, error) {
-	return a.status(ctx, a.Store, nil, nil)
+	return a.status(ctx, a.Store.Ops(), nil, nil)
 }
 
 // status reads Postgres through s; held gives this replica's token per
 // lock (0 while not holding); built the sink of each destination, by name,
 // once built.
-func (a *App) status(ctx context.Context, s *store.Store, held map[string]func() int64, built map[string]dispatch.Sink) (Status, error) {
+func (a *App) status(ctx context.Context, s store.Ops, held map[string]func() int64, built map[string]dispatch.Sink) (Status, error) {
 	st, err := s.Stats(ctx)
 	if err != nil {
 		return Status{}, err
@@ -576,7 +576,7 @@ func (a *App) status(ctx context.Context, s *store.Store, held map[string]func()
 	if err != nil {
 		return Status{}, err
 	}
-	replicas, err := a.Store.Replicas(ctx, ReplicaFresh)
+	replicas, err := a.Store.Ops().Replicas(ctx, ReplicaFresh)
 	if err != nil {
 		return Status{}, err
 	}
