@@ -100,7 +100,7 @@ func TestShortReadDoesNotPassUnreadRows(t *testing.T) {
 // A cursor computed at a first start is saved at the first read, though
 // the rows taken keep it where it was: until a cursor is saved, every
 // backlog count and reconciliation takes a floor of its own, a walk of a
-// pending index's entries (store.Store.SweepFloor).
+// pending index's entries (store.Reconcile.SweepFloor).
 func TestComputedCursorIsSavedAtTheFirstRead(t *testing.T) {
 	e := newEnv(t)
 	e.enqueue("a1", "a2")

@@ -40,7 +40,7 @@ func (e *env) givenUpGap(set func(*runner)) (r *runner, logs *testkit.Logs, lowe
 	}
 	e.run(r)
 	// The runner reads before the race starts: a holder that starts while a
-	// producer is in flight computes its first cursor (store.LoadCursor) and
+	// producer is in flight computes its first cursor (store.ReadPath.LoadCursor) and
 	// finds such a row by its rescan, not as a late commit.
 	warm := e.produce("warm")
 	e.waitFor("the runner delivering", time.Minute, func() bool { return e.delivered(warm) })

@@ -31,7 +31,7 @@ func (c *statementCounter) kind(sql string) string {
 	case strings.Contains(sql, "hot AS MATERIALIZED"):
 		return "read"
 	case strings.Contains(sql, "dispatched_at IS NOT NULL"):
-		return "late check" // store.LaterSent, store.InheritedLate
+		return "late check" // store.ReadPath.LaterSent, store.ReadPath.InheritedLate
 	}
 	return ""
 }
@@ -181,7 +181,7 @@ func TestLateCommitAfterTheLeaseMovedIsWarnedAndCounted(t *testing.T) {
 // the new holder reads, once a term, what the range looked like (a row of
 // another aggregate above the gap, refused by the first holder's sink and
 // retried, is its first take there): the late row's id was missing then, so it is looked up when taken
-// (store.InheritedLate's holes), not settled from that read.
+// (store.ReadPath.InheritedLate's holes), not settled from that read.
 func TestLateCommitInFlightAtTheNewHoldersCheckIsWarned(t *testing.T) {
 	e := newEnv(t)
 	cfg := testConfig()

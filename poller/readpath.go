@@ -21,7 +21,7 @@ type reader struct {
 	deps     readDeps
 	fence    store.Fence
 	loaded   bool
-	loadCold bool // load with store.ColdCursor, ignoring the saved cursor (rewind.go)
+	loadCold bool // load with store.ReadPath.ColdCursor, ignoring the saved cursor (rewind.go)
 	cur      readCursor
 	gaps     gapWatch
 	parked   parkedSet
@@ -57,11 +57,11 @@ type restart uint8
 const (
 	readOn    restart = iota // the read stands
 	readAgain                // drop the read state, load the saved cursor again
-	readCold                 // drop the read state, start cold (store.ColdCursor)
+	readCold                 // drop the read state, start cold (store.ReadPath.ColdCursor)
 )
 
 // newReader returns a term's reader for fence f; cold loads it with
-// store.ColdCursor.
+// store.ReadPath.ColdCursor.
 func newReader(f store.Fence, d readDeps, cold bool) *reader {
 	return &reader{deps: d, fence: f, loadCold: cold, parked: parkedSet{}, late: newLateCommits(d.maxLastSent)}
 }
@@ -106,7 +106,7 @@ func (r *reader) fetch(ctx context.Context, lim store.FetchLimits) (rows []store
 }
 
 // load starts the term's reader from the cursor its predecessor saved
-// (store.LoadCursor: fenced, conservative: parked aggregates, watched gaps
+// (store.ReadPath.LoadCursor: fenced, conservative: parked aggregates, watched gaps
 // and rows in flight folded in), or a computed one when none is saved.
 func (r *reader) load(ctx context.Context) error {
 	var saved store.Cursor

@@ -323,7 +323,7 @@ func writeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 // "Postgres marked": pending rows whose idempotency key holds their own
 // delivered mark are marked delivered without being sent again. The rule is
 // the poller's (keys.Judge, over the same fingerprint: the payload and
-// headers digest computed in Postgres, store.ContentDigests): a mark left
+// headers digest computed in Postgres, store.Reconcile.ContentDigests): a mark left
 // by an earlier row with the same id, or one of the earlier format that
 // does not name the payload, marks nothing (the poller takes it over and
 // sends the row), and a bare "1" of an earlier version marks its row only
@@ -355,7 +355,7 @@ func (r *Reconciler) markFromRedis(ctx context.Context, fence store.Fence) (int6
 }
 
 // sweepFloor reads the sweep's floor, once a sweep: see
-// store.PendingRowsFrom.
+// store.Reconcile.PendingRowsFrom.
 func (r *Reconciler) sweepFloor(ctx context.Context) (*int64, error) {
 	fctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()

@@ -15,7 +15,7 @@ import (
 // command an operator waits on.
 const DefaultReplayLockWait = 30 * time.Second
 
-// Replay requeues f's dead rows (store.ReplayDead) under a term of
+// Replay requeues f's dead rows (store.Reconcile.ReplayDead) under a term of
 // lock:reconciliation, waiting up to wait for the lock: replays are fenced
 // writes like every other, so a replay cannot interleave with a sweep that
 // purges dead rows, and a replay whose term was taken over (a lease lost to
@@ -36,7 +36,7 @@ func (r *Reconciler) Replay(ctx context.Context, f store.ReplayFilter, wait time
 	})
 }
 
-// Discard deletes f's dead rows (store.DiscardDead) under a term of
+// Discard deletes f's dead rows (store.Reconcile.DiscardDead) under a term of
 // lock:reconciliation, as Replay requeues them: fenced, waiting up to wait
 // for the lock, stopping after the batch in flight when ctx ends, and
 // returning how many it deleted, also when it stopped early. removed gets

@@ -57,7 +57,7 @@ func (s ReadPath) View(ctx context.Context) (*View, error) {
 	return &View{tx: tx}, nil
 }
 
-// LaterSent is Store.LaterSent as of the view.
+// LaterSent is ReadPath.LaterSent as of the view.
 func (v *View) LaterSent(ctx context.Context, rows []Row, sent int64) (map[int64]int64, error) {
 	return laterSent(ctx, v.tx, rows, sent)
 }
