@@ -64,14 +64,30 @@ type Reconcile struct{ *core }
 // history, the backlog, the pauses, the replicas and the fence tokens.
 type Ops struct{ *core }
 
-// ReadPath returns the poller's queries over s's pool.
-func (s *Store) ReadPath() ReadPath { return ReadPath{s.core} }
+// ReadPath returns the poller's queries over s's pool (none for a nil
+// s: a part built without a store fails only when it queries).
+func (s *Store) ReadPath() ReadPath {
+	if s == nil {
+		return ReadPath{}
+	}
+	return ReadPath{s.core}
+}
 
 // Reconcile returns the reconciler's queries over s's pool.
-func (s *Store) Reconcile() Reconcile { return Reconcile{s.core} }
+func (s *Store) Reconcile() Reconcile {
+	if s == nil {
+		return Reconcile{}
+	}
+	return Reconcile{s.core}
+}
 
 // Ops returns the operators' queries over s's pool.
-func (s *Store) Ops() Ops { return Ops{s.core} }
+func (s *Store) Ops() Ops {
+	if s == nil {
+		return Ops{}
+	}
+	return Ops{s.core}
+}
 
 // core is the pool the views share; its methods are the helpers they run.
 type core struct {

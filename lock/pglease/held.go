@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outboxd/outboxd/lock"
 )
 
@@ -87,10 +89,11 @@ func (l *Lock) lose(cause error) {
 // ownerChecked runs the extend or release statement and says what it
 // found: nil when it acted, lock.ErrNotHeld when the lease was gone,
 // lock.ErrOwnedByOther when another owner held it.
-func (l *Lock) ownerChecked(ctx context.Context, sql string, arg any) error {
+func (l *Lock) ownerChecked(ctx context.Context, sql string, args pgx.NamedArgs) error {
+	args["lock"], args["owner"], args["token"] = l.name, l.owner, l.token
 	var ok bool
 	var live *string
-	if err := l.c.pool.QueryRow(ctx, sql, l.name, l.owner, l.token, arg).Scan(&ok, &live); err != nil {
+	if err := l.c.pool.QueryRow(ctx, sql, args).Scan(&ok, &live); err != nil {
 		return fmt.Errorf("lock: postgres: %s: %w", l.name, err)
 	}
 	switch {
@@ -110,7 +113,7 @@ func (l *Lock) Extend(ctx context.Context) error {
 	}
 	start := time.Now()
 	qctx, cancel := context.WithTimeout(ctx, opTimeout(l.opts.TTL))
-	err := l.ownerChecked(qctx, l.c.q.extend, l.opts.TTL.Milliseconds())
+	err := l.ownerChecked(qctx, l.c.q.extend, pgx.NamedArgs{"ttl_ms": l.opts.TTL.Milliseconds()})
 	cancel()
 	switch {
 	case errors.Is(err, lock.ErrNotHeld), errors.Is(err, lock.ErrOwnedByOther):
@@ -172,7 +175,7 @@ func (l *Lock) Release(ctx context.Context) error {
 		l.expiry.Stop()
 		<-l.done
 		qctx, cancel := context.WithTimeout(ctx, opTimeout(l.opts.TTL))
-		l.releaseErr = l.ownerChecked(qctx, l.c.q.release, Channel)
+		l.releaseErr = l.ownerChecked(qctx, l.c.q.release, pgx.NamedArgs{"channel": Channel})
 		cancel()
 		if h := l.c.hooks.Released; h != nil {
 			h(l.name)
