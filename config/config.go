@@ -344,9 +344,8 @@ func (e *KeyError) Unwrap() error { return e.Err }
 // Load reads file (optional: "" skips it), then the environment, then sets
 // ("key=value"), and validates the sections given (all when none is: see
 // Section); unknown keys and values of the wrong type are refused in every
-// section. defaults must give every key's
-// default value: the components own them (see cmd/outboxd/internal/app.Defaults), and viper sees
-// an environment-only value only for a key that has a default.
+// section. defaults must give every key's default value (Defaults): viper
+// sees an environment-only value only for a key that has a default.
 func Load(file string, sets []string, defaults map[string]any, sections ...Section) (*Config, error) {
 	v, err := newViper(file, defaults)
 	if err != nil {

@@ -74,7 +74,7 @@ func carryOver(ctx context.Context, db *sql.DB, schema string) (n int64, err err
 		}
 		err = tx.Commit()
 	}()
-	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", lockID); err != nil {
+	if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(@lock)", pgx.NamedArgs{"lock": lockID}); err != nil {
 		return 0, err
 	}
 	if err := useSchema(ctx, tx, schema); err != nil {
@@ -101,7 +101,7 @@ func useSchema(ctx context.Context, tx *sql.Tx, schema string) error {
 	// Created only when missing: CREATE SCHEMA needs a privilege on the
 	// database that a role owning an existing schema may not have.
 	var missing bool
-	if err := tx.QueryRowContext(ctx, "SELECT to_regnamespace($1) IS NULL", schema).Scan(&missing); err != nil {
+	if err := tx.QueryRowContext(ctx, "SELECT to_regnamespace(@schema) IS NULL", pgx.NamedArgs{"schema": schema}).Scan(&missing); err != nil {
 		return err
 	}
 	if missing {
@@ -109,7 +109,7 @@ func useSchema(ctx context.Context, tx *sql.Tx, schema string) error {
 			return err
 		}
 	}
-	_, err := tx.ExecContext(ctx, "SELECT set_config('search_path', $1, true)", schema)
+	_, err := tx.ExecContext(ctx, "SELECT set_config('search_path', @schema, true)", pgx.NamedArgs{"schema": schema})
 	return err
 }
 
@@ -128,8 +128,8 @@ func legacyAppliedRun(ctx context.Context, tx *sql.Tx) (n int64, err error) {
 	for v := int64(1); v <= int64(len(leaves)); v++ {
 		var ok bool
 		q := "SELECT COALESCE((SELECT is_applied FROM " + legacyTable +
-			" WHERE version_id = $1 ORDER BY id DESC LIMIT 1), false) AND " + leaves[v]
-		if err := tx.QueryRowContext(ctx, q, v).Scan(&ok); err != nil {
+			" WHERE version_id = @version ORDER BY id DESC LIMIT 1), false) AND " + leaves[v]
+		if err := tx.QueryRowContext(ctx, q, pgx.NamedArgs{"version": v}).Scan(&ok); err != nil {
 			return 0, err
 		}
 		if !ok {

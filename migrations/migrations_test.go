@@ -12,6 +12,7 @@ import (
 	"testing"
 	"testing/fstest"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/pressly/goose/v3"
 
 	"github.com/outboxd/outboxd/internal/testenv"
@@ -123,7 +124,7 @@ func upTo(n int64) []int64 {
 func exists(t *testing.T, db *sql.DB, rel string) bool {
 	t.Helper()
 	var ok bool
-	if err := db.QueryRow("SELECT to_regclass($1) IS NOT NULL", rel).Scan(&ok); err != nil {
+	if err := db.QueryRow("SELECT to_regclass(@rel) IS NOT NULL", pgx.NamedArgs{"rel": rel}).Scan(&ok); err != nil {
 		t.Fatal(err)
 	}
 	return ok

@@ -16,7 +16,7 @@ import (
 )
 
 // fingerprints reads each row's fingerprint as the poller computes it.
-func (e *env) fingerprints() map[int64]struct {
+func (e *testBundle) fingerprints() map[int64]struct {
 	fp      string
 	created time.Time
 } {
@@ -50,7 +50,7 @@ func (e *env) fingerprints() map[int64]struct {
 // payload; a bare "1" of earlier versions is trusted only if it was
 // written after the row was created (the upgrade window).
 func TestDeliveredMarkNamesItsRow(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	ids := e.insert(12, 12) // one row per aggregate: no row waits behind another
 	fps := e.fingerprints()
 	ctx := context.Background()
@@ -117,7 +117,7 @@ func TestDeliveredMarkNamesItsRow(t *testing.T) {
 // takeover.lua compares exact values, and its "delivered" answer means
 // this row's mark, never any mark.
 func TestTakeoverComparesExactValues(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	ctx := context.Background()
 	k := e.prefix + "idempotency:notify:1"
 	ours, seen := "claim:9:me:b", "claim:3:them:a"
@@ -148,7 +148,7 @@ func TestTakeoverComparesExactValues(t *testing.T) {
 
 // claim.lua answers a bare "1" with its PTTL, other values as they are.
 func TestClaimReportsLegacyMarkAge(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	ctx := context.Background()
 	k := func(i int) string { return e.prefix + "idempotency:notify:" + strconv.Itoa(i) }
 	e.rdb.Set(ctx, k(1), "1", time.Hour)
@@ -173,7 +173,7 @@ func TestClaimReportsLegacyMarkAge(t *testing.T) {
 // names: a broker that deduplicates (Nats-Msg-Id, MessageDeduplicationId)
 // drops the same row sent twice and never a new row that reuses an id.
 func TestSinkIsGivenTheRowsFingerprint(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	ids := e.insert(6, 3)
 	fps := e.fingerprints()
 	sink := &scripted{dedupe: map[int64]string{}}
@@ -196,11 +196,11 @@ func TestSinkIsGivenTheRowsFingerprint(t *testing.T) {
 // which the first may not have written yet), and the other one may be
 // sending that row now; it is left for the next batch (foreign).
 func TestClaimsTakenOverByTokenAndOwner(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	ctx := context.Background()
 	e.insert(1, 1)
 	r := e.poller(testConfig(), "")
-	res, err := e.st.Read(ctx, store.FetchLimits{Rows: 10}, store.ReadPos{})
+	res, err := e.st.ReadPath().Read(ctx, store.FetchLimits{Rows: 10}, store.ReadPos{})
 	rows := res.Rows
 	if err != nil || len(rows) != 1 {
 		t.Fatalf("%d rows, %v", len(rows), err)
@@ -240,7 +240,7 @@ func TestClaimsTakenOverByTokenAndOwner(t *testing.T) {
 // higher token), not left to expire: with a claim TTL of an hour, every row
 // is still delivered, in order, within seconds.
 func TestCrashedLeadersClaimsAreTakenOver(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	ids := e.insert(200, 20)
 	cfg := testConfig()
 	cfg.LockTTL, cfg.BatchSize, cfg.ClaimTTL = time.Second, 100, time.Hour
@@ -270,7 +270,7 @@ func TestCrashedLeadersClaimsAreTakenOver(t *testing.T) {
 // A claim carrying a higher token than ours (a newer leader's) is left
 // alone, and its aggregate waits behind it; other aggregates flow.
 func TestNewerHoldersClaimIsLeftAlone(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	ids := e.insert(20, 10) // deal/0 gets ids[0] and ids[10]
 	key := e.prefix + "idempotency:notify:" + fmt.Sprint(ids[0])
 	newer := "claim:999:someone-else:x"
@@ -299,7 +299,7 @@ func TestNewerHoldersClaimIsLeftAlone(t *testing.T) {
 // write, fails that row alone: counted, named in last_error, dead-lettered
 // after max_attempts; every other row is delivered.
 func TestPoisonedIdempotencyKeysFailTheirRowOnly(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	ids := e.insert(30, 10)
 	ctx := context.Background()
 	hashKey := e.prefix + "idempotency:notify:" + fmt.Sprint(ids[3])
@@ -340,11 +340,11 @@ func TestPoisonedIdempotencyKeysFailTheirRowOnly(t *testing.T) {
 // the pipeline was sent again) finds the batch's own claim on the keys the
 // first run set: those rows are still the batch's to send, not another's.
 func TestOwnClaimSeenAgainIsOurs(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	e.insert(3, 3)
 	r := e.poller(testConfig(), "")
 	ctx := context.Background()
-	res, err := e.st.Read(ctx, store.FetchLimits{Rows: 10}, store.ReadPos{})
+	res, err := e.st.ReadPath().Read(ctx, store.FetchLimits{Rows: 10}, store.ReadPos{})
 	rows := res.Rows
 	if err != nil || len(rows) != 3 {
 		t.Fatalf("%d rows, %v", len(rows), err)

@@ -3,14 +3,14 @@ package poller
 import "time"
 
 // coldPass finds the rows that producers in flight when a term computed its
-// cursor (store.LoadCursor: no cursor saved) left below it. A computed
+// cursor (store.ReadPath.LoadCursor: no cursor saved) left below it. A computed
 // cursor is right for every row visible in that computation's snapshot;
 // once every transaction in flight then has ended (a read's snapshot xmin
 // reaches horizon), one pass over (0, to] finds what they left. Until then
 // a pass runs every rescanEvery, so a long transaction does not hide a row
 // for ever, and never back to back: each walks the whole settled history.
 // owed is the horizon until that last pass has completed: saved with the
-// cursor (store.SaveCursor), it hands the pass to a successor that takes
+// cursor (store.ReadPath.SaveCursor), it hands the pass to a successor that takes
 // over first.
 type coldPass struct {
 	to      int64     // the computed cursor

@@ -19,7 +19,7 @@ import (
 // flight across both starts, below the computed cursor, waits for the
 // periodic rescan (an hour here, 5 minutes by default).
 func TestColdPassOwedPassesToTheSuccessor(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	// The pass waits for every transaction of the cluster open at the
 	// start: on the shared server another package's open transaction can
 	// hold it past the test's 20 s wait.
@@ -67,7 +67,7 @@ func TestColdPassOwedPassesToTheSuccessor(t *testing.T) {
 // pass starts or completes, the saved horizon said nothing was owed, and
 // the row waited for the successor's periodic rescan (an hour here).
 func TestColdPassOwedSurvivesThePassesBeforeIt(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	// The pass waits for every transaction of the cluster open at the start.
 	e.privatePostgres()
 	inFlight := e.inFlightBelowTheComputedCursor("A") // open across both holders' starts
@@ -99,7 +99,7 @@ func TestColdPassOwedSurvivesThePassesBeforeIt(t *testing.T) {
 // inFlightBelowTheComputedCursor opens a producer transaction of agg and
 // writes over 10,000 settled rows above it: a holder that starts now
 // computes its cursor 10,000 below the highest id, above the row in flight.
-func (e *env) inFlightBelowTheComputedCursor(agg string) *racer {
+func (e *testBundle) inFlightBelowTheComputedCursor(agg string) *racer {
 	e.t.Helper()
 	ctx := context.Background()
 	inFlight := e.race(agg)
@@ -118,7 +118,7 @@ func (e *env) inFlightBelowTheComputedCursor(agg string) *racer {
 // once it commits: it keeps rescanning below the computed cursor until every
 // transaction in flight at the start has ended.
 func TestFirstCursorWaitsForProducersInFlight(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	cfg := testConfig()
 	cfg.GapWait = 300 * time.Millisecond
 	r, _ := e.loggedRunner(cfg)
@@ -140,7 +140,7 @@ func TestFirstCursorWaitsForProducersInFlight(t *testing.T) {
 // on the shared server other packages' tests hold one for up to a minute
 // (the wait for the pass then ran out: CI failed).
 func TestColdStartWalksTheHistoryOnce(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	e.privatePostgres()
 	ctx := context.Background()
 	lower := e.race("A") // in flight before the runner starts, below the cursor it computes
@@ -193,7 +193,7 @@ func TestColdStartWalksTheHistoryOnce(t *testing.T) {
 // whole settled history). maintain is driven by hand: the rescan is an hour
 // apart, both passes due now, the producer's horizon never reached (xmin 0).
 func TestColdTimerPassIsTheTermsPass(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	e.insert(100, 10)
 	p := e.poller(testConfig(), "")
 	p.rescanEvery = time.Hour

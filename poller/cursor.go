@@ -36,7 +36,7 @@ type readCursor struct {
 // newReadCursor returns the cursor a term loaded: at c, with the sent mark
 // and the cold pass owed saved beside it. A computed cursor (owed not 0) is
 // saved at the first read, moved or not, so that the backlog count and the
-// sweep stop taking a floor of their own (store.Store.SweepFloor).
+// sweep stop taking a floor of their own (store.Reconcile.SweepFloor).
 func newReadCursor(c, sent int64, owed uint64) readCursor {
 	r := readCursor{at: c, frontier: c, saved: c, savedSent: sent, savedOwed: owed}
 	if owed != 0 {

@@ -20,7 +20,7 @@ import (
 // flight, the cursor handed the second row to the successor's rescan,
 // which runs after its first read took the later row: S out of order.
 func TestSavedCursorStaysBelowEarlierBatchesInFlight(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	s1, s2 := e.produce("S"), e.produce("S")
 	release := e.rc.Hold(testkit.HoldAggregate("deal/S"))
 	cfg := testConfig()
@@ -54,7 +54,7 @@ func TestSavedCursorStaysBelowEarlierBatchesInFlight(t *testing.T) {
 }
 
 // savedCursor is the highest cursor saved, 0 if none.
-func (e *env) savedCursor() int64 {
+func (e *testBundle) savedCursor() int64 {
 	e.t.Helper()
 	var c int64
 	if err := e.st.Pool().QueryRow(context.Background(), `SELECT COALESCE(max(cursor), 0) FROM outbox_cursor`).Scan(&c); err != nil {
@@ -68,7 +68,7 @@ func (e *env) savedCursor() int64 {
 // earlier read classified them: passed, the rows would wait for the rescan
 // and go after later rows of their aggregates.
 func TestShortReadDoesNotPassUnreadRows(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	e.enqueue("a1", "a2", "a3", "a4", "a5", "a6", "a7", "a8", "a9", "a10")
 	r := e.poller(testConfig(), "")
 	f := store.Fence{Lock: keys.PollerLock, Token: 1}
@@ -100,9 +100,9 @@ func TestShortReadDoesNotPassUnreadRows(t *testing.T) {
 // A cursor computed at a first start is saved at the first read, though
 // the rows taken keep it where it was: until a cursor is saved, every
 // backlog count and reconciliation takes a floor of its own, a walk of a
-// pending index's entries (store.Store.SweepFloor).
+// pending index's entries (store.Reconcile.SweepFloor).
 func TestComputedCursorIsSavedAtTheFirstRead(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	e.enqueue("a1", "a2")
 	r := e.poller(testConfig(), "")
 	f := store.Fence{Lock: keys.PollerLock, Token: 1}

@@ -89,7 +89,7 @@ func (s *scripted) Send(_ context.Context, b dispatch.Batch) []dispatch.Result {
 	return out
 }
 
-func (e *env) pollerWith(cfg testCfg, sink dispatch.Sink) *runner {
+func (e *testBundle) pollerWith(cfg testCfg, sink dispatch.Sink) *runner {
 	cfg.KeyPrefix = e.prefix
 	m := metrics.New()
 	locks := redislease.New([]redis.UniversalClient{e.rdb}, redislease.WithKeyPrefix(e.prefix), redislease.WithHooks(term.Hooks(m)))
@@ -103,7 +103,7 @@ func (e *env) pollerWith(cfg testCfg, sink dispatch.Sink) *runner {
 // splits batches at the sink's MaxBatch without letting a failed aggregate
 // go on in a later chunk.
 func TestPollerMarksExactlyWhatTheSinkAcknowledged(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	e.insert(40, 4) // deal/0 .. deal/3, 10 rows each, interleaved
 	sink := &scripted{
 		answer: map[string]dispatch.Outcome{"1": dispatch.Duplicate, "2": dispatch.Retryable, "3": dispatch.Permanent},
@@ -150,7 +150,7 @@ func TestPollerMarksExactlyWhatTheSinkAcknowledged(t *testing.T) {
 // A sink that breaks its contract (a wrong number of results) gets nothing
 // marked and nothing counted.
 func TestWrongNumberOfResultsMarksNothing(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	e.insert(5, 5)
 	sink := &brokenSink{}
 	r := e.pollerWith(testConfig(), sink)
@@ -177,7 +177,7 @@ func (b *brokenSink) Send(context.Context, dispatch.Batch) []dispatch.Result {
 // the cut is ours): under load a 1 s lease was lost once and the row took
 // 3 sends, so each such send, logged "send abandoned", is counted apart.
 func TestHeldSendsCountFromTheFirstCut(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	e.insert(1, 1)
 	var sends atomic.Int32
 	held := dispatch.PerEvent(func(ctx context.Context, _ dispatch.Event, _ int64) error {
@@ -207,7 +207,7 @@ func TestHeldSendsCountFromTheFirstCut(t *testing.T) {
 // row counts as an attempt, with a WARN each time, so the row dead-letters
 // instead of retrying forever.
 func TestSendsCutByTheLeaseCountAsAttempts(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	e.insert(1, 1)
 	hang := dispatch.PerEvent(func(ctx context.Context, _ dispatch.Event, _ int64) error {
 		<-ctx.Done() // never answers: each send ends only with its context

@@ -41,22 +41,22 @@ func (p *Poller) finish(ctx context.Context, items []item, ours string, fence st
 	}
 	fire(p.hooks.afterFinalize)
 
-	nd, nf, err := p.complete(ctx, fence, delivered, failures, items, ours)
+	done, err := p.complete(ctx, fence, store.Outcomes{Delivered: delivered, Failures: failures}, items, ours)
 	if err != nil {
 		fail(span, err)
 		return false, err
 	}
 	if span.IsRecording() {
-		span.SetAttributes(AttrDelivered.Int64(nd), AttrFailed.Int(len(failures)))
+		span.SetAttributes(AttrDelivered.Int64(done.Delivered), AttrFailed.Int(len(failures)))
 	}
 	p.countOutcomes(ctx, items, now)
 	p.logFailures(failures, failedTo)
 	p.m.BatchDuration.Observe(time.Since(start).Seconds())
-	p.log.Debug("batch done", "batch_size", len(items), "delivered", nd, "failed", len(failures),
+	p.log.Debug("batch done", "batch_size", len(items), "delivered", done.Delivered, "failed", len(failures),
 		"duration_ms", time.Since(start).Milliseconds())
 	// A failure left unwritten is read again too: its row may be a new one
 	// with the id (store.Failure.CreatedAt), never tried, below the cursor.
-	return nd < int64(len(delivered)) || nf < int64(len(failures)), nil
+	return done.Delivered < int64(len(delivered)) || done.Failed < int64(len(failures)), nil
 }
 
 // rowWrites sorts items into what finish writes to Postgres: the rows to

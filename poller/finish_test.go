@@ -15,7 +15,7 @@ import (
 // A row the fetch marks as poison (larger than max_payload_bytes) is
 // dead-lettered at once, unsent, and does not block its aggregate.
 func TestOversizedRowIsDeadLetteredAndItsAggregateFlows(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	ctx := context.Background()
 	if _, err := e.st.Pool().Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
 		VALUES ('deal', '1', 'e', '{"n":1}'), ('deal', '1', 'e', jsonb_build_object('blob', repeat('x', 2000000))),
@@ -76,7 +76,7 @@ func TestBackoffHasAFloorAndRetryAfterAStop(t *testing.T) {
 // sending them again: the crash costs no duplicate delivery here, and could
 // cost at most duplicates if Redis had lost the keys too.
 func TestPostgresCrashForgetsResultsButSendsNothingTwice(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	pg, st := e.privatePostgres()
 	ctx := context.Background()
 	// The WAL writer flushes asynchronous commits every wal_writer_delay:
@@ -125,7 +125,7 @@ func TestPostgresCrashForgetsResultsButSendsNothingTwice(t *testing.T) {
 // that retry takes over no claim. Left in place, the retry took over the
 // term's own claim and counted it in outboxd_claims_taken_over_total.
 func TestFailedDeliveryReleasesItsClaim(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	x1, cfg := e.refusedOnce("2")
 	cfg.ClaimTTL = time.Minute
 	r := e.poller(cfg, "")

@@ -23,7 +23,7 @@ func TestMeasureBulkGaps(t *testing.T) {
 	if err != nil {
 		t.Skip("OUTBOXD_TEST_MEASURE_BULK=N (rows held by one open transaction) runs this measurement")
 	}
-	e := newEnv(t)
+	e := setup(t)
 	ctx := context.Background()
 	cfg := testConfig()
 	cfg.LockTTL = 30 * time.Second

@@ -73,7 +73,7 @@ func idRange(lo, hi int64) []int64 {
 // gap_wait. Its own server: the snapshot rule waits for every transaction
 // in the cluster, and the shared server has other tests' open.
 func TestRolledBackGapSettlesWithoutWaiting(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	e.privatePostgres()
 	ctx := context.Background()
 	cfg := testConfig()
@@ -107,7 +107,7 @@ func TestRolledBackGapSettlesWithoutWaiting(t *testing.T) {
 // each read looked up all 20,000 while they held, and the term kept a map
 // entry per id.
 func TestBulkTransactionGapsAreBounded(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	ctx := context.Background()
 	cfg := testConfig()
 	cfg.BatchSize = 500 // the bulk drains in fewer batches
@@ -233,7 +233,7 @@ func TestOldGivenUpGapsAreLookedUpInTurns(t *testing.T) {
 // throughout, so no gap can settle; one producer's stays open while 300
 // others roll back, and commits after the later row of its aggregate went.
 func TestLateCommitAmongManyOldGapsIsWarned(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	ctx := context.Background()
 	cfg := testConfig()
 	r, logs := e.oneTerm(cfg)
@@ -283,7 +283,7 @@ func TestLateCommitAmongManyOldGapsIsWarned(t *testing.T) {
 // visible: without the marker that read released the row above, and X's
 // later row went before the second transaction's rows of X.
 func TestHoldingRunBeyondTheWatchBudgetStillHolds(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	ctx := context.Background()
 	cfg := testConfig()
 	cfg.GapWait = 10 * time.Minute // the gaps hold throughout
@@ -338,7 +338,7 @@ func TestHoldingRunBeyondTheWatchBudgetStillHolds(t *testing.T) {
 
 // oneTerm runs a logged runner with a gap_wait of 100 ms for one term
 // (the tests count its warnings) and waits until it delivers.
-func (e *env) oneTerm(cfg testCfg) (*runner, *testkit.Logs) {
+func (e *testBundle) oneTerm(cfg testCfg) (*runner, *testkit.Logs) {
 	cfg.GapWait = 100 * time.Millisecond
 	cfg.LockTTL = 30 * time.Second
 	r, logs := e.loggedRunner(cfg)

@@ -36,9 +36,9 @@ func TestMain(m *testing.M) {
 	testenv.Main(m)
 }
 
-// env is a test's bundle: its own database, Redis key prefix and
+// testBundle is a test's bundle: its own database, Redis key prefix and
 // recording webhook receiver.
-type env struct {
+type testBundle struct {
 	t      *testing.T
 	st     *store.Store
 	dsn    string
@@ -47,16 +47,16 @@ type env struct {
 	rc     *testkit.Receiver
 }
 
-func newEnv(t *testing.T) *env {
+func setup(t *testing.T) *testBundle {
 	t.Parallel() // own database, own key prefix, own receiver
 	st, dsn := testenv.Store(t)
 	rdb, prefix := testenv.Redis(t)
-	return &env{t: t, st: st, dsn: dsn, rdb: rdb, prefix: prefix, rc: testkit.NewReceiver(t)}
+	return &testBundle{t: t, st: st, dsn: dsn, rdb: rdb, prefix: prefix, rc: testkit.NewReceiver(t)}
 }
 
 // insert writes n events round-robin over aggregates "deal/0".. and returns
 // their ids in order.
-func (e *env) insert(n, aggregates int) []int64 {
+func (e *testBundle) insert(n, aggregates int) []int64 {
 	e.t.Helper()
 	ctx := context.Background()
 	var evs []store.Event
@@ -99,7 +99,7 @@ type runner struct {
 }
 
 // poller builds a runner on e's services; lockPrefix "" means e.prefix.
-func (e *env) poller(cfg testCfg, lockPrefix string) *runner {
+func (e *testBundle) poller(cfg testCfg, lockPrefix string) *runner {
 	if lockPrefix == "" {
 		lockPrefix = e.prefix
 	}
@@ -115,7 +115,7 @@ func (e *env) poller(cfg testCfg, lockPrefix string) *runner {
 }
 
 // run starts r; the returned stop cancels it and waits for Run to return.
-func (e *env) run(r *runner) (stop func()) {
+func (e *testBundle) run(r *runner) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -133,12 +133,12 @@ func (e *env) run(r *runner) (stop func()) {
 }
 
 // waitFor waits until cond holds, failing the test after timeout.
-func (e *env) waitFor(what string, timeout time.Duration, cond func() bool) {
+func (e *testBundle) waitFor(what string, timeout time.Duration, cond func() bool) {
 	e.t.Helper()
 	testkit.WaitFor(e.t, timeout, what, cond, nil)
 }
 
-func (e *env) count(where string) int {
+func (e *testBundle) count(where string) int {
 	e.t.Helper()
 	var n int
 	if err := e.st.Pool().QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE `+where).Scan(&n); err != nil {
@@ -147,13 +147,13 @@ func (e *env) count(where string) int {
 	return n
 }
 
-func (e *env) waitAllDispatched(timeout time.Duration) {
+func (e *testBundle) waitAllDispatched(timeout time.Duration) {
 	e.t.Helper()
 	e.waitFor("every row dispatched", timeout, func() bool { return e.count("dispatched_at IS NULL") == 0 })
 }
 
 // checkDelivered asserts every id got at least one 2xx.
-func (e *env) checkDelivered(ids []int64) (duplicates int) {
+func (e *testBundle) checkDelivered(ids []int64) (duplicates int) {
 	e.t.Helper()
 	ok := e.rc.OKCounts()
 	for _, id := range ids {
@@ -166,7 +166,7 @@ func (e *env) checkDelivered(ids []int64) (duplicates int) {
 }
 
 // checkOrder asserts first successful deliveries are in id order per aggregate.
-func (e *env) checkOrder() {
+func (e *testBundle) checkOrder() {
 	e.t.Helper()
 	if v := testkit.OrderViolations(e.rc.Requests()); len(v) > 0 {
 		e.t.Fatalf("order broken: %s", strings.Join(v, "; "))
@@ -188,7 +188,7 @@ type child struct {
 
 // startChild runs a runner as a process: crash names the window where it
 // SIGKILLs itself ("" runs normally until SIGTERM).
-func (e *env) startChild(crash string, cfg testCfg) *child {
+func (e *testBundle) startChild(crash string, cfg testCfg) *child {
 	e.t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"=1", "C_DSN="+e.dsn, "C_REDIS="+testenv.RedisAddr(),
@@ -284,7 +284,7 @@ func childMain() bool {
 // privatePostgres moves e onto a Postgres server of its own, migrated: for
 // tests that crash it or change its settings, or that need no other test's
 // transactions in its snapshots.
-func (e *env) privatePostgres() (*testenv.PostgresServer, *store.Store) {
+func (e *testBundle) privatePostgres() (*testenv.PostgresServer, *store.Store) {
 	e.t.Helper()
 	pg := testenv.StartPostgresServer(e.t)
 	ctx := context.Background()
@@ -301,7 +301,7 @@ func (e *env) privatePostgres() (*testenv.PostgresServer, *store.Store) {
 }
 
 // loggedRunner is a runner whose log lines (debug included) the test reads.
-func (e *env) loggedRunner(cfg testCfg) (*runner, *testkit.Logs) {
+func (e *testBundle) loggedRunner(cfg testCfg) (*runner, *testkit.Logs) {
 	cfg.KeyPrefix = e.prefix
 	sink, err := webhook.New(webhook.Config{URL: e.rc.URL(), Timeout: 5 * time.Second, Concurrency: cfg.Concurrency})
 	if err != nil {
@@ -320,7 +320,7 @@ type racer struct {
 	id int64
 }
 
-func (e *env) race(agg string) *racer {
+func (e *testBundle) race(agg string) *racer {
 	e.t.Helper()
 	ctx := context.Background()
 	tx, err := e.st.Pool().Begin(ctx)
@@ -350,7 +350,7 @@ func event(agg string) store.Event {
 }
 
 // produce commits one event of agg and returns its id.
-func (e *env) produce(agg string) int64 {
+func (e *testBundle) produce(agg string) int64 {
 	e.t.Helper()
 	r := e.race(agg)
 	r.commit(e.t)
@@ -358,10 +358,10 @@ func (e *env) produce(agg string) int64 {
 }
 
 // delivered reports whether id got a 2xx.
-func (e *env) delivered(id int64) bool { return e.rc.OKCounts()[id] > 0 }
+func (e *testBundle) delivered(id int64) bool { return e.rc.OKCounts()[id] > 0 }
 
 // firstArrival is the Seq of id's first 2xx, -1 if none.
-func (e *env) firstArrival(id int64) int {
+func (e *testBundle) firstArrival(id int64) int {
 	for _, r := range e.rc.Requests() {
 		if r.ID == id && r.OK() {
 			return r.Seq

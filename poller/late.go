@@ -75,7 +75,7 @@ func (l *lateCommits) gapCommitted(g gapState, id int64, a store.Aggregate) (aft
 // commits across the change of holder (inheritedCheck). It marks those taken
 // from below the cursor (at or below below) for the check once claimed
 // (foundCheck). The rows found before an error are returned with it.
-func (l *lateCommits) checkTaken(ctx context.Context, st *store.Store, limit int, rows []store.Row, below int64) ([]lateRow, error) {
+func (l *lateCommits) checkTaken(ctx context.Context, st store.ReadPath, limit int, rows []store.Row, below int64) ([]lateRow, error) {
 	late, err := l.inherited.late(ctx, st, limit, rows, l.sent.handedMark(), &l.checked)
 	l.found.rescued(rows, below, &l.checked)
 	return late, err

@@ -14,7 +14,7 @@ import (
 // delivered all the same, with a WARN "late commit" naming the aggregate
 // and both ids, and counted.
 func TestLateCommitIsDeliveredWarnedAndCounted(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	r, logs, lower, higher := e.givenUpGap(nil)
 	lower.commit(t)
 	e.waitFor("the late row delivered", time.Minute, func() bool { return e.delivered(lower.id) })
@@ -26,7 +26,7 @@ func TestLateCommitIsDeliveredWarnedAndCounted(t *testing.T) {
 // (gap_wait 300 ms), a gap of aggregate A given up and the higher row of A
 // delivered past it, the lower row still in flight. set, if not nil,
 // adjusts the runner before it runs.
-func (e *env) givenUpGap(set func(*runner)) (r *runner, logs *testkit.Logs, lower *racer, higher int64) {
+func (e *testBundle) givenUpGap(set func(*runner)) (r *runner, logs *testkit.Logs, lower *racer, higher int64) {
 	e.t.Helper()
 	cfg := testConfig()
 	cfg.GapWait = 300 * time.Millisecond
@@ -40,7 +40,7 @@ func (e *env) givenUpGap(set func(*runner)) (r *runner, logs *testkit.Logs, lowe
 	}
 	e.run(r)
 	// The runner reads before the race starts: a holder that starts while a
-	// producer is in flight computes its first cursor (store.LoadCursor) and
+	// producer is in flight computes its first cursor (store.ReadPath.LoadCursor) and
 	// finds such a row by its rescan, not as a late commit.
 	warm := e.produce("warm")
 	e.waitFor("the runner delivering", time.Minute, func() bool { return e.delivered(warm) })
@@ -77,7 +77,7 @@ func expectLateCommit(t *testing.T, logs *testkit.Logs, r *runner, late, after i
 }
 
 // savedSent is the sent mark in outbox_cursor (0 if none saved).
-func (e *env) savedSent() int64 {
+func (e *testBundle) savedSent() int64 {
 	var n int64
 	if err := e.st.Pool().QueryRow(context.Background(), `SELECT COALESCE(max(sent), 0) FROM outbox_cursor`).Scan(&n); err != nil {
 		e.t.Fatalf("read the sent mark: %v", err)

@@ -12,7 +12,7 @@ import "github.com/outboxd/outboxd/store"
 // (claimed). A row Redis holds delivered is not checked: an operator set it
 // pending again by hand, and it was sent in its turn.
 //
-// The check (store.LaterSent, one range walk from the lowest such row to
+// The check (store.ReadPath.LaterSent, one range walk from the lowest such row to
 // the sent mark) runs off the lead goroutine on a view taken before the
 // batch is sent (pipeline.walkLate). It sees what the lead would have seen,
 // and the batch and the ones after it go meanwhile. One walk runs at a time;

@@ -21,7 +21,7 @@ import (
 // looks ended at once and is dropped after lateWatch. nextval assigns an
 // id itself when it logs the sequence (one call in 32): such a try is
 // rolled back and taken again.
-func (e *env) takeIDWithoutXID() (pgx.Tx, int64) {
+func (e *testBundle) takeIDWithoutXID() (pgx.Tx, int64) {
 	e.t.Helper()
 	ctx := context.Background()
 	for range 64 {
@@ -48,7 +48,7 @@ func (e *env) takeIDWithoutXID() (pgx.Tx, int64) {
 }
 
 // dispatched says whether id's delivery is written in Postgres.
-func (e *env) dispatched(id int64) bool {
+func (e *testBundle) dispatched(id int64) bool {
 	return e.count("dispatched_at IS NOT NULL AND id = "+itoa(id)) == 1
 }
 
@@ -59,7 +59,7 @@ func (e *env) dispatched(id int64) bool {
 // delivered with the WARN "late commit" and counted all the same: a late
 // commit is never silent.
 func TestLateCommitFoundByTheRescanIsWarned(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	e.privatePostgres() // the gap must be seen ended: no other test's transaction in the snapshots
 	cfg := testConfig()
 	cfg.GapWait = 300 * time.Millisecond
@@ -100,7 +100,7 @@ func TestLateCommitFoundByTheRescanIsWarned(t *testing.T) {
 // watch nor the check of inherited rows looks. It is delivered with the
 // WARN "late commit" and counted by the successor.
 func TestLateCommitFoundBySuccessorsColdPassIsWarned(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	// The cold pass waits for every transaction of the cluster open at the start.
 	e.privatePostgres()
 	lower := e.inFlightBelowTheComputedCursor("A") // open across both holders' starts
@@ -137,7 +137,7 @@ func TestLateCommitFoundBySuccessorsColdPassIsWarned(t *testing.T) {
 // at their start until release is called (at the test's end at the
 // latest); walking gets a value as each walk starts, walked as each ends.
 // It returns once the runner delivers.
-func (e *env) lateWalkRunner() (r *runner, logs *testkit.Logs, walking, walked <-chan struct{}, release func()) {
+func (e *testBundle) lateWalkRunner() (r *runner, logs *testkit.Logs, walking, walked <-chan struct{}, release func()) {
 	e.privatePostgres() // a gap must be seen ended: no other test's transaction in the snapshots
 	cfg := testConfig()
 	cfg.GapWait = 300 * time.Millisecond
@@ -160,7 +160,7 @@ func (e *env) lateWalkRunner() (r *runner, logs *testkit.Logs, walking, walked <
 
 // commitLate writes, in tx (takeIDWithoutXID), the row of aggregate deal/A
 // at id, and commits.
-func (e *env) commitLate(tx pgx.Tx, id int64) {
+func (e *testBundle) commitLate(tx pgx.Tx, id int64) {
 	e.t.Helper()
 	ctx := context.Background()
 	if _, err := tx.Exec(ctx, `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
@@ -189,7 +189,7 @@ func await(t *testing.T, c <-chan struct{}, what string) {
 // walked every id from the row to the sent mark before sending anything
 // (2.3 s behind 2M ids).
 func TestLateCommitWalkHoldsNoBatch(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	r, logs, walking, _, release := e.lateWalkRunner()
 	tx, lower := e.takeIDWithoutXID()
 	higher := e.produce("A")
@@ -214,7 +214,7 @@ func TestLateCommitWalkHoldsNoBatch(t *testing.T) {
 // claim, where the higher one was not yet dispatched. Walked as of its own
 // start, it warned the lower "late commit after" the higher.
 func TestLateCommitWalkSeesTheClaimsView(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	r, logs, walking, walked, release := e.lateWalkRunner()
 	tx1, lower1 := e.takeIDWithoutXID()
 	tx2, lower2 := e.takeIDWithoutXID()

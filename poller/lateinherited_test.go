@@ -31,7 +31,7 @@ func (c *statementCounter) kind(sql string) string {
 	case strings.Contains(sql, "hot AS MATERIALIZED"):
 		return "read"
 	case strings.Contains(sql, "dispatched_at IS NOT NULL"):
-		return "late check" // store.LaterSent, store.InheritedLate
+		return "late check" // store.ReadPath.LaterSent, store.ReadPath.InheritedLate
 	}
 	return ""
 }
@@ -52,7 +52,7 @@ func (c *statementCounter) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx
 }
 
 // countStatements makes e's store count its statements.
-func (e *env) countStatements() *statementCounter {
+func (e *testBundle) countStatements() *statementCounter {
 	e.t.Helper()
 	counter := &statementCounter{calls: map[string]int{}, rows: map[string]int64{}}
 	pc, err := pgxpool.ParseConfig(e.dsn)
@@ -83,7 +83,7 @@ func (c *statementCounter) get(k string) (int, int64) {
 // backlog, and a drain would grow quadratic. The backlog cycles through as many aggregates
 // as a batch holds, as the bench's does.
 func TestBacklogDrainChecksInheritedRowsOnce(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	const rows, aggregates = 3000, 100
 	ids := e.insert(rows, aggregates)
 	counter := e.countStatements()
@@ -114,7 +114,7 @@ func TestBacklogDrainChecksInheritedRowsOnce(t *testing.T) {
 // backs off: a start with no cursor saved begins below it, the mark at the
 // table's highest id.
 func TestBacklogDrainOverManyAggregatesChecksOnce(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	const history, backlog = 2000, 3000 // an aggregate each
 	ids := e.insert(history+backlog, history+backlog)
 	ctx := context.Background()
@@ -149,7 +149,7 @@ func TestBacklogDrainOverManyAggregatesChecksOnce(t *testing.T) {
 // gap commits under the second holder, which knows what went first only
 // from the sent mark saved beside the cursor.
 func TestLateCommitAfterTheLeaseMovedIsWarnedAndCounted(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	cfg := testConfig()
 	cfg.GapWait = 300 * time.Millisecond
 	cfg.LockTTL = 30 * time.Second // one term per runner (the test counts them)
@@ -181,9 +181,9 @@ func TestLateCommitAfterTheLeaseMovedIsWarnedAndCounted(t *testing.T) {
 // the new holder reads, once a term, what the range looked like (a row of
 // another aggregate above the gap, refused by the first holder's sink and
 // retried, is its first take there): the late row's id was missing then, so it is looked up when taken
-// (store.InheritedLate's holes), not settled from that read.
+// (store.ReadPath.InheritedLate's holes), not settled from that read.
 func TestLateCommitInFlightAtTheNewHoldersCheckIsWarned(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	cfg := testConfig()
 	cfg.GapWait = 300 * time.Millisecond
 	cfg.LockTTL = 30 * time.Second
@@ -215,7 +215,7 @@ func TestLateCommitInFlightAtTheNewHoldersCheckIsWarned(t *testing.T) {
 // past it, while its sink refuses the one row of aggregate B (below higher
 // when refusedBelow, else above it); it stops once its sent mark is saved
 // past both, and leaves the receiver answering 2xx.
-func (e *env) gapGivenUpBesideARefusedRow(cfg testCfg, refusedBelow bool) (lower *racer, higher, refused int64) {
+func (e *testBundle) gapGivenUpBesideARefusedRow(cfg testCfg, refusedBelow bool) (lower *racer, higher, refused int64) {
 	e.t.Helper()
 	e.rc.SetRespond(testkit.Statuses(map[string]int{"deal/B": 503}))
 	r1, _ := e.loggedRunner(cfg)
@@ -245,7 +245,7 @@ func (e *env) gapGivenUpBesideARefusedRow(cfg testCfg, refusedBelow bool) (lower
 // later row of their aggregates went first: the new holder delivers them
 // without a late commit.
 func TestHandOverWithUndeliveredRowsIsNoLateCommit(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	cfg := testConfig()
 	cfg.LockTTL = 30 * time.Second
 	e.rc.SetRespond(testkit.Statuses(map[string]int{"deal/B": 503}))

@@ -25,7 +25,7 @@ func retryLater(id *int64, secs string) func(testkit.Request) testkit.Reply {
 // refusedOnce commits a row of aggregate X whose first attempt the
 // receiver answers 429 with a Retry-After of secs seconds, and returns it
 // with a config that honours that (up to backoff_max).
-func (e *env) refusedOnce(secs string) (x1 int64, cfg testCfg) {
+func (e *testBundle) refusedOnce(secs string) (x1 int64, cfg testCfg) {
 	x1 = e.produce("X")
 	e.rc.SetRespond(retryLater(&x1, secs))
 	cfg = testConfig()
@@ -39,7 +39,7 @@ func (e *env) refusedOnce(secs string) (x1 int64, cfg testCfg) {
 // aggregate's later rows. Not parked, it waited for the rescan (an hour
 // here) and the later row went first.
 func TestRowBlockedBehindABackingOffRowIsParked(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	x1, cfg := e.refusedOnce("5")
 	r := e.poller(cfg, "")
 	r.rescanEvery = time.Hour
@@ -67,7 +67,7 @@ func TestRowBlockedBehindABackingOffRowIsParked(t *testing.T) {
 // row, not the parked one (below the cursor, known to no one; its
 // term-start rescan runs after that read), and the later row went first.
 func TestSavedCursorStaysBelowParkedRows(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	x1, cfg := e.refusedOnce("6")
 	a := e.poller(cfg, "")
 	a.rescanEvery = time.Hour
@@ -99,7 +99,7 @@ func TestSavedCursorStaysBelowParkedRows(t *testing.T) {
 // must not drop it: the row would then wait for the rescan while later
 // rows of its aggregate went.
 func TestGapFoundVisibleStaysParkedOverTheReadsParkedAnswer(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	p := e.poller(testConfig(), "")
 	now := time.Now()
 	a := store.Aggregate{Type: "deal", ID: "A"}

@@ -16,7 +16,7 @@ const pausedEvery = time.Second
 // pausedRead is the set last read, when, by which term (fencing token),
 // and the pause generation that term has acknowledged.
 type pausedRead struct {
-	store *store.Store
+	store store.ReadPath
 	sink  dispatch.Sink
 	log   *slog.Logger
 
@@ -27,7 +27,7 @@ type pausedRead struct {
 }
 
 // newPausedRead returns the paused destinations' reader, none read yet.
-func newPausedRead(st *store.Store, sink dispatch.Sink, log *slog.Logger) pausedRead {
+func newPausedRead(st store.ReadPath, sink dispatch.Sink, log *slog.Logger) pausedRead {
 	return pausedRead{store: st, sink: sink, log: log}
 }
 

@@ -74,9 +74,9 @@ func (p *Poller) pgTakeOver(ctx context.Context, items []item, idx []int, previo
 // keys' end of the batch (keyWrites' rules: a sent row's key gets its
 // mark, a pending or failed row's claim is dropped) goes in the same
 // statement.
-func (p *Poller) complete(ctx context.Context, fence store.Fence, delivered []store.Delivered, failures []store.Failure, items []item, ours string) (int64, int64, error) {
+func (p *Poller) complete(ctx context.Context, fence store.Fence, o store.Outcomes, items []item, ours string) (store.Completed, error) {
 	if p.rdb != nil {
-		return p.store.Complete(ctx, fence, delivered, failures)
+		return p.store.Complete(ctx, fence, o)
 	}
 	k := store.Settle{Claim: ours, MarkTTL: DeliveredTTL}
 	for _, it := range items {
@@ -87,7 +87,7 @@ func (p *Poller) complete(ctx context.Context, fence store.Fence, delivered []st
 			k.ReleaseIDs = append(k.ReleaseIDs, it.row.ID)
 		}
 	}
-	return p.store.CompleteSettled(ctx, fence, delivered, failures, k)
+	return p.store.CompleteSettled(ctx, fence, o, k)
 }
 
 // idsOf is the ids of items[idx].

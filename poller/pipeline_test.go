@@ -17,7 +17,7 @@ import (
 )
 
 // enqueue writes one event per aggregate id given ("deal/<id>"), in order.
-func (e *env) enqueue(aggs ...string) {
+func (e *testBundle) enqueue(aggs ...string) {
 	e.t.Helper()
 	ctx := context.Background()
 	var evs []store.Event
@@ -31,7 +31,7 @@ func (e *env) enqueue(aggs ...string) {
 
 // slowPoller is a runner whose sends of a held event are not cut while a
 // test waits (a minute at most): a lease and a webhook timeout of 5 minutes.
-func (e *env) slowPoller() *runner {
+func (e *testBundle) slowPoller() *runner {
 	cfg := testConfig()
 	cfg.LockTTL = 5 * time.Minute
 	sink, err := webhook.New(webhook.Config{URL: e.rc.URL(), Timeout: 5 * time.Minute, Concurrency: cfg.Concurrency})
@@ -49,7 +49,7 @@ func (e *env) slowPoller() *runner {
 // wait behind it (nothing of it but the held event is sent), and afterwards
 // it delivers in order.
 func TestSlowAggregateHoldsOnlyItsOwnEvents(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	release := e.rc.Hold(testkit.HoldAggregate("deal/slow"))
 	e.rc.SetRespond(func(r testkit.Request) testkit.Reply {
 		if r.Agg == "deal/fail" && r.Attempt == 1 {
@@ -93,7 +93,7 @@ func TestSlowAggregateHoldsOnlyItsOwnEvents(t *testing.T) {
 // A batch's aggregates that went through are written (marked) while its
 // slowest is still being sent, once that has taken earlyWrite.
 func TestSettledAggregatesAreWrittenBesideTheSlowest(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	release := e.rc.Hold(testkit.HoldAggregate("deal/slow"))
 	defer release()
 	e.enqueue("slow", "a", "b", "slow")
@@ -117,7 +117,7 @@ func TestSettledAggregatesAreWrittenBesideTheSlowest(t *testing.T) {
 // delivered and marked. Before, the lead waited for the held batch's
 // sends to be over, or a poll interval.
 func TestNextBatchFillsFreeSlots(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	release := e.rc.Hold(func(r testkit.Request) bool { return r.Agg == "deal/a" || r.Agg == "deal/b" })
 	defer release()
 	e.enqueue("a", "b", "c", "d")
@@ -144,7 +144,7 @@ func slowWrites(r *runner, d time.Duration) {
 // without FetchLimits.Skip it would fetch them again, find its own earlier
 // claims, take them over and send every row twice.
 func TestNextBatchLeavesTheFinishingBatchAlone(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	ids := e.insert(60, 60)
 	cfg := testConfig()
 	cfg.BatchSize = 10
@@ -161,7 +161,7 @@ func TestNextBatchLeavesTheFinishingBatchAlone(t *testing.T) {
 // the next batch waits for that write, so the aggregate's later rows do not
 // look due and overtake it.
 func TestFailureHoldsItsAggregateWhileItIsWritten(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	ids := e.insert(6, 1) // one aggregate, one row per batch
 	e.rc.SetRespond(func(r testkit.Request) testkit.Reply {
 		if r.Attempt == 1 && r.ID == ids[0] {

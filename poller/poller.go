@@ -95,7 +95,7 @@ type Deps struct {
 // Poller is the batch runner. Create with New; Run blocks.
 type Poller struct {
 	cfg   Config
-	store *store.Store
+	store store.ReadPath
 	rdb   redis.UniversalClient
 	keys  keys.Space
 	sink  dispatch.Sink
@@ -144,13 +144,13 @@ func New(cfg Config, d Deps) *Poller {
 	cfg = cfg.withDefaults()
 	log := d.Log.With("lock", keys.PollerLock)
 	return &Poller{
-		cfg: cfg, store: d.Store, rdb: d.Redis, keys: keys.New(cfg.KeyPrefix), sink: d.Sink, log: log, m: d.Metrics,
+		cfg: cfg, store: d.Store.ReadPath(), rdb: d.Redis, keys: keys.New(cfg.KeyPrefix), sink: d.Sink, log: log, m: d.Metrics,
 		spans: tracer(d.Tracer),
 		seat: term.New(keys.PollerLock, term.Options{
 			TTL: cfg.LockTTL, Wait: cfg.LockWait, WaitAfterDataLoss: true, ShutdownTimeout: cfg.ShutdownTimeout,
 			QueryTimeout: queryTimeout(cfg), Instance: cfg.Instance, LogStandby: true, Backend: cfg.LockBackend,
 		}, term.Deps{Locks: d.Locks, Store: d.Store, Log: d.Log, Metrics: d.Metrics}),
-		paused: newPausedRead(d.Store, d.Sink, log),
+		paused: newPausedRead(d.Store.ReadPath(), d.Sink, log),
 		wake:   make(chan struct{}, 1), cuts: map[int64]int{}, rescanEvery: rescanEvery, earlyWrite: earlyWrite,
 		maxInherit: maxInherit, maxLastSent: maxLastSent,
 	}

@@ -40,7 +40,7 @@ func TestCrashWindowsLoseNothing(t *testing.T) {
 		{"after-finalize", true, false}, // keys 1, Postgres not marked: marked without resending
 	} {
 		t.Run(tc.crash, func(t *testing.T) {
-			e := newEnv(t)
+			e := setup(t)
 			ids := e.insert(200, 20)
 			cfg := testConfig()
 			// One batch holds every row: the crash then hits exactly the
@@ -118,7 +118,7 @@ func TestCrashWindowsLoseNothing(t *testing.T) {
 
 // A receiver down for a while (503) delays but loses nothing and keeps order.
 func TestReceiverOutageRecovers(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	ids := e.insert(300, 10)
 	var mu sync.Mutex
 	down := true
@@ -149,7 +149,7 @@ func TestReceiverOutageRecovers(t *testing.T) {
 
 // 429 with Retry-After: the row is not retried before the receiver asked.
 func TestRetryAfterIsHonoured(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	e.insert(1, 1)
 	e.rc.SetRespond(func(r testkit.Request) testkit.Reply {
 		if r.Attempt == 1 {
@@ -176,7 +176,7 @@ func TestRetryAfterIsHonoured(t *testing.T) {
 
 // 400 dead-letters at once; other aggregates keep flowing; replay delivers it.
 func TestPermanentErrorDeadLettersAndReplayDelivers(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	ids := e.insert(100, 10) // deal/0 .. deal/9
 	var mu sync.Mutex
 	reject := true
@@ -208,7 +208,7 @@ func TestPermanentErrorDeadLettersAndReplayDelivers(t *testing.T) {
 	mu.Lock()
 	reject = false
 	mu.Unlock()
-	n, err := e.st.ReplayDead(context.Background(), store.Fence{Lock: "lock:reconciliation", Token: 1, Owner: "test-replay"}, store.ReplayFilter{AggregateType: "deal", AggregateID: "3"}, 4, nil)
+	n, err := e.st.Reconcile().ReplayDead(context.Background(), store.Fence{Lock: "lock:reconciliation", Token: 1, Owner: "test-replay"}, store.Replay{Filter: store.ReplayFilter{AggregateType: "deal", AggregateID: "3"}, BatchSize: 4})
 	if err != nil || n != 10 {
 		t.Fatalf("replayed %d, err %v; want 10", n, err)
 	}
@@ -222,7 +222,7 @@ func TestOrderUnderFailuresAtScale(t *testing.T) {
 	if testing.Short() {
 		t.Skip("10k events")
 	}
-	e := newEnv(t)
+	e := setup(t)
 	ids := e.insert(10000, 500)
 	rnd := rand.New(rand.NewPCG(1, 2))
 	var mu sync.Mutex
@@ -249,7 +249,7 @@ func TestOrderUnderFailuresAtScale(t *testing.T) {
 // of its old-token deliveries arrives after the new leader's, and its
 // Postgres writes are refused by the fence.
 func TestPausedLeaderIsFencedOut(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	ids := e.insert(200, 10)
 	// Hold the stale leader's first request for deal/0 so that its batch is in
 	// flight when it is paused, with other aggregates already delivered.
@@ -321,7 +321,7 @@ func TestPausedLeaderIsFencedOut(t *testing.T) {
 // failover that lost the key): the fence refuses the superseded one, no row
 // is written after it was marked delivered, and fence tokens only rise.
 func TestSplitBrainRunnersNeverOverwriteEachOther(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	ctx := context.Background()
 	audit := []string{
 		`CREATE TABLE audit (id bigint, was_dispatched bool, attempts int, at timestamptz DEFAULT clock_timestamp())`,
@@ -412,7 +412,7 @@ func TestSplitBrainRunnersNeverOverwriteEachOther(t *testing.T) {
 // SIGTERM-style shutdown lets the batch in flight finish, writes its results
 // and releases the lock.
 func TestShutdownFinishesInFlightThenReleases(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	e.insert(20, 20)
 	caught := false // Hold's matcher runs under the receiver's lock
 	release := e.rc.Hold(func(testkit.Request) bool {
@@ -443,7 +443,7 @@ func TestShutdownFinishesInFlightThenReleases(t *testing.T) {
 // With Redis unreachable a runner says so in its logs (and keeps trying);
 // an outage must not look like a quiet standby.
 func TestRedisOutageIsLogged(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	down := testenv.StartRedisServer(t)
 	down.Stop() // a port where nothing answers
 	cfg := testConfig()
@@ -465,7 +465,7 @@ func TestRedisOutageIsLogged(t *testing.T) {
 // event with outbox_id) are still written at log.level debug, though
 // finish builds them only when that level is on.
 func TestEventDeliveredLoggedAtDebug(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	ids := e.insert(3, 3)
 	r, logs := e.loggedRunner(testConfig())
 	e.run(r)

@@ -21,7 +21,7 @@ type reader struct {
 	deps     readDeps
 	fence    store.Fence
 	loaded   bool
-	loadCold bool // load with store.ColdCursor, ignoring the saved cursor (rewind.go)
+	loadCold bool // load with store.ReadPath.ColdCursor, ignoring the saved cursor (rewind.go)
 	cur      readCursor
 	gaps     gapWatch
 	parked   parkedSet
@@ -34,7 +34,7 @@ type reader struct {
 // readDeps are what a reader acts on; the runner gives them at a term's
 // start.
 type readDeps struct {
-	store       *store.Store
+	store       store.ReadPath
 	log         *slog.Logger
 	m           *metrics.Metrics
 	gapWait     time.Duration // Config.GapWait
@@ -57,11 +57,11 @@ type restart uint8
 const (
 	readOn    restart = iota // the read stands
 	readAgain                // drop the read state, load the saved cursor again
-	readCold                 // drop the read state, start cold (store.ColdCursor)
+	readCold                 // drop the read state, start cold (store.ReadPath.ColdCursor)
 )
 
 // newReader returns a term's reader for fence f; cold loads it with
-// store.ColdCursor.
+// store.ReadPath.ColdCursor.
 func newReader(f store.Fence, d readDeps, cold bool) *reader {
 	return &reader{deps: d, fence: f, loadCold: cold, parked: parkedSet{}, late: newLateCommits(d.maxLastSent)}
 }
@@ -106,17 +106,20 @@ func (r *reader) fetch(ctx context.Context, lim store.FetchLimits) (rows []store
 }
 
 // load starts the term's reader from the cursor its predecessor saved
-// (store.LoadCursor: fenced, conservative: parked aggregates, watched gaps
+// (store.ReadPath.LoadCursor: fenced, conservative: parked aggregates, watched gaps
 // and rows in flight folded in), or a computed one when none is saved.
 func (r *reader) load(ctx context.Context) error {
-	load := r.deps.store.LoadCursor
+	var saved store.Cursor
+	var err error
 	if r.loadCold {
-		load = r.deps.store.ColdCursor
+		saved, err = r.deps.store.ColdCursor(ctx)
+	} else {
+		saved, err = r.deps.store.LoadCursor(ctx, r.fence.Lock)
 	}
-	c, sent, horizon, epoch, err := load(ctx, r.fence.Lock)
 	if err != nil {
 		return err
 	}
+	c, sent, horizon, epoch := saved.At, saved.Sent, saved.Horizon, saved.Epoch
 	now := time.Now()
 	r.cur = newReadCursor(c, sent, horizon)
 	r.coldPass = newColdPass(c, horizon, now)
@@ -340,7 +343,7 @@ func (r *reader) saveCursor(ctx context.Context, now time.Time) error {
 	if !r.cur.saveDue(c, sent, owed, now) {
 		return nil
 	}
-	if err := r.deps.store.SaveCursor(ctx, r.fence, c, sent, owed, r.epoch.cursorEpoch()); err != nil {
+	if err := r.deps.store.SaveCursor(ctx, r.fence, store.Cursor{At: c, Sent: sent, Horizon: owed, Epoch: r.epoch.cursorEpoch()}); err != nil {
 		return fmt.Errorf("save cursor: %w", err)
 	}
 	r.cur.savedAs(c, sent, owed, now)

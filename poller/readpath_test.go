@@ -13,7 +13,7 @@ import (
 // id order, no late commit. A producer below the gap is not held by it:
 // its row goes as soon as it commits, while the gap is still open.
 func TestRacingProducersKeepAggregateOrder(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	cfg := testConfig()
 	cfg.GapWait = 20 * time.Second
 	r, logs := e.loggedRunner(cfg)

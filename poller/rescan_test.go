@@ -20,7 +20,7 @@ import (
 // reads. Counted in steps, not in a window of time, so that the test does
 // not depend on the machine's load.
 func TestRescanStepsArePacedByTheirCost(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	e.insert(2000, 10)
 	p := e.poller(testConfig(), "")
 	r := &reader{deps: p.readDeps(), rescan: rescanPacer{to: 1 << 40, at: time.Now()}, cur: readCursor{inflightLow: math.MaxInt64}, parked: parkedSet{}}
@@ -50,7 +50,7 @@ func TestRescanStepsArePacedByTheirCost(t *testing.T) {
 // most maxStepPause, not stepSpacing times its duration: a step that took
 // an hour would otherwise stop the rescan for 20 hours.
 func TestRescanPauseAfterASlowStepIsCapped(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	e.insert(100, 10)
 	p := e.poller(testConfig(), "")
 	now := time.Now()
@@ -71,7 +71,7 @@ func TestRescanPauseAfterASlowStepIsCapped(t *testing.T) {
 // untried in Postgres: Redis holds it delivered. A new holder starts from
 // the cursor the last one saved, not from the table's start.
 func TestRowsBelowTheCursorAreFound(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	e.rc.SetRespond(testkit.Statuses(map[string]int{"deal/dead": 400}))
 	cfg := testConfig()
 	r, logs := e.loggedRunner(cfg)
@@ -82,7 +82,7 @@ func TestRowsBelowTheCursorAreFound(t *testing.T) {
 	e.waitFor("the rows settled", 20*time.Second, func() bool { return e.count("dispatched_at IS NULL AND dead_at IS NULL") == 0 })
 	e.rc.SetRespond(nil)
 
-	if n, err := e.st.ReplayDead(context.Background(), store.Fence{Lock: "lock:reconciliation", Token: 1, Owner: "test-replay"}, store.ReplayFilter{IDs: []int64{dead}}, 10, nil); err != nil || n != 1 {
+	if n, err := e.st.Reconcile().ReplayDead(context.Background(), store.Fence{Lock: "lock:reconciliation", Token: 1, Owner: "test-replay"}, store.Replay{Filter: store.ReplayFilter{IDs: []int64{dead}}, BatchSize: 10}); err != nil || n != 1 {
 		t.Fatalf("replay: %d, %v", n, err)
 	}
 	e.waitFor("the replayed row delivered", 10*time.Second, func() bool { return e.delivered(dead) })
@@ -126,7 +126,7 @@ func TestRowsBelowTheCursorAreFound(t *testing.T) {
 // 300 ms slow here (a trigger), so the measure cannot mistake one for the
 // other whatever the load.
 func TestRescanStepIsJudgedByItsOwnCost(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	e.insert(2000, 10)
 	ctx := context.Background()
 	if _, err := e.st.Pool().Exec(ctx, `CREATE FUNCTION slow_save() RETURNS trigger LANGUAGE plpgsql AS $$

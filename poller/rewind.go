@@ -22,14 +22,14 @@ const (
 //
 //   - Another server incarnation (a failover to a replica that may have
 //     lagged, a restored backup, any restart) drops the term's read state.
-//     The term loads again the cursor that server saved (store.LoadCursor).
+//     The term loads again the cursor that server saved (store.ReadPath.LoadCursor).
 //     That cursor is consistent with the rows there, since the rows'
 //     results were written before it. Reused ids above it are read as new
 //     rows. Rows whose result that server lost are read again, and their
 //     delivered marks in Redis say duplicate.
 //   - A sequence value below the highest an earlier read of the term saw
 //     (setval() back, on the same server) drops the read state. The term
-//     starts cold (store.ColdCursor), ignoring the saved cursor, which may
+//     starts cold (store.ReadPath.ColdCursor), ignoring the saved cursor, which may
 //     be above the reused ids. The rescan every new term starts with covers
 //     a rewind while no relay ran.
 //

@@ -46,7 +46,7 @@ func produceAs(t *testing.T, st *store.Store, aggs ...string) []int64 {
 
 // deliveredAs reports whether id was delivered as an event of aggregate
 // "deal/"+agg: ids come round again here, so the id alone says nothing.
-func (e *env) deliveredAs(id int64, agg string) bool {
+func (e *testBundle) deliveredAs(id int64, agg string) bool {
 	for _, r := range e.rc.Requests() {
 		if r.ID == id && r.Agg == "deal/"+agg && r.OK() {
 			return true
@@ -56,7 +56,7 @@ func (e *env) deliveredAs(id int64, agg string) bool {
 }
 
 // waitDeliveredAs waits until every ids[i] was delivered as aggs[i].
-func (e *env) waitDeliveredAs(what string, ids []int64, aggs []string) {
+func (e *testBundle) waitDeliveredAs(what string, ids []int64, aggs []string) {
 	e.t.Helper()
 	e.waitFor(what, 20*time.Second, func() bool {
 		for i, id := range ids {
@@ -70,7 +70,7 @@ func (e *env) waitDeliveredAs(what string, ids []int64, aggs []string) {
 
 // checkOrderOf asserts that the aggregates whose id starts with prefix got
 // their events first delivered in id order.
-func (e *env) checkOrderOf(prefix string) {
+func (e *testBundle) checkOrderOf(prefix string) {
 	e.t.Helper()
 	var reqs []testkit.Request
 	for _, r := range e.rc.Requests() {
@@ -84,7 +84,7 @@ func (e *env) checkOrderOf(prefix string) {
 }
 
 // waitSaved waits until the saved cursor reached id.
-func (e *env) waitSaved(st *store.Store, id int64) {
+func (e *testBundle) waitSaved(st *store.Store, id int64) {
 	e.t.Helper()
 	e.waitFor(fmt.Sprintf("the cursor saved at %d", id), 20*time.Second, func() bool {
 		var c int64
@@ -96,7 +96,7 @@ func (e *env) waitSaved(st *store.Store, id int64) {
 // readAfter waits for a read that began after the call: it inserts a row
 // with id (above the cursor; the id sequence is left as it is) and waits
 // until it is delivered.
-func (e *env) readAfter(id int64) {
+func (e *testBundle) readAfter(id int64) {
 	e.t.Helper()
 	if _, err := e.st.Pool().Exec(context.Background(), `INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) OVERRIDING SYSTEM VALUE
 		VALUES ($1, 'deal', 'probe', 'deal.funded', '{}')`, id); err != nil {
@@ -116,8 +116,8 @@ func aggs(prefix string, n int) []string {
 // setvalBackUnderARunningRelay runs a relay (rescan an hour away) until it
 // delivered 20 rows, deletes the last 10 and moves the id sequence back so
 // that the next id is the 11th's again, by setval with isCalled as given.
-func setvalBackUnderARunningRelay(t *testing.T, isCalled bool) (*env, *runner, *testkit.Logs, []int64) {
-	e := newEnv(t)
+func setvalBackUnderARunningRelay(t *testing.T, isCalled bool) (*testBundle, *runner, *testkit.Logs, []int64) {
+	e := setup(t)
 	r, logs := e.loggedRunner(testConfig())
 	r.rescanEvery = time.Hour
 	e.run(r)
@@ -179,7 +179,7 @@ func waitUp(t *testing.T, st *store.Store) {
 // table privileges only (no right to read the id sequence): the read must
 // work for it, and a new server is still seen.
 func TestDatabaseBackInTimeUnderARunningRelay(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	pg, super := e.privatePostgres()
 	ctx := context.Background()
 	if _, err := super.Pool().Exec(ctx, `CREATE ROLE relay LOGIN;
@@ -195,7 +195,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO relay`); 
 		t.Fatal(err)
 	}
 	t.Cleanup(relaySt.Close)
-	if res, err := relaySt.Read(ctx, store.FetchLimits{Rows: 1}, store.ReadPos{}); err != nil || res.SeqLast != -1 || res.Incarnation == "" {
+	if res, err := relaySt.ReadPath().Read(ctx, store.FetchLimits{Rows: 1}, store.ReadPos{}); err != nil || res.SeqLast != -1 || res.Incarnation == "" {
 		t.Fatalf("a read as the relay role: sequence %d, incarnation %q, %v; want -1, a name, no error", res.SeqLast, res.Incarnation, err)
 	}
 
@@ -240,7 +240,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO relay`); 
 // to the restored server, where a new row may have taken the sent row's id:
 // that row is not marked delivered by it, and goes out itself.
 func TestBatchInFlightAcrossARestoreLeavesTheNewRow(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	pg, _ := e.privatePostgres()
 	cfg := testConfig()
 	cfg.LockTTL = 30 * time.Second // the held send must outlive the restore
@@ -280,7 +280,7 @@ func TestBatchInFlightAcrossARestoreLeavesTheNewRow(t *testing.T) {
 // for such a sequence until its next nextval; read as 0, it looked like the
 // sequence going back, and the relay warned and started cold.
 func TestSetvalForwardNotCalledIsNoRewind(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	cfg := testConfig()
 	r, logs := e.loggedRunner(cfg)
 	r.rescanEvery = time.Hour
@@ -334,7 +334,7 @@ func TestSetvalBackNotCalledUnderARunningRelay(t *testing.T) {
 // not written to the new row, which is read again and sent. By id alone,
 // the new row was dead-lettered unsent.
 func TestFailedBatchInFlightLeavesTheRowThatTookItsID(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	cfg := testConfig()
 	cfg.LockTTL = 30 * time.Second // the held send must outlive the swap
 	r, _ := e.loggedRunner(cfg)

@@ -13,7 +13,7 @@ import (
 // Redis restarted without its script cache (SCRIPT FLUSH here): claims and
 // delivered marks go on, the scripts sent whole once.
 func TestScriptCacheLossIsRecovered(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	srv := testenv.StartRedisServer(t)
 	e.rdb = srv.Client()
 	first := e.insert(20, 5)

@@ -18,7 +18,7 @@ import (
 // The bound is lowered to 2 here; three other aggregates are sent after
 // the higher row of the gap's aggregate went.
 func TestLateCommitAfterTheSentMemoryWasClearedIsWarned(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	r, logs, lower, higher := e.givenUpGap(func(r *runner) { r.maxLastSent = 2 })
 	var others []int64
 	for _, agg := range []string{"B", "C", "D"} {
@@ -55,7 +55,7 @@ func TestLateCommitAfterTheSentMemoryWasClearedIsWarned(t *testing.T) {
 // for it. Saved as the second holder's own mark, the third's range ended
 // below A's higher row and the late commit went unwarned.
 func TestSentMarkPassesThroughAHolderThatSentLess(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	cfg := testConfig()
 	cfg.GapWait = 300 * time.Millisecond
 	cfg.LockTTL = 30 * time.Second // one term per runner (the test counts them)

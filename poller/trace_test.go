@@ -25,7 +25,7 @@ import (
 // producer's span (linked to the batch's send span); and the webhook
 // receives each event's own send span context as traceparent.
 func TestBatchSpanTree(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	const producerTrace, producerSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 	ctx := context.Background()
 	if err := pgx.BeginFunc(ctx, e.st.Pool(), func(tx pgx.Tx) error {
@@ -133,7 +133,7 @@ func attr(s tracetest.SpanStub, key string) string {
 }
 
 // requestFor is the receiver's request for event id (decimal).
-func requestFor(e *env, id string) testkit.Request {
+func requestFor(e *testBundle, id string) testkit.Request {
 	for _, r := range e.rc.Requests() {
 		if fmt.Sprint(r.ID) == id {
 			return r

@@ -25,7 +25,7 @@ func (r *Reconciler) Pause(ctx context.Context, names []string, wait time.Durati
 // generation written.
 func (r *Reconciler) Resume(ctx context.Context, names []string, all bool, wait time.Duration) (store.Switched, error) {
 	return r.fencedOnce(ctx, wait, func(ctx context.Context, f store.Fence) (store.Switched, error) {
-		return r.store.ResumeDestinations(ctx, f, names, all)
+		return r.store.ResumeDestinations(ctx, f, store.Resume{Names: names, All: all})
 	})
 }
 

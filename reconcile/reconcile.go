@@ -93,7 +93,7 @@ type Deps struct {
 type Reconciler struct {
 	cfg      Config
 	schedule cron.Schedule
-	store    *store.Store
+	store    store.Reconcile
 	rdb      redis.UniversalClient
 	keys     keys.Space
 	log      *slog.Logger
@@ -117,7 +117,7 @@ func New(cfg Config, d Deps) (*Reconciler, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Reconciler{cfg: cfg, schedule: sched, store: d.Store, rdb: d.Redis, keys: keys.New(cfg.KeyPrefix),
+	return &Reconciler{cfg: cfg, schedule: sched, store: d.Store.Reconcile(), rdb: d.Redis, keys: keys.New(cfg.KeyPrefix),
 		log: d.Log.With("lock", keys.ReconcileLock), m: d.Metrics,
 		seat: term.New(keys.ReconcileLock, term.Options{
 			TTL: cfg.LockTTL, Wait: cfg.LockWait, ShutdownTimeout: cfg.ShutdownTimeout, QueryTimeout: queryTimeout,
@@ -284,7 +284,7 @@ func (r *Reconciler) RunOnce(ctx context.Context, fireTime time.Time, wait time.
 		sum.DurationMS = time.Since(start).Milliseconds()
 		fctx, cancelF := writeCtx(ctx)
 		defer cancelF()
-		return r.store.FinishRun(fctx, t.Fence(), fireTime, sum)
+		return r.store.FinishRun(fctx, t.Fence(), store.Run{FireTime: fireTime, Summary: sum})
 	})
 	return sum, err
 }
@@ -330,7 +330,7 @@ func writeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 // "Postgres marked": pending rows whose idempotency key holds their own
 // delivered mark are marked delivered without being sent again. The rule is
 // the poller's (keys.Judge, over the same fingerprint: the payload and
-// headers digest computed in Postgres, store.ContentDigests): a mark left
+// headers digest computed in Postgres, store.Reconcile.ContentDigests): a mark left
 // by an earlier row with the same id, or one of the earlier format that
 // does not name the payload, marks nothing (the poller takes it over and
 // sends the row), and a bare "1" of an earlier version marks its row only
@@ -362,7 +362,7 @@ func (r *Reconciler) markFromRedis(ctx context.Context, fence store.Fence) (int6
 }
 
 // sweepFloor reads the sweep's floor, once a sweep: see
-// store.PendingRowsFrom.
+// store.Reconcile.PendingRowsFrom.
 func (r *Reconciler) sweepFloor(ctx context.Context) (*int64, error) {
 	fctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
@@ -373,7 +373,7 @@ func (r *Reconciler) sweepFloor(ctx context.Context) (*int64, error) {
 func (r *Reconciler) pendingRows(ctx context.Context, floor *int64, cursor int64) ([]store.Pending, error) {
 	rctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	return r.store.PendingRowsFrom(rctx, floor, cursor, r.cfg.BatchSize)
+	return r.store.PendingRowsFrom(rctx, store.PendingPage{Floor: floor, After: cursor, Limit: r.cfg.BatchSize})
 }
 
 // markBatch marks delivered the rows of one batch whose keys hold their
@@ -454,7 +454,7 @@ func (r *Reconciler) markDelivered(ctx context.Context, fence store.Fence, deliv
 	}
 	wctx, cancel := writeCtx(ctx)
 	defer cancel()
-	n, _, err := r.store.Complete(wctx, fence, delivered, nil)
+	n, err := r.store.MarkDelivered(wctx, fence, delivered)
 	if err != nil {
 		return 0, err
 	}
@@ -546,7 +546,7 @@ func legacyAges(ctx context.Context, rdb redis.UniversalClient, names, vals []st
 }
 
 // purge deletes kind's rows older than age (on Postgres's clock: see
-// store.Purge) in batches.
+// store.Reconcile.Purge) in batches.
 func (r *Reconciler) purge(ctx context.Context, fence store.Fence, kind store.PurgeKind, age time.Duration) (int64, error) {
 	label := map[store.PurgeKind]string{store.PurgeDelivered: "purged", store.PurgeDead: "purged_dead"}[kind]
 	var cursor store.PurgeCursor
@@ -556,17 +556,18 @@ func (r *Reconciler) purge(ctx context.Context, fence store.Fence, kind store.Pu
 			return total, context.Cause(ctx)
 		}
 		wctx, cancel := writeCtx(ctx)
-		n, last, err := r.store.Purge(wctx, fence, kind, age, cursor, r.cfg.BatchSize)
+		purged, err := r.store.Purge(wctx, fence, store.PurgeBatch{Kind: kind, Age: age, After: cursor, Limit: r.cfg.BatchSize})
 		cancel()
 		if err != nil {
 			return total, err
 		}
+		n := purged.Rows
 		total += n
 		r.m.ReconcileSwept.WithLabelValues(label).Add(float64(n))
 		if n < int64(r.cfg.BatchSize) {
 			return total, nil
 		}
-		cursor = last
+		cursor = purged.Next
 	}
 }
 

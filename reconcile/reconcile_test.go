@@ -124,7 +124,7 @@ func (e *testBundle) fingerprint(id int64) string {
 
 // The repair sweep computes the fingerprint the poller does: the poller
 // takes the payload and headers digest in Go from the bytes it read, the
-// sweep in Postgres (store.ContentDigests); every row whose key holds the
+// sweep in Postgres (store.Reconcile.ContentDigests); every row whose key holds the
 // mark made the poller's way is marked, whatever its JSON holds.
 func TestMarkSweepComputesThePollersFingerprint(t *testing.T) {
 	t.Parallel()

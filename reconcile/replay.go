@@ -15,7 +15,7 @@ import (
 // command an operator waits on.
 const DefaultReplayLockWait = 30 * time.Second
 
-// Replay requeues f's dead rows (store.ReplayDead) under a term of
+// Replay requeues f's dead rows (store.Reconcile.ReplayDead) under a term of
 // lock:reconciliation, waiting up to wait for the lock: replays are fenced
 // writes like every other, so a replay cannot interleave with a sweep that
 // purges dead rows, and a replay whose term was taken over (a lease lost to
@@ -27,28 +27,28 @@ const DefaultReplayLockWait = 30 * time.Second
 // holder); nothing was requeued then.
 func (r *Reconciler) Replay(ctx context.Context, f store.ReplayFilter, wait time.Duration, progress func(requeued int64)) (int64, error) {
 	return r.deadWrite(ctx, wait, func(wctx context.Context, fence store.Fence, batchDone func()) (int64, error) {
-		return r.store.ReplayDead(wctx, fence, f, r.cfg.BatchSize, func(done int64) {
+		return r.store.ReplayDead(wctx, fence, store.Replay{Filter: f, BatchSize: r.cfg.BatchSize, Progress: func(done int64) {
 			if progress != nil {
 				progress(done)
 			}
 			batchDone()
-		})
+		}})
 	})
 }
 
-// Discard deletes f's dead rows (store.DiscardDead) under a term of
+// Discard deletes f's dead rows (store.Reconcile.DiscardDead) under a term of
 // lock:reconciliation, as Replay requeues them: fenced, waiting up to wait
 // for the lock, stopping after the batch in flight when ctx ends, and
 // returning how many it deleted, also when it stopped early. removed gets
 // each batch's rows.
 func (r *Reconciler) Discard(ctx context.Context, f store.DeadFilter, wait time.Duration, removed func([]store.Discarded)) (int64, error) {
 	return r.deadWrite(ctx, wait, func(wctx context.Context, fence store.Fence, batchDone func()) (int64, error) {
-		return r.store.DiscardDead(wctx, fence, f, r.cfg.BatchSize, func(rows []store.Discarded) {
+		return r.store.DiscardDead(wctx, fence, store.Discard{Filter: f, BatchSize: r.cfg.BatchSize, Removed: func(rows []store.Discarded) {
 			if removed != nil {
 				removed(rows)
 			}
 			batchDone()
-		})
+		}})
 	})
 }
 

@@ -26,6 +26,3 @@ func (r *Reconciler) Resend(ctx context.Context, f store.ResendFilter, limit int
 // Retention is how long delivered rows are kept (reconcile.retention):
 // older ones are purged and cannot be resent.
 func (r *Reconciler) Retention() time.Duration { return r.cfg.Retention }
-
-// Store is the store the reconciler writes to.
-func (r *Reconciler) Store() *store.Store { return r.store }

@@ -26,7 +26,7 @@ func TestIDArraysMeanTheSameInEveryQueryExecMode(t *testing.T) {
 			t.Fatal(err)
 		}
 		lim := store.FetchLimits{Rows: 100, RowBytes: 1 << 20, Bytes: 1 << 24}
-		all, err := st.Read(ctx, lim, store.ReadPos{})
+		all, err := st.ReadPath().Read(ctx, lim, store.ReadPos{})
 		if err != nil {
 			t.Fatalf("%s: read: %v", mode, err)
 		}
@@ -35,7 +35,7 @@ func TestIDArraysMeanTheSameInEveryQueryExecMode(t *testing.T) {
 		}
 		skip := []int64{all.Rows[0].ID, all.Rows[2].ID}
 		lim.Skip = skip
-		rest, err := st.Read(ctx, lim, store.ReadPos{})
+		rest, err := st.ReadPath().Read(ctx, lim, store.ReadPos{})
 		if err != nil {
 			t.Fatalf("%s: read with Skip: %v", mode, err)
 		}
@@ -47,17 +47,17 @@ func TestIDArraysMeanTheSameInEveryQueryExecMode(t *testing.T) {
 		if len(rest.Rows) != 1 {
 			t.Errorf("%s: read %d rows with 2 of 3 skipped, want 1", mode, len(rest.Rows))
 		}
-		if n, _, err := st.Complete(ctx, f, nil, nil); err != nil || n != 0 {
+		if n, _, err := counts(st.ReadPath().Complete(ctx, f, store.Outcomes{Delivered: nil})); err != nil || n != 0 {
 			t.Fatalf("%s: Complete of no rows: %d, %v", mode, n, err)
 		}
-		n, _, err := st.Complete(ctx, f, done(t, st, skip...), nil)
+		n, _, err := counts(st.ReadPath().Complete(ctx, f, store.Outcomes{Delivered: done(t, st, skip...)}))
 		if err != nil || n != 2 {
 			t.Fatalf("%s: Complete of 2 rows marked %d, %v", mode, n, err)
 		}
 		if !state(t, st, skip[0]).dispatched || !state(t, st, skip[1]).dispatched || state(t, st, all.Rows[1].ID).dispatched {
 			t.Errorf("%s: Complete marked other rows than the 2 named", mode)
 		}
-		if _, _, err := st.Complete(ctx, f, done(t, st, all.Rows[1].ID), nil); err != nil {
+		if _, _, err := counts(st.ReadPath().Complete(ctx, f, store.Outcomes{Delivered: done(t, st, all.Rows[1].ID)})); err != nil {
 			t.Fatalf("%s: Complete: %v", mode, err)
 		}
 	})

@@ -31,11 +31,11 @@ func TestCompleteWritesPostgresClock(t *testing.T) {
 			ids := rowsOf(t, st, "deal")
 			f := store.Fence{Lock: "lock:outbox:poller", Token: 1, Owner: "o"}
 			before := pgNow(t, st)
-			nd, nf, err := st.Complete(ctx, f, done(t, st, ids[0]), []store.Failure{
+			nd, nf, err := counts(st.ReadPath().Complete(ctx, f, store.Outcomes{Delivered: done(t, st, ids[0]), Failures: []store.Failure{
 				{ID: ids[1], Error: "400", Dead: true},
 				{ID: ids[2], Error: "503", Delay: 2 * time.Second},
 				{ID: ids[3], Error: "refused", Delay: time.Hour},
-			})
+			}}))
 			if err != nil || nd != 1 || nf != 3 {
 				t.Fatalf("Complete: delivered %d failed %d, %v; want 1, 3", nd, nf, err)
 			}

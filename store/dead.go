@@ -232,9 +232,19 @@ func deadList(f DeadFilter, after *DeadCursor, limit int) (query, pgx.NamedArgs)
 	return q.with(f.filter(na)), na
 }
 
-// ListDead returns up to limit dead rows matching f, newest first, after
-// the cursor (nil: from the start). limit is clamped to [1, MaxDeadPage].
-func (s *Store) ListDead(ctx context.Context, f DeadFilter, after *DeadCursor, limit int) (DeadPage, error) {
+// DeadQuery asks ListDead for one page.
+type DeadQuery struct {
+	Filter DeadFilter
+	// After is the cursor the page starts after (nil: from the start).
+	After *DeadCursor
+	// Limit is the page's size, clamped to [1, MaxDeadPage].
+	Limit int
+}
+
+// ListDead returns up to p.Limit dead rows matching p.Filter, newest
+// first, after p.After.
+func (s Ops) ListDead(ctx context.Context, p DeadQuery) (DeadPage, error) {
+	f, after, limit := p.Filter, p.After, p.Limit
 	limit = min(max(limit, 1), MaxDeadPage)
 	q, na := deadList(f, after, limit)
 	rows, err := q.query(ctx, s.db, na)
@@ -260,7 +270,7 @@ func (s *Store) ListDead(ctx context.Context, f DeadFilter, after *DeadCursor, l
 }
 
 // CountDead counts the dead rows matching f (what a replay would requeue).
-func (s *Store) CountDead(ctx context.Context, f DeadFilter) (int64, error) {
+func (s Ops) CountDead(ctx context.Context, f DeadFilter) (int64, error) {
 	na := pgx.NamedArgs{}
 	q := deadCountQ.with(f.filter(na))
 	var n int64
@@ -273,7 +283,7 @@ func (s *Store) CountDead(ctx context.Context, f DeadFilter) (int64, error) {
 // ShowDead returns one dead row with its payload and headers: ErrNoRow
 // when there is none with that id, ErrNotDead (saying whether it is
 // pending or delivered) when it is not dead-lettered.
-func (s *Store) ShowDead(ctx context.Context, id int64) (DeadEvent, error) {
+func (s Ops) ShowDead(ctx context.Context, id int64) (DeadEvent, error) {
 	var e DeadEvent
 	var delivered pgtype.Timestamptz
 	err := deadShowQ.queryRow(ctx, s.db, pgx.NamedArgs{"id": id}).
@@ -294,16 +304,27 @@ func (s *Store) ShowDead(ctx context.Context, id int64) (DeadEvent, error) {
 	}
 }
 
-// ReplayDead requeues dead rows (clears dead_at, resets attempts, due now;
-// last_error stays for the record) in batches of batchSize, calling progress
-// after each. The rows' attempt history stays and gains an entry of kind
-// "replay"; the failures after it are numbered after that entry.
+// Replay says which dead rows ReplayDead requeues, and how.
+type Replay struct {
+	Filter    ReplayFilter
+	BatchSize int // rows per statement (<= 0: 1000)
+	// Progress, if not nil, is called after each batch with the rows
+	// requeued so far.
+	Progress func(done int64)
+}
+
+// ReplayDead requeues the dead rows p.Filter selects (clears dead_at,
+// resets attempts, due now; last_error stays for the record) in batches of
+// p.BatchSize, calling p.Progress after each. The rows' attempt history
+// stays and gains an entry of kind "replay"; the failures after it are
+// numbered after that entry.
 //
 // Replays are fenced writes like every other: each batch is one statement
 // under fence (the holder of lock:reconciliation, which purges dead rows),
 // so a replay whose term was taken over changes nothing more: it returns
 // how many rows it requeued before, and ErrStaleFence.
-func (s *Store) ReplayDead(ctx context.Context, fence Fence, f ReplayFilter, batchSize int, progress func(done int64)) (int64, error) {
+func (s Reconcile) ReplayDead(ctx context.Context, fence Fence, p Replay) (int64, error) {
+	f, batchSize, progress := p.Filter, p.BatchSize, p.Progress
 	na := pgx.NamedArgs{}
 	q := deadReplayQ.with(f.filter(na))
 	var total, marked int64
@@ -321,7 +342,7 @@ func (s *Store) ReplayDead(ctx context.Context, fence Fence, f ReplayFilter, bat
 // after the last row of the one before, until a batch comes back short.
 // each is called after every batch with its count (extra scanned). It
 // returns the total, also when a batch failed.
-func (s *Store) deadBatches(ctx context.Context, fence Fence, op string, q query, na pgx.NamedArgs, batchSize int, extra []any, each func(n int64)) (int64, error) {
+func (s *core) deadBatches(ctx context.Context, fence Fence, op string, q query, na pgx.NamedArgs, batchSize int, extra []any, each func(n int64)) (int64, error) {
 	if batchSize <= 0 {
 		batchSize = 1000
 	}

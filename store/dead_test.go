@@ -61,7 +61,7 @@ func listAll(t *testing.T, st *store.Store, f store.DeadFilter, limit int) []int
 		if pages > 10000 {
 			t.Fatal("the list never ends")
 		}
-		page, err := st.ListDead(context.Background(), f, after, limit)
+		page, err := st.Ops().ListDead(context.Background(), store.DeadQuery{Filter: f, After: after, Limit: limit})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -158,7 +158,7 @@ func TestDeadListFilters(t *testing.T) {
 					t.Errorf("limit %d: ids %v, want %v", limit, got, tc.want)
 				}
 			}
-			n, err := st.CountDead(context.Background(), tc.f)
+			n, err := st.Ops().CountDead(context.Background(), tc.f)
 			if err != nil || n != int64(len(tc.want)) {
 				t.Errorf("CountDead = %d, %v; want %d", n, err, len(tc.want))
 			}
@@ -211,7 +211,7 @@ func TestDeadListPagesStablyOverEqualDeadAt(t *testing.T) {
 	// Page once, then dead-letter a newer row and an equal one with a higher
 	// id: the following pages are exactly the rest of the first listing.
 	ctx := context.Background()
-	first, err := st.ListDead(ctx, store.DeadFilter{}, nil, 7)
+	first, err := st.Ops().ListDead(ctx, store.DeadQuery{Filter: store.DeadFilter{}, After: nil, Limit: 7})
 	if err != nil || len(first.Events) != 7 || first.Next == "" {
 		t.Fatalf("first page: %d rows, next %q, %v", len(first.Events), first.Next, err)
 	}
@@ -221,7 +221,7 @@ func TestDeadListPagesStablyOverEqualDeadAt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rest, err := st.ListDead(ctx, store.DeadFilter{}, &c, 100)
+	rest, err := st.Ops().ListDead(ctx, store.DeadQuery{Filter: store.DeadFilter{}, After: &c, Limit: 100})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,7 +275,7 @@ func TestDeadRowsWithInfiniteTimestamps(t *testing.T) {
 	if got := listAll(t, st, store.DeadFilter{}, 1); !slices.Equal(got, []int64{ids[1], ids[0], ids[2]}) {
 		t.Errorf("list: %v, want %v", got, []int64{ids[1], ids[0], ids[2]})
 	}
-	e, err := st.ShowDead(ctx, ids[0])
+	e, err := st.Ops().ShowDead(ctx, ids[0])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,7 +285,7 @@ func TestDeadRowsWithInfiniteTimestamps(t *testing.T) {
 		t.Errorf("show: %s, %v; want created_at -infinity, available_at infinity", b, err)
 	}
 	// Replay passes them all (its cursor starts below -infinity).
-	if n, err := st.ReplayDead(ctx, replayFence, store.ReplayFilter{}, 1, nil); err != nil || n != 3 {
+	if n, err := st.Reconcile().ReplayDead(ctx, replayFence, store.Replay{Filter: store.ReplayFilter{}, BatchSize: 1, Progress: nil}); err != nil || n != 3 {
 		t.Errorf("replay: %d, %v; want 3", n, err)
 	}
 }
@@ -296,7 +296,7 @@ func TestShowDead(t *testing.T) {
 	ctx := context.Background()
 	ids := insertRows(t, st, deadRow{"deal", "1", "deal.funded", "boom", time.Now(), false},
 		deadRow{"deal", "1", "deal.funded", "", time.Time{}, false}, deadRow{"deal", "1", "deal.funded", "", time.Time{}, true})
-	e, err := st.ShowDead(ctx, ids[0])
+	e, err := st.Ops().ShowDead(ctx, ids[0])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -309,7 +309,7 @@ func TestShowDead(t *testing.T) {
 		want error
 		says string
 	}{{ids[1], store.ErrNotDead, "pending"}, {ids[2], store.ErrNotDead, "delivered"}, {ids[2] + 100, store.ErrNoRow, "id"}} {
-		_, err := st.ShowDead(ctx, tc.id)
+		_, err := st.Ops().ShowDead(ctx, tc.id)
 		if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.says) {
 			t.Errorf("show %d: %v, want %v saying %q", tc.id, err, tc.want, tc.says)
 		}
@@ -339,11 +339,11 @@ func TestReplayFollowsTheFilter(t *testing.T) {
 			want = append(want, ids[i])
 		}
 	}
-	dry, err := st.CountDead(ctx, f)
+	dry, err := st.Ops().CountDead(ctx, f)
 	if err != nil || dry != int64(len(want)) || len(want) == 0 {
 		t.Fatalf("dry run: %d, %v; want %d (> 0)", dry, err, len(want))
 	}
-	n, err := st.ReplayDead(ctx, replayFence, f, 2, nil)
+	n, err := st.Reconcile().ReplayDead(ctx, replayFence, store.Replay{Filter: f, BatchSize: 2, Progress: nil})
 	if err != nil || n != dry {
 		t.Fatalf("replay: %d, %v; want %d", n, err, dry)
 	}
@@ -353,7 +353,7 @@ func TestReplayFollowsTheFilter(t *testing.T) {
 			t.Errorf("row %d: replayed %t, still dead %t", id, slices.Contains(want, id), slices.Contains(left, id))
 		}
 	}
-	if n, _ := st.CountDead(ctx, f); n != 0 {
+	if n, _ := st.Ops().CountDead(ctx, f); n != 0 {
 		t.Errorf("after the replay %d rows still match", n)
 	}
 }
@@ -471,7 +471,7 @@ func TestReplayWithAStaleFenceChangesNothing(t *testing.T) {
 	}
 	for _, f := range []store.Fence{older, twin} {
 		progressed := false
-		n, err := st.ReplayDead(ctx, f, store.ReplayFilter{}, 1, func(int64) { progressed = true })
+		n, err := st.Reconcile().ReplayDead(ctx, f, store.Replay{Filter: store.ReplayFilter{}, BatchSize: 1, Progress: func(int64) { progressed = true }})
 		if !errors.Is(err, store.ErrStaleFence) || n != 0 || progressed {
 			t.Fatalf("replay with %+v after token 7: %d, %v (progress %v); want 0, ErrStaleFence", f, n, err, progressed)
 		}
@@ -482,7 +482,7 @@ func TestReplayWithAStaleFenceChangesNothing(t *testing.T) {
 	if tok, _ := st.FenceToken(ctx, newer.Lock); tok != 7 {
 		t.Fatalf("fence token %d after stale replays, want 7", tok)
 	}
-	if n, err := st.ReplayDead(ctx, newer, store.ReplayFilter{}, 1, nil); err != nil || n != 2 {
+	if n, err := st.Reconcile().ReplayDead(ctx, newer, store.Replay{Filter: store.ReplayFilter{}, BatchSize: 1, Progress: nil}); err != nil || n != 2 {
 		t.Fatalf("replay by the current holder: %d, %v; want 2", n, err)
 	}
 	if got := listAll(t, st, store.DeadFilter{}, 10); len(got) != 0 {
@@ -501,13 +501,13 @@ func TestReplayStopsWhenTakenOverMidway(t *testing.T) {
 		deadRow{"a", "3", "e", "x", t0.Add(2 * time.Second), false})
 	mine := store.Fence{Lock: "lock:reconciliation", Token: 3, Owner: "replay"}
 	next := store.Fence{Lock: mine.Lock, Token: 4, Owner: "reconcile"}
-	n, err := st.ReplayDead(ctx, mine, store.ReplayFilter{}, 1, func(done int64) {
+	n, err := st.Reconcile().ReplayDead(ctx, mine, store.Replay{Filter: store.ReplayFilter{}, BatchSize: 1, Progress: func(done int64) {
 		if done == 1 {
 			if err := st.ClaimFence(ctx, next); err != nil {
 				t.Error(err)
 			}
 		}
-	})
+	}})
 	if !errors.Is(err, store.ErrStaleFence) || n != 1 {
 		t.Fatalf("replay taken over after its first batch: %d, %v; want 1, ErrStaleFence", n, err)
 	}

@@ -16,13 +16,22 @@ type Discarded struct {
 	EventType     string `json:"event_type"`
 }
 
-// DiscardDead deletes the dead rows f selects, in batches of batchSize,
-// calling removed with each batch's rows. Pending and delivered rows are
+// Discard says which dead rows DiscardDead deletes, and how.
+type Discard struct {
+	Filter    DeadFilter
+	BatchSize int // rows per statement (<= 0: 1000)
+	// Removed, if not nil, is called with each batch's rows.
+	Removed func([]Discarded)
+}
+
+// DiscardDead deletes the dead rows p.Filter selects, in batches of
+// p.BatchSize, calling p.Removed with each batch's rows. Pending and delivered rows are
 // never touched. Like ReplayDead, each batch is one statement under fence
 // (the holder of lock:reconciliation), so a discard whose term was taken
 // over deletes nothing more: it returns how many rows it deleted before,
 // and ErrStaleFence.
-func (s *Store) DiscardDead(ctx context.Context, fence Fence, f DeadFilter, batchSize int, removed func([]Discarded)) (int64, error) {
+func (s Reconcile) DiscardDead(ctx context.Context, fence Fence, p Discard) (int64, error) {
+	f, batchSize, removed := p.Filter, p.BatchSize, p.Removed
 	na := pgx.NamedArgs{}
 	q := deadDiscardQ.with(f.filter(na))
 	var rows []byte

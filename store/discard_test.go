@@ -31,14 +31,14 @@ func TestDiscardIsFencedAndTouchesOnlyDeadRows(t *testing.T) {
 	if err := st.ClaimFence(ctx, next); err != nil {
 		t.Fatal(err)
 	}
-	n, err := st.DiscardDead(ctx, mine, store.DeadFilter{}, 1, nil)
+	n, err := st.Reconcile().DiscardDead(ctx, mine, store.Discard{Filter: store.DeadFilter{}, BatchSize: 1, Removed: nil})
 	if !errors.Is(err, store.ErrStaleFence) || n != 0 || len(listAll(t, st, store.DeadFilter{}, 10)) != 3 {
 		t.Fatalf("stale discard: %d, %v; want 0, ErrStaleFence, every dead row kept", n, err)
 	}
 
 	mine.Token = 5
 	var seen []int64
-	n, err = st.DiscardDead(ctx, mine, store.DeadFilter{}, 1, func(rows []store.Discarded) {
+	n, err = st.Reconcile().DiscardDead(ctx, mine, store.Discard{Filter: store.DeadFilter{}, BatchSize: 1, Removed: func(rows []store.Discarded) {
 		for _, r := range rows {
 			seen = append(seen, r.ID)
 		}
@@ -47,7 +47,7 @@ func TestDiscardIsFencedAndTouchesOnlyDeadRows(t *testing.T) {
 				t.Error(err)
 			}
 		}
-	})
+	}})
 	if !errors.Is(err, store.ErrStaleFence) || n != 2 || len(seen) != 2 || seen[0] != ids[0] || seen[1] != ids[1] {
 		t.Fatalf("discard taken over after two batches: %d, %v, removed %v; want 2, ErrStaleFence, %v", n, err, seen, ids[:2])
 	}
@@ -74,7 +74,7 @@ func TestDiscardRemovesTheRowsAttemptHistory(t *testing.T) {
 		}
 	}
 	fence := store.Fence{Lock: "lock:reconciliation", Token: 3, Owner: "discard"}
-	if n, err := st.DiscardDead(ctx, fence, store.DeadFilter{AggregateType: "a"}, 10, nil); err != nil || n != 1 {
+	if n, err := st.Reconcile().DiscardDead(ctx, fence, store.Discard{Filter: store.DeadFilter{AggregateType: "a"}, BatchSize: 10, Removed: nil}); err != nil || n != 1 {
 		t.Fatalf("discard of aggregate type a: %d, %v; want 1", n, err)
 	}
 	var gone, kept int

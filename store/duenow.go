@@ -11,7 +11,7 @@ var dueNowQ = stmt("due_now")
 
 // DueNow makes the rows ids due now if they are backing off (a destination
 // that failed them has recovered), fenced; it returns how many it changed.
-func (s *Store) DueNow(ctx context.Context, f Fence, ids []int64) (int64, error) {
+func (s ReadPath) DueNow(ctx context.Context, f Fence, ids []int64) (int64, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}

@@ -63,12 +63,12 @@ func (s *Store) Querier() interface {
 
 // PendingRows is the repair sweep's PendingRowsFrom with the floor
 // SweepFloor returns.
-func (s *Store) PendingRows(ctx context.Context, cursor int64, limit int) ([]Pending, error) {
+func (s Reconcile) PendingRows(ctx context.Context, cursor int64, limit int) ([]Pending, error) {
 	floor, err := s.SweepFloor(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return s.PendingRowsFrom(ctx, floor, cursor, limit)
+	return s.PendingRowsFrom(ctx, PendingPage{Floor: floor, After: cursor, Limit: limit})
 }
 
 // fetchDueQ is fetch_due.sql: due rows from id 0, the stateless form
@@ -76,7 +76,7 @@ func (s *Store) PendingRows(ctx context.Context, cursor int64, limit int) ([]Pen
 var fetchDueQ = stmt("fetch_due")
 
 // FetchDue reads due rows in id order within lim (fetch_due.sql).
-func (s *Store) FetchDue(ctx context.Context, lim FetchLimits) ([]Row, error) {
+func (s ReadPath) FetchDue(ctx context.Context, lim FetchLimits) ([]Row, error) {
 	rowBytes, budget := lim.RowBytes, lim.Bytes
 	if rowBytes <= 0 || rowBytes > maxRowBytes {
 		rowBytes = maxRowBytes

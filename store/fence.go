@@ -25,7 +25,7 @@ type Fence struct {
 // final SELECT returns the fence's outcome first and then the write
 // counts; ErrStaleFence when the fence refused. na gets the fence's
 // @lock, @token and @owner.
-func (s *Store) fenced(ctx context.Context, f Fence, q query, counts []*int64, na pgx.NamedArgs) error {
+func (s *core) fenced(ctx context.Context, f Fence, q query, counts []*int64, na pgx.NamedArgs) error {
 	dest := make([]any, len(counts))
 	for i, c := range counts {
 		dest[i] = c
@@ -35,7 +35,7 @@ func (s *Store) fenced(ctx context.Context, f Fence, q query, counts []*int64, n
 
 // fencedScan is fenced with the write's results scanned into dest, of any
 // type (the fence's outcome still comes first).
-func (s *Store) fencedScan(ctx context.Context, f Fence, q query, dest []any, na pgx.NamedArgs) error {
+func (s *core) fencedScan(ctx context.Context, f Fence, q query, dest []any, na pgx.NamedArgs) error {
 	if f.Token <= 0 {
 		return fmt.Errorf("store: fenced write for %q without a token", f.Lock)
 	}
@@ -69,7 +69,7 @@ func (s *Store) FenceToken(ctx context.Context, lock string) (int64, error) {
 }
 
 // FenceTokens returns every lock's accepted token.
-func (s *Store) FenceTokens(ctx context.Context) (map[string]int64, error) {
+func (s Ops) FenceTokens(ctx context.Context) (map[string]int64, error) {
 	rows, err := fenceTokensQ.query(ctx, s.db, nil)
 	if err != nil {
 		return nil, wrap("read fences", err)
@@ -162,7 +162,32 @@ type Delivered struct {
 // the rest of the batch. The statement is then split: the deliveries alone,
 // then each failure alone; a failure still refused is stored with a
 // last_error saying so and retried at once, so its attempts keep counting.
-func (s *Store) Complete(ctx context.Context, f Fence, delivered []Delivered, failures []Failure) (nDelivered, nFailed int64, err error) {
+func (s ReadPath) Complete(ctx context.Context, f Fence, o Outcomes) (Completed, error) {
+	d, n, err := s.completeIsolated(ctx, f, o.Delivered, o.Failures)
+	return Completed{Delivered: d, Failed: n}, err
+}
+
+// MarkDelivered is Complete with deliveries alone: the rows the repair
+// sweep finds delivered. It returns how many it marked.
+func (s Reconcile) MarkDelivered(ctx context.Context, f Fence, delivered []Delivered) (int64, error) {
+	d, _, err := s.completeIsolated(ctx, f, delivered, nil)
+	return d, err
+}
+
+// Outcomes are a batch's results for Complete: the rows delivered and the
+// rows that failed.
+type Outcomes struct {
+	Delivered []Delivered
+	Failures  []Failure
+}
+
+// Completed counts the rows Complete changed.
+type Completed struct {
+	Delivered, Failed int64
+}
+
+// completeIsolated is Complete, with its isolation of a refused value.
+func (s *core) completeIsolated(ctx context.Context, f Fence, delivered []Delivered, failures []Failure) (nDelivered, nFailed int64, err error) {
 	if len(delivered) == 0 && len(failures) == 0 {
 		return 0, 0, nil
 	}
@@ -194,7 +219,7 @@ func (s *Store) Complete(ctx context.Context, f Fence, delivered []Delivered, fa
 	return nDelivered, nFailed, nil
 }
 
-func (s *Store) complete(ctx context.Context, f Fence, delivered []Delivered, failures []Failure) (nDelivered, nFailed int64, err error) {
+func (s *core) complete(ctx context.Context, f Fence, delivered []Delivered, failures []Failure) (nDelivered, nFailed int64, err error) {
 	if len(delivered) == 0 && len(failures) == 0 {
 		return 0, 0, nil
 	}
@@ -203,7 +228,7 @@ func (s *Store) complete(ctx context.Context, f Fence, delivered []Delivered, fa
 
 // completeWith runs complete, or a statement built on it (q), with the
 // batch's arguments added to na.
-func (s *Store) completeWith(ctx context.Context, f Fence, q query, delivered []Delivered, failures []Failure, na pgx.NamedArgs) (nDelivered, nFailed int64, err error) {
+func (s *core) completeWith(ctx context.Context, f Fence, q query, delivered []Delivered, failures []Failure, na pgx.NamedArgs) (nDelivered, nFailed int64, err error) {
 	n := len(failures)
 	ids, errs, delay, dead := make([]int64, n), make([]string, n), make([]int64, n), make([]bool, n)
 	made := make([]pgtype.Timestamptz, n) // NULL: unknown (infinite), by id alone

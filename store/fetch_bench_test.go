@@ -27,14 +27,14 @@ func BenchmarkFetch(b *testing.B) {
 	lim := store.FetchLimits{Rows: 100, RowBytes: 1 << 20, Bytes: 16 << 20}
 	b.Run("read", func(b *testing.B) {
 		for b.Loop() {
-			if res, err := st.Read(ctx, lim, store.ReadPos{}); err != nil || len(res.Rows) != 100 {
+			if res, err := st.ReadPath().Read(ctx, lim, store.ReadPos{}); err != nil || len(res.Rows) != 100 {
 				b.Fatal(len(res.Rows), err)
 			}
 		}
 	})
 	b.Run("fetchdue", func(b *testing.B) {
 		for b.Loop() {
-			if rows, err := st.FetchDue(ctx, lim); err != nil || len(rows) != 100 {
+			if rows, err := st.ReadPath().FetchDue(ctx, lim); err != nil || len(rows) != 100 {
 				b.Fatal(len(rows), err)
 			}
 		}

@@ -61,7 +61,7 @@ func TestFirstStartCostsNoMoreThanABitmapOfThePendingIndex(t *testing.T) {
 		}
 		cutoff := (168 * time.Hour).Microseconds()
 		measure := func() cost {
-			floor, err := st.SweepFloor(ctx)
+			floor, err := st.Reconcile().SweepFloor(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -98,18 +98,18 @@ func TestFirstStartCostsNoMoreThanABitmapOfThePendingIndex(t *testing.T) {
 
 		// Still exact: eleven pending (one backing off, the oldest), and
 		// the computed cursor is just below the lowest pending row.
-		stats, err := st.Stats(ctx)
+		stats, err := st.Ops().Stats(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if stats.Pending != 11 || stats.OldestPendingAge <= 0 {
 			t.Errorf("history %d, no cursor saved: stats %+v, want 11 pending", history, stats)
 		}
-		rows, err := st.PendingRows(ctx, 0, 1000)
+		rows, err := st.Reconcile().PendingRows(ctx, 0, 1000)
 		if err != nil {
 			t.Fatal(err)
 		}
-		hist, err := st.PendingByAttempts(ctx)
+		hist, err := st.Reconcile().PendingByAttempts(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -120,7 +120,7 @@ func TestFirstStartCostsNoMoreThanABitmapOfThePendingIndex(t *testing.T) {
 		if err := st.Pool().QueryRow(ctx, `SELECT min(id) FROM outbox WHERE dispatched_at IS NULL`).Scan(&low); err != nil {
 			t.Fatal(err)
 		}
-		if c, _, h, _, err := st.LoadCursor(ctx, fence.Lock); err != nil || c != low-1 || h == 0 {
+		if c, _, h, _, err := cursorOf(st.ReadPath().LoadCursor(ctx, fence.Lock)); err != nil || c != low-1 || h == 0 {
 			t.Errorf("history %d: LoadCursor %d (horizon %d, %v), want %d with a horizon", history, c, h, err, low-1)
 		}
 		return cost{max(kept.load, analyzed.load), max(kept.stats, analyzed.stats), max(kept.pending, analyzed.pending),

@@ -43,7 +43,7 @@ type Attempt struct {
 
 // History returns the recorded failed attempts of row id created at
 // createdAt, oldest first (never nil).
-func (s *Store) History(ctx context.Context, id int64, createdAt pgtype.Timestamptz) ([]Attempt, error) {
+func (s Ops) History(ctx context.Context, id int64, createdAt pgtype.Timestamptz) ([]Attempt, error) {
 	rows, err := historyQ.query(ctx, s.db, pgx.NamedArgs{"id": id, "created_at": createdAt})
 	if err != nil {
 		return nil, wrap("history", err)

@@ -95,7 +95,7 @@ func withSettle(q query) query {
 
 // ClaimKeys claims the keys of ids for value, for ttl, where no live value
 // is; the answer is in ids order.
-func (s *Store) ClaimKeys(ctx context.Context, ids []int64, value string, ttl time.Duration) ([]KeyClaim, error) {
+func (s ReadPath) ClaimKeys(ctx context.Context, ids []int64, value string, ttl time.Duration) ([]KeyClaim, error) {
 	rows, err := idempotencyClaimQ.query(ctx, s.db, pgx.NamedArgs{"ids": ids, "value": value, "ttl_ms": ttl.Milliseconds()})
 	if err != nil {
 		return nil, wrap("claim idempotency keys", err)
@@ -126,7 +126,7 @@ const (
 // TakeOverKeys replaces, key by key, the value previous[i] seen on ids[i]
 // with our claim value for ttl, only if the key still holds it; marks[i]
 // is the row's delivered mark. The answer is in ids order.
-func (s *Store) TakeOverKeys(ctx context.Context, ids []int64, previous, marks []string, value string, ttl time.Duration) ([]int, error) {
+func (s ReadPath) TakeOverKeys(ctx context.Context, ids []int64, previous, marks []string, value string, ttl time.Duration) ([]int, error) {
 	rows, err := idempotencyTakeOverQ.query(ctx, s.db, pgx.NamedArgs{
 		"ids": ids, "previous": previous, "marks": marks, "value": value, "ttl_ms": ttl.Milliseconds(),
 	})
@@ -144,27 +144,27 @@ func (s *Store) TakeOverKeys(ctx context.Context, ids []int64, previous, marks [
 // keys change whether or not the fence accepts the outcome (see Settle).
 // When the statement is split (a data exception, see Complete), the keys
 // are settled first, on their own.
-func (s *Store) CompleteSettled(ctx context.Context, f Fence, delivered []Delivered, failures []Failure, k Settle) (nDelivered, nFailed int64, err error) {
+func (s ReadPath) CompleteSettled(ctx context.Context, f Fence, o Outcomes, k Settle) (Completed, error) {
 	if k.empty() {
-		return s.Complete(ctx, f, delivered, failures)
+		return s.Complete(ctx, f, o)
 	}
-	clean := make([]Failure, len(failures))
-	for i, x := range failures {
+	clean := make([]Failure, len(o.Failures))
+	for i, x := range o.Failures {
 		x.Error = cleanText(x.Error, MaxErrorBytes)
 		clean[i] = x
 	}
-	nDelivered, nFailed, err = s.completeWith(ctx, f, completeSettledQ, delivered, clean, k.args(pgx.NamedArgs{}))
+	d, n, err := s.completeWith(ctx, f, completeSettledQ, o.Delivered, clean, k.args(pgx.NamedArgs{}))
 	if !isDataError(err) {
-		return nDelivered, nFailed, err
+		return Completed{Delivered: d, Failed: n}, err
 	}
 	if err := s.SettleKeys(ctx, k); err != nil {
-		return 0, 0, err
+		return Completed{}, err
 	}
-	return s.Complete(ctx, f, delivered, failures)
+	return s.Complete(ctx, f, o)
 }
 
 // SettleKeys writes k alone.
-func (s *Store) SettleKeys(ctx context.Context, k Settle) error {
+func (s ReadPath) SettleKeys(ctx context.Context, k Settle) error {
 	var n int64
 	if err := idempotencySettleQ.queryRow(ctx, s.db, k.args(pgx.NamedArgs{})).Scan(&n); err != nil {
 		return wrap("settle idempotency keys", err)
@@ -173,7 +173,7 @@ func (s *Store) SettleKeys(ctx context.Context, k Settle) error {
 }
 
 // KeyValues returns what the live keys of ids hold, by id.
-func (s *Store) KeyValues(ctx context.Context, ids []int64) (map[int64]string, error) {
+func (s Reconcile) KeyValues(ctx context.Context, ids []int64) (map[int64]string, error) {
 	rows, err := idempotencyValuesQ.query(ctx, s.db, pgx.NamedArgs{"ids": ids})
 	if err != nil {
 		return nil, wrap("read idempotency keys", err)
@@ -190,7 +190,7 @@ func (s *Store) KeyValues(ctx context.Context, ids []int64) (map[int64]string, e
 
 // PurgeKeys deletes up to limit expired keys, fenced, and returns how
 // many it deleted.
-func (s *Store) PurgeKeys(ctx context.Context, f Fence, limit int) (int64, error) {
+func (s Reconcile) PurgeKeys(ctx context.Context, f Fence, limit int) (int64, error) {
 	var n int64
 	err := s.fenced(ctx, f, idempotencyPurgeQ, []*int64{&n}, pgx.NamedArgs{"limit": limit})
 	return n, err

@@ -56,7 +56,7 @@ func (b *keysBundle) expire(id int64) {
 
 func (b *keysBundle) claim(value string, ids ...int64) []store.KeyClaim {
 	b.t.Helper()
-	got, err := b.st.ClaimKeys(b.ctx, ids, value, time.Minute)
+	got, err := b.st.ReadPath().ClaimKeys(b.ctx, ids, value, time.Minute)
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func TestTakeOverKeysIsCompareAndSet(t *testing.T) {
 	if _, err := b.st.Pool().Exec(b.ctx, `UPDATE outbox_idempotency SET value = CASE outbox_id WHEN 2 THEN 'claim:6:o6:x' ELSE '1:fp3' END WHERE outbox_id IN (2, 3)`); err != nil {
 		t.Fatal(err)
 	}
-	got, err := b.st.TakeOverKeys(b.ctx, []int64{1, 2, 3}, []string{"claim:4:o4:a", "claim:4:o4:a", "claim:4:o4:a"},
+	got, err := b.st.ReadPath().TakeOverKeys(b.ctx, []int64{1, 2, 3}, []string{"claim:4:o4:a", "claim:4:o4:a", "claim:4:o4:a"},
 		[]string{"1:fp1", "1:fp2", "1:fp3"}, "claim:5:o5:b", time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -129,7 +129,7 @@ func TestCompleteSettledWritesOnlyOverOurOwnClaim(t *testing.T) {
 			// 6: no key at all (our claim expired during the send).
 			f := b.fence
 			f.Token = tc.token
-			_, _, err := b.st.CompleteSettled(b.ctx, f, nil, nil, store.Settle{Claim: ours, MarkTTL: 24 * time.Hour,
+			_, err := b.st.ReadPath().CompleteSettled(b.ctx, f, store.Outcomes{}, store.Settle{Claim: ours, MarkTTL: 24 * time.Hour,
 				MarkIDs: []int64{1, 2, 6}, Marks: []string{"1:fp1", "1:fp2", "1:fp6"}, ReleaseIDs: []int64{3, 4}})
 			if !errors.Is(err, tc.fence) {
 				t.Fatalf("complete: %v, want %v", err, tc.fence)
@@ -157,10 +157,10 @@ func TestCompleteSettledMarksTheRowsDelivered(t *testing.T) {
 	enqueue(t, b.st, ev("order", "1", 1))
 	d := done(t, b.st, 1)
 	b.claim("claim:5:o5:b", 1)
-	nd, _, err := b.st.CompleteSettled(b.ctx, b.fence, d, nil, store.Settle{Claim: "claim:5:o5:b", MarkTTL: time.Hour,
+	got, err := b.st.ReadPath().CompleteSettled(b.ctx, b.fence, store.Outcomes{Delivered: d}, store.Settle{Claim: "claim:5:o5:b", MarkTTL: time.Hour,
 		MarkIDs: []int64{1}, Marks: []string{"1:fp1"}})
-	if err != nil || nd != 1 {
-		t.Fatalf("complete: %d delivered, %v", nd, err)
+	if err != nil || got.Delivered != 1 {
+		t.Fatalf("complete: %d delivered, %v", got.Delivered, err)
 	}
 	if s := state(t, b.st, 1); !s.dispatched {
 		t.Error("the row is not marked delivered")
@@ -177,7 +177,7 @@ func TestExpiredKeysReadAsAbsentAndArePurged(t *testing.T) {
 	b.claim("claim:5:o5:b", 1, 2, 3)
 	b.expire(2)
 	b.expire(3)
-	vals, err := b.st.KeyValues(b.ctx, []int64{1, 2, 3})
+	vals, err := b.st.Reconcile().KeyValues(b.ctx, []int64{1, 2, 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,13 +186,13 @@ func TestExpiredKeysReadAsAbsentAndArePurged(t *testing.T) {
 	}
 	stale := b.fence
 	stale.Token = 3
-	if _, err := b.st.PurgeKeys(b.ctx, stale, 10); !errors.Is(err, store.ErrStaleFence) {
+	if _, err := b.st.Reconcile().PurgeKeys(b.ctx, stale, 10); !errors.Is(err, store.ErrStaleFence) {
 		t.Fatalf("a stale purge: %v, want refused", err)
 	}
-	if n, err := b.st.PurgeKeys(b.ctx, b.fence, 1); err != nil || n != 1 {
+	if n, err := b.st.Reconcile().PurgeKeys(b.ctx, b.fence, 1); err != nil || n != 1 {
 		t.Fatalf("purge (limit 1): %d, %v", n, err)
 	}
-	if n, err := b.st.PurgeKeys(b.ctx, b.fence, 10); err != nil || n != 1 {
+	if n, err := b.st.Reconcile().PurgeKeys(b.ctx, b.fence, 10); err != nil || n != 1 {
 		t.Fatalf("purge: %d, %v", n, err)
 	}
 	if b.value(1) == "" || b.value(2) != "" || b.value(3) != "" {
@@ -219,7 +219,7 @@ func TestClaimKeysLeavesAKeyClaimedMeanwhile(t *testing.T) {
 	}
 	done := make(chan answer, 1)
 	go func() {
-		got, err := b.st.ClaimKeys(b.ctx, []int64{7}, "claim:5:o5:b", time.Minute)
+		got, err := b.st.ReadPath().ClaimKeys(b.ctx, []int64{7}, "claim:5:o5:b", time.Minute)
 		done <- answer{got, err}
 	}()
 	testkitWait(t, "ClaimKeys waits for the other writer", func() bool {

@@ -36,7 +36,7 @@ var (
 // PauseDestinations pauses names, fenced (the writer holds
 // lock:reconciliation); it returns those not paused before and the new
 // pause generation.
-func (s *Store) PauseDestinations(ctx context.Context, f Fence, names []string) (Switched, error) {
+func (s Reconcile) PauseDestinations(ctx context.Context, f Fence, names []string) (Switched, error) {
 	var out Switched
 	if err := s.fencedScan(ctx, f, pauseQ, []any{&out.Names, &out.Generation}, pgx.NamedArgs{"names": names}); err != nil {
 		return Switched{}, wrap("pause", err)
@@ -44,10 +44,17 @@ func (s *Store) PauseDestinations(ctx context.Context, f Fence, names []string) 
 	return out, nil
 }
 
-// ResumeDestinations resumes names, or every paused destination when all
-// (configured or not), fenced; it returns those it resumed and the new
-// pause generation.
-func (s *Store) ResumeDestinations(ctx context.Context, f Fence, names []string, all bool) (Switched, error) {
+// Resume names the destinations ResumeDestinations resumes: Names, or
+// every paused destination (configured or not) when All.
+type Resume struct {
+	Names []string
+	All   bool
+}
+
+// ResumeDestinations resumes r's destinations, fenced; it returns those it
+// resumed and the new pause generation.
+func (s Reconcile) ResumeDestinations(ctx context.Context, f Fence, r Resume) (Switched, error) {
+	names, all := r.Names, r.All
 	var out Switched
 	if err := s.fencedScan(ctx, f, resumeQ, []any{&out.Names, &out.Generation}, pgx.NamedArgs{"names": names, "all": all}); err != nil {
 		return Switched{}, wrap("resume", err)
@@ -56,7 +63,7 @@ func (s *Store) ResumeDestinations(ctx context.Context, f Fence, names []string,
 }
 
 // PausedDestinations lists the paused destinations by name.
-func (s *Store) PausedDestinations(ctx context.Context) ([]PausedDestination, error) {
+func (s Ops) PausedDestinations(ctx context.Context) ([]PausedDestination, error) {
 	rows, err := pausedListQ.query(ctx, s.db, nil)
 	if err != nil {
 		return nil, wrap("paused destinations", err)
@@ -79,7 +86,7 @@ type PauseSet struct {
 }
 
 // ReadPauseSet reads the paused destinations with their generation.
-func (s *Store) ReadPauseSet(ctx context.Context) (PauseSet, error) {
+func (s ReadPath) ReadPauseSet(ctx context.Context) (PauseSet, error) {
 	var ps PauseSet
 	err := pauseSetQ.queryRow(ctx, s.db, nil).Scan(&ps.Names, &ps.Generation)
 	if err != nil {
@@ -91,7 +98,7 @@ func (s *Store) ReadPauseSet(ctx context.Context) (PauseSet, error) {
 // AckPause records, fenced under the leader's term, that it holds back
 // the sends of the destinations paused at generation gen (ReadPauseSet)
 // and no longer those resumed by then.
-func (s *Store) AckPause(ctx context.Context, f Fence, gen int64) error {
+func (s ReadPath) AckPause(ctx context.Context, f Fence, gen int64) error {
 	var n int64
 	if err := s.fenced(ctx, f, ackPauseQ, []*int64{&n}, pgx.NamedArgs{"generation": gen}); err != nil {
 		return wrap("acknowledge pause", err)
@@ -101,7 +108,7 @@ func (s *Store) AckPause(ctx context.Context, f Fence, gen int64) error {
 
 // PauseApplied is the highest pause generation a leader has acknowledged
 // (AckPause), 0 when none.
-func (s *Store) PauseApplied(ctx context.Context) (int64, error) {
+func (s Ops) PauseApplied(ctx context.Context) (int64, error) {
 	var n int64
 	err := pauseAppliedQ.queryRow(ctx, s.db, nil).Scan(&n)
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -36,7 +36,7 @@ func FuzzPendingRowsAndAttempts(f *testing.F) {
 		if err != nil {
 			t.Skipf("Postgres refused the row: %v", err) // NUL, invalid UTF-8, a time out of range
 		}
-		rows, err := st.PendingRows(ctx, id-1, 1)
+		rows, err := st.Reconcile().PendingRows(ctx, id-1, 1)
 		if err != nil || len(rows) != 1 {
 			t.Fatalf("PendingRows: %d rows, %v", len(rows), err)
 		}
@@ -47,7 +47,7 @@ func FuzzPendingRowsAndAttempts(f *testing.F) {
 		if r.Finite && r.CreatedAt.UnixMicro() != createdUS {
 			t.Fatalf("created_at %v, want %d µs", r.CreatedAt, createdUS)
 		}
-		if _, n, err := st.Complete(ctx, fence, nil, []store.Failure{{ID: id, Error: "boom", Delay: 0}}); err != nil || n != 1 {
+		if _, n, err := counts(st.ReadPath().Complete(ctx, fence, store.Outcomes{Failures: []store.Failure{{ID: id, Error: "boom", Delay: 0}}})); err != nil || n != 1 {
 			t.Fatalf("Complete: %d rows, %v", n, err)
 		}
 		var got int32

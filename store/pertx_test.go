@@ -125,7 +125,7 @@ func TestSchemaBehindATransactionPooler(t *testing.T) {
 	if err := st.ClaimFence(ctx, f); err != nil {
 		t.Fatal(err)
 	}
-	res, err := st.Read(ctx, store.FetchLimits{Rows: 10}, store.ReadPos{})
+	res, err := st.ReadPath().Read(ctx, store.FetchLimits{Rows: 10}, store.ReadPos{})
 	if err != nil || len(res.Rows) != 2 {
 		t.Fatalf("read in relay_x: %d rows, %v; want 2", len(res.Rows), err)
 	}
@@ -134,10 +134,10 @@ func TestSchemaBehindATransactionPooler(t *testing.T) {
 		done = append(done, store.Delivered{ID: r.ID, CreatedAt: r.CreatedAt})
 	}
 	stale := store.Fence{Lock: f.Lock, Token: 3, Owner: "b"}
-	if _, _, err := st.Complete(ctx, stale, done, nil); !errors.Is(err, store.ErrStaleFence) {
+	if _, _, err := counts(st.ReadPath().Complete(ctx, stale, store.Outcomes{Delivered: done})); !errors.Is(err, store.ErrStaleFence) {
 		t.Fatalf("complete with token 3 after 5: %v, want ErrStaleFence", err)
 	}
-	if n, _, err := st.Complete(ctx, f, done, nil); err != nil || n != 2 {
+	if n, _, err := counts(st.ReadPath().Complete(ctx, f, store.Outcomes{Delivered: done})); err != nil || n != 2 {
 		t.Fatalf("complete: %d delivered, %v; want 2", n, err)
 	}
 	var dispatched, fences, public int

@@ -46,7 +46,7 @@ func TestReadPlannedOnABigBacklogStaysLinear(t *testing.T) {
 	enqueueRows(t, setup, 100_000)
 	exec(t, setup, `ANALYZE outbox`)
 	for range 6 {
-		if _, err := relay.Read(ctx, store.FetchLimits{Rows: 10}, store.ReadPos{}); err != nil {
+		if _, err := relay.ReadPath().Read(ctx, store.FetchLimits{Rows: 10}, store.ReadPos{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -57,7 +57,7 @@ func TestReadPlannedOnABigBacklogStaysLinear(t *testing.T) {
 	enqueueRows(t, setup, batch)
 	pos := store.ReadPos{Cursor: cursor, Frontier: cursor}
 	lim := store.FetchLimits{Rows: batch, RowBytes: 1 << 20, Bytes: 64 << 20}
-	res, err := relay.Read(ctx, lim, pos)
+	res, err := relay.ReadPath().Read(ctx, lim, pos)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func TestReadPlannedOnABigBacklogStaysLinear(t *testing.T) {
 	cursor = maxID(t, setup)
 	enqueueRows(t, setup, batch)
 	pos = store.ReadPos{Cursor: cursor, Frontier: cursor}
-	if res, err = relay.Read(ctx, lim, pos); err != nil {
+	if res, err = relay.ReadPath().Read(ctx, lim, pos); err != nil {
 		t.Fatal(err)
 	}
 	if len(res.Rows) != batch || res.Rows[0].Attempts != 1 {

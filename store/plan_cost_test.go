@@ -179,12 +179,12 @@ func hotPathPlans(t *testing.T, planCacheMode string) {
 
 	// Plans made on a small table: 20 rows, each method run six times.
 	enqueueRows(t, setup, 20)
-	_, _, _, epoch, err := relay.LoadCursor(ctx, fence.Lock)
+	_, _, _, epoch, err := cursorOf(relay.ReadPath().LoadCursor(ctx, fence.Lock))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := range 6 {
-		res, err := relay.Read(ctx, store.FetchLimits{Rows: 10}, store.ReadPos{Cursor: 0, Watch: []int64{1}})
+		res, err := relay.ReadPath().Read(ctx, store.FetchLimits{Rows: 10}, store.ReadPos{Cursor: 0, Watch: []int64{1}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -192,26 +192,25 @@ func hotPathPlans(t *testing.T, planCacheMode string) {
 			t.Fatalf("read %d: %d rows, want at least 2", i, len(res.Rows))
 		}
 		a, b := res.Rows[0], res.Rows[1]
-		if _, _, err := relay.Complete(ctx, fence, []store.Delivered{{ID: a.ID, CreatedAt: a.CreatedAt}},
-			[]store.Failure{{ID: b.ID, Error: "x", Delay: 0}}); err != nil {
+		if _, _, err := counts(relay.ReadPath().Complete(ctx, fence, store.Outcomes{Delivered: []store.Delivered{{ID: a.ID, CreatedAt: a.CreatedAt}}, Failures: []store.Failure{{ID: b.ID, Error: "x", Delay: 0}}})); err != nil {
 			t.Fatal(err)
 		}
-		if err := relay.SaveCursor(ctx, fence, 0, a.ID, 0, epoch); err != nil {
+		if err := relay.ReadPath().SaveCursor(ctx, fence, store.Cursor{At: 0, Sent: a.ID, Epoch: epoch}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := relay.LaterSent(ctx, res.Rows, 20); err != nil {
+		if _, err := relay.ReadPath().LaterSent(ctx, res.Rows, 20); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := relay.InheritedLate(ctx, 0, 20, 100); err != nil {
+		if _, _, err := lateOf(relay.ReadPath().InheritedLate(ctx, store.InheritedRange{Lo: 0, Hi: 20, Limit: 100})); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := relay.PendingBetween(ctx, 0, 20); err != nil {
+		if _, err := relay.ReadPath().PendingBetween(ctx, 0, 20); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, _, _, err := relay.LoadCursor(ctx, fence.Lock); err != nil {
+		if _, _, _, _, err := cursorOf(relay.ReadPath().LoadCursor(ctx, fence.Lock)); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := relay.Stats(ctx); err != nil {
+		if _, err := relay.Ops().Stats(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -231,7 +230,7 @@ func hotPathPlans(t *testing.T, planCacheMode string) {
 			SELECT 'deal', (i % 1000)::text, 'deal.happened', '{}' FROM generate_series(1, $1::int) i`, max(grow, 0))
 		exec(t, setup, `UPDATE outbox SET dispatched_at = now() WHERE dispatched_at IS NULL`)
 		p := &planProbe{fence: fence, epoch: epoch, cursor: maxID(t, setup)}
-		if err := relay.SaveCursor(ctx, fence, p.cursor, p.cursor, 0, epoch); err != nil {
+		if err := relay.ReadPath().SaveCursor(ctx, fence, store.Cursor{At: p.cursor, Sent: p.cursor, Epoch: epoch}); err != nil {
 			t.Fatal(err)
 		}
 		// Two settled rows back off again below the cursor, of aggregates
@@ -242,7 +241,7 @@ func hotPathPlans(t *testing.T, planCacheMode string) {
 			available_at = CASE WHEN id = $1::bigint THEN now() + interval '1 hour' ELSE created_at + interval '1 microsecond' END
 			WHERE id IN ($1::bigint, $1::bigint - 1)`, p.cursor)
 		enqueueRows(t, setup, batch)
-		res, err := relay.Read(ctx, store.FetchLimits{Rows: batch}, store.ReadPos{Cursor: p.cursor, Frontier: p.cursor})
+		res, err := relay.ReadPath().Read(ctx, store.FetchLimits{Rows: batch}, store.ReadPos{Cursor: p.cursor, Frontier: p.cursor})
 		if err != nil {
 			t.Fatal(err)
 		}

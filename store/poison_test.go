@@ -32,7 +32,7 @@ func TestFetchDueStaysWithinTheByteBudget(t *testing.T) {
 		FROM generate_series(1, 10) g`)
 	enqueue(t, st, ev("deal", "0", 1), ev("deal", "1", 2))
 
-	rows, err := st.FetchDue(ctx, store.FetchLimits{Rows: 100, RowBytes: 1 << 20, Bytes: 35_000})
+	rows, err := st.ReadPath().FetchDue(ctx, store.FetchLimits{Rows: 100, RowBytes: 1 << 20, Bytes: 35_000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,11 +47,11 @@ func TestFetchDueStaysWithinTheByteBudget(t *testing.T) {
 		t.Fatalf("got %d rows, %d bytes; want the first 3, in id order, within 35000 bytes", len(rows), total)
 	}
 	// A budget below one row still returns that row.
-	rows, _ = st.FetchDue(ctx, store.FetchLimits{Rows: 100, RowBytes: 1 << 20, Bytes: 1})
+	rows, _ = st.ReadPath().FetchDue(ctx, store.FetchLimits{Rows: 100, RowBytes: 1 << 20, Bytes: 1})
 	if len(rows) != 1 {
 		t.Fatalf("tiny budget: %d rows, want the first row alone", len(rows))
 	}
-	rows, _ = st.FetchDue(ctx, store.FetchLimits{Rows: 100})
+	rows, _ = st.ReadPath().FetchDue(ctx, store.FetchLimits{Rows: 100})
 	if len(rows) != 12 {
 		t.Fatalf("no byte limits: %d rows, want all 12", len(rows))
 	}
@@ -74,7 +74,7 @@ func TestOversizedRowsAreNotLoaded(t *testing.T) {
 	if err := st.Pool().QueryRow(ctx, `SELECT pg_column_size(payload) FROM outbox ORDER BY id LIMIT 1`).Scan(&stored); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := st.FetchDue(ctx, store.FetchLimits{Rows: 10, RowBytes: 1 << 20, Bytes: 2 << 20})
+	rows, err := st.ReadPath().FetchDue(ctx, store.FetchLimits{Rows: 10, RowBytes: 1 << 20, Bytes: 2 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +104,7 @@ func TestInfiniteCreatedAtIsPoisonNotAFailedFetch(t *testing.T) {
 	exec(t, st, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at, available_at)
 		VALUES ('deal', '1', 'e', '{}', 'infinity', '-infinity'), ('deal', '2', 'e', '{}', '-infinity', '-infinity')`)
 	enqueue(t, st, ev("deal", "3", 1))
-	rows, err := st.FetchDue(context.Background(), store.FetchLimits{Rows: 10})
+	rows, err := st.ReadPath().FetchDue(context.Background(), store.FetchLimits{Rows: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,14 +124,14 @@ func TestCompleteStoresAnyText(t *testing.T) {
 		evs = append(evs, ev("deal", fmt.Sprint(i), i))
 	}
 	enqueue(t, st, evs...)
-	rows, _ := st.FetchDue(ctx, store.FetchLimits{Rows: 10})
+	rows, _ := st.ReadPath().FetchDue(ctx, store.FetchLimits{Rows: 10})
 	texts := []string{"500 Bad \xe9 thing", "500 Bad \x00 thing", "500 " + strings.Repeat("é", 3000)}
 	var failures []store.Failure
 	for i, s := range texts {
 		failures = append(failures, store.Failure{ID: rows[i].ID, Error: s, Delay: time.Hour})
 	}
 	f := store.Fence{Lock: "lock:outbox:poller", Token: 1, Owner: "o"}
-	nd, nf, err := st.Complete(ctx, f, done(t, st, rows[3].ID), failures)
+	nd, nf, err := counts(st.ReadPath().Complete(ctx, f, store.Outcomes{Delivered: done(t, st, rows[3].ID), Failures: failures}))
 	if err != nil || nd != 1 || nf != 3 {
 		t.Fatalf("delivered %d failed %d err %v, want 1 and 3", nd, nf, err)
 	}
@@ -156,7 +156,7 @@ func TestCompleteFallsBackWhenOneValueIsRefused(t *testing.T) {
 	st, _ := testenv.Store(t)
 	ctx := context.Background()
 	enqueue(t, st, ev("deal", "1", 1), ev("deal", "2", 2), ev("deal", "3", 3))
-	rows, _ := st.FetchDue(ctx, store.FetchLimits{Rows: 10})
+	rows, _ := st.ReadPath().FetchDue(ctx, store.FetchLimits{Rows: 10})
 	f := store.Fence{Lock: "lock:outbox:poller", Token: 1, Owner: "o"}
 	for _, sql := range []string{
 		`CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
@@ -168,10 +168,10 @@ func TestCompleteFallsBackWhenOneValueIsRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	nd, nf, err := st.Complete(ctx, f, done(t, st, rows[0].ID), []store.Failure{
+	nd, nf, err := counts(st.ReadPath().Complete(ctx, f, store.Outcomes{Delivered: done(t, st, rows[0].ID), Failures: []store.Failure{
 		{ID: rows[1].ID, Error: "refused 503", Delay: time.Hour},
 		{ID: rows[2].ID, Error: "503", Delay: time.Hour},
-	})
+	}}))
 	if err != nil || nd != 1 || nf != 2 {
 		t.Fatalf("delivered %d failed %d err %v, want 1 and 2", nd, nf, err)
 	}
@@ -187,7 +187,7 @@ func TestCompleteFallsBackWhenOneValueIsRefused(t *testing.T) {
 	}
 	// A stale writer is still refused, also on the fallback path.
 	stale := store.Fence{Lock: f.Lock, Token: 0}
-	if _, _, err := st.Complete(ctx, stale, nil, []store.Failure{{ID: rows[2].ID, Error: "refused 503"}}); err == nil {
+	if _, _, err := counts(st.ReadPath().Complete(ctx, stale, store.Outcomes{Failures: []store.Failure{{ID: rows[2].ID, Error: "refused 503"}}})); err == nil {
 		t.Fatal("a write without a token passed")
 	}
 }

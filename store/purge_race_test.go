@@ -40,7 +40,7 @@ func TestPurgeKeepsARowMadePendingWhileItRuns(t *testing.T) {
 		}
 		done := make(chan result, 1)
 		go func() {
-			n, _, err := st.Purge(ctx, fence, kind, time.Hour, store.PurgeCursor{}, 100)
+			n, _, err := purgedOf(st.Reconcile().Purge(ctx, fence, store.PurgeBatch{Kind: kind, Age: time.Hour, After: store.PurgeCursor{}, Limit: 100}))
 			done <- result{n, err}
 		}()
 		// The purge is waiting for the operator's row lock.

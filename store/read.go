@@ -13,6 +13,9 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+// Aggregate names one ordering key.
+type Aggregate struct{ Type, ID string }
+
 // Gap is an id below a visible row that was not visible itself when first
 // read: a producer transaction that took the id earlier and has not
 // committed, or one that rolled back.
@@ -121,7 +124,7 @@ var readQ = stmt("read")
 // read from pos, and what the poller needs to move pos on. Its cost depends
 // on the rows above the cursor and the gaps and aggregates pos names, not on
 // how many rows were delivered before.
-func (s *Store) Read(ctx context.Context, lim FetchLimits, pos ReadPos) (ReadResult, error) {
+func (s ReadPath) Read(ctx context.Context, lim FetchLimits, pos ReadPos) (ReadResult, error) {
 	na, rowBytes := readArgs(lim, pos)
 	res, err := readQ.query(ctx, s.db, na)
 	if err != nil {

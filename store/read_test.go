@@ -37,7 +37,7 @@ func TestReadAllocatesLittlePerRow(t *testing.T) {
 	}
 	lim := store.FetchLimits{Rows: 1000, RowBytes: 1 << 20, Bytes: 64 << 20, Skip: skip}
 	n := testing.AllocsPerRun(3, func() {
-		if res, err := st.Read(ctx, lim, store.ReadPos{}); err != nil || len(res.Rows) != 1000 {
+		if res, err := st.ReadPath().Read(ctx, lim, store.ReadPos{}); err != nil || len(res.Rows) != 1000 {
 			t.Fatal(len(res.Rows), err)
 		}
 	})
@@ -59,7 +59,7 @@ func TestReadAllocatesForTheRowsItFinds(t *testing.T) {
 	}
 	lim := store.FetchLimits{Rows: 1000, RowBytes: 1 << 20, Bytes: 64 << 20}
 	read := func() store.ReadResult {
-		res, err := st.Read(ctx, lim, store.ReadPos{})
+		res, err := st.ReadPath().Read(ctx, lim, store.ReadPos{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -186,7 +186,7 @@ func TestReadHoldsRowsAboveAGap(t *testing.T) {
 		enqueue(t, st, ev("deal", "A", 2)) // commits first, with the higher id
 		gap, above := base+1, base+2
 
-		res, err := st.Read(ctx, lim, pos)
+		res, err := st.ReadPath().Read(ctx, lim, pos)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -197,7 +197,7 @@ func TestReadHoldsRowsAboveAGap(t *testing.T) {
 		pos.Frontier = res.Classified
 		pos.Holding = []store.Gap{{ID: gap, Horizon: res.XMax}}
 		pos.Watch = []int64{gap}
-		if res, _ := st.Read(ctx, lim, pos); len(res.Rows) != 0 {
+		if res, _ := st.ReadPath().Read(ctx, lim, pos); len(res.Rows) != 0 {
 			t.Fatalf("rows %+v returned while the gap may still commit", res.Rows)
 		}
 
@@ -208,7 +208,7 @@ func TestReadHoldsRowsAboveAGap(t *testing.T) {
 		} else if err := slow.Rollback(ctx); err != nil {
 			t.Fatal(err)
 		}
-		res, err = st.Read(ctx, lim, pos)
+		res, err = st.ReadPath().Read(ctx, lim, pos)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -241,34 +241,34 @@ func TestReadFindsRowsBelowTheCursor(t *testing.T) {
 	cursor := maxID(t, st)
 	lim := store.FetchLimits{Rows: 10}
 	pos := store.ReadPos{Cursor: cursor, Frontier: cursor}
-	if res, err := st.Read(ctx, lim, pos); err != nil || len(res.Rows) != 0 {
+	if res, err := st.ReadPath().Read(ctx, lim, pos); err != nil || len(res.Rows) != 0 {
 		t.Fatalf("rows %+v, %v before anything re-entered", res.Rows, err)
 	}
 
-	if n, err := st.ReplayDead(ctx, replayFence, store.ReplayFilter{IDs: []int64{dead}}, 10, nil); err != nil || n != 1 {
+	if n, err := st.Reconcile().ReplayDead(ctx, replayFence, store.Replay{Filter: store.ReplayFilter{IDs: []int64{dead}}, BatchSize: 10, Progress: nil}); err != nil || n != 1 {
 		t.Fatalf("replay: %d, %v", n, err)
 	}
-	res, err := st.Read(ctx, lim, pos)
+	res, err := st.ReadPath().Read(ctx, lim, pos)
 	if err != nil || len(res.Rows) != 1 || res.Rows[0].ID != dead {
 		t.Fatalf("after replay: rows %+v, %v; want the replayed row %d", res.Rows, err, dead)
 	}
 	exec(t, st, `UPDATE outbox SET dispatched_at = now() WHERE id = `+strconv.FormatInt(dead, 10))
 
 	exec(t, st, `UPDATE outbox SET dispatched_at = NULL WHERE id = `+strconv.FormatInt(edited, 10))
-	if res, _ := st.Read(ctx, lim, pos); len(res.Rows) != 0 {
+	if res, _ := st.ReadPath().Read(ctx, lim, pos); len(res.Rows) != 0 {
 		t.Fatalf("rows %+v: a hand-edited row below the cursor needs the rescan to be found", res.Rows)
 	}
-	found, err := st.PendingBetween(ctx, 0, cursor)
+	found, err := st.ReadPath().PendingBetween(ctx, 0, cursor)
 	if err != nil || len(found) != 1 || found[0].MinID != edited || found[0].ID != "edited" {
 		t.Fatalf("rescan found %+v, %v; want aggregate deal/edited from %d", found, err, edited)
 	}
 	pos.Parked = found
-	res, err = st.Read(ctx, lim, pos)
+	res, err = st.ReadPath().Read(ctx, lim, pos)
 	if err != nil || len(res.Rows) != 1 || res.Rows[0].ID != edited || res.Parked[found[0].Aggregate] != edited {
 		t.Fatalf("parked: rows %+v parked %v, %v; want %d", res.Rows, res.Parked, err, edited)
 	}
 	exec(t, st, `UPDATE outbox SET dispatched_at = now() WHERE id = `+strconv.FormatInt(edited, 10))
-	if res, _ := st.Read(ctx, lim, pos); len(res.Rows) != 0 || res.Parked[found[0].Aggregate] != 0 {
+	if res, _ := st.ReadPath().Read(ctx, lim, pos); len(res.Rows) != 0 || res.Parked[found[0].Aggregate] != 0 {
 		t.Fatalf("after delivery: rows %+v parked %v; want none and the aggregate released", res.Rows, res.Parked)
 	}
 }
@@ -283,7 +283,7 @@ func TestFarAvailableAtIsPoison(t *testing.T) {
 	exec(t, st, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, available_at)
 		VALUES ('deal', '1', 'e', '{"x":1}', 'infinity'), ('deal', '2', 'e', '{"x":2}', now() + interval '200 years'),
 		       ('deal', '3', 'e', '{"x":3}', now() + interval '1 hour')`)
-	res, err := st.Read(ctx, store.FetchLimits{Rows: 10}, store.ReadPos{})
+	res, err := st.ReadPath().Read(ctx, store.FetchLimits{Rows: 10}, store.ReadPos{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -300,7 +300,7 @@ func TestBusyAggregatesAreLeftOut(t *testing.T) {
 	ctx := context.Background()
 	enqueue(t, st, ev("deal", "A", 1), ev("deal", "B", 2), ev("deal", "A", 3), ev("deal", "C", 4))
 	lim := store.FetchLimits{Rows: 10, Busy: []store.Aggregate{{Type: "deal", ID: "A"}}}
-	res, err := st.Read(ctx, lim, store.ReadPos{})
+	res, err := st.ReadPath().Read(ctx, lim, store.ReadPos{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +316,7 @@ func TestBusyAggregatesAreLeftOut(t *testing.T) {
 	if busy != 2 {
 		t.Fatalf("hot rows %+v, want A's two reported busy", res.Hot)
 	}
-	rows, err := st.FetchDue(ctx, lim)
+	rows, err := st.ReadPath().FetchDue(ctx, lim)
 	if err != nil || len(rows) != 2 || rows[0].AggregateID == "A" || rows[1].AggregateID == "A" {
 		t.Fatalf("fetch due rows %+v, %v; want B's and C's only", rows, err)
 	}
@@ -350,7 +350,7 @@ func TestReadLooksForHolesOnlyWhenThereAreSome(t *testing.T) {
 	if !holesRan(base) {
 		t.Error("the read did not look for holes with id 500 of 1,000 missing")
 	}
-	res, err := st.Read(ctx, store.FetchLimits{Rows: 1000}, store.ReadPos{Cursor: base, Frontier: base})
+	res, err := st.ReadPath().Read(ctx, store.FetchLimits{Rows: 1000}, store.ReadPos{Cursor: base, Frontier: base})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -405,7 +405,7 @@ func TestReadLooksUpSkippedRowsInAHash(t *testing.T) {
 		}
 	}
 	// And it still leaves them out.
-	res, err := st.Read(ctx, store.FetchLimits{Rows: 1000, Skip: []int64{1, 2, 5}}, store.ReadPos{})
+	res, err := st.ReadPath().Read(ctx, store.FetchLimits{Rows: 1000, Skip: []int64{1, 2, 5}}, store.ReadPos{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -433,7 +433,7 @@ func TestReadCutsItsBatchOnNarrowRows(t *testing.T) {
 	exec(t, st, `UPDATE outbox SET dispatched_at = now() WHERE id <= $1 AND id <> $2`, cursor, base+3)
 	// base+3 retried and due again: found below the cursor (low), not by the scan.
 	exec(t, st, `UPDATE outbox SET attempts = 1, created_at = now() - interval '1 hour', available_at = now() - interval '1 minute' WHERE id = $1`, base+3)
-	res, err := st.Read(ctx, store.FetchLimits{Rows: 100}, store.ReadPos{Cursor: cursor, Frontier: cursor})
+	res, err := st.ReadPath().Read(ctx, store.FetchLimits{Rows: 100}, store.ReadPos{Cursor: cursor, Frontier: cursor})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -508,7 +508,7 @@ func TestReadLooksUpSkippedIDsOnlyAtOrBelowTheHighest(t *testing.T) {
 		t.Helper()
 		lim, pos := store.FetchLimits{Rows: 100, Skip: skip}, store.ReadPos{Cursor: cursor, Frontier: cursor}
 		plan := explainRead(t, conn, lim, pos)
-		res, err := st.Read(ctx, lim, pos)
+		res, err := st.ReadPath().Read(ctx, lim, pos)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -582,7 +582,7 @@ func TestReadHoldsADueRetryBeyondTheScannedRows(t *testing.T) {
 	gap, retry := base+3, base+4
 	exec(t, st, `UPDATE outbox SET attempts = 1, available_at = now() WHERE id = $1`, retry) // failed once, due again
 
-	res, err := st.Read(ctx, store.FetchLimits{Rows: 10}, store.ReadPos{Cursor: base, Frontier: base})
+	res, err := st.ReadPath().Read(ctx, store.FetchLimits{Rows: 10}, store.ReadPos{Cursor: base, Frontier: base})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -599,7 +599,7 @@ func TestReadHoldsADueRetryBeyondTheScannedRows(t *testing.T) {
 	short := store.FetchLimits{Rows: 2, Skip: []int64{base + 1, base + 2}}
 	pos := store.ReadPos{Cursor: base, Frontier: res.Classified,
 		Holding: []store.Gap{{ID: gap, Horizon: res.XMax}}, Watch: []int64{gap}}
-	res, err = st.Read(ctx, short, pos)
+	res, err = st.ReadPath().Read(ctx, short, pos)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -621,7 +621,7 @@ func TestReadLeavesDeadRowsAboveTheCursorOut(t *testing.T) {
 	dead, live := base+1, base+2
 	exec(t, st, `UPDATE outbox SET attempts = 25, last_error = 'gone', dead_at = now() WHERE id = $1`, dead)
 
-	res, err := st.Read(ctx, store.FetchLimits{Rows: 10}, store.ReadPos{Cursor: base, Frontier: base})
+	res, err := st.ReadPath().Read(ctx, store.FetchLimits{Rows: 10}, store.ReadPos{Cursor: base, Frontier: base})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -651,7 +651,7 @@ func TestReadKeepsADueRetryBehindALowerRowBeyondTheScan(t *testing.T) {
 	// Two rows in flight fill a short read: it scans base+1 and base+2
 	// only; both rows of C lie beyond.
 	short := store.FetchLimits{Rows: 2, Skip: []int64{base + 1, base + 2}}
-	res, err := st.Read(ctx, short, store.ReadPos{Cursor: base, Frontier: retry})
+	res, err := st.ReadPath().Read(ctx, short, store.ReadPos{Cursor: base, Frontier: retry})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -661,7 +661,7 @@ func TestReadKeepsADueRetryBehindALowerRowBeyondTheScan(t *testing.T) {
 		}
 	}
 	// A full read returns both, in order.
-	res, err = st.Read(ctx, store.FetchLimits{Rows: 10, Skip: []int64{base + 1, base + 2}}, store.ReadPos{Cursor: base, Frontier: retry})
+	res, err = st.ReadPath().Read(ctx, store.FetchLimits{Rows: 10, Skip: []int64{base + 1, base + 2}}, store.ReadPos{Cursor: base, Frontier: retry})
 	if err != nil {
 		t.Fatal(err)
 	}

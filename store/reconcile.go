@@ -13,18 +13,26 @@ import (
 
 // BeginRun records that fireTime is being reconciled, fenced. It reports
 // false when that fire time already ran (on any replica).
-func (s *Store) BeginRun(ctx context.Context, f Fence, fireTime time.Time) (bool, error) {
+func (s Reconcile) BeginRun(ctx context.Context, f Fence, fireTime time.Time) (bool, error) {
 	var n int64
 	err := s.fenced(ctx, f, beginRunQ, []*int64{&n}, pgx.NamedArgs{"fire_time": fireTime})
 	return n == 1, err
+}
+
+// Run is a finished run: its fire time and its summary (any value JSON
+// encodes).
+type Run struct {
+	FireTime time.Time
+	Summary  any
 }
 
 // FinishRun stores a run's summary, fenced. The summary goes as JSON text
 // cast in the statement (reconcile.sql): the same in every query exec mode a
 // postgres.dsn can choose (bytes go as bytea in the exec and
 // simple_protocol modes, which jsonb refuses: every run would fail).
-func (s *Store) FinishRun(ctx context.Context, f Fence, fireTime time.Time, summary any) error {
-	b, err := json.Marshal(summary)
+func (s Reconcile) FinishRun(ctx context.Context, f Fence, r Run) error {
+	fireTime := r.FireTime
+	b, err := json.Marshal(r.Summary)
 	if err != nil {
 		return fmt.Errorf("store: encode summary: %w", err)
 	}
@@ -33,7 +41,7 @@ func (s *Store) FinishRun(ctx context.Context, f Fence, fireTime time.Time, summ
 }
 
 // RunDone reports whether fireTime was already reconciled (started).
-func (s *Store) RunDone(ctx context.Context, fireTime time.Time) (bool, error) {
+func (s Reconcile) RunDone(ctx context.Context, fireTime time.Time) (bool, error) {
 	var ok bool
 	err := runDoneQ.queryRow(ctx, s.db, pgx.NamedArgs{"fire_time": fireTime}).Scan(&ok)
 	if err != nil {
@@ -55,9 +63,19 @@ type Pending struct {
 	EventType     string
 }
 
-// PendingRowsFrom returns up to limit undelivered, not dead rows above cursor,
-// in id order, as Stats counts them: every such row above the lowest cursor
-// a poller saved (SaveCursor; with none saved, Store.SweepFloor's floor), and
+// PendingPage asks PendingRowsFrom for one batch.
+type PendingPage struct {
+	// Floor is what SweepFloor returned, taken once per sweep.
+	Floor *int64
+	// After is the id the batch starts above.
+	After int64
+	// Limit is the most rows the batch holds.
+	Limit int
+}
+
+// PendingRowsFrom returns up to p.Limit undelivered, not dead rows above
+// p.After, in id order, as Stats counts them: every such row above the lowest cursor
+// a poller saved (SaveCursor; with none saved, Reconcile.SweepFloor's floor), and
 // those backing off at or below it (by
 // SaveCursor's rule, nothing else pending is there). It never walks the
 // delivered history below that cursor: behind rows delivered while a
@@ -67,10 +85,11 @@ type Pending struct {
 // (re-pended below the cursor by an operator) costs no repair: the poller
 // finds its delivered mark when it claims it, and marks it.
 //
-// floor is what SweepFloor returned, taken once per sweep: without a
+// p.Floor is what SweepFloor returned, taken once per sweep: without a
 // saved cursor it is a scan of a pending index (see SweepFloor), and once
 // per batch a sweep over a 1M backlog would make a thousand of them.
-func (s *Store) PendingRowsFrom(ctx context.Context, floor *int64, cursor int64, limit int) ([]Pending, error) {
+func (s Reconcile) PendingRowsFrom(ctx context.Context, p PendingPage) ([]Pending, error) {
+	floor, cursor, limit := p.Floor, p.After, p.Limit
 	rows, err := pendingRowsQ.query(ctx, s.db, pgx.NamedArgs{"cursor": cursor, "limit": limit, "floor": floor})
 	if err != nil {
 		return nil, fmt.Errorf("store: pending rows: %w", err)
@@ -94,7 +113,7 @@ func (s *Store) PendingRowsFrom(ctx context.Context, floor *int64, cursor int64,
 // computed here in Postgres (content_digests in reconcile.sql), so the repair sweep, which
 // needs it only for the rows whose key holds a delivered mark, loads no
 // payload, however large.
-func (s *Store) ContentDigests(ctx context.Context, ids []int64) (map[int64][8]byte, error) {
+func (s Reconcile) ContentDigests(ctx context.Context, ids []int64) (map[int64][8]byte, error) {
 	rows, err := contentDigestsQ.query(ctx, s.db, pgx.NamedArgs{"ids": ids})
 	if err != nil {
 		return nil, fmt.Errorf("store: content digests: %w", err)
@@ -144,9 +163,25 @@ type PurgeCursor struct {
 	id int64
 }
 
-// Purge deletes one batch (up to limit rows after cursor, oldest first) of
-// delivered or dead rows older than age, fenced. It returns how many it
-// deleted and the cursor of the next batch. Pending rows are never touched.
+// PurgeBatch asks Purge for one batch: up to Limit rows of Kind older
+// than Age, after the cursor After (the zero value: from the oldest).
+type PurgeBatch struct {
+	Kind  PurgeKind
+	Age   time.Duration
+	After PurgeCursor
+	Limit int
+}
+
+// Purged is what one Purge deleted: how many rows, and the cursor of the
+// next batch.
+type Purged struct {
+	Rows int64
+	Next PurgeCursor
+}
+
+// Purge deletes one batch (up to b.Limit rows after b.After, oldest first)
+// of delivered or dead rows older than b.Age, fenced. It returns how many
+// it deleted and the cursor of the next batch. Pending rows are never touched.
 // Age is measured on Postgres's clock (now() - age), the clock that wrote
 // dispatched_at and dead_at, never the relay's.
 //
@@ -154,16 +189,18 @@ type PurgeCursor struct {
 // (outbox_dispatched_idx, outbox_dead_list_idx), never the table: a walk
 // by id reads every row of the table on each sweep even when nothing is
 // old enough, and with a snapshot held that grows with each row delivered.
-func (s *Store) Purge(ctx context.Context, f Fence, kind PurgeKind, age time.Duration, cursor PurgeCursor, limit int) (n int64, next PurgeCursor, err error) {
+func (s Reconcile) Purge(ctx context.Context, f Fence, b PurgeBatch) (Purged, error) {
+	kind, age, cursor, limit := b.Kind, b.Age, b.After, b.Limit
+	var n int64
 	from := cursor.at
 	if !from.Valid {
 		from = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 	}
-	next = cursor
-	err = s.fencedScan(ctx, f, purgeQuery(kind), []any{&n, &next.at, &next.id}, pgx.NamedArgs{
+	next := cursor
+	err := s.fencedScan(ctx, f, purgeQuery(kind), []any{&n, &next.at, &next.id}, pgx.NamedArgs{
 		"age_us": max(age, 0).Microseconds(), "after_at": from, "after_id": cursor.id, "limit": limit,
 	})
-	return n, next, err
+	return Purged{Rows: n, Next: next}, err
 }
 
 // purgeQuery is Purge's statement for kind (reconcile.sql).
@@ -178,8 +215,8 @@ func purgeQuery(kind PurgeKind) query {
 // Stats counts (see PendingRows): a count over the whole pending index
 // walked every entry vacuum had not removed, the delivered history of a
 // held snapshot included.
-func (s *Store) PendingByAttempts(ctx context.Context) (map[int]int64, error) {
-	floor, err := s.SweepFloor(ctx)
+func (s Reconcile) PendingByAttempts(ctx context.Context) (map[int]int64, error) {
+	floor, err := s.sweepFloor(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -206,7 +243,9 @@ func (s *Store) PendingByAttempts(ctx context.Context) (map[int]int64, error) {
 // call until the poller's first save (a second or so after its first
 // read): counted from id 0, the repair sweep's first batch and the backlog
 // count would walk the history a held snapshot keeps, a buffer per row.
-func (s *Store) SweepFloor(ctx context.Context) (*int64, error) {
+func (s Reconcile) SweepFloor(ctx context.Context) (*int64, error) { return s.sweepFloor(ctx) }
+
+func (s *core) sweepFloor(ctx context.Context) (*int64, error) {
 	var saved bool
 	if err := cursorSavedQ.queryRow(ctx, s.db, nil).Scan(&saved); err != nil {
 		return nil, wrap("cursor floor", err)
@@ -237,7 +276,7 @@ var floorSettings = []string{`SET LOCAL enable_indexscan = off`, `SET LOCAL enab
 // (outbox_pending_aggregate_idx, then a sort) for min(id) or ORDER BY id
 // LIMIT 1 whenever its estimates see few pending rows, on a small table or
 // after ANALYZE.
-func (s *Store) pendingFloor(ctx context.Context, q query) (pgtype.Int8, error) {
+func (s *core) pendingFloor(ctx context.Context, q query) (pgtype.Int8, error) {
 	var f pgtype.Int8
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		for _, set := range floorSettings {

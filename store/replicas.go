@@ -27,7 +27,7 @@ var (
 
 // Heartbeat records r as running now and deletes the rows of replicas not
 // seen for longer than stale.
-func (s *Store) Heartbeat(ctx context.Context, r Replica, stale time.Duration) error {
+func (s Ops) Heartbeat(ctx context.Context, r Replica, stale time.Duration) error {
 	if err := heartbeatQ.exec(ctx, s.db, pgx.NamedArgs{
 		"instance_id": r.InstanceID, "role": r.Role, "started_at": r.StartedAt,
 		"version": r.Version, "http_addr": r.HTTPAddr, "stale_ms": stale.Milliseconds(),
@@ -39,7 +39,7 @@ func (s *Store) Heartbeat(ctx context.Context, r Replica, stale time.Duration) e
 
 // RemoveReplica deletes the row of instanceID, written by the replica that
 // stops.
-func (s *Store) RemoveReplica(ctx context.Context, instanceID string) error {
+func (s Ops) RemoveReplica(ctx context.Context, instanceID string) error {
 	if err := removeReplicaQ.exec(ctx, s.db, pgx.NamedArgs{"instance_id": instanceID}); err != nil {
 		return wrap("remove replica", err)
 	}
@@ -48,7 +48,7 @@ func (s *Store) RemoveReplica(ctx context.Context, instanceID string) error {
 
 // Replicas lists the replicas seen within fresh, the leader first, then by
 // instance_id.
-func (s *Store) Replicas(ctx context.Context, fresh time.Duration) ([]Replica, error) {
+func (s Ops) Replicas(ctx context.Context, fresh time.Duration) ([]Replica, error) {
 	rows, err := replicasQ.query(ctx, s.db, pgx.NamedArgs{"fresh_ms": fresh.Milliseconds()})
 	if err != nil {
 		return nil, wrap("replicas", err)

@@ -19,13 +19,13 @@ func TestReplicasListsTheFreshAndPrunesTheStale(t *testing.T) {
 	beat := func(id, role string) {
 		t.Helper()
 		r := store.Replica{InstanceID: id, Role: role, StartedAt: time.Now(), Version: "v1", HTTPAddr: "127.0.0.1:1"}
-		if err := st.Heartbeat(ctx, r, 15*time.Second); err != nil {
+		if err := st.Ops().Heartbeat(ctx, r, 15*time.Second); err != nil {
 			t.Fatal(err)
 		}
 	}
 	names := func() []string {
 		t.Helper()
-		rs, err := st.Replicas(ctx, 15*time.Second)
+		rs, err := st.Ops().Replicas(ctx, 15*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -50,7 +50,7 @@ func TestReplicasListsTheFreshAndPrunesTheStale(t *testing.T) {
 	if err := st.Pool().QueryRow(ctx, `SELECT count(*) FROM outbox_replicas WHERE instance_id = 'gone'`).Scan(&left); err != nil || left != 0 {
 		t.Fatalf("a stale row left after a heartbeat: %d, %v", left, err)
 	}
-	if err := st.RemoveReplica(ctx, "c"); err != nil {
+	if err := st.Ops().RemoveReplica(ctx, "c"); err != nil {
 		t.Fatal(err)
 	}
 	if got := names(); len(got) != 2 || got[0] != "a=standby" {

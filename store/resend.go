@@ -105,7 +105,7 @@ var (
 
 // CountResend counts the delivered rows f selects, at most limit (0: no
 // bound): what a resend would copy.
-func (s *Store) CountResend(ctx context.Context, f ResendFilter, limit int) (int64, error) {
+func (s Ops) CountResend(ctx context.Context, f ResendFilter, limit int) (int64, error) {
 	na := pgx.NamedArgs{}
 	var n int64
 	if err := resendCountQ.with(f.filter(na)).queryRow(ctx, s.db, na).Scan(&n); err != nil {
@@ -119,7 +119,7 @@ func (s *Store) CountResend(ctx context.Context, f ResendFilter, limit int) (int
 
 // MissingRows returns which of ids have no outbox row at all (purged past
 // retention, discarded, or never written), ascending.
-func (s *Store) MissingRows(ctx context.Context, ids []int64) ([]int64, error) {
+func (s Ops) MissingRows(ctx context.Context, ids []int64) ([]int64, error) {
 	out := []int64{}
 	if len(ids) == 0 {
 		return out, nil
@@ -144,7 +144,7 @@ func (s *Store) MissingRows(ctx context.Context, ids []int64) ([]int64, error) {
 // order, and the original's idempotency mark (which names the original's
 // id) does not hold it back. A resend whose term was taken over copies
 // nothing more: it returns how many it copied before, and ErrStaleFence.
-func (s *Store) Resend(ctx context.Context, fence Fence, f ResendFilter, limit, batchSize int, copied func([]ResentCopy)) (int64, error) {
+func (s Reconcile) Resend(ctx context.Context, fence Fence, f ResendFilter, limit, batchSize int, copied func([]ResentCopy)) (int64, error) {
 	if batchSize <= 0 {
 		batchSize = 1000
 	}

@@ -10,8 +10,8 @@ import "context"
 
 // ColdCursor is LoadCursor as on a first start: the saved cursor is
 // ignored (it may stand above ids handed out again, after setval() moved
-// the sequence back). lock is unused: no saved cursor is read.
-func (s *Store) ColdCursor(ctx context.Context, _ string) (cursor, sent int64, horizon uint64, epoch string, err error) {
+// the sequence back).
+func (s ReadPath) ColdCursor(ctx context.Context) (Cursor, error) {
 	// No holder saves under the empty lock name (lock names are fixed,
 	// non-empty keys), so LoadCursor finds none and computes the cursor.
 	return s.LoadCursor(ctx, "")

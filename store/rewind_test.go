@@ -110,10 +110,10 @@ func TestCompleteLeavesARowThatTookTheIdSince(t *testing.T) {
 	t.Parallel()
 	st, f, id, read := idTakenSince(t)
 	ctx := context.Background()
-	if n, _, err := st.Complete(ctx, f, read, nil); err != nil || n != 0 {
+	if n, _, err := counts(st.ReadPath().Complete(ctx, f, store.Outcomes{Delivered: read})); err != nil || n != 0 {
 		t.Fatalf("Complete of the row read: %d marked, %v; want 0: the row with its id now is another", n, err)
 	}
-	if n, _, err := st.Complete(ctx, f, done(t, st, id), nil); err != nil || n != 1 {
+	if n, _, err := counts(st.ReadPath().Complete(ctx, f, store.Outcomes{Delivered: done(t, st, id)})); err != nil || n != 1 {
 		t.Fatalf("Complete of the row there now: %d marked, %v; want 1", n, err)
 	}
 }
@@ -129,7 +129,7 @@ func TestCompleteFailureLeavesARowThatTookTheIdSince(t *testing.T) {
 	read := rows[0]
 	ctx := context.Background()
 	fail := []store.Failure{{ID: id, CreatedAt: read.CreatedAt, Error: "410 gone", Dead: true}}
-	if _, n, err := st.Complete(ctx, f, nil, fail); err != nil || n != 0 {
+	if _, n, err := counts(st.ReadPath().Complete(ctx, f, store.Outcomes{Failures: fail})); err != nil || n != 0 {
 		t.Errorf("a failure of the row read: %d written, %v; want 0: the row with its id now is another", n, err)
 	}
 	var attempts int
@@ -141,7 +141,7 @@ func TestCompleteFailureLeavesARowThatTookTheIdSince(t *testing.T) {
 		t.Fatalf("the row that took the id since: attempts %d, dead %v; want 0, false (never sent)", attempts, dead)
 	}
 	fail[0].CreatedAt = done(t, st, id)[0].CreatedAt
-	if _, n, err := st.Complete(ctx, f, nil, fail); err != nil || n != 1 {
+	if _, n, err := counts(st.ReadPath().Complete(ctx, f, store.Outcomes{Failures: fail})); err != nil || n != 1 {
 		t.Fatalf("a failure of the row there now: %d written, %v; want 1", n, err)
 	}
 }
@@ -160,7 +160,7 @@ func TestCompleteFailureOfARowWithAnInfiniteCreatedAt(t *testing.T) {
 	if err := st.ClaimFence(ctx, f); err != nil {
 		t.Fatal(err)
 	}
-	if _, n, err := st.Complete(ctx, f, nil, []store.Failure{{ID: id, Error: "poison", Dead: true}}); err != nil || n != 1 {
+	if _, n, err := counts(st.ReadPath().Complete(ctx, f, store.Outcomes{Failures: []store.Failure{{ID: id, Error: "poison", Dead: true}}})); err != nil || n != 1 {
 		t.Fatalf("the failure of a row with an infinite created_at: %d written, %v; want 1 (dead-lettered)", n, err)
 	}
 }

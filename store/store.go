@@ -43,8 +43,54 @@ func wrap(op string, err error) error {
 	return fmt.Errorf("store: %s: %w", op, err)
 }
 
-// Store wraps a pgx pool.
-type Store struct {
+// Store owns the pool and what every caller shares: the session checks,
+// the notify trigger and the fence a term claims (ClaimFence,
+// FenceToken). Its queries are split by who runs them, each a view over
+// the same pool: ReadPath (the poller), Reconcile (the reconciler) and Ops
+// (the operators' commands, the HTTP API and the daemon's status). A
+// fenced write takes its Fence second and one value after it; a call of
+// more than two values takes a struct.
+type Store struct{ *core }
+
+// ReadPath is the poller's queries: the read, the cursor, the late-commit
+// checks, the pause set it applies and the batch outcomes it writes.
+type ReadPath struct{ *core }
+
+// Reconcile is the reconciler's queries: its runs, the sweep over pending
+// rows, the purge, and the dead rows and pauses it changes under its lock.
+type Reconcile struct{ *core }
+
+// Ops is what operators and the daemon's status read: dead rows and their
+// history, the backlog, the pauses, the replicas and the fence tokens.
+type Ops struct{ *core }
+
+// ReadPath returns the poller's queries over s's pool (none for a nil
+// s: a part built without a store fails only when it queries).
+func (s *Store) ReadPath() ReadPath {
+	if s == nil {
+		return ReadPath{}
+	}
+	return ReadPath{s.core}
+}
+
+// Reconcile returns the reconciler's queries over s's pool.
+func (s *Store) Reconcile() Reconcile {
+	if s == nil {
+		return Reconcile{}
+	}
+	return Reconcile{s.core}
+}
+
+// Ops returns the operators' queries over s's pool.
+func (s *Store) Ops() Ops {
+	if s == nil {
+		return Ops{}
+	}
+	return Ops{s.core}
+}
+
+// core is the pool the views share; its methods are the helpers they run.
+type core struct {
 	pool *pgxpool.Pool
 	// db runs the statements: pool, or behind a transaction pooler a
 	// perTx over it.
@@ -110,7 +156,7 @@ func OpenConfig(ctx context.Context, cfg *pgxpool.Config, opts ...Option) (*Stor
 	if err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
-	st := &Store{pool: pool, db: pool, want: want, schema: o.Schema}
+	st := &Store{&core{pool: pool, db: pool, want: want, schema: o.Schema}}
 	if o.TransactionPooler {
 		st.db = newPerTx(pool, plannerSettings, o.Schema)
 	}
@@ -180,7 +226,7 @@ const maxRowBytes = math.MaxInt32
 
 // Listen holds one connection in LISTEN channel and calls fn for each
 // notification until ctx is done or the connection fails.
-func (s *Store) Listen(ctx context.Context, channel string, fn func()) error {
+func (s ReadPath) Listen(ctx context.Context, channel string, fn func()) error {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("store: listen: %w", err)
@@ -265,9 +311,14 @@ var (
 var statsSettings = []string{`SET LOCAL enable_sort = off`}
 
 // Stats counts pending and dead rows and the oldest pending row's age.
-func (s *Store) Stats(ctx context.Context) (Stats, error) {
+func (s Ops) Stats(ctx context.Context) (Stats, error) { return s.stats(ctx) }
+
+// Stats is Ops.Stats: the backlog the reconciler reports after a sweep.
+func (s Reconcile) Stats(ctx context.Context) (Stats, error) { return s.stats(ctx) }
+
+func (s *core) stats(ctx context.Context) (Stats, error) {
 	var st Stats
-	floor, err := s.SweepFloor(ctx)
+	floor, err := s.sweepFloor(ctx)
 	if err != nil {
 		return st, err
 	}

@@ -82,7 +82,7 @@ func TestEnqueueCommitsWithTheCallersTransaction(t *testing.T) {
 	}
 	_ = tx.Rollback(ctx)
 
-	rows, err := st.FetchDue(ctx, store.FetchLimits{Rows: 10})
+	rows, err := st.ReadPath().FetchDue(ctx, store.FetchLimits{Rows: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func TestStaleFenceIsRejectedAndChangesNothing(t *testing.T) {
 	st, _ := testenv.Store(t)
 	ctx := context.Background()
 	enqueue(t, st, ev("deal", "1", 1), ev("deal", "2", 2))
-	rows, _ := st.FetchDue(ctx, store.FetchLimits{Rows: 10})
+	rows, _ := st.ReadPath().FetchDue(ctx, store.FetchLimits{Rows: 10})
 	a, b := rows[0].ID, rows[1].ID
 
 	newer := store.Fence{Lock: "lock:outbox:poller", Token: 7, Owner: "owner-7"}
@@ -130,11 +130,11 @@ func TestStaleFenceIsRejectedAndChangesNothing(t *testing.T) {
 	}
 	// The same token from another holder (a lost counter handed it out twice).
 	twin := store.Fence{Lock: newer.Lock, Token: 7, Owner: "other-owner"}
-	if _, _, err := st.Complete(ctx, twin, done(t, st, a), nil); !errors.Is(err, store.ErrStaleFence) {
+	if _, _, err := counts(st.ReadPath().Complete(ctx, twin, store.Outcomes{Delivered: done(t, st, a)})); !errors.Is(err, store.ErrStaleFence) {
 		t.Fatalf("equal token, other owner: %v, want ErrStaleFence", err)
 	}
 
-	_, _, err := st.Complete(ctx, older, done(t, st, a), []store.Failure{{ID: b, Error: "boom", Dead: true}})
+	_, _, err := counts(st.ReadPath().Complete(ctx, older, store.Outcomes{Delivered: done(t, st, a), Failures: []store.Failure{{ID: b, Error: "boom", Dead: true}}}))
 	if !errors.Is(err, store.ErrStaleFence) {
 		t.Fatalf("write with token 6 after 7: %v, want ErrStaleFence", err)
 	}
@@ -152,7 +152,7 @@ func TestStaleFenceIsRejectedAndChangesNothing(t *testing.T) {
 	}
 
 	// The current holder (and a newer one) may write; the fence only rises.
-	nd, nf, err := st.Complete(ctx, newer, done(t, st, a), []store.Failure{{ID: b, Error: "boom", Delay: time.Hour}})
+	nd, nf, err := counts(st.ReadPath().Complete(ctx, newer, store.Outcomes{Delivered: done(t, st, a), Failures: []store.Failure{{ID: b, Error: "boom", Delay: time.Hour}}}))
 	if err != nil || nd != 1 || nf != 1 {
 		t.Fatalf("current holder: delivered %d failed %d err %v", nd, nf, err)
 	}
@@ -176,25 +176,25 @@ func TestFetchDueKeepsAggregateOrderBehindBackoff(t *testing.T) {
 	st, _ := testenv.Store(t)
 	ctx := context.Background()
 	enqueue(t, st, ev("deal", "A", 1), ev("deal", "A", 2), ev("deal", "B", 3), ev("deal", "A", 4))
-	rows, _ := st.FetchDue(ctx, store.FetchLimits{Rows: 10})
+	rows, _ := st.ReadPath().FetchDue(ctx, store.FetchLimits{Rows: 10})
 	if len(rows) != 4 {
 		t.Fatalf("got %d rows, want 4", len(rows))
 	}
 	first := rows[0].ID
 	f := store.Fence{Lock: "lock:outbox:poller", Token: 1}
 	// A's first row backs off: A's later rows must wait; B flows.
-	if _, _, err := st.Complete(ctx, f, nil, []store.Failure{{ID: first, Error: "503", Delay: time.Hour}}); err != nil {
+	if _, _, err := counts(st.ReadPath().Complete(ctx, f, store.Outcomes{Failures: []store.Failure{{ID: first, Error: "503", Delay: time.Hour}}})); err != nil {
 		t.Fatal(err)
 	}
-	rows, _ = st.FetchDue(ctx, store.FetchLimits{Rows: 10})
+	rows, _ = st.ReadPath().FetchDue(ctx, store.FetchLimits{Rows: 10})
 	if len(rows) != 1 || rows[0].AggregateID != "B" {
 		t.Fatalf("due rows %+v, want only B's", rows)
 	}
 	// A dead row does not block its aggregate.
-	if _, _, err := st.Complete(ctx, f, nil, []store.Failure{{ID: first, Error: "400", Dead: true}}); err != nil {
+	if _, _, err := counts(st.ReadPath().Complete(ctx, f, store.Outcomes{Failures: []store.Failure{{ID: first, Error: "400", Dead: true}}})); err != nil {
 		t.Fatal(err)
 	}
-	rows, _ = st.FetchDue(ctx, store.FetchLimits{Rows: 10})
+	rows, _ = st.ReadPath().FetchDue(ctx, store.FetchLimits{Rows: 10})
 	if len(rows) != 3 || rows[0].AggregateID != "A" {
 		t.Fatalf("due rows after dead-letter: %+v, want A's two later rows and B's", rows)
 	}
@@ -220,7 +220,7 @@ func TestNotifyTriggerSwitch(t *testing.T) {
 	if err := st.SetNotifyTrigger(ctx, true); err != nil || !has() {
 		t.Fatalf("on: %v", err)
 	}
-	go func() { done <- st.Listen(lctx, "outbox_events", func() { woke <- struct{}{} }) }()
+	go func() { done <- st.ReadPath().Listen(lctx, "outbox_events", func() { woke <- struct{}{} }) }()
 	// Listen is asynchronous: insert until the notification arrives.
 	deadline := time.After(5 * time.Second)
 	tick := time.NewTicker(50 * time.Millisecond)
@@ -254,8 +254,8 @@ func TestMissingSchemaSaysRunMigrate(t *testing.T) {
 	defer st.Close()
 	ctx := context.Background()
 	_, err1 := st.FenceToken(ctx, "lock:outbox:poller")
-	_, err2 := st.Stats(ctx)
-	_, err3 := st.FetchDue(ctx, store.FetchLimits{Rows: 10})
+	_, err2 := st.Ops().Stats(ctx)
+	_, err3 := st.ReadPath().FetchDue(ctx, store.FetchLimits{Rows: 10})
 	for _, err := range []error{err1, err2, err3} {
 		if !errors.Is(err, store.ErrNotMigrated) || !strings.Contains(err.Error(), "outboxd migrate") {
 			t.Fatalf("got %v, want ErrNotMigrated telling to run `outboxd migrate`", err)
@@ -269,11 +269,11 @@ func TestFetchDueLeavesSkippedRowsOut(t *testing.T) {
 	st, _ := testenv.Store(t)
 	ctx := context.Background()
 	enqueue(t, st, ev("deal", "A", 1), ev("deal", "A", 2), ev("deal", "B", 3), ev("deal", "C", 4))
-	all, err := st.FetchDue(ctx, store.FetchLimits{Rows: 10})
+	all, err := st.ReadPath().FetchDue(ctx, store.FetchLimits{Rows: 10})
 	if err != nil || len(all) != 4 {
 		t.Fatalf("%d rows, %v", len(all), err)
 	}
-	rows, err := st.FetchDue(ctx, store.FetchLimits{Rows: 2, Skip: []int64{all[0].ID, all[2].ID}})
+	rows, err := st.ReadPath().FetchDue(ctx, store.FetchLimits{Rows: 2, Skip: []int64{all[0].ID, all[2].ID}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,11 +289,11 @@ func TestFetchDueLeavesBusyAggregatesOut(t *testing.T) {
 	st, _ := testenv.Store(t)
 	ctx := context.Background()
 	enqueue(t, st, ev("deal", "A", 1), ev("deal", "B", 2), ev("deal", "A", 3), ev("user", "A", 4), ev("deal", "C", 5))
-	all, err := st.FetchDue(ctx, store.FetchLimits{Rows: 10})
+	all, err := st.ReadPath().FetchDue(ctx, store.FetchLimits{Rows: 10})
 	if err != nil || len(all) != 5 {
 		t.Fatalf("%d rows, %v", len(all), err)
 	}
-	rows, err := st.FetchDue(ctx, store.FetchLimits{Rows: 10,
+	rows, err := st.ReadPath().FetchDue(ctx, store.FetchLimits{Rows: 10,
 		Busy: []store.Aggregate{{Type: "deal", ID: "A"}, {Type: "deal", ID: "C"}}})
 	if err != nil {
 		t.Fatal(err)
@@ -320,8 +320,8 @@ func TestCompleteLeavesSynchronousCommitOn(t *testing.T) {
 	}
 	defer st.Close()
 	enqueue(t, st, ev("deal", "A", 1))
-	rows, _ := st.FetchDue(ctx, store.FetchLimits{Rows: 1})
-	if n, _, err := st.Complete(ctx, store.Fence{Lock: "lock:outbox:poller", Token: 1}, done(t, st, rows[0].ID), nil); err != nil || n != 1 {
+	rows, _ := st.ReadPath().FetchDue(ctx, store.FetchLimits{Rows: 1})
+	if n, _, err := counts(st.ReadPath().Complete(ctx, store.Fence{Lock: "lock:outbox:poller", Token: 1}, store.Outcomes{Delivered: done(t, st, rows[0].ID)})); err != nil || n != 1 {
 		t.Fatalf("complete: %d, %v", n, err)
 	}
 	var v string

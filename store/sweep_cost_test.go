@@ -72,11 +72,11 @@ func TestSweepCostDoesNotGrowWithHistory(t *testing.T) {
 	exec(t, st, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
 		SELECT 'deal', (i % 1000)::text, 'deal.happened', '{}' FROM generate_series(1, 200000) i`)
 	exec(t, st, `UPDATE outbox SET dispatched_at = now() WHERE dispatched_at IS NULL AND attempts = 0`)
-	_, _, _, epoch, err := st.LoadCursor(ctx, fence.Lock)
+	_, _, _, epoch, err := cursorOf(st.ReadPath().LoadCursor(ctx, fence.Lock))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.SaveCursor(ctx, fence, maxID(t, st), maxID(t, st), 0, epoch); err != nil {
+	if err := st.ReadPath().SaveCursor(ctx, fence, store.Cursor{At: maxID(t, st), Sent: maxID(t, st), Epoch: epoch}); err != nil {
 		t.Fatal(err)
 	}
 	pendingRows()
@@ -119,14 +119,14 @@ func TestSweepCostDoesNotGrowWithHistory(t *testing.T) {
 
 	// And they still see what they are for: the row backing off below the
 	// cursor and the pending rows above it.
-	rows, err := st.PendingRows(ctx, 0, 1000)
+	rows, err := st.Reconcile().PendingRows(ctx, 0, 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(rows) != 11 {
 		t.Errorf("pending rows: %d, want 11 (one backing off below the cursor, ten above)", len(rows))
 	}
-	hist, err := st.PendingByAttempts(ctx)
+	hist, err := st.Reconcile().PendingByAttempts(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func TestPurgeWalksBatchesThroughRowsMarkedTogether(t *testing.T) {
 	var total int64
 	batches := 0
 	for {
-		n, next, err := st.Purge(ctx, fence, store.PurgeDelivered, 2*time.Hour, cursor, 400)
+		n, next, err := purgedOf(st.Reconcile().Purge(ctx, fence, store.PurgeBatch{Kind: store.PurgeDelivered, Age: 2 * time.Hour, After: cursor, Limit: 400}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -208,7 +208,7 @@ func TestStaleCursorRowOfARetiredLockDoesNotPinTheFloor(t *testing.T) {
 	if err := st.Pool().QueryRow(ctx, store.EpochSQL).Scan(&epoch); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.SaveCursor(ctx, fence, 2000, 2000, 0, epoch); err != nil {
+	if err := st.ReadPath().SaveCursor(ctx, fence, store.Cursor{At: 2000, Sent: 2000, Epoch: epoch}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := st.Pool().Exec(ctx, `INSERT INTO outbox_cursor (lock_name, cursor, epoch, sent, updated_at)
@@ -218,11 +218,11 @@ func TestStaleCursorRowOfARetiredLockDoesNotPinTheFloor(t *testing.T) {
 	if _, err := st.Pool().Exec(ctx, `UPDATE outbox SET dispatched_at = NULL WHERE id = 1000`); err != nil {
 		t.Fatal(err)
 	}
-	stats, err := st.Stats(ctx)
+	stats, err := st.Ops().Stats(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows, err := st.PendingRows(ctx, 0, 1000)
+	rows, err := st.Reconcile().PendingRows(ctx, 0, 1000)
 	if err != nil {
 		t.Fatal(err)
 	}

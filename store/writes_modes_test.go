@@ -33,10 +33,10 @@ func TestWritesMeanTheSameInEveryQueryExecMode(t *testing.T) {
 		e.Headers = map[string]string{"traceparent": mode}
 		enqueue(t, st, e, ev(mode, "2", 2), ev(mode, "3", 3), ev(mode, "4", 4))
 		ids := rowsOf(t, st, mode)
-		nd, nf, err := st.Complete(ctx, relay, done(t, st, ids[1]), []store.Failure{
+		nd, nf, err := counts(st.ReadPath().Complete(ctx, relay, store.Outcomes{Delivered: done(t, st, ids[1]), Failures: []store.Failure{
 			{ID: ids[0], Error: "400 " + mode, Dead: true},
 			{ID: ids[2], Error: "503", Delay: time.Hour},
-		})
+		}}))
 		if err != nil || nd != 1 || nf != 2 {
 			t.Fatalf("%s: Complete: delivered %d failed %d, %v; want 1, 2", mode, nd, nf, err)
 		}
@@ -47,11 +47,11 @@ func TestWritesMeanTheSameInEveryQueryExecMode(t *testing.T) {
 		}
 
 		f := store.DeadFilter{AggregateType: mode, EventType: mode + ".*", Since: time.Now().Add(-24 * time.Hour), Error: "400"}
-		page, err := st.ListDead(ctx, f, nil, 10)
+		page, err := st.Ops().ListDead(ctx, store.DeadQuery{Filter: f, After: nil, Limit: 10})
 		if err != nil || len(page.Events) != 1 || page.Events[0].ID != ids[0] {
 			t.Fatalf("%s: ListDead: %+v, %v; want row %d", mode, page, err, ids[0])
 		}
-		d, err := st.ShowDead(ctx, ids[0])
+		d, err := st.Ops().ShowDead(ctx, ids[0])
 		if err != nil {
 			t.Fatalf("%s: ShowDead: %v", mode, err)
 		}
@@ -60,7 +60,7 @@ func TestWritesMeanTheSameInEveryQueryExecMode(t *testing.T) {
 		if json.Unmarshal(d.Payload, &payload) != nil || payload.N != i || json.Unmarshal(d.Headers, &headers) != nil || headers["traceparent"] != mode {
 			t.Fatalf("%s: ShowDead: payload %s headers %s", mode, d.Payload, d.Headers)
 		}
-		if n, err := st.ReplayDead(ctx, rec, f, 10, nil); err != nil || n != 1 {
+		if n, err := st.Reconcile().ReplayDead(ctx, rec, store.Replay{Filter: f, BatchSize: 10, Progress: nil}); err != nil || n != 1 {
 			t.Fatalf("%s: ReplayDead requeued %d, %v; want 1", mode, n, err)
 		}
 		if s := state(t, st, ids[0]); s.dead || s.attempts != 0 {
@@ -68,10 +68,10 @@ func TestWritesMeanTheSameInEveryQueryExecMode(t *testing.T) {
 		}
 
 		fire := time.Date(2026, 1, 1, 0, i, 0, 0, time.UTC)
-		if ok, err := st.BeginRun(ctx, rec, fire); err != nil || !ok {
+		if ok, err := st.Reconcile().BeginRun(ctx, rec, fire); err != nil || !ok {
 			t.Fatalf("%s: BeginRun: %v, %v", mode, ok, err)
 		}
-		if err := st.FinishRun(ctx, rec, fire, map[string]any{"mode": mode, "pending_by_attempts": map[int]int64{1: 2}}); err != nil {
+		if err := st.Reconcile().FinishRun(ctx, rec, store.Run{FireTime: fire, Summary: map[string]any{"mode": mode, "pending_by_attempts": map[int]int64{1: 2}}}); err != nil {
 			t.Fatalf("%s: FinishRun: %v", mode, err)
 		}
 		var stored string
@@ -83,7 +83,7 @@ func TestWritesMeanTheSameInEveryQueryExecMode(t *testing.T) {
 		if _, err := st.Pool().Exec(ctx, `UPDATE outbox SET dispatched_at = now() - interval '2 hours' WHERE id = $1`, ids[1]); err != nil {
 			t.Fatal(err)
 		}
-		if n, _, err := st.Purge(ctx, rec, store.PurgeDelivered, time.Hour, store.PurgeCursor{}, 10); err != nil || n != 1 {
+		if n, _, err := purgedOf(st.Reconcile().Purge(ctx, rec, store.PurgeBatch{Kind: store.PurgeDelivered, Age: time.Hour, After: store.PurgeCursor{}, Limit: 10})); err != nil || n != 1 {
 			t.Fatalf("%s: Purge deleted %d, %v; want the row delivered 2 hours ago", mode, n, err)
 		}
 	})

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -89,8 +90,8 @@ func deadReadersOnce(ctx context.Context, bin string, readers int) deadReadersRe
 	defer pool.Close()
 	tableAutovacuum(ctx, pool)
 	_, err = pool.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, attempts, last_error, dead_at)
-SELECT 'old', (g % 1000)::text, 'old.event', jsonb_build_object('pad', repeat('x', $2)), 25, 'HTTP 500', now() - g * interval '1 second'
-FROM generate_series(1, $1::int) g`, *deadRows, payloadPad)
+SELECT 'old', (g % 1000)::text, 'old.event', jsonb_build_object('pad', repeat('x', @pad)), 25, 'HTTP 500', now() - g * interval '1 second'
+FROM generate_series(1, @rows::int) g`, pgx.NamedArgs{"rows": *deadRows, "pad": payloadPad})
 	check(err)
 	_, err = pool.Exec(ctx, `VACUUM ANALYZE outbox`)
 	check(err)

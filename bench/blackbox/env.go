@@ -168,9 +168,9 @@ func holdSnapshotOpen(ctx context.Context, dsn string) func() {
 // aggregates, 1,000 by default) in one statement.
 func insertBacklog(ctx context.Context, pool *pgxpool.Pool, n int) {
 	_, err := pool.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-		SELECT 'deal', (i % $3)::text, 'deal.funded',
-		  jsonb_build_object('seq', i, 'deal', 'deal-' || (i % $3), 'amount_cents', i * 7, 'pad', repeat('x', $2))
-		FROM generate_series(1, $1) i`, n, payloadPad, *slowAggs)
+		SELECT 'deal', (i % @aggregates)::text, 'deal.funded',
+		  jsonb_build_object('seq', i, 'deal', 'deal-' || (i % @aggregates), 'amount_cents', i * 7, 'pad', repeat('x', @pad))
+		FROM generate_series(1, @rows) i`, pgx.NamedArgs{"rows": n, "pad": payloadPad, "aggregates": *slowAggs})
 	check(err)
 }
 

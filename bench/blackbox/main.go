@@ -839,7 +839,7 @@ func longTransactions(ctx context.Context, pool *pgxpool.Pool, n int) []commit {
 		began := time.Now()
 		tx, err := conn.Begin(context.WithoutCancel(ctx))
 		check(err)
-		rows, err := tx.Query(context.WithoutCancel(ctx), insertEvents, i, 1, payloadPad, *slowAggs)
+		rows, err := tx.Query(context.WithoutCancel(ctx), insertEvents, insertArgs(i, 1))
 		check(err)
 		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 		check(err)
@@ -866,7 +866,7 @@ func oneStatementProducers(ctx context.Context, pool *pgxpool.Pool, commits []co
 		wg.Go(func() {
 			defer func() { <-sem }()
 			began := time.Now()
-			rows, err := pool.Query(ctx, insertEvents, i, k, payloadPad, *slowAggs)
+			rows, err := pool.Query(ctx, insertEvents, insertArgs(i, k))
 			check(err)
 			ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 			check(err)
@@ -894,7 +894,7 @@ func racingProducers(ctx context.Context, pool *pgxpool.Pool, commits []commit, 
 				began := time.Now()
 				tx, err := conn.Begin(ctx)
 				check(err)
-				rows, err := tx.Query(ctx, insertEvents, i, k, payloadPad, *slowAggs)
+				rows, err := tx.Query(ctx, insertEvents, insertArgs(i, k))
 				check(err)
 				ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 				check(err)
@@ -910,14 +910,20 @@ func racingProducers(ctx context.Context, pool *pgxpool.Pool, commits []commit, 
 	wg.Wait()
 }
 
-// insertEvents writes $2 events of transaction $1 over $4 aggregates,
+// insertEvents writes @events events of transaction @tx over @aggregates
+// aggregates (insertArgs),
 // picked by a hash: transactions open at the same time may then write the
 // same aggregate (with a round robin, neighbours never would, and racing
 // producers could not break an aggregate's order).
 const insertEvents = `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-	SELECT 'deal', mod(hashint4($1::int * 7 + g)::bigint + 2147483648, $4::int)::text, 'deal.funded',
-	  jsonb_build_object('seq', $1::int, 'pad', repeat('x', $3))
-	FROM generate_series(1, $2::int) g RETURNING id`
+	SELECT 'deal', mod(hashint4(@tx::int * 7 + g)::bigint + 2147483648, @aggregates::int)::text, 'deal.funded',
+	  jsonb_build_object('seq', @tx::int, 'pad', repeat('x', @pad))
+	FROM generate_series(1, @events::int) g RETURNING id`
+
+// insertArgs are insertEvents' parameters: events events of transaction tx.
+func insertArgs(tx, events int) pgx.NamedArgs {
+	return pgx.NamedArgs{"tx": tx, "events": events, "pad": payloadPad, "aggregates": *slowAggs}
+}
 
 // ---- the daemon ----
 

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -136,7 +137,7 @@ func settleInBatches(ctx context.Context, pool *pgxpool.Pool) {
 		}
 		_, err := pool.Exec(ctx, `WITH async AS (SELECT set_config('synchronous_commit', 'off', true))
 			UPDATE outbox SET dispatched_at = now(), last_error = NULL
-			WHERE id = ANY($1::bigint[]) AND dispatched_at IS NULL AND EXISTS (SELECT FROM async)`, ids)
+			WHERE id = ANY(@ids::bigint[]) AND dispatched_at IS NULL AND EXISTS (SELECT FROM async)`, pgx.NamedArgs{"ids": ids})
 		check(err)
 	}
 }
@@ -226,10 +227,10 @@ func orderProbe(ctx context.Context, run int, bin build, late time.Duration, rol
 	txA, err := pool.Begin(ctx)
 	check(err)
 	var idA, idB int64
-	check(txA.QueryRow(ctx, probeInsert, "probe").Scan(&idA))
+	check(txA.QueryRow(ctx, probeInsert, pgx.NamedArgs{"aggregate": "probe"}).Scan(&idA))
 	txB, err := pool.Begin(ctx)
 	check(err)
-	check(txB.QueryRow(ctx, probeInsert, "probe").Scan(&idB))
+	check(txB.QueryRow(ctx, probeInsert, pgx.NamedArgs{"aggregate": "probe"}).Scan(&idB))
 	check(txB.Commit(ctx))
 	atB := time.Now()
 
@@ -253,7 +254,7 @@ func orderProbe(ctx context.Context, run int, bin build, late time.Duration, rol
 			case <-t.C:
 			}
 			var id int64
-			check(pool.QueryRow(ctx, probeInsert, fmt.Sprintf("other-%d", i%100)).Scan(&id))
+			check(pool.QueryRow(ctx, probeInsert, pgx.NamedArgs{"aggregate": fmt.Sprintf("other-%d", i%100)}).Scan(&id))
 			mu.Lock()
 			others = append(others, other{id, time.Now()})
 			mu.Unlock()
@@ -318,7 +319,7 @@ func orderProbe(ctx context.Context, run int, bin build, late time.Duration, rol
 }
 
 const probeInsert = `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-	VALUES ('deal', $1, 'deal.probe', '{}') RETURNING id`
+	VALUES ('deal', @aggregate, 'deal.probe', '{}') RETURNING id`
 
 // metricSum adds every sample of a metric, whatever its labels (0 when the
 // build does not have it).

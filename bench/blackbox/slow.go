@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -151,8 +152,8 @@ func slowOnce(ctx context.Context, bin, conc string, strag time.Duration) slowRe
 	defer pool.Close()
 	tableAutovacuum(ctx, pool)
 	_, err = pool.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-		SELECT 'deal', (i % $2)::text, 'deal.funded', jsonb_build_object('seq', i, 'pad', repeat('x', $3))
-		FROM generate_series(1, $1) i`, *rows, *slowAggs, *slowPad)
+		SELECT 'deal', (i % @aggregates)::text, 'deal.funded', jsonb_build_object('seq', i, 'pad', repeat('x', @pad))
+		FROM generate_series(1, @rows) i`, pgx.NamedArgs{"rows": *rows, "aggregates": *slowAggs, "pad": *slowPad})
 	check(err)
 	_, err = pool.Exec(ctx, `VACUUM ANALYZE outbox`)
 	check(err)
@@ -179,7 +180,7 @@ func slowOnce(ctx context.Context, bin, conc string, strag time.Duration) slowRe
 	}
 	for {
 		var n int
-		check(pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE dispatched_at IS NOT NULL AND aggregate_id <> $1`, slowExcluded(strag)).Scan(&n))
+		check(pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE dispatched_at IS NOT NULL AND aggregate_id <> @excluded`, pgx.NamedArgs{"excluded": slowExcluded(strag)}).Scan(&n))
 		if n >= others {
 			break
 		}
@@ -190,7 +191,7 @@ func slowOnce(ctx context.Context, bin, conc string, strag time.Duration) slowRe
 	res.repeats, res.outOfOrder = rcv.counts()
 	var finishes []float64
 	rws, err := pool.Query(ctx, `SELECT extract(epoch FROM max(dispatched_at))::float8 FROM outbox
-		WHERE aggregate_id <> $1 GROUP BY aggregate_id`, slowExcluded(strag))
+		WHERE aggregate_id <> @excluded GROUP BY aggregate_id`, pgx.NamedArgs{"excluded": slowExcluded(strag)})
 	check(err)
 	started := float64(d.started.UnixMicro()) / 1e6
 	for rws.Next() {
@@ -203,8 +204,8 @@ func slowOnce(ctx context.Context, bin, conc string, strag time.Duration) slowRe
 	res.finishP50, res.finishMax = finishes[len(finishes)/2], finishes[len(finishes)-1]
 	res.perSec = float64(others) / res.finishMax
 	var marked int
-	check(pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE aggregate_id = $1), count(*) FROM outbox WHERE dispatched_at IS NOT NULL`,
-		stragglerID).Scan(&res.stragglerDone, &marked))
+	check(pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE aggregate_id = @straggler), count(*) FROM outbox WHERE dispatched_at IS NOT NULL`,
+		pgx.NamedArgs{"straggler": stragglerID}).Scan(&res.stragglerDone, &marked))
 	if strag == 0 {
 		res.stragglerDone = 0
 	}

@@ -20,20 +20,20 @@ const bareLock = "lock:outbox:poller"
 // bareFetch reads the next batch of due rows above the cursor, in id
 // order, with what a sink would be given.
 const bareFetch = `SELECT id, payload::text, headers::text FROM outbox
-WHERE dispatched_at IS NULL AND dead_at IS NULL AND available_at <= now() AND id > $1
-ORDER BY id LIMIT $2`
+WHERE dispatched_at IS NULL AND dead_at IS NULL AND available_at <= now() AND id > @cursor
+ORDER BY id LIMIT @batch`
 
 // bareMark is the fenced write: lock the lock's outbox_fence row, compare
 // the token, mark the batch's ids dispatched; asynchronous commit for this
 // transaction only, as outboxd's own write does.
 const bareMark = `WITH f AS MATERIALIZED (
-  SELECT token FROM outbox_fence WHERE lock_name = $1 FOR UPDATE),
+  SELECT token FROM outbox_fence WHERE lock_name = @lock FOR UPDATE),
 async AS (SELECT set_config('synchronous_commit', 'off', true)),
 u AS (
   UPDATE outbox SET dispatched_at = now()
-  WHERE id = ANY($3::bigint[]) AND dispatched_at IS NULL AND EXISTS (SELECT 1 FROM f WHERE f.token = $2)
+  WHERE id = ANY(@ids::bigint[]) AND dispatched_at IS NULL AND EXISTS (SELECT 1 FROM f WHERE f.token = @token)
   RETURNING 1)
-SELECT EXISTS (SELECT 1 FROM f WHERE f.token = $2), (SELECT count(*) FROM u) FROM async`
+SELECT EXISTS (SELECT 1 FROM f WHERE f.token = @token), (SELECT count(*) FROM u) FROM async`
 
 // BareDrain is the delivery protocol alone, with no sink, no ordering
 // beyond id order and no pipelining: until n rows are marked, it fetches
@@ -45,8 +45,8 @@ SELECT EXISTS (SELECT 1 FROM f WHERE f.token = $2), (SELECT count(*) FROM u) FRO
 // the relay is measured against, as watermill's forwarder is the peer.
 func BareDrain(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client, prefix string, batch, n int) (time.Duration, error) {
 	const token = 1
-	if _, err := pool.Exec(ctx, `INSERT INTO outbox_fence (lock_name, token) VALUES ($1, $2)
-		ON CONFLICT (lock_name) DO UPDATE SET token = EXCLUDED.token`, bareLock, token); err != nil {
+	if _, err := pool.Exec(ctx, `INSERT INTO outbox_fence (lock_name, token) VALUES (@lock, @token)
+		ON CONFLICT (lock_name) DO UPDATE SET token = EXCLUDED.token`, pgx.NamedArgs{"lock": bareLock, "token": token}); err != nil {
 		return 0, fmt.Errorf("bare: fence row: %w", err)
 	}
 	claim := "claim:" + strconv.Itoa(token) + ":bare:1"
@@ -66,7 +66,7 @@ func BareDrain(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client, prefi
 		}
 		var ok bool
 		var marked int64
-		if err := pool.QueryRow(ctx, bareMark, bareLock, token, ids).Scan(&ok, &marked); err != nil {
+		if err := pool.QueryRow(ctx, bareMark, pgx.NamedArgs{"lock": bareLock, "token": token, "ids": ids}).Scan(&ok, &marked); err != nil {
 			return 0, fmt.Errorf("bare: mark: %w", err)
 		}
 		if !ok {
@@ -80,7 +80,7 @@ func BareDrain(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client, prefi
 // bareBatch fetches up to batch due rows above cursor: their ids and
 // delivered marks.
 func bareBatch(ctx context.Context, pool *pgxpool.Pool, cursor int64, batch int) (ids []int64, marks []string, err error) {
-	rows, err := pool.Query(ctx, bareFetch, cursor, batch)
+	rows, err := pool.Query(ctx, bareFetch, pgx.NamedArgs{"cursor": cursor, "batch": batch})
 	if err != nil {
 		return nil, nil, fmt.Errorf("bare: fetch: %w", err)
 	}

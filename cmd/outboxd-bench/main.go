@@ -240,7 +240,7 @@ func drain(ctx context.Context, sinkName string) drainResult {
 	defer e.drop()
 	_, err := e.st.Pool().Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
 		SELECT 'deal', (i % 1000)::text, 'deal.funded', jsonb_build_object('seq', i, 'amount_cents', i * 10)
-		FROM generate_series(1, $1) i`, *rows)
+		FROM generate_series(1, @rows) i`, pgx.NamedArgs{"rows": *rows})
 	check(err)
 	_, err = e.st.Pool().Exec(ctx, `VACUUM ANALYZE outbox`)
 	check(err)
@@ -340,8 +340,8 @@ func steady(ctx context.Context, notify bool) [4]float64 {
 			var ids []int64
 			err := pgx.BeginFunc(ctx, e.st.Pool(), func(tx pgx.Tx) error {
 				rows, err := tx.Query(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-					SELECT 'deal', (($1::int * 7 + g) % 100)::text, 'deal.funded', '{}'
-					FROM generate_series(1, $2::int) g RETURNING id`, i, k)
+					SELECT 'deal', ((@tx::int * 7 + g) % 100)::text, 'deal.funded', '{}'
+					FROM generate_series(1, @events::int) g RETURNING id`, pgx.NamedArgs{"tx": i, "events": k})
 				if err != nil {
 					return err
 				}
@@ -429,7 +429,7 @@ func producer(ctx context.Context, clients int, trigger bool) float64 {
 			for dctx.Err() == nil {
 				err := pgx.BeginFunc(dctx, e.st.Pool(), func(tx pgx.Tx) error {
 					_, err := tx.Exec(dctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-						VALUES ('deal', $1, 'deal.funded', '{}')`, strconv.Itoa(c))
+						VALUES ('deal', @aggregate, 'deal.funded', '{}')`, pgx.NamedArgs{"aggregate": strconv.Itoa(c)})
 					return err
 				})
 				if err == nil {

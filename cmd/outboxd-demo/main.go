@@ -151,7 +151,7 @@ func createdb(ctx context.Context, args []string) error {
 	}
 	defer conn.Close(ctx)
 	var exists bool
-	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, name).Scan(&exists); err != nil {
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = @name)`, pgx.NamedArgs{"name": name}).Scan(&exists); err != nil {
 		return err
 	}
 	if !exists {

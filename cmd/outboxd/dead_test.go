@@ -274,7 +274,7 @@ func TestReplayWaitsForTheReconciliationLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead := func() int64 {
-		n, err := st.CountDead(ctx, store.DeadFilter{})
+		n, err := st.Ops().CountDead(ctx, store.DeadFilter{})
 		if err != nil {
 			t.Fatal(err)
 		}

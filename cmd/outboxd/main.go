@@ -419,7 +419,7 @@ func deadCount(g *globals, stdout io.Writer, f store.DeadFilter, what string) er
 		return err
 	}
 	defer st.Close()
-	n, err := st.CountDead(s.ctx, f)
+	n, err := st.Ops().CountDead(s.ctx, f)
 	if err != nil {
 		return err
 	}
@@ -488,7 +488,7 @@ func deadListCmd(g *globals, stdout io.Writer) *cobra.Command {
 			}
 			defer s.stop()
 			defer st.Close()
-			page, err := st.ListDead(s.ctx, q.Filter, q.After, q.Limit)
+			page, err := st.Ops().ListDead(s.ctx, store.DeadQuery{Filter: q.Filter, After: q.After, Limit: q.Limit})
 			if err != nil {
 				return err
 			}
@@ -567,11 +567,11 @@ func deadShowCmd(g *globals, stdout io.Writer) *cobra.Command {
 			}
 			defer s.stop()
 			defer st.Close()
-			e, err := st.ShowDead(s.ctx, id)
+			e, err := st.Ops().ShowDead(s.ctx, id)
 			if err != nil {
 				return err
 			}
-			hist, err := st.History(s.ctx, e.ID, e.CreatedAt)
+			hist, err := st.Ops().History(s.ctx, e.ID, e.CreatedAt)
 			if err != nil {
 				return err
 			}

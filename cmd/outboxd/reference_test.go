@@ -63,7 +63,7 @@ func configKeys() map[string]bool {
 	for _, k := range config.Keys() {
 		out[k] = true
 	}
-	for k := range app.Defaults() {
+	for k := range config.Defaults(app.PartDefaults()) {
 		out[k] = true
 	}
 	return out

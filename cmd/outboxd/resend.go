@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/admin"
+	"github.com/outboxd/outboxd/cmd/outboxd/internal/app"
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/deadquery"
 	"github.com/outboxd/outboxd/reconcile"
 )
@@ -54,8 +55,8 @@ func resendCmd(g *globals, stdout io.Writer) *cobra.Command {
 			if via.on() {
 				err = via.post(cmd.Context(), "/admin/resend", p, &res)
 			} else {
-				err = g.withReconciler(stdout, func(s *session, rec *reconcile.Reconciler) error {
-					svc := admin.New(admin.Deps{Store: rec.Store(), Reconciler: rec, Log: s.log})
+				err = g.withReconcilerApp(stdout, func(s *session, a *app.App, rec *reconcile.Reconciler) error {
+					svc := admin.New(admin.Deps{Store: a.Store.Ops(), Reconciler: rec, Log: s.log})
 					res, err = svc.Resend(s.ctx, admin.Caller{Name: "cli"}, req)
 					return err
 				})

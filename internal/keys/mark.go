@@ -36,7 +36,7 @@ const LegacySkew = 5 * time.Second
 // JSON text Postgres renders for the jsonb value (what a read of the
 // column returns, binary or text; a NULL is empty). The poller takes it
 // with ContentOf from the bytes it loaded to send; store computes the same
-// in SQL for the rows it does not load (store.Store.ContentDigests). A
+// in SQL for the rows it does not load (store.Reconcile.ContentDigests). A
 // digest of digests keeps the two parts apart without a copy of either.
 type Content [8]byte
 

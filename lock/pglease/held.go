@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outboxd/outboxd/lock"
 	"github.com/outboxd/outboxd/lock/internal/hold"
 )
@@ -47,10 +49,11 @@ func (l *Lock) TrustedUntil() time.Time { return l.hold.TrustedUntil() }
 // ownerChecked runs the extend or release statement and says what it
 // found: nil when it acted, lock.ErrNotHeld when the lease was gone,
 // lock.ErrOwnedByOther when another owner held it.
-func (l *Lock) ownerChecked(ctx context.Context, sql string, arg any) error {
+func (l *Lock) ownerChecked(ctx context.Context, sql string, args pgx.NamedArgs) error {
+	args["lock"], args["owner"], args["token"] = l.name, l.owner, l.token
 	var ok bool
 	var live *string
-	if err := l.c.pool.QueryRow(ctx, sql, l.name, l.owner, l.token, arg).Scan(&ok, &live); err != nil {
+	if err := l.c.pool.QueryRow(ctx, sql, args).Scan(&ok, &live); err != nil {
 		return fmt.Errorf("lock: postgres: %s: %w", l.name, err)
 	}
 	switch {
@@ -66,7 +69,7 @@ func (l *Lock) ownerChecked(ctx context.Context, sql string, arg any) error {
 func (l *Lock) renew(ctx context.Context) error {
 	qctx, cancel := context.WithTimeout(ctx, opTimeout(l.opts.TTL))
 	defer cancel()
-	return l.ownerChecked(qctx, l.c.q.extend, l.opts.TTL.Milliseconds())
+	return l.ownerChecked(qctx, l.c.q.extend, pgx.NamedArgs{"ttl_ms": l.opts.TTL.Milliseconds()})
 }
 
 // Extend renews the lease once (owner-checked) and moves the local trust
@@ -81,6 +84,6 @@ func (l *Lock) Release(ctx context.Context) error {
 	return l.hold.Release(func() error {
 		qctx, cancel := context.WithTimeout(ctx, opTimeout(l.opts.TTL))
 		defer cancel()
-		return l.ownerChecked(qctx, l.c.q.release, Channel)
+		return l.ownerChecked(qctx, l.c.q.release, pgx.NamedArgs{"channel": Channel})
 	})
 }

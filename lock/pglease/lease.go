@@ -138,7 +138,9 @@ func (c *Client) try(opCtx context.Context, name string, opts lock.Options, wait
 	qctx, cancel := context.WithTimeout(opCtx, opTimeout(opts.TTL))
 	defer cancel()
 	var r acquireRow
-	err := c.pool.QueryRow(qctx, c.q.acquire, name, owner, nullable(opts.Instance), opts.Floor, opts.TTL.Milliseconds()).
+	err := c.pool.QueryRow(qctx, c.q.acquire, pgx.NamedArgs{
+		"lock": name, "owner": owner, "instance": nullable(opts.Instance), "floor": opts.Floor, "ttl_ms": opts.TTL.Milliseconds(),
+	}).
 		Scan(&r.token, &r.recovered, &r.holder, &r.instance, &r.holderTTL)
 	if err != nil {
 		return nil, errors.Join(lock.ErrNotObtained, fmt.Errorf("lock: postgres: acquire %s: %w", name, err))
@@ -238,7 +240,7 @@ func (c *Client) listen(ctx context.Context, name string) (<-chan struct{}, func
 func (c *Client) Holder(ctx context.Context, name string) (lock.HolderInfo, error) {
 	var owner, instance *string
 	var ttl int64
-	err := c.pool.QueryRow(ctx, c.q.holder, name).Scan(&owner, &instance, &ttl)
+	err := c.pool.QueryRow(ctx, c.q.holder, pgx.NamedArgs{"lock": name}).Scan(&owner, &instance, &ttl)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return lock.HolderInfo{}, nil
@@ -256,7 +258,7 @@ func (c *Client) Holder(ctx context.Context, name string) (lock.HolderInfo, erro
 // when none ever was.
 func (c *Client) LastToken(ctx context.Context, name string) (int64, error) {
 	var token int64
-	err := c.pool.QueryRow(ctx, c.q.lastToken, name).Scan(&token)
+	err := c.pool.QueryRow(ctx, c.q.lastToken, pgx.NamedArgs{"lock": name}).Scan(&token)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return 0, nil

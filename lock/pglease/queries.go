@@ -16,7 +16,7 @@ func newQueries(schema string) queries {
 	}
 }
 
-// acquireSQL ($1 lock name, $2 owner, $3 instance, $4 floor, $5 TTL in ms)
+// acquireSQL (@lock name, @owner, @instance, @floor, @ttl_ms the TTL in ms)
 // takes the lease when its row is missing, expired or released, and
 // returns the token and whether the floor or the fence lifted it; else no
 // token and the holder seen. cur locks the row first, so the holder named
@@ -26,15 +26,15 @@ func newQueries(schema string) queries {
 const acquireSQL = `
 WITH cur AS (
     SELECT token, owner, instance, expires_at
-    FROM {leases} WHERE lock_name = $1::text
+    FROM {leases} WHERE lock_name = @lock::text
     FOR UPDATE
 ), lift AS (
-    SELECT greatest($4::bigint, (SELECT f.token FROM {fence} f WHERE f.lock_name = $1::text), 0) AS floor
+    SELECT greatest(@floor::bigint, (SELECT f.token FROM {fence} f WHERE f.lock_name = @lock::text), 0) AS floor
 ), got AS (
     INSERT INTO {leases} AS l (lock_name, owner, instance, token, expires_at)
-    SELECT $1::text, $2::text, $3::text,
+    SELECT @lock::text, @owner::text, @instance::text,
            greatest(coalesce((SELECT token FROM cur), 0), lift.floor) + 1,
-           now() + $5::bigint * interval '1 millisecond'
+           now() + @ttl_ms::bigint * interval '1 millisecond'
     FROM lift
     ON CONFLICT (lock_name) DO UPDATE
     SET owner = excluded.owner, instance = excluded.instance,
@@ -49,38 +49,38 @@ SELECT (SELECT token FROM got),
        (SELECT instance FROM cur),
        (SELECT ceil(extract(epoch FROM expires_at - now()) * 1000)::bigint FROM cur)`
 
-// extendSQL ($1 lock name, $2 owner, $3 token, $4 TTL in ms) renews the
+// extendSQL (@lock name, @owner, @token, @ttl_ms the TTL in ms) renews the
 // lease if it is still this owner's and not expired; it returns whether it
 // did, and else the live owner the statement's snapshot saw (NULL: none).
 const extendSQL = `
 WITH upd AS (
-    UPDATE {leases} SET expires_at = now() + $4::bigint * interval '1 millisecond'
-    WHERE lock_name = $1::text AND owner = $2::text AND token = $3::bigint AND expires_at > now()
+    UPDATE {leases} SET expires_at = now() + @ttl_ms::bigint * interval '1 millisecond'
+    WHERE lock_name = @lock::text AND owner = @owner::text AND token = @token::bigint AND expires_at > now()
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM upd) = 1,
-       (SELECT owner FROM {leases} WHERE lock_name = $1::text AND expires_at > now())`
+       (SELECT owner FROM {leases} WHERE lock_name = @lock::text AND expires_at > now())`
 
-// releaseSQL ($1 lock name, $2 owner, $3 token, $4 channel) ends the lease
+// releaseSQL (@lock name, @owner, @token, @channel) ends the lease
 // if it is still this owner's, keeping the row and its token, and
 // announces it; it returns whether it did, and else the live owner seen.
 const releaseSQL = `
 WITH rel AS (
     UPDATE {leases} SET owner = NULL, instance = NULL, expires_at = now()
-    WHERE lock_name = $1::text AND owner = $2::text AND token = $3::bigint AND expires_at > now()
+    WHERE lock_name = @lock::text AND owner = @owner::text AND token = @token::bigint AND expires_at > now()
     RETURNING lock_name
 ), note AS (
-    SELECT pg_notify($4::text, lock_name) FROM rel
+    SELECT pg_notify(@channel::text, lock_name) FROM rel
 )
 SELECT (SELECT count(*) FROM note) = 1,
-       (SELECT owner FROM {leases} WHERE lock_name = $1::text AND expires_at > now())`
+       (SELECT owner FROM {leases} WHERE lock_name = @lock::text AND expires_at > now())`
 
-// holderSQL ($1 lock name): the live holder and the milliseconds left on
+// holderSQL (@lock name): the live holder and the milliseconds left on
 // Postgres' clock; no row when the lock is free.
 const holderSQL = `
 SELECT owner, instance, ceil(extract(epoch FROM expires_at - now()) * 1000)::bigint
 FROM {leases}
-WHERE lock_name = $1::text AND owner IS NOT NULL AND expires_at > now()`
+WHERE lock_name = @lock::text AND owner IS NOT NULL AND expires_at > now()`
 
-// lastTokenSQL ($1 lock name): the last token issued.
-const lastTokenSQL = `SELECT token FROM {leases} WHERE lock_name = $1::text`
+// lastTokenSQL (@lock name): the last token issued.
+const lastTokenSQL = `SELECT token FROM {leases} WHERE lock_name = @lock::text`

@@ -48,7 +48,7 @@ type Caller struct {
 // Deps are what the operations act on.
 type Deps struct {
 	// Store reads (the ops pool on a daemon).
-	Store *store.Store
+	Store store.Ops
 	// Reconciler writes under lock:reconciliation.
 	Reconciler *reconcile.Reconciler
 	// Status is the /status body (app.Status).
@@ -186,7 +186,7 @@ func (s *Service) Resume(ctx context.Context, who Caller, req PauseRequest) (Pau
 
 // DeadList is one page of the dead-letter list.
 func (s *Service) DeadList(ctx context.Context, req DeadListRequest) (store.DeadPage, error) {
-	return s.d.Store.ListDead(ctx, req.Filter, req.After, req.Limit)
+	return s.d.Store.ListDead(ctx, store.DeadQuery{Filter: req.Filter, After: req.After, Limit: req.Limit})
 }
 
 // DeadShow is one dead row with its attempt history; ErrNotFound when no

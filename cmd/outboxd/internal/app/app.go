@@ -419,15 +419,15 @@ func (a *App) httpDeps(p *poller.Poller, rec *reconcile.Reconciler, sink dispatc
 		Tokens:        toks,
 		Checks:        checks,
 		Registry:      a.Metrics.Registry,
-		BeforeScrape:  func(ctx context.Context) { a.refreshBacklog(ctx, ops); a.refreshPaused(ctx, ops) },
+		BeforeScrape:  func(ctx context.Context) { a.refreshBacklog(ctx, ops.Ops()); a.refreshPaused(ctx, ops.Ops()) },
 		Pprof:         a.Cfg.HTTP.Pprof,
 		AuthToken:     a.Cfg.HTTP.AuthToken,
 		OffLoopback:   offLoopback,
 		MaxConcurrent: a.Cfg.HTTP.MaxConcurrent,
 		OpsShare:      opsShare,
-		Dead:          ops,
+		Dead:          ops.Ops(),
 		Status: func(ctx context.Context) (any, error) {
-			st, err := a.status(ctx, ops, map[string]func() int64{keys.PollerLock: p.HeldToken, keys.ReconcileLock: rec.HeldToken}, sinksOf(sink), ops.Stats)
+			st, err := a.status(ctx, ops.Ops(), map[string]func() int64{keys.PollerLock: p.HeldToken, keys.ReconcileLock: rec.HeldToken}, sinksOf(sink), ops.Ops().Stats)
 			ferr := p.FetchFailure(time.Now())
 			switch {
 			case err != nil && ferr != nil:
@@ -441,9 +441,9 @@ func (a *App) httpDeps(p *poller.Poller, rec *reconcile.Reconciler, sink dispatc
 		},
 	}
 	d.Admin = admin.New(admin.Deps{
-		Store: ops, Reconciler: adminRec, Status: d.Status, Log: a.Log,
+		Store: ops.Ops(), Reconciler: adminRec, Status: d.Status, Log: a.Log,
 		Destinations: func(ctx context.Context) ([]admin.Destination, error) {
-			st, err := a.status(ctx, ops, nil, sinksOf(sink), ops.Stats)
+			st, err := a.status(ctx, ops.Ops(), nil, sinksOf(sink), ops.Ops().Stats)
 			if err != nil {
 				return nil, err
 			}
@@ -558,7 +558,7 @@ func (a *App) pingRedis(ctx context.Context) error {
 // refreshBacklog sets the backlog gauges from Postgres, at most as often
 // as backlogGate allows; on error they keep their last values (and /readyz
 // reports Postgres).
-func (a *App) refreshBacklog(ctx context.Context, s *store.Store) {
+func (a *App) refreshBacklog(ctx context.Context, s store.Ops) {
 	a.backlog.run(ctx, time.Now, func(ctx context.Context) {
 		st, err := s.Stats(ctx)
 		if err != nil {
@@ -571,7 +571,7 @@ func (a *App) refreshBacklog(ctx context.Context, s *store.Store) {
 
 // refreshPaused sets outboxd_destination_paused from Postgres; on error
 // the gauges keep their last values.
-func (a *App) refreshPaused(ctx context.Context, s *store.Store) {
+func (a *App) refreshPaused(ctx context.Context, s store.Ops) {
 	paused, err := s.PausedDestinations(ctx)
 	if err != nil {
 		return
@@ -638,13 +638,13 @@ type Status struct {
 // destinations come from the configuration, without their sinks'
 // capabilities (those are known once built: /status).
 func (a *App) Status(ctx context.Context) (Status, error) {
-	return a.status(ctx, a.Store, nil, nil, a.Store.Stats)
+	return a.status(ctx, a.Store.Ops(), nil, nil, a.Store.Ops().Stats)
 }
 
 // status reads Postgres through s; held gives this replica's token per
 // lock (0 while not holding); built the sink of each destination, by name,
 // once built; stats counts the backlog.
-func (a *App) status(ctx context.Context, s *store.Store, held map[string]func() int64, built map[string]dispatch.Sink,
+func (a *App) status(ctx context.Context, s store.Ops, held map[string]func() int64, built map[string]dispatch.Sink,
 	stats func(context.Context) (store.Stats, error)) (Status, error) {
 	st, err := stats(ctx)
 	if err != nil {
@@ -658,7 +658,7 @@ func (a *App) status(ctx context.Context, s *store.Store, held map[string]func()
 	if err != nil {
 		return Status{}, err
 	}
-	replicas, err := a.Store.Replicas(ctx, ReplicaFresh)
+	replicas, err := a.Store.Ops().Replicas(ctx, ReplicaFresh)
 	if err != nil {
 		return Status{}, err
 	}

@@ -2,7 +2,6 @@ package app
 
 import (
 	"fmt"
-	"os"
 	"slices"
 	"time"
 
@@ -20,54 +19,13 @@ import (
 	"github.com/outboxd/outboxd/reconcile"
 )
 
-// Defaults of the keys that configure the wiring itself (connections, HTTP,
-// logs); every other key's default is the constant of the part it configures.
-const (
-	DefaultPostgresDSN = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
-	DefaultRedisAddr   = "127.0.0.1:6379"
-	DefaultWebhookURL  = "http://127.0.0.1:8081/events"
-	DefaultHTTPAddr    = "127.0.0.1:9090"
-	// DefaultEtcdDialTimeout bounds the first connection to etcd.
-	DefaultEtcdDialTimeout = 5 * time.Second
-)
-
-// Defaults is every configuration key's default. Each value is written once:
-// here for the wiring, as a Default* constant beside the Config of the part
-// (poller, reconcile, dispatch) for the rest.
-func Defaults() map[string]any {
+// PartDefaults are the defaults of the parts' keys (poller, reconcile,
+// dispatch and each sink): each the Default* constant beside the Config it
+// fills, which the part also applies to a zero field itself. The wiring's
+// keys default in config (config.Defaults).
+func PartDefaults() map[string]any {
 	return map[string]any{
-		"postgres.dsn":                            DefaultPostgresDSN,
-		"postgres.dsn_file":                       "",
-		"postgres.schema":                         "public",
-		"postgres.pooler":                         config.PoolerNone,
-		"lock.backend":                            config.LockRedis,
-		"lock.etcd.endpoints":                     []string{},
-		"lock.etcd.dial_timeout":                  DefaultEtcdDialTimeout,
 		"lock.etcd.key_prefix":                    etcdlease.DefaultKeyPrefix,
-		"lock.etcd.username":                      "",
-		"lock.etcd.password":                      "",
-		"lock.etcd.password_file":                 "",
-		"lock.etcd.tls.enabled":                   false,
-		"lock.etcd.tls.ca_file":                   "",
-		"lock.etcd.tls.cert_file":                 "",
-		"lock.etcd.tls.key_file":                  "",
-		"lock.etcd.tls.server_name":               "",
-		"lock.etcd.tls.insecure_skip_verify":      false,
-		"idempotency.store":                       "", // follows lock.backend (config.Idempotency)
-		"redis.addrs":                             []string{DefaultRedisAddr},
-		"redis.mode":                              "single",
-		"redis.username":                          "",
-		"redis.password":                          "",
-		"redis.db":                                0,
-		"redis.key_prefix":                        "",
-		"redis.master_name":                       "",
-		"redis.password_file":                     "",
-		"redis.tls.enabled":                       false,
-		"redis.tls.ca_file":                       "",
-		"redis.tls.cert_file":                     "",
-		"redis.tls.key_file":                      "",
-		"redis.tls.server_name":                   "",
-		"redis.tls.insecure_skip_verify":          false,
 		"poller.lock_ttl":                         poller.DefaultLockTTL,
 		"poller.lock_wait":                        poller.DefaultLockWait,
 		"poller.batch_size":                       poller.DefaultBatchSize,
@@ -87,7 +45,6 @@ func Defaults() map[string]any {
 		"reconcile.dead_retention":                time.Duration(0), // keep dead rows
 		"reconcile.batch_size":                    reconcile.DefaultBatchSize,
 		"dispatch.sink":                           "webhook",
-		"dispatch.webhook.url":                    DefaultWebhookURL,
 		"dispatch.webhook.secret":                 "",
 		"dispatch.webhook.secret_file":            "",
 		"dispatch.webhook.timeout":                time.Duration(0), // follows poller.lock_ttl (config.WebhookTimeout)
@@ -141,38 +98,18 @@ func Defaults() map[string]any {
 		"dispatch.cloudevents_mode":               dispatch.CloudEventsBinary,
 		"dispatch.breaker.failures":               dispatch.DefaultBreakerFailures,
 		"dispatch.breaker.probe_interval":         dispatch.DefaultBreakerProbeEvery,
-		"http.addr":                               DefaultHTTPAddr,
-		"http.pprof":                              false,
-		"http.auth_token":                         "",
-		"http.auth_token_file":                    "",
-		"http.auth_tokens_file":                   "",
-		"http.max_concurrent":                     2,
-		"log.level":                               "info",
-		"log.format":                              "json",
 		"shutdown_timeout":                        poller.DefaultShutdownTimeout,
-		"instance_id":                             hostname(),
-
 		// A destination template may start with a placeholder only when set.
 		"dispatch.allow_row_prefixed_destinations": false,
 	}
 }
 
-// hostname is instance_id's default: the host name (in Kubernetes, the
-// pod's name); "outboxd" when the system names none.
-func hostname() string {
-	h, err := os.Hostname()
-	if err != nil || h == "" {
-		return "outboxd"
-	}
-	return h
-}
-
 // LoadConfig loads the configuration (file, environment, sets; see
-// config.Load) with Defaults and checks the sections given (all when none
+// config.Load) with config.Defaults and checks the sections given (all when none
 // is) with Check: a command passes the sections it uses. Every error that is
 // the operator's to fix is a *config.KeyError naming the key (exit 2).
 func LoadConfig(file string, sets []string, sections ...config.Section) (*config.Config, error) {
-	cfg, err := config.Load(file, sets, Defaults(), sections...)
+	cfg, err := config.Load(file, sets, config.Defaults(PartDefaults()), sections...)
 	if err != nil {
 		return nil, err
 	}

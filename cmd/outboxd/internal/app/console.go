@@ -48,7 +48,7 @@ func (a *App) consoleUI(svc *admin.Service, p *poller.Poller, sink dispatch.Sink
 // backlog is the backlog gauges' count, refreshed as a scrape refreshes
 // it (spaced out while counts are slow: backlogGate).
 func (b *consoleBackend) backlog(ctx context.Context) (store.Stats, error) {
-	b.a.refreshBacklog(ctx, b.ops)
+	b.a.refreshBacklog(ctx, b.ops.Ops())
 	st, at := b.a.backlog.latest()
 	if at.IsZero() {
 		return store.Stats{}, errors.New("the backlog could not be counted yet (see /readyz)")
@@ -58,7 +58,7 @@ func (b *consoleBackend) backlog(ctx context.Context) (store.Stats, error) {
 
 // Overview is /status's view, the leader first.
 func (b *consoleBackend) Overview(ctx context.Context) (console.Overview, error) {
-	st, err := b.a.status(ctx, b.ops, map[string]func() int64{keys.PollerLock: b.p.HeldToken}, b.built, b.backlog)
+	st, err := b.a.status(ctx, b.ops.Ops(), map[string]func() int64{keys.PollerLock: b.p.HeldToken}, b.built, b.backlog)
 	if err != nil {
 		return console.Overview{}, err
 	}

@@ -37,7 +37,7 @@ func (a *App) AwaitPause(ctx context.Context, gen int64, wait time.Duration) (Pa
 	var holder string
 	var last error
 	for {
-		applied, err := a.Store.PauseApplied(wctx)
+		applied, err := a.Store.Ops().PauseApplied(wctx)
 		h, herr := a.Locks.Holder(wctx, keys.PollerLock)
 		switch {
 		case err == nil && applied >= gen:

@@ -29,7 +29,7 @@ func (a *App) heartbeat(ctx context.Context, httpAddr string, leads func() bool)
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		defer cancel()
-		if err := a.Store.RemoveReplica(rctx, self.InstanceID); err != nil {
+		if err := a.Store.Ops().RemoveReplica(rctx, self.InstanceID); err != nil {
 			a.Log.Warn("replica heartbeat failed", "error", err)
 		}
 	}()
@@ -46,7 +46,7 @@ func (a *App) heartbeat(ctx context.Context, httpAddr string, leads func() bool)
 			next := self
 			next.Role = role
 			wctx, cancel := context.WithTimeout(ctx, ReplicaHeartbeat)
-			err := a.Store.Heartbeat(wctx, next, ReplicaFresh)
+			err := a.Store.Ops().Heartbeat(wctx, next, ReplicaFresh)
 			cancel()
 			switch {
 			case err == nil:

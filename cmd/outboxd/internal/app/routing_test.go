@@ -156,7 +156,7 @@ func TestDestinationEnvAndSetOverride(t *testing.T) {
 	if d["audit"].NATS.Subject != "audit.{event_type}" {
 		t.Errorf("audit subject %q, want the --set's", d["audit"].NATS.Subject)
 	}
-	if c.Dispatch.Webhook.URL != app.DefaultWebhookURL {
+	if c.Dispatch.Webhook.URL != config.DefaultWebhookURL {
 		t.Errorf("top-level url %q changed", c.Dispatch.Webhook.URL)
 	}
 }

@@ -15,9 +15,9 @@ import (
 )
 
 // DeadLister reads the dead-letter list and one dead row with its attempt
-// history (store.Store does). Called from one goroutine per request.
+// history (store.Ops does). Called from one goroutine per request.
 type DeadLister interface {
-	ListDead(ctx context.Context, f store.DeadFilter, after *store.DeadCursor, limit int) (store.DeadPage, error)
+	ListDead(ctx context.Context, q store.DeadQuery) (store.DeadPage, error)
 	ShowDead(ctx context.Context, id int64) (store.DeadEvent, error)
 	History(ctx context.Context, id int64, createdAt pgtype.Timestamptz) ([]store.Attempt, error)
 }
@@ -85,7 +85,7 @@ func serveDead(w http.ResponseWriter, r *http.Request, d DeadLister) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 	defer cancel()
-	page, err := d.ListDead(ctx, q.Filter, q.After, q.Limit)
+	page, err := d.ListDead(ctx, store.DeadQuery{Filter: q.Filter, After: q.After, Limit: q.Limit})
 	if err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
 		return

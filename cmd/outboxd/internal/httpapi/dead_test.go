@@ -48,7 +48,7 @@ INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := httpapi.Handler(httpapi.Deps{Dead: st, Status: func(context.Context) (any, error) { return nil, nil }})
+	h := httpapi.Handler(httpapi.Deps{Dead: st.Ops(), Status: func(context.Context) (any, error) { return nil, nil }})
 
 	// Page through a filtered list, 3 at a time, and compare with the store's.
 	q := url.Values{"event-type": {"*.funded"}, "error": {"ZEITüber"}, "aggregate": {"deal"}, "limit": {"3"},
@@ -133,7 +133,7 @@ func TestDeadServesOneRowWithItsHistory(t *testing.T) {
 		SELECT id, a, created_at, 'http_503', 'down', 20, 7 FROM outbox, generate_series(1, 2) a WHERE id = $1`, dead); err != nil {
 		t.Fatal(err)
 	}
-	h := httpapi.Handler(httpapi.Deps{Dead: st, Status: func(context.Context) (any, error) { return nil, nil }})
+	h := httpapi.Handler(httpapi.Deps{Dead: st.Ops(), Status: func(context.Context) (any, error) { return nil, nil }})
 
 	var row struct {
 		ID      int64 `json:"id"`

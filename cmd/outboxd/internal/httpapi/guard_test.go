@@ -50,7 +50,7 @@ func noStatus(context.Context) (any, error) { return map[string]string{}, nil }
 func TestTokenGuardsPayloadsAndPprof(t *testing.T) {
 	t.Parallel()
 	st, id := deadRow(t)
-	h := httpapi.Handler(httpapi.Deps{Dead: st, Pprof: true, AuthToken: "s3cret", Status: noStatus})
+	h := httpapi.Handler(httpapi.Deps{Dead: st.Ops(), Pprof: true, AuthToken: "s3cret", Status: noStatus})
 	for _, path := range []string{"/dead/" + id, "/dead", "/debug/pprof/", "/debug/pprof/cmdline", "/debug/pprof/symbol"} {
 		for _, bad := range []string{"", "Bearer wrong", "Basic czNjcmV0", "s3cret", "Bearers3cret"} {
 			if rec := ask(h, path, bad); rec.Code != http.StatusUnauthorized || strings.Contains(rec.Body.String(), "DE89") {
@@ -84,7 +84,7 @@ func TestBearerSchemeInAnyCase(t *testing.T) {
 func TestPayloadsRefusedOffLoopbackWithoutToken(t *testing.T) {
 	t.Parallel()
 	st, id := deadRow(t)
-	deps := httpapi.Deps{Dead: st, Pprof: true, OffLoopback: true, Status: noStatus}
+	deps := httpapi.Deps{Dead: st.Ops(), Pprof: true, OffLoopback: true, Status: noStatus}
 	h := httpapi.Handler(deps)
 	for _, path := range []string{"/dead", "/dead/" + id, "/debug/pprof/", "/debug/pprof/cmdline"} {
 		rec := ask(h, path, "")
@@ -146,7 +146,7 @@ func TestConcurrencyLimitAnswers503WithRetryAfter(t *testing.T) {
 	}
 	scrapes := 0
 	h := httpapi.Handler(httpapi.Deps{
-		Dead: st, Status: status, MaxConcurrent: 1, Registry: prometheus.NewRegistry(),
+		Dead: st.Ops(), Status: status, MaxConcurrent: 1, Registry: prometheus.NewRegistry(),
 		BeforeScrape: func(context.Context) { scrapes++ },
 	})
 	held := make(chan *httptest.ResponseRecorder)

@@ -135,24 +135,24 @@ func TestSaveCursorIsFenced(t *testing.T) {
 	st, _ := testenv.Store(t)
 	ctx := context.Background()
 	lock := "lock:outbox:poller"
-	c, _, _, epoch, err := st.LoadCursor(ctx, lock)
+	c, _, _, epoch, err := cursorOf(st.ReadPath().LoadCursor(ctx, lock))
 	if err != nil || c != 0 || epoch == "" {
 		t.Fatalf("no cursor saved: %d, epoch %q, %v", c, epoch, err)
 	}
-	if err := st.SaveCursor(ctx, store.Fence{Lock: lock, Token: 2, Owner: "b"}, 42, 50, 0, epoch); err != nil {
+	if err := st.ReadPath().SaveCursor(ctx, store.Fence{Lock: lock, Token: 2, Owner: "b"}, store.Cursor{At: 42, Sent: 50, Epoch: epoch}); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.SaveCursor(ctx, store.Fence{Lock: lock, Token: 1, Owner: "a"}, 7, 90, 0, epoch); err == nil {
+	if err := st.ReadPath().SaveCursor(ctx, store.Fence{Lock: lock, Token: 1, Owner: "a"}, store.Cursor{At: 7, Sent: 90, Epoch: epoch}); err == nil {
 		t.Fatal("a stale holder saved its cursor")
 	}
-	if c, sent, h, _, _ := st.LoadCursor(ctx, lock); c != 42 || sent != 50 || h != 0 {
+	if c, sent, h, _, _ := cursorOf(st.ReadPath().LoadCursor(ctx, lock)); c != 42 || sent != 50 || h != 0 {
 		t.Fatalf("cursor %d, sent %d, horizon %d; want the saved 42 and 50, settled (horizon 0)", c, sent, h)
 	}
 	// Ids start again: the saved cursor is of the old ids, and not used.
 	if _, err := st.Pool().Exec(ctx, `TRUNCATE outbox RESTART IDENTITY`); err != nil {
 		t.Fatal(err)
 	}
-	if c, _, _, e2, _ := st.LoadCursor(ctx, lock); c != 0 || e2 == epoch {
+	if c, _, _, e2, _ := cursorOf(st.ReadPath().LoadCursor(ctx, lock)); c != 0 || e2 == epoch {
 		t.Fatalf("after TRUNCATE ... RESTART IDENTITY: cursor %d (epoch %q, was %q), want 0 in a new epoch", c, e2, epoch)
 	}
 }
@@ -179,14 +179,14 @@ func TestLaterSentFindsDispatchedLaterRowsOfTheAggregate(t *testing.T) {
 	st, ctx := sevenRows(t, 3, 4, 7)
 	rows := []store.Row{{ID: 1, AggregateType: "deal", AggregateID: "A"}, {ID: 2, AggregateType: "deal", AggregateID: "B"},
 		{ID: 6, AggregateType: "deal", AggregateID: "C"}}
-	got, err := st.LaterSent(ctx, rows, 6)
+	got, err := st.ReadPath().LaterSent(ctx, rows, 6)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(got) != 1 || got[1] != 4 {
 		t.Fatalf("LaterSent up to 6: %v, want only 1 -> 4 (2's later row is pending, 6's is above the mark)", got)
 	}
-	if got, err := st.LaterSent(ctx, rows, 7); err != nil || len(got) != 2 || got[6] != 7 {
+	if got, err := st.ReadPath().LaterSent(ctx, rows, 7); err != nil || len(got) != 2 || got[6] != 7 {
 		t.Fatalf("LaterSent up to 7: %v, %v; want 1 -> 4 and 6 -> 7", got, err)
 	}
 	// A replayed or retried row is no late commit: it was tried before.
@@ -194,7 +194,7 @@ func TestLaterSentFindsDispatchedLaterRowsOfTheAggregate(t *testing.T) {
 		UPDATE outbox SET attempts = 1 WHERE id = 6`); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := st.LaterSent(ctx, rows, 7); err != nil || len(got) != 0 {
+	if got, err := st.ReadPath().LaterSent(ctx, rows, 7); err != nil || len(got) != 0 {
 		t.Fatalf("LaterSent after a replay and a retry: %v, %v; want none", got, err)
 	}
 }
@@ -208,7 +208,7 @@ func TestInheritedLateNamesLateRowsAndMissingIDs(t *testing.T) {
 	if _, err := st.Pool().Exec(ctx, `DELETE FROM outbox WHERE id = 5`); err != nil {
 		t.Fatal(err)
 	}
-	in, complete, err := st.InheritedLate(ctx, 0, 9, 10)
+	in, complete, err := lateOf(st.ReadPath().InheritedLate(ctx, store.InheritedRange{Lo: 0, Hi: 9, Limit: 10}))
 	wantLate := map[int64]int64{1: 3, 6: 7}
 	wantHoles := []store.Hole{{After: 4, Before: 6}}
 	if err != nil || !complete || !maps.Equal(in.Late, wantLate) || !slices.Equal(in.Holes, wantHoles) {
@@ -220,10 +220,10 @@ func TestInheritedLateNamesLateRowsAndMissingIDs(t *testing.T) {
 			t.Fatalf("InHole(%d) = %v, want %v (holes %v)", id, !want, want, in.Holes)
 		}
 	}
-	if in, _, err := st.InheritedLate(ctx, 1, 6, 10); err != nil || len(in.Late) != 0 || len(in.Holes) != 0 {
+	if in, _, err := lateOf(st.ReadPath().InheritedLate(ctx, store.InheritedRange{Lo: 1, Hi: 6, Limit: 10})); err != nil || len(in.Late) != 0 || len(in.Holes) != 0 {
 		t.Fatalf("InheritedLate(1, 6): %+v, %v; want no late row (1 is below the range, 7 above), no hole (5 is above 3, the highest dispatched)", in, err)
 	}
-	if in, complete, err := st.InheritedLate(ctx, 0, 7, 1); err != nil || complete || in != nil {
+	if in, complete, err := lateOf(st.ReadPath().InheritedLate(ctx, store.InheritedRange{Lo: 0, Hi: 7, Limit: 1})); err != nil || complete || in != nil {
 		t.Fatalf("InheritedLate(0, 7) with limit 1: %+v, %v, %v; want incomplete (1 and 6 late)", in, complete, err)
 	}
 	// A replayed or retried row is no late commit: it was tried before.
@@ -231,7 +231,7 @@ func TestInheritedLateNamesLateRowsAndMissingIDs(t *testing.T) {
 		UPDATE outbox SET attempts = 1 WHERE id = 6`); err != nil {
 		t.Fatal(err)
 	}
-	if in, _, err := st.InheritedLate(ctx, 0, 7, 10); err != nil || len(in.Late) != 0 {
+	if in, _, err := lateOf(st.ReadPath().InheritedLate(ctx, store.InheritedRange{Lo: 0, Hi: 7, Limit: 10})); err != nil || len(in.Late) != 0 {
 		t.Fatalf("InheritedLate after a replay and a retry: %+v, %v; want no late row", in, err)
 	}
 	// The ids missing just below the highest dispatched one, and at the
@@ -240,7 +240,7 @@ func TestInheritedLateNamesLateRowsAndMissingIDs(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, lo := range []int64{0, 4} {
-		if in, _, err := st.InheritedLate(ctx, lo, 9, 10); err != nil || !slices.Equal(in.Holes, []store.Hole{{After: 4, Before: 7}}) {
+		if in, _, err := lateOf(st.ReadPath().InheritedLate(ctx, store.InheritedRange{Lo: lo, Hi: 9, Limit: 10})); err != nil || !slices.Equal(in.Holes, []store.Hole{{After: 4, Before: 7}}) {
 			t.Fatalf("InheritedLate(%d, 9) with 5 and 6 deleted: %+v, %v; want the hole (4, 7)", lo, in, err)
 		}
 	}
@@ -256,10 +256,10 @@ func TestLaterSentAsksNothingForRowsAtOrAboveTheMark(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	rows := []store.Row{{ID: 10, AggregateType: "deal", AggregateID: "A"}, {ID: 11, AggregateType: "deal", AggregateID: "B"}}
-	if got, err := st.LaterSent(ctx, rows, 10); err != nil || len(got) != 0 {
+	if got, err := st.ReadPath().LaterSent(ctx, rows, 10); err != nil || len(got) != 0 {
 		t.Fatalf("LaterSent of rows at or above the mark: %v, %v; want nothing, without a query", got, err)
 	}
-	if _, err := st.LaterSent(ctx, rows, 11); err == nil {
+	if _, err := st.ReadPath().LaterSent(ctx, rows, 11); err == nil {
 		t.Fatal("LaterSent of a row below the mark did not query (the cancelled context should have failed it)")
 	}
 }
@@ -276,7 +276,7 @@ func TestLoadCursorWithoutOneSavedSkipsTheSettledHistory(t *testing.T) {
 		SELECT 'deal', g::text, 'x', '{}', now() FROM generate_series(1, 20500) g`); err != nil {
 		t.Fatal(err)
 	}
-	if c, sent, h, _, err := st.LoadCursor(ctx, lock); err != nil || c != 10500 || sent != 20500 || h == 0 {
+	if c, sent, h, _, err := cursorOf(st.ReadPath().LoadCursor(ctx, lock)); err != nil || c != 10500 || sent != 20500 || h == 0 {
 		t.Fatalf("nothing pending: cursor %d, sent %d, horizon %d, %v; want a span below the highest id, 10500, "+
 			"the highest id as the sent mark (none known), with a horizon", c, sent, h, err)
 	}
@@ -284,13 +284,13 @@ func TestLoadCursorWithoutOneSavedSkipsTheSettledHistory(t *testing.T) {
 	if _, err := st.Pool().Exec(ctx, `UPDATE outbox SET dispatched_at = NULL WHERE id = 300`); err != nil {
 		t.Fatal(err)
 	}
-	if c, _, _, _, err := st.LoadCursor(ctx, lock); err != nil || c != 299 {
+	if c, _, _, _, err := cursorOf(st.ReadPath().LoadCursor(ctx, lock)); err != nil || c != 299 {
 		t.Fatalf("row 300 pending: cursor %d, %v; want 299", c, err)
 	}
 	if _, err := st.Pool().Exec(ctx, `UPDATE outbox SET dispatched_at = now() WHERE id = 300`); err != nil {
 		t.Fatal(err)
 	}
-	if c, _, _, _, err := st.LoadCursor(ctx, lock); err != nil || c != 10502 {
+	if c, _, _, _, err := cursorOf(st.ReadPath().LoadCursor(ctx, lock)); err != nil || c != 10502 {
 		t.Fatalf("two pending at the top: cursor %d, %v; want a span below the highest id (10502)", c, err)
 	}
 }
@@ -332,7 +332,7 @@ func TestHotPathCostDoesNotGrowWithHistory(t *testing.T) {
 	if err := st.ClaimFence(ctx, fence); err != nil {
 		t.Fatal(err)
 	}
-	_, _, _, epoch, err := st.LoadCursor(ctx, fence.Lock)
+	_, _, _, epoch, err := cursorOf(st.ReadPath().LoadCursor(ctx, fence.Lock))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -388,16 +388,16 @@ func TestHotPathCostDoesNotGrowWithHistory(t *testing.T) {
 	exec(t, st, `UPDATE outbox SET dispatched_at = now() WHERE dispatched_at IS NULL AND id <= $1 - 2000`, maxID(t, st))
 	top := maxID(t, st)
 	for id := top - 2000 + 1; id <= top; id++ {
-		if _, _, err := st.Complete(ctx, fence, done(t, st, id), nil); err != nil {
+		if _, _, err := counts(st.ReadPath().Complete(ctx, fence, store.Outcomes{Delivered: done(t, st, id)})); err != nil {
 			t.Fatal(err)
 		}
 		if id%100 == 0 { // the relay saves at most once a second, past many batches
-			if err := st.SaveCursor(ctx, fence, id, id, 0, epoch); err != nil {
+			if err := st.ReadPath().SaveCursor(ctx, fence, store.Cursor{At: id, Sent: id, Epoch: epoch}); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	if err := st.SaveCursor(ctx, fence, top, top, 0, epoch); err != nil {
+	if err := st.ReadPath().SaveCursor(ctx, fence, store.Cursor{At: top, Sent: top, Epoch: epoch}); err != nil {
 		t.Fatal(err)
 	}
 	read1, complete1, save1, stats1 := measure()
@@ -446,7 +446,7 @@ func TestHotPathCostDoesNotGrowWithHistory(t *testing.T) {
 	}
 	for _, r := range regimes {
 		r.setup()
-		if err := st.SaveCursor(ctx, fence, maxID(t, st), maxID(t, st), 0, epoch); err != nil {
+		if err := st.ReadPath().SaveCursor(ctx, fence, store.Cursor{At: maxID(t, st), Sent: maxID(t, st), Epoch: epoch}); err != nil {
 			t.Fatal(err)
 		}
 		read2, complete2, save2, stats2 := measure()
@@ -468,19 +468,19 @@ func TestStatsCountsFromTheCursor(t *testing.T) {
 	exec(t, st, `UPDATE outbox SET created_at = now() - interval '1 hour', available_at = now() - interval '1 hour'`)
 	enqueue(t, st, ev("deal", "A", 2), ev("deal", "B", 3), ev("deal", "C", 4), ev("deal", "D", 5))
 	first := maxID(t, st) - 4
-	if _, _, err := st.Complete(ctx, fence, done(t, st, first+1, first+3), []store.Failure{{ID: first, Error: "x", Delay: time.Hour},
-		{ID: first + 4, Error: "x", Delay: time.Hour}}); err != nil {
+	if _, _, err := counts(st.ReadPath().Complete(ctx, fence, store.Outcomes{Delivered: done(t, st, first+1, first+3), Failures: []store.Failure{{ID: first, Error: "x", Delay: time.Hour},
+		{ID: first + 4, Error: "x", Delay: time.Hour}}})); err != nil {
 		t.Fatal(err)
 	}
 	exec(t, st, `UPDATE outbox SET dead_at = now() WHERE id = $1`, first+2)
-	_, _, _, epoch, err := st.LoadCursor(ctx, fence.Lock)
+	_, _, _, epoch, err := cursorOf(st.ReadPath().LoadCursor(ctx, fence.Lock))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.SaveCursor(ctx, fence, first+3, first+3, 0, epoch); err != nil {
+	if err := st.ReadPath().SaveCursor(ctx, fence, store.Cursor{At: first + 3, Sent: first + 3, Epoch: epoch}); err != nil {
 		t.Fatal(err)
 	}
-	got, err := st.Stats(ctx)
+	got, err := st.Ops().Stats(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -512,12 +512,12 @@ func TestBacklogCountReadsThePendingIndexAlone(t *testing.T) {
 		SELECT 'deal', (i % 1000)::text, 'deal.funded', jsonb_build_object('seq', i, 'pad', repeat('x', 170))
 		FROM generate_series(1, 30000) i`)
 	exec(t, st, `VACUUM ANALYZE outbox`)
-	_, _, _, epoch, err := st.LoadCursor(ctx, fence.Lock)
+	_, _, _, epoch, err := cursorOf(st.ReadPath().LoadCursor(ctx, fence.Lock))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cursor := maxID(t, st) - 30000
-	if err := st.SaveCursor(ctx, fence, cursor, cursor, 0, epoch); err != nil {
+	if err := st.ReadPath().SaveCursor(ctx, fence, store.Cursor{At: cursor, Sent: cursor, Epoch: epoch}); err != nil {
 		t.Fatal(err)
 	}
 	exec(t, st, `UPDATE outbox SET dispatched_at = now() WHERE id <= $1`, cursor+10000)
@@ -532,7 +532,7 @@ func TestBacklogCountReadsThePendingIndexAlone(t *testing.T) {
 	// The first scrape looks at the delivered rows' heap once.
 	explainUndoneJSONWith(t, conn, store.StatsSettings, `EXECUTE st(NULL)`)
 	buffers := planBuffers(t, explainUndoneJSONWith(t, conn, store.StatsSettings, `EXECUTE st(NULL)`))
-	got, err := st.Stats(ctx)
+	got, err := st.Ops().Stats(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

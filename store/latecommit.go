@@ -3,86 +3,14 @@ package store
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// Aggregate names one ordering key.
-type Aggregate struct{ Type, ID string }
-
-// The statements of cursor.sql.
-var (
-	loadCursorQ     = stmt("load_cursor")
-	saveCursorQ     = stmt("save_cursor")
-	laterSentQ      = stmt("later_sent")
-	inheritedLateQ  = stmt("inherited_late")
-	pendingBetweenQ = stmt("pending_between")
-	viewSnapshotQ   = stmt("view_snapshot")
-)
-
-// LoadCursor returns where a new holder's reads start: the cursor the last
-// holder of lock saved (SaveCursor) in this epoch (ReadResult.Epoch), with
-// the horizon saved beside it (0 unless that holder still owed its cold
-// pass: a successor owes it in its place): one query. With none saved (a
-// first start, or the first start after upgrading onto a table with
-// history) it starts just below the lowest pending row, and at most a span
-// (10,000 ids) below the highest id, so the first reads neither walk the
-// settled history a span at a time (this one query walks it once per term
-// instead) nor pass the ids producers in flight most likely hold: those
-// are seen as gaps as usual. Such a cursor is not yet settled: an older id
-// below it may belong to a producer transaction in progress when it was
-// computed, so it comes with horizon, that snapshot's xmax; until a
-// snapshot's xmin reaches it the caller keeps rescanning below the cursor.
-//
-// The lowest pending row is found by a bitmap scan of a pending index
-// (pendingFloor), once per term that starts without a saved cursor: it
-// reads every entry a snapshot held elsewhere keeps from vacuum, and no
-// bound is possible without a saved cursor. It is not min(id) in this
-// query: the planner may walk outbox_pending_aggregate_idx whole for that
-// whenever its estimates see few pending rows, a buffer per row
-// (TestFirstStartCostsNoMoreThanABitmapOfThePendingIndex).
-//
-// sent is the highest id the earlier holders handed on (SaveCursor), at
-// least cursor; with none known (no cursor saved, or saved before
-// migration 00008) the table's highest id, which is at least as high.
-func (s *Store) LoadCursor(ctx context.Context, lock string) (cursor, sent int64, horizon uint64, epoch string, err error) {
-	var h int64
-	var floor pgtype.Int8 // NULL: nothing pending
-	for walked := false; ; walked = true {
-		err = loadCursorQ.queryRow(ctx, s.db, pgx.NamedArgs{"lock": lock, "span": int64(defaultSpan), "floor": floor}).
-			Scan(&cursor, &sent, &h, &epoch)
-		if err != nil {
-			return 0, 0, 0, "", wrap("load cursor", err)
-		}
-		if h == 0 || walked {
-			return cursor, max(sent, cursor), uint64(max(h, 0)), epoch, nil
-		}
-		// None saved: find the lowest pending row (pendingFloor), then
-		// load again, so that the horizon is of a snapshot taken after
-		// that walk's.
-		if floor, err = s.pendingFloor(ctx, loadFloorQ); err != nil {
-			return 0, 0, 0, "", err
-		}
-	}
-}
-
-// SaveCursor stores where f's holder stands, fenced: every id at or below
-// cursor is delivered, dead or backing off, except that, while horizon is
-// not 0, a producer in flight when the cursor was computed may still commit
-// a row below it (the cold pass the holder owes, which LoadCursor hands to
-// its successor); and no id above sent was handed on to a sink by this
-// holder or the ones before it. A stale holder changes nothing
-// (ErrStaleFence).
-func (s *Store) SaveCursor(ctx context.Context, f Fence, cursor, sent int64, horizon uint64, epoch string) error {
-	return s.fenced(ctx, f, saveCursorQ, []*int64{new(int64)}, pgx.NamedArgs{
-		"cursor": cursor, "epoch": epoch, "sent": sent, "horizon": int64(horizon),
-	})
-}
+// Late commits: rows that commit below ids an earlier holder already
+// handed on. The statements are in cursor.sql.
 
 // LaterSent returns, for each of rows (pending rows a new holder read at
 // or below the sent mark its predecessors saved, LoadCursor), the highest
@@ -103,7 +31,7 @@ func (s *Store) SaveCursor(ctx context.Context, f Fence, cursor, sent int64, hor
 // Rows at or above sent have no such id and are not looked up: the query
 // for them alone may be planned as a walk of the aggregates' whole
 // history.
-func (s *Store) LaterSent(ctx context.Context, rows []Row, sent int64) (map[int64]int64, error) {
+func (s ReadPath) LaterSent(ctx context.Context, rows []Row, sent int64) (map[int64]int64, error) {
 	return laterSent(ctx, s.db, rows, sent)
 }
 
@@ -115,7 +43,7 @@ func (s *Store) LaterSent(ctx context.Context, rows []Row, sent int64) (map[int6
 type View struct{ tx pgx.Tx }
 
 // View takes a view of the outbox now (one round trip).
-func (s *Store) View(ctx context.Context) (*View, error) {
+func (s ReadPath) View(ctx context.Context) (*View, error) {
 	tx, err := s.db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, wrap("view", err)
@@ -129,7 +57,7 @@ func (s *Store) View(ctx context.Context) (*View, error) {
 	return &View{tx: tx}, nil
 }
 
-// LaterSent is Store.LaterSent as of the view.
+// LaterSent is ReadPath.LaterSent as of the view.
 func (v *View) LaterSent(ctx context.Context, rows []Row, sent int64) (map[int64]int64, error) {
 	return laterSent(ctx, v.tx, rows, sent)
 }
@@ -206,13 +134,13 @@ func (h *Inherited) InHole(id int64) bool {
 }
 
 // InheritedLate reads what a new holder needs to check the rows it takes
-// in (lo, hi] for late commits across the change of holder, in one
+// in (r.Lo, r.Hi] for late commits across the change of holder, in one
 // statement: its cost is one walk of (lo, hi] (a hash of the aggregates
 // dispatched there; below the highest of them, the pending rows of those
 // aggregates and the ids missing: nothing more when none is dispatched),
 // once a term, whatever the number of aggregates; the memory it returns is the
-// late rows and the holes, not the aggregates. complete is false (and the
-// answer nil) when either is more than limit.
+// late rows and the holes, not the aggregates. It returns nil when either
+// is more than r.Limit.
 //
 // Not flat: the generic plan made on a small table finds the late rows
 // through outbox_pending_aggregate_idx, whose pages hold every entry a
@@ -222,7 +150,19 @@ func (h *Inherited) InHole(id int64) bool {
 // over the range per dispatched aggregate.
 // TestHotPathPlansMadeOnASmallTableStayFlat bounds it as a once-a-term
 // statement.
-func (s *Store) InheritedLate(ctx context.Context, lo, hi int64, limit int) (in *Inherited, complete bool, err error) {
+func (s ReadPath) InheritedLate(ctx context.Context, r InheritedRange) (*Inherited, error) {
+	in, _, err := s.inheritedLate(ctx, r.Lo, r.Hi, r.Limit)
+	return in, err
+}
+
+// InheritedRange asks InheritedLate about the ids in (Lo, Hi], for at most
+// Limit late rows and Limit holes.
+type InheritedRange struct {
+	Lo, Hi int64
+	Limit  int
+}
+
+func (s ReadPath) inheritedLate(ctx context.Context, lo, hi int64, limit int) (in *Inherited, complete bool, err error) {
 	rows, err := inheritedLateQ.query(ctx, s.db, pgx.NamedArgs{"lo": lo, "hi": hi, "limit": limit + 1})
 	if err != nil {
 		return nil, false, wrap("inherited late", err)
@@ -245,24 +185,4 @@ func (s *Store) InheritedLate(ctx context.Context, lo, hi int64, limit int) (in 
 	}
 	slices.SortFunc(in.Holes, func(a, b Hole) int { return cmp.Compare(a.After, b.After) })
 	return in, true, nil
-}
-
-// PendingBetween returns the aggregates with pending rows not backing off
-// in (lo, hi], each with its lowest such id: the poller's slow rescan below
-// its cursor, for rows that re-entered the pending set there (an operator's
-// UPDATE ... SET dispatched_at = NULL). Its cost is bounded by hi - lo.
-func (s *Store) PendingBetween(ctx context.Context, lo, hi int64) ([]Parked, error) {
-	rows, err := pendingBetweenQ.query(ctx, s.db, pgx.NamedArgs{"lo": lo, "hi": hi})
-	if err != nil {
-		return nil, wrap("rescan", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Parked, error) {
-		var p Parked
-		err := r.Scan(&p.Type, &p.ID, &p.MinID)
-		return p, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("store: rescan: %w", err)
-	}
-	return out, nil
 }
