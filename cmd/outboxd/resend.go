@@ -98,4 +98,3 @@ func printResend(stdout io.Writer, res admin.ResendResult) {
 	}
 	fmt.Fprintf(stdout, "resent %d delivered events\n", res.Count)
 }
-
