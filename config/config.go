@@ -739,16 +739,25 @@ func (c *Config) AuthTokens() ([]NamedToken, error) {
 			continue
 		}
 		name, tok, ok := strings.Cut(line, ":")
-		bad := !ok || tok == "" || name == "" || seen[name] || strings.IndexFunc(name, func(r rune) bool {
-			return !(r == '_' || r == '.' || r == '-' || (r >= '0' && r <= '9') || (r|0x20 >= 'a' && r|0x20 <= 'z'))
-		}) >= 0 || strings.IndexFunc(tok, func(r rune) bool { return r <= ' ' || r == 0x7f }) >= 0
-		if bad {
+		if !ok || seen[name] || !validTokenName(name) || !validToken(tok) {
 			return nil, &KeyError{Key: c.SourceKey("http.auth_tokens_file"), Err: fmt.Errorf("%s line %d: want name:token (a unique name of letters, digits, _ . -; a token of one word)", path, i+1)}
 		}
 		seen[name] = true
 		out = append(out, NamedToken{Name: name, Token: tok})
 	}
 	return out, nil
+}
+
+// validTokenName: a token's name is [A-Za-z0-9_.-]+.
+func validTokenName(name string) bool {
+	return name != "" && strings.IndexFunc(name, func(r rune) bool {
+		return r != '_' && r != '.' && r != '-' && (r < '0' || r > '9') && (r|0x20 < 'a' || r|0x20 > 'z')
+	}) < 0
+}
+
+// validToken: a token is one word of printable characters.
+func validToken(tok string) bool {
+	return tok != "" && strings.IndexFunc(tok, func(r rune) bool { return r <= ' ' || r == 0x7f }) < 0
 }
 
 func (c *Config) validateAuthTokens() error {

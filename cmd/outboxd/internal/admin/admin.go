@@ -23,7 +23,7 @@ import (
 	"github.com/outboxd/outboxd/store"
 )
 
-// Sentinel errors callers branch on (the admin API maps each to a status
+// Sentinel errors callers tell apart (the admin API maps each to a status
 // code: ErrInvalid 400, ErrNotFound 404, ErrStale 409, ErrBusy 423).
 var (
 	// ErrInvalid: the request is malformed (a filter, an unknown
@@ -285,29 +285,11 @@ func (s *Service) switchDest(ctx context.Context, who Caller, req PauseRequest, 
 	if req.All == (len(req.Destinations) > 0) {
 		return PauseResult{}, fmt.Errorf("%w: %s takes destinations or all", ErrInvalid, verb)
 	}
-	names := req.Destinations
-	if !req.All {
-		known, err := s.d.Destinations(ctx)
-		if err != nil {
-			return PauseResult{}, err
-		}
-		for _, n := range names {
-			if !slices.ContainsFunc(known, func(d Destination) bool { return d.Name == n }) {
-				return PauseResult{}, fmt.Errorf("%w: unknown destination %q", ErrInvalid, n)
-			}
-		}
-	} else if pause {
-		known, err := s.d.Destinations(ctx)
-		if err != nil {
-			return PauseResult{}, err
-		}
-		names = nil
-		for _, d := range known {
-			names = append(names, d.Name)
-		}
+	names, err := s.switchNames(ctx, req, pause)
+	if err != nil {
+		return PauseResult{}, err
 	}
 	var sw store.Switched
-	var err error
 	if pause {
 		sw, err = s.d.Reconciler.Pause(ctx, names, lockWait(req.LockWait))
 	} else {
@@ -331,6 +313,32 @@ func (s *Service) switchDest(ctx context.Context, who Caller, req PauseRequest, 
 	return out, nil
 }
 
+// switchNames is the destinations a pause or resume names: req's, each
+// known; for a pause of all, every destination known now (a resume of all
+// resumes whatever is paused).
+func (s *Service) switchNames(ctx context.Context, req PauseRequest, pause bool) ([]string, error) {
+	if req.All && !pause {
+		return req.Destinations, nil
+	}
+	known, err := s.d.Destinations(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if req.All {
+		names := make([]string, 0, len(known))
+		for _, d := range known {
+			names = append(names, d.Name)
+		}
+		return names, nil
+	}
+	for _, n := range req.Destinations {
+		if !slices.ContainsFunc(known, func(d Destination) bool { return d.Name == n }) {
+			return nil, fmt.Errorf("%w: unknown destination %q", ErrInvalid, n)
+		}
+	}
+	return req.Destinations, nil
+}
+
 // logWrite logs one write: "admin write" with who asked, the operation,
 // what it changed, and its error if any.
 func (s *Service) logWrite(who Caller, op string, err error, changed ...any) {
@@ -342,7 +350,7 @@ func (s *Service) logWrite(who Caller, op string, err error, changed ...any) {
 	s.d.Log.Info("admin write", args...)
 }
 
-// classify wraps err with the sentinel a caller branches on.
+// classify wraps err with the sentinel a caller tells apart.
 func classify(err error) error {
 	var held *lock.HolderError
 	switch {
