@@ -15,36 +15,12 @@ import (
 	"github.com/outboxd/outboxd/config"
 )
 
-// pending are keys of the lease-backend contract (etcd's, the idempotency
-// store's) that the chart writes before config defines them. They pass
-// only while config defines no key of their section: once it does, each
-// must be one of config's keys, so a name the chart guessed wrong fails.
-var pending = map[string][]string{
-	"lock.etcd": {
-		"lock.etcd.endpoints", "lock.etcd.username", "lock.etcd.password_file",
-		"lock.etcd.tls.enabled", "lock.etcd.tls.ca_file", "lock.etcd.tls.cert_file",
-		"lock.etcd.tls.key_file", "lock.etcd.tls.server_name",
-	},
-	"idempotency": {"idempotency.store"},
-}
-
-// knownKeys is config's key set, with the pending keys of the sections
-// config does not define yet.
+// knownKeys is config's key set.
 func knownKeys(t *testing.T) map[string]bool {
 	t.Helper()
 	known := map[string]bool{}
 	for _, k := range config.Keys() {
 		known[k] = true
-	}
-	for section, keys := range pending {
-		defined := slices.ContainsFunc(config.Keys(), func(k string) bool { return strings.HasPrefix(k, section+".") })
-		if defined {
-			continue
-		}
-		t.Logf("config defines no %s.* key yet: the chart's %v pass unchecked", section, keys)
-		for _, k := range keys {
-			known[k] = true
-		}
 	}
 	return known
 }
