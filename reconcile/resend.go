@@ -15,10 +15,10 @@ import (
 func (r *Reconciler) Resend(ctx context.Context, f store.ResendFilter, limit int, wait time.Duration) ([]store.ResentCopy, error) {
 	out := []store.ResentCopy{}
 	_, err := r.deadWrite(ctx, wait, func(wctx context.Context, fence store.Fence, batchDone func()) (int64, error) {
-		return r.store.Resend(wctx, fence, f, limit, r.cfg.BatchSize, func(cs []store.ResentCopy) {
+		return r.store.Resend(wctx, fence, store.ResendBatch{Filter: f, Limit: limit, BatchSize: r.cfg.BatchSize, Copied: func(cs []store.ResentCopy) {
 			out = append(out, cs...)
 			batchDone()
-		})
+		}})
 	})
 	return out, err
 }

@@ -135,16 +135,26 @@ func (s Ops) MissingRows(ctx context.Context, ids []int64) ([]int64, error) {
 	return append(out, ids...), nil
 }
 
-// Resend copies the delivered rows f selects, oldest first and at most
-// limit (0: no bound), as new pending rows (resend.sql), in batches of
-// batchSize, each one fenced statement; copied gets each batch's pairs.
+// ResendBatch says which delivered rows Resend copies, and how.
+type ResendBatch struct {
+	Filter    ResendFilter
+	Limit     int // at most this many copies (0: no bound)
+	BatchSize int // rows per statement (<= 0: 1000)
+	// Copied, if not nil, gets each batch's pairs (original, copy).
+	Copied func([]ResentCopy)
+}
+
+// Resend copies the delivered rows p.Filter selects, oldest first and at
+// most p.Limit, as new pending rows (resend.sql), in batches of
+// p.BatchSize, each one fenced statement; p.Copied gets each batch's pairs.
 //
 // A copy is a row of its own: a new id, behind every row already written,
 // so the relay delivers it through the normal path in its aggregate's
 // order, and the original's idempotency mark (which names the original's
 // id) does not hold it back. A resend whose term was taken over copies
 // nothing more: it returns how many it copied before, and ErrStaleFence.
-func (s Reconcile) Resend(ctx context.Context, fence Fence, f ResendFilter, limit, batchSize int, copied func([]ResentCopy)) (int64, error) {
+func (s Reconcile) Resend(ctx context.Context, fence Fence, p ResendBatch) (int64, error) {
+	f, limit, batchSize, copied := p.Filter, p.Limit, p.BatchSize, p.Copied
 	if batchSize <= 0 {
 		batchSize = 1000
 	}

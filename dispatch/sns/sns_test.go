@@ -26,15 +26,22 @@ import (
 // No Postgres or Redis here: plain TestMain, still leak-checked.
 func TestMain(m *testing.M) { testkit.VerifyTestMain(m) }
 
-// setup starts moto with a topic named topic subscribed by a queue, and
-// returns a sink publishing to it (closed at cleanup) and the queue's URL.
-func setup(t *testing.T, topic string) (*testenv.Moto, *Sink, string) {
+// testBundle is a test's moto, a sink publishing to its topic (closed at
+// cleanup) and the URL of the queue subscribed to that topic.
+type testBundle struct {
+	moto *testenv.Moto
+	sink *Sink
+	url  string
+}
+
+// setup starts moto with a topic named topic subscribed by a queue.
+func setup(t *testing.T, topic string) testBundle {
 	t.Helper()
 	return setupCE(t, topic, dispatch.CloudEvents{})
 }
 
 // setupCE is setup with CloudEvents as ce says.
-func setupCE(t *testing.T, topic string, ce dispatch.CloudEvents) (*testenv.Moto, *Sink, string) {
+func setupCE(t *testing.T, topic string, ce dispatch.CloudEvents) testBundle {
 	t.Helper()
 	m := testenv.StartMoto(t)
 	queue := "sub"
@@ -52,7 +59,7 @@ func setupCE(t *testing.T, topic string, ce dispatch.CloudEvents) (*testenv.Moto
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
-	return m, s, url
+	return testBundle{moto: m, sink: s, url: url}
 }
 
 // publishEvents sends n events for each of aggs aggregates, interleaved, ids from
@@ -81,7 +88,8 @@ func TestCloudEventsDecodeWithTheSDK(t *testing.T) {
 	for _, mode := range []string{dispatch.CloudEventsBinary, dispatch.CloudEventsStructured} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
-			m, s, url := setupCE(t, "ce", dispatch.CloudEvents{Enabled: true, Mode: mode})
+			b := setupCE(t, "ce", dispatch.CloudEvents{Enabled: true, Mode: mode})
+			m, s, url := b.moto, b.sink, b.url
 			evs, rs := publishEvents(t, s, 3, 2, small)
 			for i, r := range rs {
 				if r.Outcome != dispatch.Delivered {
@@ -115,7 +123,8 @@ func TestCloudEventsDecodeWithTheSDK(t *testing.T) {
 // the body and the contract's attributes, and each aggregate's in id order.
 func TestFIFOTopicKeepsEachAggregateInOrder(t *testing.T) {
 	t.Parallel()
-	m, s, url := setup(t, "deals.fifo")
+	b := setup(t, "deals.fifo")
+	m, s, url := b.moto, b.sink, b.url
 	evs, out := publishEvents(t, s, 5, 6, small)
 	for i, r := range out {
 		if r.Outcome != dispatch.Delivered || r.Ref == "" {
@@ -155,7 +164,8 @@ func TestFIFOTopicKeepsEachAggregateInOrder(t *testing.T) {
 // published twice arrive once.
 func TestFIFORewindWithinTheWindowIsDelivered(t *testing.T) {
 	t.Parallel()
-	m, s, url := setup(t, "rewind.fifo")
+	b := setup(t, "rewind.fifo")
+	m, s, url := b.moto, b.sink, b.url
 	first, second := sinktest.Generation("deal", 1), sinktest.Generation("deal", 2)
 	for _, evs := range [][]dispatch.Event{first, second, second} {
 		if got := sinktest.Outcomes(s.Send(t.Context(), sinktest.Batch(evs...))); !slices.Equal(got, []dispatch.Outcome{dispatch.Delivered, dispatch.Delivered, dispatch.Delivered}) {
@@ -178,7 +188,8 @@ func TestFIFORewindWithinTheWindowIsDelivered(t *testing.T) {
 // Permanent, its aggregate's next event NotAttempted, the others published.
 func TestOversizeMessageIsDeadLetteredAlone(t *testing.T) {
 	t.Parallel()
-	m, s, url := setup(t, "deals")
+	b := setup(t, "deals")
+	m, s, url := b.moto, b.sink, b.url
 	evs, out := publishEvents(t, s, 4, 2, func(id int64) string {
 		if id == 2 {
 			return `"` + strings.Repeat("x", 300*1024) + `"`
@@ -209,7 +220,8 @@ func TestOversizeMessageIsDeadLetteredAlone(t *testing.T) {
 // an error that says the topic does not exist and names it.
 func TestMissingTopicIsRetried(t *testing.T) {
 	t.Parallel()
-	m, s, _ := setup(t, "missing")
+	b := setup(t, "missing")
+	m, s := b.moto, b.sink
 	evs, out := publishEvents(t, s, 2, 2, small)
 	for i, r := range out {
 		want := dispatch.Retryable

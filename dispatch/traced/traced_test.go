@@ -61,7 +61,16 @@ func event(id int64, agg, headers string) dispatch.Event {
 		Payload: json.RawMessage(`{"amount":1}`), Headers: json.RawMessage(headers), CreatedAt: time.Now()}
 }
 
-func setup(t *testing.T, rec *recorder) (dispatch.Sink, *tracetest.InMemoryExporter, trace.Tracer) {
+// testBundle is a traced sink over rec, the exporter its spans end in and
+// a tracer of the same provider.
+type testBundle struct {
+	sink   dispatch.Sink
+	spans  *tracetest.InMemoryExporter
+	tracer trace.Tracer
+}
+
+// setup wraps rec's sends in traced, exporting synchronously in memory.
+func setup(t *testing.T, rec *recorder) testBundle {
 	t.Helper()
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
@@ -73,7 +82,7 @@ func setup(t *testing.T, rec *recorder) (dispatch.Sink, *tracetest.InMemoryExpor
 			return []attribute.KeyValue{semconv.MessagingKafkaMessageKey(ev.AggregateID)}
 		},
 	})
-	return s, exp, tp.Tracer("test")
+	return testBundle{sink: s, spans: exp, tracer: tp.Tracer("test")}
 }
 
 func traceparentOf(sc trace.SpanContext) string {
@@ -96,7 +105,8 @@ func until() time.Time { return time.Now().Add(time.Minute) }
 // the event's headers, other headers untouched; messaging attributes set.
 func TestSendSpansFollowTheRowsTraceAndAreInjected(t *testing.T) {
 	rec := &recorder{}
-	s, exp, tr := setup(t, rec)
+	b := setup(t, rec)
+	s, exp, tr := b.sink, b.spans, b.tracer
 	ctx, call := tr.Start(context.Background(), "send")
 	evs := []dispatch.Event{
 		event(1, "a", `{"traceparent":"`+producer+`","tracestate":"`+state+`","x":"<kept>"}`),
@@ -191,7 +201,8 @@ func TestSendSpansFollowTheRowsTraceAndAreInjected(t *testing.T) {
 // the lower-case names only.
 func TestRowsTraceHeadersAreFoundInAnyCase(t *testing.T) {
 	rec := &recorder{}
-	s, exp, tr := setup(t, rec)
+	b := setup(t, rec)
+	s, exp, tr := b.sink, b.spans, b.tracer
 	ctx, call := tr.Start(context.Background(), "send")
 	out := s.Send(ctx, dispatch.Batch{Events: []dispatch.Event{event(1, "a", `{"Traceparent":"`+producer+`","TraceState":"`+state+`"}`)},
 		Token: 7, Until: until})
@@ -221,7 +232,8 @@ func TestRowsTraceHeadersAreFoundInAnyCase(t *testing.T) {
 // once, and the caller's Done still hears every result.
 func TestSendSpansCarryTheResult(t *testing.T) {
 	rec := &recorder{fail: map[string]error{"bad": &dispatch.Error{Err: errors.New("receiver answered 503"), RetryAfter: time.Second}}}
-	s, exp, _ := setup(t, rec)
+	b := setup(t, rec)
+	s, exp := b.sink, b.spans
 	var mu sync.Mutex
 	done := map[int]dispatch.Outcome{}
 	out := s.Send(context.Background(), dispatch.Batch{

@@ -19,7 +19,7 @@ const adminToken = "oncall-t0ken"
 // withAdminToken writes an http.auth_tokens_file naming adminToken
 // "oncall" and sets it on e; it returns the file of the bare token, for
 // --token-file.
-func withAdminToken(t *testing.T, e *env) string {
+func withAdminToken(t *testing.T, e *testBundle) string {
 	t.Helper()
 	dir := t.TempDir()
 	tokens, bare := filepath.Join(dir, "tokens"), filepath.Join(dir, "token")
@@ -67,7 +67,7 @@ func (r *replica) post(path, authorization, body string) (int, string) {
 // changes nothing; no filter needs --all (exit 2 naming it).
 func TestResendRedeliversAnAggregateInOrder(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	rc := newRecorder(t, nil)
 	tokenFile := withAdminToken(t, e)
 	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL())
@@ -166,7 +166,7 @@ var adminWrites = []struct{ path, body string }{
 // to write: nothing changes then.
 func TestAdminWritesRefuseMissingTokenAndStaleFence(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	withAdminToken(t, e)
 	e.set("OUTBOXD_DISPATCH_SINK", "noop")
 	rep := e.start()
@@ -178,7 +178,7 @@ func TestAdminWritesRefuseMissingTokenAndStaleFence(t *testing.T) {
 			}
 		}
 	}
-	open := newEnv(t).set("OUTBOXD_DISPATCH_SINK", "noop").start()
+	open := setup(t).set("OUTBOXD_DISPATCH_SINK", "noop").start()
 	for _, w := range adminWrites {
 		if code, body := open.post(w.path, "", w.body); code != http.StatusUnauthorized {
 			t.Errorf("%s on a relay without a token: %d, want 401: %s", w.path, code, trunc(body, 200))
@@ -244,7 +244,7 @@ AND wait_event_type = 'Lock' AND query LIKE '%outbox_fence%'`).Scan(&n)
 // failures before it, an entry of kind replay, then the failures after it.
 func TestReplayKeepsAttemptHistory(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	rc := newRecorder(t, testkit.Statuses(map[string]int{"deal/bad": http.StatusServiceUnavailable}))
 	tokenFile := withAdminToken(t, e)
 	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL())

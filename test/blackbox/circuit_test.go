@@ -25,7 +25,7 @@ const charged = 4
 // (their backoff here is a minute), in order.
 func TestCircuitBreakerChargesNoAttemptsWhileOpen(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	var down atomic.Bool
 	down.Store(true)
 	rc := newRecorder(t, func(testkit.Request) testkit.Reply {
@@ -101,7 +101,7 @@ func TestCircuitBreakerChargesNoAttemptsWhileOpen(t *testing.T) {
 // breaker settings; the receiver answers 503, then 200).
 func TestTheEventThatClosesACircuitIsDeliveredOnce(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	var down atomic.Bool
 	rc := newRecorder(t, func(testkit.Request) testkit.Reply {
 		if down.Load() {
@@ -154,7 +154,7 @@ func TestTheEventThatClosesACircuitIsDeliveredOnce(t *testing.T) {
 // receiver accepts every event is delivered, once.
 func TestAnAnswerAboutTheDestinationDeadLettersNothing(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	var refusing atomic.Bool
 	refusing.Store(true)
 	rc := newRecorder(t, func(testkit.Request) testkit.Reply {

@@ -111,7 +111,7 @@ func TestConfigShowsNoSecrets(t *testing.T) {
 // last_error nor in any log line (debug included).
 func TestRunLeaksNoURLSecrets(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	closed := freeAddr(t) // nothing listens: every attempt fails at connect
 	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", "http://user:pw-SECRET7@"+closed+"/hook?token=SECRET8",
 		"OUTBOXD_LOG_LEVEL", "debug", "OUTBOXD_POLLER_MAX_ATTEMPTS", "2")
@@ -138,7 +138,7 @@ func TestRunLeaksNoURLSecrets(t *testing.T) {
 // (configured by file or by env) and 1 when nothing listens there.
 func TestHealthCommand(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", newRecorder(t, nil).URL())
 	rep := e.start()
 

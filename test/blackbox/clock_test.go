@@ -100,9 +100,9 @@ func clockCase(t *testing.T, offset time.Duration) {
 	}
 }
 
-// clockEnv is newEnv on a private Postgres whose clock is offset from the
+// clockEnv is setup on a private Postgres whose clock is offset from the
 // machine's (and so the relay's).
-func clockEnv(t *testing.T, offset time.Duration) *env {
+func clockEnv(t *testing.T, offset time.Duration) *testBundle {
 	t.Helper()
 	pg := testenv.StartPostgresServerClock(t, offset)
 	return envOn(t, testenv.StoreAt(t, pg.DSN).Pool(), pg.DSN)

@@ -15,7 +15,7 @@ import (
 
 // ceRows is what each row's CloudEvent must say (cetest.Check),
 // by outbox id.
-func (e *env) ceRows(source string) map[string]cetest.Want {
+func (e *testBundle) ceRows(source string) map[string]cetest.Want {
 	e.t.Helper()
 	rows, err := e.pool.Query(context.Background(),
 		`SELECT id, event_type, created_at, aggregate_type, aggregate_id, payload::text FROM outbox`)
@@ -61,11 +61,11 @@ func (d delivered) contentTypeHeader() string {
 func TestCloudEventsStructuredEverySink(t *testing.T) {
 	t.Parallel()
 	const source = "urn:outboxd:blackbox"
-	ceEnv := func(e *env) {
+	ceEnv := func(e *testBundle) {
 		e.set("OUTBOXD_DISPATCH_CLOUDEVENTS", "true", "OUTBOXD_DISPATCH_CLOUDEVENTS_MODE", "structured",
 			"OUTBOXD_DISPATCH_CLOUDEVENTS_SOURCE", source)
 	}
-	check := func(t *testing.T, e *env, msgs []delivered, n int) {
+	check := func(t *testing.T, e *testBundle, msgs []delivered, n int) {
 		t.Helper()
 		rows := e.ceRows(source)
 		seen := map[string]bool{}
@@ -131,7 +131,7 @@ func TestCloudEventsStructuredEverySink(t *testing.T) {
 		t.Parallel()
 		rc := newRecorder(t, nil)
 		newKey, oldKey := "whsec_"+base64.StdEncoding.EncodeToString([]byte("blackbox-new")), "whsec_"+base64.StdEncoding.EncodeToString([]byte("blackbox-old"))
-		e := newEnv(t)
+		e := setup(t)
 		ceEnv(e)
 		e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL(), "OUTBOXD_DISPATCH_WEBHOOK_SECRET", newKey+" "+oldKey)
 		ids := e.insertMany("order", 3, 2)

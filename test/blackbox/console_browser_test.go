@@ -110,7 +110,7 @@ func screenshot(t *testing.T, b context.Context, name string) {
 
 // twoConsoleReplicas starts replicas "first" and "second" with the
 // token, the config file cfg ("" for none), and returns the leader first.
-func twoConsoleReplicas(t *testing.T, e *env, cfg string) (leader, standby *replica) {
+func twoConsoleReplicas(t *testing.T, e *testBundle, cfg string) (leader, standby *replica) {
 	t.Helper()
 	var extra []string
 	if cfg != "" {
@@ -133,7 +133,7 @@ func twoConsoleReplicas(t *testing.T, e *env, cfg string) (leader, standby *repl
 func TestConsoleShowsTheLeaderAndItsReplicas(t *testing.T) {
 	t.Parallel()
 	b := newBrowser(t)
-	e := newEnv(t)
+	e := setup(t)
 	rc := newRecorder(t, nil)
 	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL())
 	leaderRep, standby := twoConsoleReplicas(t, e, "")
@@ -171,7 +171,7 @@ func TestConsoleShowsTheLeaderAndItsReplicas(t *testing.T) {
 func TestConsolePauseHoldsDeliveriesAcrossALeaderKill(t *testing.T) {
 	t.Parallel()
 	b := newBrowser(t)
-	e := newEnv(t)
+	e := setup(t)
 	rc := newRecorder(t, nil)
 	cfg := pausedConfig(t, rc.URL())
 	leader, standby := twoConsoleReplicas(t, e, cfg)
@@ -237,7 +237,7 @@ func TestConsolePauseHoldsDeliveriesAcrossALeaderKill(t *testing.T) {
 func TestConsoleReplayDeliversTheDeadRows(t *testing.T) {
 	t.Parallel()
 	b := newBrowser(t)
-	e := newEnv(t)
+	e := setup(t)
 	var refuse atomic.Bool
 	refuse.Store(true)
 	rc := newRecorder(t, func(req testkit.Request) testkit.Reply {
@@ -299,7 +299,7 @@ func TestConsoleReplayDeliversTheDeadRows(t *testing.T) {
 func TestConsoleResendRedeliversAnAggregateInOrder(t *testing.T) {
 	t.Parallel()
 	b := newBrowser(t)
-	e := newEnv(t)
+	e := setup(t)
 	rc := newRecorder(t, nil)
 	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL())
 	leader, _ := twoConsoleReplicas(t, e, "")

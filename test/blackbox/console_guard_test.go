@@ -61,7 +61,7 @@ var csrfValue = regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`)
 // token configured; a page needs the session when a token is set.
 func TestConsoleRefusesWritesWithoutSessionCSRFOrSameOrigin(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	rc := newRecorder(t, nil)
 	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL(), "OUTBOXD_HTTP_AUTH_TOKEN", consoleToken)
 	rep := e.start()

@@ -57,7 +57,7 @@ func TestNATSRewindWithinTheDuplicateWindow(t *testing.T) {
 // already delivered.
 func TestReimportWithTheSameCreatedAtIsDelivered(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	rc := newRecorder(t, nil)
 	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL())
 	rep := e.start()
@@ -76,7 +76,7 @@ func TestReimportWithTheSameCreatedAtIsDelivered(t *testing.T) {
 // insertImport inserts n rows as an import that sets created_at itself
 // writes them: created_at fixed per row (the same in every generation),
 // the same names, payload {"gen": gen, "n": i}.
-func (e *env) insertImport(gen, n int) []int64 {
+func (e *testBundle) insertImport(gen, n int) []int64 {
 	e.t.Helper()
 	return e.insertIDs(`INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at)
 		 SELECT 'imp', (g % 2)::text, 'test.event', jsonb_build_object('gen', $1::int, 'n', g),
@@ -87,7 +87,7 @@ func (e *env) insertImport(gen, n int) []int64 {
 // truncateAndWrite writes generation 1 with write and waits for its
 // delivery, empties the table with TRUNCATE ... RESTART IDENTITY, writes
 // generation 2 (its ids from 1 again) and waits until it is settled.
-func truncateAndWrite(e *env, rep *replica, write func(gen int) []int64) {
+func truncateAndWrite(e *testBundle, rep *replica, write func(gen int) []int64) {
 	t := e.t
 	t.Helper()
 	write(1)
@@ -102,7 +102,7 @@ func truncateAndWrite(e *env, rep *replica, write func(gen int) []int64) {
 // dedupeID is what a broker that deduplicates must be given for row id
 // (decimal): the id, a colon and the fingerprint its delivered mark
 // "1:<fingerprint>" names, read from Redis after its delivery.
-func (e *env) dedupeID(id string) string {
+func (e *testBundle) dedupeID(id string) string {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -13,7 +13,7 @@ import (
 // naming the key) unless dispatch.allow_row_prefixed_destinations is set.
 func TestRowPrefixedTemplatesAreRefusedAtLoad(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	for _, c := range []struct{ sink, key, env, tmpl string }{
 		{"nats", "dispatch.nats.subject", "OUTBOXD_DISPATCH_NATS_SUBJECT", "{aggregate_type}.{event_type}"},
 		{"redis_stream", "dispatch.redis_stream.stream", "OUTBOXD_DISPATCH_REDIS_STREAM_STREAM", "{aggregate_type}"},
@@ -97,7 +97,7 @@ func TestRowsCannotAddressTheRelaysKeys(t *testing.T) {
 }
 
 // insertTyped adds one row with an event type of the test's choosing.
-func (e *env) insertTyped(aggType, aggID, eventType string) int64 {
+func (e *testBundle) insertTyped(aggType, aggID, eventType string) int64 {
 	e.t.Helper()
 	var id int64
 	err := e.pool.QueryRow(context.Background(),

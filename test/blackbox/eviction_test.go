@@ -52,7 +52,7 @@ func TestEvictingLockRedisIsWarnedAbout(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			addrs, warned := tc.addrs(t)
-			e := newEnv(t)
+			e := setup(t)
 			e.set("OUTBOXD_DISPATCH_SINK", "noop", "OUTBOXD_LOG_LEVEL", "debug",
 				"OUTBOXD_REDIS_MODE", tc.mode, "OUTBOXD_REDIS_ADDRS", strings.Join(addrs, ","))
 			r := e.start()

@@ -70,8 +70,8 @@ func baseEnv() map[string]string {
 	}
 }
 
-// env is a test's database, Redis prefix and the environment for the binary.
-type env struct {
+// testBundle is a test's database, Redis prefix and the environment for the binary.
+type testBundle struct {
 	t      *testing.T
 	pool   *pgxpool.Pool
 	dsn    string
@@ -80,14 +80,14 @@ type env struct {
 	vars   map[string]string
 }
 
-func newEnv(t *testing.T) *env {
+func setup(t *testing.T) *testBundle {
 	t.Helper()
 	st, dsn := testenv.Store(t)
 	return envOn(t, st.Pool(), dsn)
 }
 
-// envOn is newEnv on a database of the caller's (migrated).
-func envOn(t *testing.T, pool *pgxpool.Pool, dsn string) *env {
+// envOn is setup on a database of the caller's (migrated).
+func envOn(t *testing.T, pool *pgxpool.Pool, dsn string) *testBundle {
 	t.Helper()
 	rdb, prefix := testenv.Redis(t)
 	vars := baseEnv()
@@ -95,11 +95,11 @@ func envOn(t *testing.T, pool *pgxpool.Pool, dsn string) *env {
 	vars["OUTBOXD_REDIS_ADDRS"] = testenv.RedisAddr()
 	vars["OUTBOXD_REDIS_KEY_PREFIX"] = prefix
 	vars["OUTBOXD_HTTP_ADDR"] = freeAddr(t)
-	return &env{t: t, pool: pool, dsn: dsn, rdb: rdb, prefix: prefix, vars: vars}
+	return &testBundle{t: t, pool: pool, dsn: dsn, rdb: rdb, prefix: prefix, vars: vars}
 }
 
 // set overrides environment variables: key, value, key, value...
-func (e *env) set(kv ...string) *env {
+func (e *testBundle) set(kv ...string) *testBundle {
 	for i := 0; i+1 < len(kv); i += 2 {
 		e.vars[kv[i]] = kv[i+1]
 	}
@@ -125,7 +125,7 @@ type replica struct {
 // start launches `outboxd run` (with the extra arguments, e.g. --config)
 // with e's environment, waits until /readyz answers 200, and at cleanup
 // sends SIGTERM and requires exit 0.
-func (e *env) start(extra ...string) *replica {
+func (e *testBundle) start(extra ...string) *replica {
 	t := e.t
 	t.Helper()
 	r := &replica{t: t, addr: e.vars["OUTBOXD_HTTP_ADDR"]}
@@ -267,7 +267,7 @@ func runBinary(t *testing.T, vars map[string]string, limit time.Duration, args .
 
 // insert adds one row as any producer would and returns its id. headers may
 // be "" for the default.
-func (e *env) insert(aggType, aggID, payload, headers string) int64 {
+func (e *testBundle) insert(aggType, aggID, payload, headers string) int64 {
 	e.t.Helper()
 	if headers == "" {
 		headers = "{}"
@@ -285,7 +285,7 @@ func (e *env) insert(aggType, aggID, payload, headers string) int64 {
 
 // insertMany adds n small rows per aggregate "<aggType>/<i>" for i < aggs
 // and returns their ids.
-func (e *env) insertMany(aggType string, aggs, n int) []int64 {
+func (e *testBundle) insertMany(aggType string, aggs, n int) []int64 {
 	e.t.Helper()
 	rows, err := e.pool.Query(context.Background(),
 		`INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
@@ -320,7 +320,7 @@ func (w row) String() string {
 }
 
 // rows reads the rows matching where (SQL over outbox, $1... from args).
-func (e *env) rows(where string, args ...any) []row {
+func (e *testBundle) rows(where string, args ...any) []row {
 	e.t.Helper()
 	rs, err := e.pool.Query(context.Background(),
 		`SELECT id, aggregate_type || '/' || aggregate_id, attempts, coalesce(last_error, ''),
@@ -341,7 +341,7 @@ func (e *env) rows(where string, args ...any) []row {
 	return out
 }
 
-func (e *env) row(id int64) row {
+func (e *testBundle) row(id int64) row {
 	e.t.Helper()
 	rs := e.rows("id = $1", id)
 	if len(rs) != 1 {
@@ -358,7 +358,7 @@ func waitFor(t *testing.T, what string, cond func() bool, describe func() string
 }
 
 // describeRows lists the rows matching where, for failure messages.
-func (e *env) describeRows(where string, args ...any) func() string {
+func (e *testBundle) describeRows(where string, args ...any) func() string {
 	return func() string {
 		var b strings.Builder
 		for _, w := range e.rows(where, args...) {
@@ -369,7 +369,7 @@ func (e *env) describeRows(where string, args ...any) func() string {
 }
 
 // count is how many rows match where.
-func (e *env) count(where string, args ...any) int {
+func (e *testBundle) count(where string, args ...any) int {
 	e.t.Helper()
 	var n int
 	if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE `+where, args...).Scan(&n); err != nil {
@@ -487,7 +487,7 @@ func trunc(s string, n int) string {
 
 // payloads maps each row's id to its payload as Postgres renders it (what
 // the relay reads and must pass on byte for byte).
-func (e *env) payloads(where string) map[int64]string {
+func (e *testBundle) payloads(where string) map[int64]string {
 	e.t.Helper()
 	rs, err := e.pool.Query(context.Background(), `SELECT id, payload::text FROM outbox WHERE `+where)
 	if err != nil {

@@ -24,7 +24,7 @@ const okAnswer = "HTTP/1.1 204 No Content\r\n\r\n"
 // nothing waits for the peer to close.
 func TestSwitchingProtocolsIsAFailedAttempt(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	rr := newRawReceiver(t, func(agg string) string {
 		switch agg {
 		case "switch/1":
@@ -66,7 +66,7 @@ func TestShutdownWithHeldSockets(t *testing.T) {
 	for _, answer := range []struct{ name, raw string }{{"switch", switchAnswer}, {"silent", ""}} {
 		t.Run(answer.name, func(t *testing.T) {
 			t.Parallel()
-			e := newEnv(t)
+			e := setup(t)
 			rr := newRawReceiver(t, func(agg string) string {
 				if agg == "held/1" {
 					return answer.raw

@@ -24,7 +24,7 @@ func TestHeldSnapshotCostDoesNotGrowWithHistory(t *testing.T) {
 	if testing.Short() {
 		t.Skip("220k events through the binary")
 	}
-	e := newEnv(t)
+	e := setup(t)
 	e.set("OUTBOXD_DISPATCH_SINK", "noop", "OUTBOXD_POLLER_LOCK_TTL", "30s")
 	ctx := context.Background()
 	// Autovacuum counts in pg_statio too; it is off on the CI server, on a

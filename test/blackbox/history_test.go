@@ -18,7 +18,7 @@ import (
 // table prints them; a purge of the dead row takes them with it.
 func TestAttemptHistoryKeepsTheLastFailuresAndGoesWithTheRow(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	rc := newRecorder(t, func(testkit.Request) testkit.Reply {
 		return testkit.Reply{Status: http.StatusServiceUnavailable}
 	})
@@ -86,7 +86,7 @@ func TestAttemptHistoryKeepsTheLastFailuresAndGoesWithTheRow(t *testing.T) {
 // excerpt, the token that sent it.
 func TestAttemptHistoryRecordsARowsOwnRefusal(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	rc := newRecorder(t, func(testkit.Request) testkit.Reply {
 		return testkit.Reply{Status: http.StatusUnprocessableEntity}
 	})

@@ -19,7 +19,7 @@ import (
 // lines ("holder", beside fencing_token), /status and `outboxd status`.
 func TestInstanceIDNamesTheLockHolder(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t).set("OUTBOXD_INSTANCE_ID", "relay-7", "OUTBOXD_DISPATCH_SINK", "noop")
+	e := setup(t).set("OUTBOXD_INSTANCE_ID", "relay-7", "OUTBOXD_DISPATCH_SINK", "noop")
 	rep := e.start()
 	holderLine := func(msg string) func(string, map[string]any) bool {
 		return func(_ string, rec map[string]any) bool {
@@ -79,7 +79,7 @@ func metricLine(body, series string) (float64, bool) {
 // outcome; outboxd_build_info says which build runs.
 func TestOperatorsMetrics(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	rc := newRecorder(t, func(req testkit.Request) testkit.Reply {
 		switch req.Agg {
 		case "retry/1":
@@ -144,7 +144,7 @@ func (r *replica) getWith(path, authorization string) (int, string) {
 // and /readyz stay open; `outboxd config` does not show the token.
 func TestHTTPAuthToken(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	file := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(file, []byte("s3cret-op-token\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -180,7 +180,7 @@ func TestHTTPAuthToken(t *testing.T) {
 // never touched, and a reconciliation brings nothing back.
 func TestDeadDiscardRemovesExactlyTheFilteredRows(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	if _, err := e.pool.Exec(context.Background(), `
 INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, attempts, last_error, dead_at)
 SELECT 'deal', (g % 2)::text, CASE WHEN g % 3 = 0 THEN 'deal.funded' ELSE 'deal.closed' END,

@@ -23,7 +23,7 @@ const crowdDeadRows = 200_000
 // answered 503 with Retry-After rather than queued.
 func TestDeadReadersNeverStarveDelivery(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	if _, err := e.pool.Exec(context.Background(), `
 INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, attempts, last_error, dead_at)
 SELECT 'old', (g % 1000)::text, 'old.event', '{}', 25, 'HTTP 500', now() - g * interval '1 second'
@@ -107,7 +107,7 @@ WHERE datname = current_database() AND pid <> pg_backend_pid() AND query LIKE '%
 // saying so, and /metrics, /livez, /readyz and /status serve as before.
 func TestOffLoopbackWithoutTokenRefusesPayloads(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	id := e.insert("deal", "1", `{"iban": "DE89370400440532013000"}`, "")
 	if _, err := e.pool.Exec(context.Background(), `UPDATE outbox SET dead_at = now(), attempts = 25 WHERE id = $1`, id); err != nil {
 		t.Fatal(err)

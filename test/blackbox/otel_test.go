@@ -123,7 +123,7 @@ func attrOf(s otlpSpan, key string) string {
 // along.
 func TestTraceShowsProducerRelaySink(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	col := newOTLPCollector(t)
 	rc := newRecorder(t, nil)
 	const producerTrace, producerSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"

@@ -34,7 +34,7 @@ dispatch:
 // order.
 func TestPauseHoldsAcrossALeaderKillAndResumeDeliversInOrder(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	rc := newRecorder(t, nil)
 	cfg := pausedConfig(t, rc.URL())
 	cli := func(args ...string) result {

@@ -17,7 +17,7 @@ import (
 // and exits 1.
 func TestPauseReturnsOnceInEffect(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	rc := newRecorder(t, nil)
 	cfg := pausedConfig(t, rc.URL())
 	cli := func(args ...string) result {
@@ -67,7 +67,7 @@ func TestPauseReturnsOnceInEffect(t *testing.T) {
 // configured where it runs included, and names each one it resumed.
 func TestResumeAllNamesWhatItResumed(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	cfg := pausedConfig(t, "http://127.0.0.1:1/events")
 	if res := runBinary(t, e.vars, exitLimit, "pause", "held", "--config", cfg); res.code != 0 {
 		t.Fatalf("pause held: %s", res)

@@ -33,7 +33,7 @@ func TestPostgresOnlyDeploymentNeedsNoRedis(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			addr, conns := tc.redis(t)
-			e := newEnv(t).set("OUTBOXD_LOCK_BACKEND", "postgres", "OUTBOXD_REDIS_ADDRS", addr)
+			e := setup(t).set("OUTBOXD_LOCK_BACKEND", "postgres", "OUTBOXD_REDIS_ADDRS", addr)
 			rc := newRecorder(t, nil)
 			e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL())
 			runPostgresOnly(t, e, rc)
@@ -46,7 +46,7 @@ func TestPostgresOnlyDeploymentNeedsNoRedis(t *testing.T) {
 
 // runPostgresOnly delivers, hands over, survives a kill -9 and checks the
 // delivered marks, on e's replicas.
-func runPostgresOnly(t *testing.T, e *env, rc *testkit.Receiver) {
+func runPostgresOnly(t *testing.T, e *testBundle, rc *testkit.Receiver) {
 	a := e.start()
 	b := e.set("OUTBOXD_HTTP_ADDR", freeAddr(t)).start()
 	first := e.insertMany("first", 4, 5)
@@ -147,14 +147,14 @@ func logged(msg string) func(string, map[string]any) bool {
 }
 
 // waitDelivered waits until every row of ids is marked delivered.
-func waitDelivered(e *env, ids []int64) {
+func waitDelivered(e *testBundle, ids []int64) {
 	e.t.Helper()
 	waitFor(e.t, strconv.Itoa(len(ids))+" rows delivered", func() bool {
 		return e.count("id = ANY($1) AND dispatched_at IS NOT NULL", ids) == len(ids)
 	}, e.describeRows("id = ANY($1)", ids))
 }
 
-func execRow(t *testing.T, e *env, sql string, id int64) {
+func execRow(t *testing.T, e *testBundle, sql string, id int64) {
 	t.Helper()
 	if _, err := e.pool.Exec(context.Background(), sql, pgx.NamedArgs{"id": id}); err != nil {
 		t.Fatal(err)

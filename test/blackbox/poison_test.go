@@ -20,7 +20,7 @@ import (
 // ten years or overflows a time.Duration, and the batch's write succeeds.
 func TestRetryAfterIsClamped(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	retryAfter := map[string]string{"ra/tenyears": "315360000", "ra/overflow": "99999999999"}
 	rc := newRecorder(t, func(req testkit.Request) testkit.Reply {
 		if v, ok := retryAfter[req.Agg]; ok && req.Attempt == 1 {
@@ -85,7 +85,7 @@ func firstArrival(reqs []testkit.Request, id int64) time.Time {
 // peak RSS stays below the Kubernetes manifest's 256 MiB limit.
 func TestBigPayloadsBoundedMemory(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	var mu sync.Mutex
 	maxBody := 0
 	rc := newRecorder(t, func(req testkit.Request) testkit.Reply {
@@ -152,7 +152,7 @@ func TestBigPayloadsBoundedMemory(t *testing.T) {
 // dead-lettered) and never the batch.
 func TestPoisonIdempotencyKeys(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	rc := newRecorder(t, nil)
 	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL(), "OUTBOXD_POLLER_MAX_ATTEMPTS", "3")
 	hashID := e.insert("poison", "hash", `{}`, "")
@@ -190,7 +190,7 @@ func TestPoisonIdempotencyKeys(t *testing.T) {
 // recovers by itself once the key is fixed.
 func TestCorruptFenceCounter(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	// A Redis of the test's own, which reports every write to a key
 	// (keyspace notifications), so "nothing written" is observed, not
 	// sampled.
@@ -274,7 +274,7 @@ func TestCorruptFenceCounter(t *testing.T) {
 // dead-letters nothing.
 func TestRetriesHaveATimeFloor(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	var mu sync.Mutex
 	var downUntil time.Time
 	rc := newRecorder(t, func(req testkit.Request) testkit.Reply {

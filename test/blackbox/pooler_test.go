@@ -13,7 +13,7 @@ import (
 
 // viaBouncer points the replicas at a PgBouncer of the test's own (pool_mode
 // transaction, its defaults otherwise) in front of the test's database.
-func (e *env) viaBouncer(extra ...string) *testenv.PgBouncer {
+func (e *testBundle) viaBouncer(extra ...string) *testenv.PgBouncer {
 	b := testenv.StartPgBouncer(e.t, e.dsn, extra...)
 	e.set("OUTBOXD_POSTGRES_DSN", b.Via(e.dsn))
 	return b
@@ -31,7 +31,7 @@ func TestPoolerNotDeclaredStopsTheStart(t *testing.T) {
 		{name: "ignored", extra: []string{"ignore_startup_parameters = jit, plan_cache_mode, enable_seqscan, max_parallel_workers_per_gather"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t)
+			e := setup(t)
 			e.viaBouncer(tc.extra...)
 			res := runBinary(t, e.vars, time.Minute, "run")
 			if res.code != 2 || !strings.Contains(res.stderr, "postgres.pooler") {
@@ -52,7 +52,7 @@ func TestPoolerNotDeclaredStopsTheStart(t *testing.T) {
 // With postgres.pooler: transaction, poller.notify: true stops the start
 // naming both keys: LISTEN needs a session of its own.
 func TestPoolerTransactionRefusesNotify(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	e.viaBouncer()
 	e.set("OUTBOXD_POSTGRES_POOLER", "transaction", "OUTBOXD_POLLER_NOTIFY", "true")
 	res := runBinary(t, e.vars, time.Minute, "run")
@@ -66,7 +66,7 @@ func TestPoolerTransactionRefusesNotify(t *testing.T) {
 // SET), delivery by two replicas with the leader killed mid-run (nothing
 // lost, each aggregate's order kept), then the one-shot commands.
 func TestPoolerTransactionDeliversAcrossFailover(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	relay, relayDSN := e.role("relay")
 	e.exec(relayGrants("public", relay))
 	b := testenv.StartPgBouncerFor(t, e.dsn, []string{relay})

@@ -16,7 +16,7 @@ import (
 // and outboxd_late_commits_total says 1.
 func TestLateCommitIsWarnedAndCounted(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	rc := newRecorder(t, nil)
 	// One term throughout: a new holder does not know what the last one
 	// sent, so a late commit across terms is not warned (poller

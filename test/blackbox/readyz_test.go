@@ -18,7 +18,7 @@ func (r *replica) get(path string) (int, string) { return r.getWith(path, "") }
 // again it is ready again.
 func TestReadyzReflectsFetchFailures(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	rc := newRecorder(t, nil)
 	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL())
 	rep := e.start()

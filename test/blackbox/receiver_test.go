@@ -17,7 +17,7 @@ import (
 // configured URL), and the configured one sees only POSTs.
 func TestRedirectsAreNotFollowed(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	elsewhere := newRecorder(t, nil)
 	codes := map[string]int{"redir/302": 302, "redir/307": 307, "redir/301": 301, "redir/308": 308}
 	rc := newRecorder(t, func(req testkit.Request) testkit.Reply {
@@ -77,7 +77,7 @@ func TestRedirectsAreNotFollowed(t *testing.T) {
 // dead-letters with a readable last_error.
 func TestHostileReasonPhrases(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	long := strings.Repeat("é", 3000)
 	answers := map[string]string{
 		"bad/1":  "HTTP/1.1 500 Bad \xe9 thing\r\nContent-Length: 0\r\n\r\n",
@@ -131,7 +131,7 @@ func TestHostileReasonPhrases(t *testing.T) {
 // other aggregates flow.
 func TestHangingReceiver(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	rc := newRecorder(t, func(req testkit.Request) testkit.Reply {
 		if req.Agg == "hang/1" {
 			return testkit.Reply{Hang: true}
@@ -161,7 +161,7 @@ func TestHangingReceiver(t *testing.T) {
 // row), not retried; a valid one is forwarded unchanged.
 func TestTraceparentWithCRLF(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	rc := newRecorder(t, nil)
 	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL())
 	const valid = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

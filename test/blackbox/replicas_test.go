@@ -39,7 +39,7 @@ func replicasOf(t *testing.T, body string) map[string]replicaRow {
 // listed.
 func TestTwoReplicasAreListedAndTheStandbySaysWhoLeads(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t).set("OUTBOXD_DISPATCH_SINK", "noop", "OUTBOXD_INSTANCE_ID", "relay-a")
+	e := setup(t).set("OUTBOXD_DISPATCH_SINK", "noop", "OUTBOXD_INSTANCE_ID", "relay-a")
 	first := e.start()
 	waitFor(t, "relay-a leads", func() bool { return leads(t, first) }, func() string { return first.tail(10) })
 	e.set("OUTBOXD_INSTANCE_ID", "relay-b", "OUTBOXD_HTTP_ADDR", freeAddr(t))

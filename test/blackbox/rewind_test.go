@@ -22,7 +22,7 @@ import (
 
 func TestRewindTruncateRestartIdentity(t *testing.T) {
 	t.Parallel()
-	testRewind(t, func(e *env, _ *replica) (*env, *replica) {
+	testRewind(t, func(e *testBundle, _ *replica) (*testBundle, *replica) {
 		e.exec(`TRUNCATE outbox RESTART IDENTITY`)
 		return e, nil
 	})
@@ -30,7 +30,7 @@ func TestRewindTruncateRestartIdentity(t *testing.T) {
 
 func TestRewindSequenceRestart(t *testing.T) {
 	t.Parallel()
-	testRewind(t, func(e *env, _ *replica) (*env, *replica) {
+	testRewind(t, func(e *testBundle, _ *replica) (*testBundle, *replica) {
 		// The delivered rows are gone (a purge), then the sequence restarts.
 		e.exec(`DELETE FROM outbox`)
 		e.exec(`ALTER TABLE outbox ALTER COLUMN id RESTART`)
@@ -42,10 +42,10 @@ func TestRewindSequenceRestart(t *testing.T) {
 // database) under the same redis.key_prefix; the relay restarts on it.
 func TestRewindDatabaseRecreated(t *testing.T) {
 	t.Parallel()
-	testRewind(t, func(e *env, rep *replica) (*env, *replica) {
+	testRewind(t, func(e *testBundle, rep *replica) (*testBundle, *replica) {
 		rep.stop()
 		st, dsn := testenv.Store(t)
-		e2 := &env{t: t, pool: st.Pool(), dsn: dsn, rdb: e.rdb, prefix: e.prefix, vars: map[string]string{}}
+		e2 := &testBundle{t: t, pool: st.Pool(), dsn: dsn, rdb: e.rdb, prefix: e.prefix, vars: map[string]string{}}
 		for k, v := range e.vars {
 			e2.vars[k] = v
 		}
@@ -57,8 +57,8 @@ func TestRewindDatabaseRecreated(t *testing.T) {
 // testRewind runs one rewind path: rewind gets the env and the running
 // replica and returns the env (and, if it started one, the replica) to go
 // on with.
-func testRewind(t *testing.T, rewind func(*env, *replica) (*env, *replica)) {
-	e := newEnv(t)
+func testRewind(t *testing.T, rewind func(*testBundle, *replica) (*testBundle, *replica)) {
+	e := setup(t)
 	rc := newRecorder(t, nil)
 	// Batches of 2: the foreign keys are found over several batches of one
 	// term, which logs the rewind once.
@@ -114,7 +114,7 @@ func testRewind(t *testing.T, rewind func(*env, *replica) (*env, *replica)) {
 // once. A huge attempts value dead-letters without overflowing.
 func TestNegativeAttemptsDoNotCrash(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	rc := newRecorder(t, func(req testkit.Request) testkit.Reply {
 		if strings.HasPrefix(req.Agg, "odd/") && req.Attempt == 1 {
 			return testkit.Reply{Status: http.StatusServiceUnavailable}
@@ -151,7 +151,7 @@ func TestNegativeAttemptsDoNotCrash(t *testing.T) {
 }
 
 // exec runs one SQL statement on the test's database.
-func (e *env) exec(sql string) {
+func (e *testBundle) exec(sql string) {
 	e.t.Helper()
 	if _, err := e.pool.Exec(context.Background(), sql); err != nil {
 		e.t.Fatalf("%s: %v", sql, err)
@@ -160,7 +160,7 @@ func (e *env) exec(sql string) {
 
 // insertGen inserts n rows whose payloads say {"gen": gen, "n": i}, one
 // statement, and returns their ids.
-func (e *env) insertGen(gen, n int) []int64 {
+func (e *testBundle) insertGen(gen, n int) []int64 {
 	e.t.Helper()
 	return e.insertIDs(`INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
 		 SELECT 'rw', (g % 3)::text, 'test.event', jsonb_build_object('gen', $1::int, 'n', g)
@@ -169,7 +169,7 @@ func (e *env) insertGen(gen, n int) []int64 {
 
 // waitSettled waits until no row is pending, failing at once if the
 // relay exits.
-func (e *env) waitSettled(rep *replica, what string) {
+func (e *testBundle) waitSettled(rep *replica, what string) {
 	e.t.Helper()
 	waitFor(e.t, what, func() bool {
 		if rep.exited() {
@@ -180,7 +180,7 @@ func (e *env) waitSettled(rep *replica, what string) {
 }
 
 // insertIDs runs an INSERT ... RETURNING id and returns the ids.
-func (e *env) insertIDs(sql string, args ...any) []int64 {
+func (e *testBundle) insertIDs(sql string, args ...any) []int64 {
 	e.t.Helper()
 	rows, err := e.pool.Query(context.Background(), sql, args...)
 	if err != nil {

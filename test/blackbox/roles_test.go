@@ -18,7 +18,7 @@ import (
 // own (roles are the server's: the name is unique), and drops it at
 // cleanup with what it owns and was granted in the test's database. It
 // returns the role's name and e's DSN logging in as it.
-func (e *env) role(kind string) (name, dsn string) {
+func (e *testBundle) role(kind string) (name, dsn string) {
 	e.t.Helper()
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
@@ -70,7 +70,7 @@ ALTER DEFAULT PRIVILEGES IN SCHEMA ` + s + ` GRANT EXECUTE ON FUNCTIONS TO ` + r
 // relay polls.
 func TestRelayRoleWithoutDDL(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	migrator, migrateDSN := e.role("migrate")
 	relay, relayDSN := e.role("relay")
 	e.exec("CREATE SCHEMA outboxd AUTHORIZATION " + pgx.Identifier{migrator}.Sanitize())
@@ -121,7 +121,7 @@ func TestRelayRoleWithoutDDL(t *testing.T) {
 }
 
 // countIn counts outbox rows of schema matching where.
-func (e *env) countIn(schema, where string) int {
+func (e *testBundle) countIn(schema, where string) int {
 	e.t.Helper()
 	var n int
 	if err := e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+pgx.Identifier{schema}.Sanitize()+".outbox WHERE "+where).Scan(&n); err != nil {

@@ -129,7 +129,7 @@ func (rr *routedReceiver) streamIDs(ctx context.Context, aggType string) []int64
 
 func TestRoutingTwoDestinationsKeepAggregateOrderThroughAKill(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	ctx := context.Background()
 	// Aggregate k's events alternate between the two destinations, half of
 	// the aggregates starting with each. One more aggregate carries an event

@@ -17,7 +17,7 @@ import (
 // Two relays, each with its own postgres.schema and redis.key_prefix, in
 // one database: each migrates, relays and fences its own outbox only.
 func TestTwoSchemasInOneDatabase(t *testing.T) {
-	e := newEnv(t)
+	e := setup(t)
 	ctx := context.Background()
 	base := e.prefix
 	received := map[string]*testkit.Receiver{}

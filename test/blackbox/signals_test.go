@@ -11,7 +11,7 @@ import (
 // cleanup checks that).
 func TestHangupDoesNotEndTheLeader(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	e.set("OUTBOXD_DISPATCH_SINK", "noop")
 	r := e.start()
 	leading := func(_ string, rec map[string]any) bool {

@@ -12,7 +12,7 @@ import (
 // template's "outbox.event.order" exists and "outbox.event.missing" does
 // not.
 type failureCase struct {
-	e *env
+	e *testBundle
 	// kind names the destination in last_error: "topic", "stream".
 	kind string
 	// oversize is a payload above the destination's message limit, and

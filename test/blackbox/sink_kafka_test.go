@@ -31,12 +31,12 @@ func kafkaCluster(t *testing.T, topics ...string) *kfake.Cluster {
 	return c
 }
 
-// kafkaEnv is an env whose replica relays to c with the default topic
+// kafkaEnv is a testBundle whose replica relays to c with the default topic
 // template (outbox.event.{aggregate_type}). The lease is longer than the
 // suite's 2 s, so the sink's own answers (about a second to call a topic
 // missing) come before the lease's trust deadline.
-func kafkaEnv(t *testing.T, c *kfake.Cluster) *env {
-	e := newEnv(t)
+func kafkaEnv(t *testing.T, c *kfake.Cluster) *testBundle {
+	e := setup(t)
 	e.set("OUTBOXD_DISPATCH_SINK", "kafka",
 		"OUTBOXD_DISPATCH_KAFKA_BROKERS", strings.Join(c.ListenAddrs(), ","),
 		"OUTBOXD_POLLER_LOCK_TTL", "10s")
@@ -99,7 +99,7 @@ func kafkaCase() sinkCase {
 	var recs []*kgo.Record
 	return sinkCase{
 		name: "kafka", cePrefix: "ce_",
-		setup: func(t *testing.T) (*env, func(int) []delivered) {
+		setup: func(t *testing.T) (*testBundle, func(int) []delivered) {
 			c := kafkaCluster(t, topic)
 			return kafkaEnv(t, c), func(n int) []delivered {
 				recs = kafkaRecords(t, c, topic, n)

@@ -14,11 +14,11 @@ import (
 // kinesalite (npm), started by the test on a loopback port; the test reads
 // the streams back shard by shard. They fail when kinesalite cannot be had.
 
-// kinesisEnv is an env whose replica writes to k with the default stream
+// kinesisEnv is a testBundle whose replica writes to k with the default stream
 // template (outbox.event.{aggregate_type}) and the static credentials
 // kinesalite accepts.
-func kinesisEnv(t *testing.T, k *testenv.Kinesalite) *env {
-	e := newEnv(t)
+func kinesisEnv(t *testing.T, k *testenv.Kinesalite) *testBundle {
+	e := setup(t)
 	e.set("OUTBOXD_DISPATCH_SINK", "kinesis",
 		"OUTBOXD_DISPATCH_KINESIS_REGION", "us-east-1",
 		"OUTBOXD_DISPATCH_KINESIS_ENDPOINT", k.Endpoint,
@@ -68,7 +68,7 @@ func kinesisDelivered(t *testing.T, k *testenv.Kinesalite, stream string) []deli
 func kinesisCase() sinkCase {
 	return sinkCase{
 		name: "kinesis", cePrefix: "ce-",
-		setup: func(t *testing.T) (*env, func(int) []delivered) {
+		setup: func(t *testing.T) (*testBundle, func(int) []delivered) {
 			k := testenv.StartKinesalite(t)
 			kinesisStream(t, k, "outbox.event.order", 2)
 			return kinesisEnv(t, k), func(int) []delivered { return kinesisDelivered(t, k, "outbox.event.order") }

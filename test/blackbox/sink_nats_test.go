@@ -117,10 +117,10 @@ func (ns *natsStream) consume() []jetstream.Msg {
 	return out
 }
 
-// natsEnv is an env whose replica publishes to ns with subject template
+// natsEnv is a testBundle whose replica publishes to ns with subject template
 // "<prefix>.{aggregate_type}".
-func natsEnv(t *testing.T, ns *natsStream) *env {
-	e := newEnv(t)
+func natsEnv(t *testing.T, ns *natsStream) *testBundle {
+	e := setup(t)
 	e.set("OUTBOXD_DISPATCH_SINK", "nats",
 		"OUTBOXD_DISPATCH_NATS_URL", natsTestURL,
 		"OUTBOXD_DISPATCH_NATS_SUBJECT", ns.prefix+".{aggregate_type}")
@@ -132,10 +132,10 @@ func natsEnv(t *testing.T, ns *natsStream) *env {
 // duplicate window.
 func natsCase() sinkCase {
 	var ns *natsStream
-	var e *env
+	var e *testBundle
 	return sinkCase{
 		name: "nats",
-		setup: func(t *testing.T) (*env, func(int) []delivered) {
+		setup: func(t *testing.T) (*testBundle, func(int) []delivered) {
 			ns = newNATSStream(t, ">")
 			e = natsEnv(t, ns)
 			return e, func(int) []delivered {

@@ -37,10 +37,10 @@ func createPubSubTopic(t *testing.T, srv *pstest.Server, id string) {
 	}
 }
 
-// pubsubEnv is an env whose replica publishes to srv with the default
+// pubsubEnv is a testBundle whose replica publishes to srv with the default
 // topic template (outbox.event.{aggregate_type}).
-func pubsubEnv(t *testing.T, srv *pstest.Server) *env {
-	e := newEnv(t)
+func pubsubEnv(t *testing.T, srv *pstest.Server) *testBundle {
+	e := setup(t)
 	e.set("OUTBOXD_DISPATCH_SINK", "pubsub",
 		"OUTBOXD_DISPATCH_PUBSUB_PROJECT", pubsubProject,
 		"OUTBOXD_DISPATCH_PUBSUB_ENDPOINT", "http://"+srv.Addr,
@@ -77,7 +77,7 @@ func pubsubDelivered(msgs []*pstest.Message) []delivered {
 func pubsubCase() sinkCase {
 	return sinkCase{
 		name: "pubsub", cePrefix: "ce-",
-		setup: func(t *testing.T) (*env, func(int) []delivered) {
+		setup: func(t *testing.T) (*testBundle, func(int) []delivered) {
 			srv := pubsubServer(t, "outbox.event.order")
 			return pubsubEnv(t, srv), func(int) []delivered {
 				msgs := pubsubMessages(srv, "outbox.event.order")

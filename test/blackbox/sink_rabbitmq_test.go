@@ -90,10 +90,10 @@ func (rx *rabbitExchange) drain(queue string) []amqp.Delivery {
 	}
 }
 
-// rabbitEnv is an env whose replica publishes to rx with the default
+// rabbitEnv is a testBundle whose replica publishes to rx with the default
 // routing key template (outbox.event.{aggregate_type}).
-func rabbitEnv(t *testing.T, rx *rabbitExchange) *env {
-	e := newEnv(t)
+func rabbitEnv(t *testing.T, rx *rabbitExchange) *testBundle {
+	e := setup(t)
 	e.set("OUTBOXD_DISPATCH_SINK", "rabbitmq",
 		"OUTBOXD_DISPATCH_RABBITMQ_URL", rabbitTestURL,
 		"OUTBOXD_DISPATCH_RABBITMQ_EXCHANGE", rx.name)
@@ -114,7 +114,7 @@ func rabbitMQCase() sinkCase {
 	byID := map[string]amqp.Delivery{}
 	return sinkCase{
 		name: "rabbitmq", cePrefix: "cloudEvents_",
-		setup: func(t *testing.T) (*env, func(int) []delivered) {
+		setup: func(t *testing.T) (*testBundle, func(int) []delivered) {
 			rx = newRabbitExchange(t)
 			q := rx.queue("#")
 			return rabbitEnv(t, rx), func(int) []delivered {

@@ -19,7 +19,7 @@ type streamEntry struct {
 }
 
 // streamEntries reads every entry of key, in stream order.
-func (e *env) streamEntries(key string) []streamEntry {
+func (e *testBundle) streamEntries(key string) []streamEntry {
 	e.t.Helper()
 	raw, err := e.rdb.Do(context.Background(), "XRANGE", key, "-", "+").Slice()
 	if err != nil {
@@ -40,9 +40,9 @@ func (e *env) streamEntries(key string) []streamEntry {
 	return out
 }
 
-// redisStreamEnv is an env whose replica relays to Redis streams.
-func redisStreamEnv(t *testing.T) *env {
-	e := newEnv(t)
+// redisStreamEnv is a testBundle whose replica relays to Redis streams.
+func redisStreamEnv(t *testing.T) *testBundle {
+	e := setup(t)
 	e.set("OUTBOXD_DISPATCH_SINK", "redis_stream",
 		"OUTBOXD_DISPATCH_REDIS_STREAM_STREAM", "outbox.event.{aggregate_type}",
 		"OUTBOXD_DISPATCH_REDIS_STREAM_MAXLEN", "100000")
@@ -54,7 +54,7 @@ func redisStreamEnv(t *testing.T) *env {
 func redisStreamCase() sinkCase {
 	return sinkCase{
 		name: "redis_stream",
-		setup: func(t *testing.T) (*env, func(int) []delivered) {
+		setup: func(t *testing.T) (*testBundle, func(int) []delivered) {
 			e := redisStreamEnv(t)
 			key := e.prefix + "outbox.event.order"
 			return e, func(int) []delivered {

@@ -20,12 +20,12 @@ import (
 // queue subscribed to the topic with raw message delivery). Verified
 // against the emulator only, never against AWS.
 
-// awsEnv is an env whose replica reaches m with the AWS SDK's default
+// awsEnv is a testBundle whose replica reaches m with the AWS SDK's default
 // chain (environment credentials, no instance metadata), and a lease
 // longer than the suite's 2 s, so an emulator slowed by a loaded machine
 // answers before the lease's trust deadline.
-func awsEnv(t *testing.T, m *testenv.Moto, kv ...string) *env {
-	e := newEnv(t)
+func awsEnv(t *testing.T, m *testenv.Moto, kv ...string) *testBundle {
+	e := setup(t)
 	for _, v := range m.Env() {
 		k, val, _ := strings.Cut(v, "=")
 		e.set(k, val)
@@ -34,7 +34,7 @@ func awsEnv(t *testing.T, m *testenv.Moto, kv ...string) *env {
 }
 
 // sqsEnv relays to the queue at url.
-func sqsEnv(t *testing.T, m *testenv.Moto, url string) *env {
+func sqsEnv(t *testing.T, m *testenv.Moto, url string) *testBundle {
 	return awsEnv(t, m, "OUTBOXD_DISPATCH_SINK", "sqs", "OUTBOXD_DISPATCH_SQS_QUEUE_URL", url, "OUTBOXD_DISPATCH_SQS_ENDPOINT", m.Endpoint)
 }
 
@@ -79,7 +79,7 @@ func awsDelivered(t *testing.T, msgs []types.Message) []delivered {
 func awsCase(name string) sinkCase {
 	return sinkCase{
 		name: name, cePrefix: "ce-",
-		setup: func(t *testing.T) (*env, func(int) []delivered) {
+		setup: func(t *testing.T) (*testBundle, func(int) []delivered) {
 			m := testenv.StartMoto(t)
 			url := m.CreateQueue(t, "outbox", nil)
 			e := sqsEnv(t, m, url)

@@ -63,7 +63,7 @@ type sinkCase struct {
 	name string
 	// setup returns an env relaying to the sink, and what reads back at
 	// least n messages.
-	setup func(t *testing.T) (e *env, read func(n int) []delivered)
+	setup func(t *testing.T) (e *testBundle, read func(n int) []delivered)
 	// cePrefix: the case turns CloudEvents on and checks them with this
 	// prefix; "" leaves them off.
 	cePrefix string

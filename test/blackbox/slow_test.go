@@ -13,7 +13,7 @@ import (
 // events pending, and the slow aggregate's events arrive in id order.
 func TestSlowAggregateDelaysOnlyItself(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	const slowEvents, perEvent = 15, 2 * time.Second
 	rc := newRecorder(t, func(req testkit.Request) testkit.Reply {
 		if req.Agg == "slow/0" {
@@ -76,7 +76,7 @@ func TestSlowAggregateDelaysOnlyItself(t *testing.T) {
 // others are through.
 func TestStragglerDoesNotHoldBackTheOthers(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := setup(t)
 	const others, perAgg = 300, 10 // 3,000 events after the straggler's first
 	rc := newRecorder(t, nil)
 	release := rc.Hold(testkit.HoldAggregate("straggler/0"))
