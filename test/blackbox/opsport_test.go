@@ -30,7 +30,10 @@ SELECT 'old', (g % 1000)::text, 'old.event', '{}', 25, 'HTTP 500', now() - g * i
 FROM generate_series(1, $1::int) g`, crowdDeadRows); err != nil {
 		t.Fatal(err)
 	}
-	e.set("OUTBOXD_DISPATCH_SINK", "noop", "OUTBOXD_POLLER_BATCH_SIZE", "50")
+	// A read's deadline follows the lock TTL: 10 s keeps a read slowed by a
+	// loaded machine's CPU from failing, so an error line here means a
+	// batch waited for a connection, not for a core.
+	e.set("OUTBOXD_DISPATCH_SINK", "noop", "OUTBOXD_POLLER_BATCH_SIZE", "50", "OUTBOXD_POLLER_LOCK_TTL", "10s")
 	rep := e.start()
 
 	stop := make(chan struct{})
