@@ -157,14 +157,14 @@ func (s ReadPath) CompleteSettled(ctx context.Context, f Fence, o Outcomes, k Se
 	if !isDataError(err) {
 		return Completed{Delivered: d, Failed: n}, err
 	}
-	if err := s.SettleKeys(ctx, k); err != nil {
+	if err := s.settleKeys(ctx, k); err != nil {
 		return Completed{}, err
 	}
 	return s.Complete(ctx, f, o)
 }
 
-// SettleKeys writes k alone.
-func (s ReadPath) SettleKeys(ctx context.Context, k Settle) error {
+// settleKeys writes k alone (CompleteSettled's split path).
+func (s ReadPath) settleKeys(ctx context.Context, k Settle) error {
 	var n int64
 	if err := idempotencySettleQ.queryRow(ctx, s.db, k.args(pgx.NamedArgs{})).Scan(&n); err != nil {
 		return wrap("settle idempotency keys", err)
