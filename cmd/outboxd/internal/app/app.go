@@ -341,7 +341,7 @@ func (a *App) Run(ctx context.Context) error {
 		return err
 	}
 	ring := console.NewRing(console.DefaultSamples, console.DefaultSampleEvery, console.FromRegistry(a.Metrics.Registry, time.Now))
-	deps.UI = a.consoleUI(deps.Admin, p, sink, ops, ring, offLoopback)
+	deps.UI = a.consoleUI(deps.Admin, p, sink, ops, ring, consoleTokens(deps), offLoopback)
 	srv := httpapi.Server(httpapi.Handler(deps), httpapi.Timeouts{})
 	a.logStarted(ln.Addr().String(), sink, offLoopback)
 	g, gctx := errgroup.WithContext(ctx)
