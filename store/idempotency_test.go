@@ -125,16 +125,17 @@ func TestCompleteSettledWritesOnlyOverOurOwnClaim(t *testing.T) {
 			b := keysSetup(t)
 			ours := "claim:5:o5:b"
 			b.claim(ours, 1, 3, 5)
-			b.claim("claim:9:o9:z", 2, 4) // a newer holder's
+			b.claim("claim:9:o9:z", 2, 4, 7) // a newer holder's
+			b.expire(7)                      // 7: nothing live
 			// 6: no key at all (our claim expired during the send).
 			f := b.fence
 			f.Token = tc.token
 			_, err := b.st.ReadPath().CompleteSettled(b.ctx, f, store.Outcomes{}, store.Settle{Claim: ours, MarkTTL: 24 * time.Hour,
-				MarkIDs: []int64{1, 2, 6}, Marks: []string{"1:fp1", "1:fp2", "1:fp6"}, ReleaseIDs: []int64{3, 4}})
+				MarkIDs: []int64{1, 2, 6, 7}, Marks: []string{"1:fp1", "1:fp2", "1:fp6", "1:fp7"}, ReleaseIDs: []int64{3, 4}})
 			if !errors.Is(err, tc.fence) {
 				t.Fatalf("complete: %v, want %v", err, tc.fence)
 			}
-			for id, want := range map[int64]string{1: "1:fp1", 2: "claim:9:o9:z", 3: "", 4: "claim:9:o9:z", 5: ours, 6: "1:fp6"} {
+			for id, want := range map[int64]string{1: "1:fp1", 2: "claim:9:o9:z", 3: "", 4: "claim:9:o9:z", 5: ours, 6: "1:fp6", 7: "1:fp7"} {
 				if v := b.value(id); v != want {
 					t.Errorf("key %d holds %q, want %q", id, v, want)
 				}
