@@ -143,10 +143,105 @@ func TestResendRedeliversAnAggregateInOrder(t *testing.T) {
 	})) != 1 {
 		t.Errorf("no \"admin write\" line naming the caller oncall and resent 3: %s", rep.tail(20))
 	}
+	// Without routing the one destination is "default": it selects every
+	// row; any other name is refused, exit 2 naming it.
+	res = runBinary(t, e.vars, 30*time.Second, "resend", "--aggregate", "deal/8", "--destination", "default", "--dry-run")
+	if res.code != 0 || !strings.Contains(res.stdout, "would resend 1 delivered events") {
+		t.Fatalf("resend --destination default: %s", res)
+	}
+	res = runBinary(t, e.vars, 30*time.Second, "resend", "--aggregate", "deal/8", "--destination", "crm", "--dry-run")
+	if res.code != 2 || !strings.Contains(res.stderr, `unknown destination "crm"`) {
+		t.Fatalf("resend --destination crm without routing: %s, want exit 2 naming crm", res)
+	}
 	// Asked by id, a purged row is reported as gone.
 	res = runBinary(t, e.vars, 30*time.Second, "resend", "--id", "999999", "--dry-run")
 	if res.code != 0 || !strings.Contains(res.stdout, "gone (purged past reconcile.retention, discarded or never written): 999999") {
 		t.Fatalf("resend of a missing id: %s", res)
+	}
+}
+
+// `resend --destination` with two destinations routed by aggregate_type
+// resends only the rows routed to the one named, in order, through the
+// CLI and --via alike: the dry run counts only them, --limit applies after
+// the destination, an unknown destination exits 2 naming it, and no other
+// filter still needs --all.
+func TestResendToOneDestination(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ra, rb := newRecorder(t, nil), newRecorder(t, nil)
+	tokenFile := withAdminToken(t, e)
+	cfg := filepath.Join(t.TempDir(), "routed.yaml")
+	if err := os.WriteFile(cfg, []byte(`
+dispatch:
+  destinations:
+    a: {sink: webhook, webhook: {url: "`+ra.URL()+`"}}
+    b: {sink: webhook, webhook: {url: "`+rb.URL()+`"}}
+  routes:
+    - {aggregate_type: alpha, to: a}
+    - {aggregate_type: "*", to: b}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var alpha []int64
+	for i := range 3 {
+		alpha = append(alpha, e.insert("alpha", "1", `{"n":`+strconv.Itoa(i)+`}`, ""))
+		e.insert("beta", "1", `{"n":`+strconv.Itoa(i)+`}`, "")
+	}
+	rep := e.start("--config", cfg)
+	ra.WaitDelivered(t, 30*time.Second, 3)
+	rb.WaitDelivered(t, 30*time.Second, 3)
+
+	cli := func(args ...string) result {
+		return runBinary(t, e.vars, 60*time.Second, append([]string{"resend", "--config", cfg}, args...)...)
+	}
+	via := []string{"--via", "http://" + rep.addr, "--token-file", tokenFile}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--all", "--destination", "a", "--dry-run"}, "would resend 3 delivered events"},
+		{append([]string{"--all", "--destination", "b", "--dry-run"}, via...), "would resend 3 delivered events"},
+		{[]string{"--all", "--destination", "a", "--limit", "2", "--dry-run"}, "would resend 2 delivered events"},
+		{[]string{"--event-type", "nothing.*", "--destination", "a", "--dry-run"}, "would resend 0 delivered events"},
+	} {
+		if res := cli(c.args...); res.code != 0 || !strings.Contains(res.stdout, c.want) {
+			t.Fatalf("resend %v: %s, want %q", c.args, res, c.want)
+		}
+	}
+	for _, args := range [][]string{{"--all", "--destination", "nope"}, append([]string{"--all", "--destination", "nope"}, via...)} {
+		if res := cli(args...); res.code != 2 || !strings.Contains(res.stderr, `unknown destination "nope"`) {
+			t.Fatalf("resend %v: %s, want exit 2 naming nope", args, res)
+		}
+	}
+	if res := cli("--destination", "a"); res.code != 2 || !strings.Contains(res.stderr, "--all") {
+		t.Fatalf("resend --destination a without a filter: %s, want exit 2 naming --all", res)
+	}
+	if e.count("headers ? 'outbox-resent-from'") != 0 {
+		t.Fatalf("a dry run or a refusal resent rows: %s", e.describeRows("true")())
+	}
+
+	if res := cli("--all", "--destination", "a"); res.code != 0 || !strings.Contains(res.stdout, "resent 3 delivered events") {
+		t.Fatalf("resend --all --destination a: %s", res)
+	}
+	ra.WaitDelivered(t, 30*time.Second, 6)
+	if n := e.count("aggregate_type <> 'alpha' AND headers ? 'outbox-resent-from'"); n != 0 {
+		t.Fatalf("%d rows routed to b were resent: %s", n, e.describeRows("true")())
+	}
+	copies := e.rows("aggregate_type = 'alpha' AND headers ? 'outbox-resent-from'")
+	var got, want []string
+	for _, r := range ra.Requests() {
+		if r.OK() {
+			got = append(got, strconv.FormatInt(r.ID, 10)+"<"+r.Header.Get("Outbox-Resent-From"))
+		}
+	}
+	for _, id := range alpha {
+		want = append(want, strconv.FormatInt(id, 10)+"<")
+	}
+	for i, c := range copies {
+		want = append(want, strconv.FormatInt(c.ID, 10)+"<"+strconv.FormatInt(alpha[i], 10))
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("destination a got (id<resent-from)\n %v\nwant\n %v", got, want)
 	}
 }
 
