@@ -440,8 +440,12 @@ func (a *App) httpDeps(p *poller.Poller, rec *reconcile.Reconciler, sink dispatc
 			return st, nil
 		},
 	}
+	table, err := Routes(a.Cfg)
+	if err != nil {
+		return httpapi.Deps{}, err
+	}
 	d.Admin = admin.New(admin.Deps{
-		Store: ops.Ops(), Reconciler: adminRec, Status: d.Status, Log: a.Log,
+		Store: ops.Ops(), Reconciler: adminRec, Status: d.Status, Log: a.Log, Routes: table,
 		Destinations: func(ctx context.Context) ([]admin.Destination, error) {
 			st, err := a.status(ctx, ops.Ops(), nil, sinksOf(sink), ops.Ops().Stats)
 			if err != nil {

@@ -33,7 +33,8 @@ func (s *server) run(ctx context.Context, caller admin.Caller, op Op, sel select
 		res, err := s.d.Backend.Discard(ctx, caller, admin.DeadWriteRequest{Filter: sel.dead, All: all, DryRun: dry, LockWait: opWait})
 		return outcome{N: res.Count}, err
 	case OpResend:
-		res, err := s.d.Backend.Resend(ctx, caller, admin.ResendRequest{Filter: sel.resend, All: all, DryRun: dry, Limit: sel.limit, LockWait: opWait})
+		res, err := s.d.Backend.Resend(ctx, caller, admin.ResendRequest{Filter: sel.resend, All: all, DryRun: dry, Limit: sel.limit, LockWait: opWait,
+			Destination: sel.dest})
 		return outcome{N: res.Count, Gone: res.Gone, GoneBefore: res.GoneBefore}, err
 	}
 	return outcome{}, errors.New("no such operation")
@@ -84,10 +85,11 @@ func (s *server) confirm(w http.ResponseWriter, r *http.Request) {
 }
 
 // onlyBounds: the fields select no rows by themselves (resend's column
-// choice and limit are not filters).
+// choice and limit are not filters, and a destination's whole history is
+// every row as far as the confirmation goes).
 func onlyBounds(fs []field) bool {
 	for _, f := range fs {
-		if f.Name != onParam && f.Name != "limit" {
+		if f.Name != onParam && f.Name != "limit" && f.Name != destParam {
 			return false
 		}
 	}
