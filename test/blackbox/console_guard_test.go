@@ -142,6 +142,22 @@ func TestConsoleSignsInWithANamedToken(t *testing.T) {
 	if code, body := cc.do(http.MethodPost, "/ui/pause/default", url.Values{"csrf": {m[1]}}, "Sec-Fetch-Site", "same-origin"); code != http.StatusSeeOther {
 		t.Fatalf("pause: %d, want 303: %s", code, trunc(body, 300))
 	}
+	// One destination: its backlog is the relay's, an event held by the
+	// pause is counted in its row.
+	e.insert("order", "held-1", `{}`, `{}`)
+	backlog := regexp.MustCompile(`data-name="default">(?s:.*?)class="backlog">([^<]*)<`)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		_, page := cc.do(http.MethodGet, "/ui?refresh=0", nil)
+		m := backlog.FindStringSubmatch(page)
+		if m != nil && m[1] == "1" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the default destination's backlog cell: %q, want 1 (an event held by the pause): %s", m, trunc(page, 800))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 	for _, msg := range []string{"console write", "admin write"} {
 		if len(rep.logsMatching(func(_ string, rec map[string]any) bool {
 			return rec["msg"] == msg && rec["caller"] == "console:oncall" && rec["op"] == "pause"

@@ -86,9 +86,13 @@ func (b *consoleBackend) Overview(ctx context.Context) (console.Overview, error)
 			}
 		}
 	}
+	// With one destination every pending row is its: its backlog and lag
+	// are the relay's. With more they are not counted apart.
+	one := len(st.Destinations) == 1
 	for _, d := range st.Destinations {
 		ov.Destinations = append(ov.Destinations, console.Destination{Name: d.Name, Sink: d.Sink, Circuit: d.Circuit,
-			CircuitSince: d.CircuitSince, CircuitError: d.CircuitError, Paused: d.Paused, PausedAt: d.PausedAt})
+			CircuitSince: d.CircuitSince, CircuitError: d.CircuitError, Paused: d.Paused, PausedAt: d.PausedAt,
+			HasBacklog: one, Backlog: st.Pending, Lag: st.OldestPendingAge})
 	}
 	return ov, nil
 }
