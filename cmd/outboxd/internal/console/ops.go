@@ -44,7 +44,8 @@ func (s *server) run(ctx context.Context, caller admin.Caller, op Op, sel select
 type confirmBody struct {
 	Op, Verb, Past, Rows string
 	outcome
-	Every    bool // no filter: every row
+	Every    bool   // no filter: every row
+	Dest     string // resend: the destination the rows are routed to
 	Fields   []field
 	Filters  string       // shown
 	Cancel   template.URL // back
@@ -80,7 +81,7 @@ func (s *server) confirm(w http.ResponseWriter, r *http.Request) {
 	}
 	s.render(w, r, http.StatusOK, "confirm", words.verb+"?", confirmBody{
 		Op: string(op), Verb: words.verb, Past: words.past, Rows: words.rows, outcome: out, Every: len(fs) == 0 || onlyBounds(fs),
-		Fields: fs, Filters: encode(fs), Cancel: back, CanWrite: s.g.signedIn(r),
+		Dest: v.Get(destParam), Fields: fs, Filters: encode(fs), Cancel: back, CanWrite: s.g.signedIn(r),
 	})
 }
 
