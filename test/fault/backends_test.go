@@ -346,6 +346,7 @@ func (c *cluster) raceProducer(ctx context.Context, p int) {
 	pool := c.st.Pool()
 	for n := 0; ctx.Err() == nil; n++ {
 		var ids []int64
+		began := time.Now()
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			rows, err := tx.Query(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
 				SELECT 'deal', ((@n::int + g) % 8)::text, 'deal.funded', jsonb_build_object('producer', @p::int, 'n', @n::int)
@@ -362,6 +363,7 @@ func (c *cluster) raceProducer(ctx context.Context, p int) {
 		if err == nil {
 			c.prodMu.Lock()
 			c.committed = append(c.committed, ids...)
+			c.longestTx = max(c.longestTx, time.Since(began))
 			c.prodMu.Unlock()
 		}
 	}
@@ -386,7 +388,7 @@ func TestRacingProducers(t *testing.T) {
 		for _, r := range append(c.reps, c.ended...) {
 			late += strings.Count(r.logs(), `"msg":"late commit"`)
 		}
-		t.Logf("late commits warned: %d", late)
+		t.Logf("late commits warned: %d; longest producer transaction %s", late, c.longestTx.Round(time.Millisecond))
 	})
 }
 

@@ -94,6 +94,7 @@ type cluster struct {
 
 	prodMu    sync.Mutex
 	committed []int64
+	longestTx time.Duration // the longest transaction of produceRacing's, begin to commit
 	prodStop  context.CancelFunc
 	prodDone  chan struct{}
 }
