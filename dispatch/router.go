@@ -84,9 +84,17 @@ func (g Glob) Match(v string) bool {
 // Send may be called from several goroutines at once if the destinations'
 // sinks allow it (every sink of this package does).
 type Router struct {
-	dests    []Destination
+	dests []Destination
+	table *Routes
+}
+
+// Routes is the routing table alone, without sinks: which destination an
+// event of an aggregate type and event type goes to. Router uses it to
+// send; the operator controls use it to select a destination's rows.
+type Routes struct {
+	names    []string
 	routes   []route
-	fallback int // index into dests of DefaultDestination; -1 when there is none
+	fallback int // index into names of DefaultDestination; -1 when there is none
 }
 
 type route struct {
@@ -94,22 +102,20 @@ type route struct {
 	to                       int
 }
 
-// NewRouter builds a router. Every route's To must name one of dests, and
-// its patterns must parse (ParseGlob); names are unique.
-func NewRouter(dests []Destination, routes []Route) (*Router, error) {
-	r := &Router{dests: dests, fallback: -1}
+// NewRoutes builds a routing table over the destinations named names.
+// Every route's To must be one of names, and its patterns must parse
+// (ParseGlob); names are unique.
+func NewRoutes(names []string, routes []Route) (*Routes, error) {
+	t := &Routes{names: slices.Clone(names), fallback: -1}
 	index := map[string]int{}
-	for i, d := range dests {
-		if _, dup := index[d.Name]; dup {
-			return nil, fmt.Errorf("destination %q is named twice", d.Name)
+	for i, n := range names {
+		if _, dup := index[n]; dup {
+			return nil, fmt.Errorf("destination %q is named twice", n)
 		}
-		if d.Sink == nil {
-			return nil, fmt.Errorf("destination %q has no sink", d.Name)
-		}
-		index[d.Name] = i
+		index[n] = i
 	}
 	if i, ok := index[DefaultDestination]; ok {
-		r.fallback = i
+		t.fallback = i
 	}
 	for n, rt := range routes {
 		to, ok := index[rt.To]
@@ -124,31 +130,62 @@ func NewRouter(dests []Destination, routes []Route) (*Router, error) {
 		if err != nil {
 			return nil, fmt.Errorf("route %d: event_type: %w", n, err)
 		}
-		r.routes = append(r.routes, route{aggregateType: at, eventType: et, to: to})
+		t.routes = append(t.routes, route{aggregateType: at, eventType: et, to: to})
 	}
-	return r, nil
+	return t, nil
+}
+
+// Names are the destinations' names, in the order given.
+func (t *Routes) Names() []string { return slices.Clone(t.names) }
+
+// index returns the index of the destination of an event of aggregateType
+// and eventType: the first route that matches, else DefaultDestination;
+// -1 when there is none.
+func (t *Routes) index(aggregateType, eventType string) int {
+	for _, rt := range t.routes {
+		if rt.aggregateType.Match(aggregateType) && rt.eventType.Match(eventType) {
+			return rt.to
+		}
+	}
+	return t.fallback
+}
+
+// Route names the destination of an event of aggregateType and
+// eventType, "" when none.
+func (t *Routes) Route(aggregateType, eventType string) string {
+	if i := t.index(aggregateType, eventType); i >= 0 {
+		return t.names[i]
+	}
+	return ""
+}
+
+// NewRouter builds a router. Every route's To must name one of dests, and
+// its patterns must parse (ParseGlob); names are unique.
+func NewRouter(dests []Destination, routes []Route) (*Router, error) {
+	names := make([]string, len(dests))
+	for i, d := range dests {
+		names[i] = d.Name
+	}
+	table, err := NewRoutes(names, routes)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range dests {
+		if d.Sink == nil {
+			return nil, fmt.Errorf("destination %q has no sink", d.Name)
+		}
+	}
+	return &Router{dests: dests, table: table}, nil
 }
 
 // Destinations are the router's destinations, in the order given.
 func (r *Router) Destinations() []Destination { return slices.Clone(r.dests) }
 
 // route returns the index of ev's destination, -1 when there is none.
-func (r *Router) route(ev Event) int {
-	for _, rt := range r.routes {
-		if rt.aggregateType.Match(ev.AggregateType) && rt.eventType.Match(ev.EventType) {
-			return rt.to
-		}
-	}
-	return r.fallback
-}
+func (r *Router) route(ev Event) int { return r.table.index(ev.AggregateType, ev.EventType) }
 
 // DestinationOf names the destination ev goes to, "" when none.
-func (r *Router) DestinationOf(ev Event) string {
-	if i := r.route(ev); i >= 0 {
-		return r.dests[i].Name
-	}
-	return ""
-}
+func (r *Router) DestinationOf(ev Event) string { return r.table.Route(ev.AggregateType, ev.EventType) }
 
 // DestinationOf names the destination sink sends ev to: the choice of a
 // sink that routes (a Router, or a wrapper of one that has the same

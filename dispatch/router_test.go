@@ -459,3 +459,20 @@ func TestRouterReleasesARunOnlyAfterTheWholeRunBeforeIt(t *testing.T) {
 		}
 	})
 }
+
+// The routing table alone names an event's destination as the router
+// sends it: the first matching route, else "default", else none ("").
+func TestRoutesNameTheDestination(t *testing.T) {
+	rt, err := dispatch.NewRoutes([]string{"a", "b"}, []dispatch.Route{{AggregateType: "x/*", To: "a"}, {EventType: "e", To: "b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ agg, ev, want string }{{"x/y/z", "e", "a"}, {"y", "e", "b"}, {"y", "f", ""}} {
+		if got := rt.Route(c.agg, c.ev); got != c.want {
+			t.Errorf("Route(%q, %q) = %q, want %q", c.agg, c.ev, got, c.want)
+		}
+	}
+	if _, err := dispatch.NewRoutes([]string{"a"}, []dispatch.Route{{AggregateType: "x", To: "c"}}); err == nil {
+		t.Error("a route to an unknown destination was accepted")
+	}
+}

@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	"math"
 	"time"
 
 	"github.com/outboxd/outboxd/store"
@@ -32,27 +33,36 @@ func (r *Reconciler) pgMarks(ctx context.Context, rows []store.Pending) ([]strin
 	return vals, pttls, nil
 }
 
-// purgeKeys deletes the expired idempotency keys in Postgres, in batches,
-// fenced; with the keys in Redis it does nothing.
+// purgeKeyWindow is how many keys, in batches of reconcile.batch_size,
+// one statement of purgeKeys scans: a window of that many live keys ends
+// the walk.
+const purgeKeyWindow = 4
+
+// purgeKeys deletes the expired idempotency keys in Postgres, fenced, one
+// window of keys at a time in outbox_id order from the lowest (see
+// idempotency_purge): it stops at the end of the table or at the first
+// window with no expired key. With the keys in Redis it does nothing.
 func (r *Reconciler) purgeKeys(ctx context.Context, fence store.Fence) (int64, error) {
 	if r.rdb != nil {
 		return 0, nil
 	}
 	var total int64
+	after := int64(math.MinInt64)
 	for {
 		if err := ctx.Err(); err != nil {
 			return total, context.Cause(ctx)
 		}
 		wctx, cancel := writeCtx(ctx)
-		n, err := r.store.PurgeKeys(wctx, fence, r.cfg.BatchSize)
+		p, err := r.store.PurgeKeys(wctx, fence, after, purgeKeyWindow*r.cfg.BatchSize)
 		cancel()
 		if err != nil {
 			return total, err
 		}
-		total += n
-		r.m.ReconcileSwept.WithLabelValues("purged_idempotency_keys").Add(float64(n))
-		if n < int64(r.cfg.BatchSize) {
+		total += p.Deleted
+		r.m.ReconcileSwept.WithLabelValues("purged_idempotency_keys").Add(float64(p.Deleted))
+		if !p.More {
 			return total, nil
 		}
+		after = p.Last
 	}
 }

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -100,18 +99,24 @@ func (s ReadPath) ClaimKeys(ctx context.Context, ids []int64, value string, ttl 
 	if err != nil {
 		return nil, wrap("claim idempotency keys", err)
 	}
-	out := make([]KeyClaim, 0, len(ids))
+	// The statement answers only for the keys it did not claim.
+	notOurs := make(map[int64]string)
+	var id int64
 	var found pgtype.Text
-	var ours bool
-	_, err = pgx.ForEachRow(rows, []any{&found, &ours}, func() error {
-		out = append(out, KeyClaim{Found: found.String, Ours: ours})
+	_, err = pgx.ForEachRow(rows, []any{&id, &found}, func() error {
+		notOurs[id] = found.String
 		return nil
 	})
 	if err != nil {
 		return nil, wrap("claim idempotency keys", err)
 	}
-	if len(out) != len(ids) {
-		return nil, fmt.Errorf("store: claim idempotency keys: %d answers for %d keys", len(out), len(ids))
+	out := make([]KeyClaim, len(ids))
+	for i, id := range ids {
+		if v, ok := notOurs[id]; ok {
+			out[i] = KeyClaim{Found: v}
+		} else {
+			out[i] = KeyClaim{Ours: true}
+		}
 	}
 	return out, nil
 }
@@ -157,14 +162,14 @@ func (s ReadPath) CompleteSettled(ctx context.Context, f Fence, o Outcomes, k Se
 	if !isDataError(err) {
 		return Completed{Delivered: d, Failed: n}, err
 	}
-	if err := s.SettleKeys(ctx, k); err != nil {
+	if err := s.settleKeys(ctx, k); err != nil {
 		return Completed{}, err
 	}
 	return s.Complete(ctx, f, o)
 }
 
-// SettleKeys writes k alone.
-func (s ReadPath) SettleKeys(ctx context.Context, k Settle) error {
+// settleKeys writes k alone (CompleteSettled's split path).
+func (s ReadPath) settleKeys(ctx context.Context, k Settle) error {
 	var n int64
 	if err := idempotencySettleQ.queryRow(ctx, s.db, k.args(pgx.NamedArgs{})).Scan(&n); err != nil {
 		return wrap("settle idempotency keys", err)
@@ -188,10 +193,17 @@ func (s Reconcile) KeyValues(ctx context.Context, ids []int64) (map[int64]string
 	return out, nil
 }
 
-// PurgeKeys deletes up to limit expired keys, fenced, and returns how
-// many it deleted.
-func (s Reconcile) PurgeKeys(ctx context.Context, f Fence, limit int) (int64, error) {
-	var n int64
-	err := s.fenced(ctx, f, idempotencyPurgeQ, []*int64{&n}, pgx.NamedArgs{"limit": limit})
-	return n, err
+// KeyPurge is what one window of PurgeKeys did.
+type KeyPurge struct {
+	Deleted int64 // expired keys deleted
+	Last    int64 // the last id scanned: the next window starts after it
+	More    bool  // the window was full and held an expired key: go on
+}
+
+// PurgeKeys deletes the expired keys among the next scan keys after the
+// id after, in id order, fenced.
+func (s Reconcile) PurgeKeys(ctx context.Context, f Fence, after int64, scan int) (KeyPurge, error) {
+	var p KeyPurge
+	err := s.fencedScan(ctx, f, idempotencyPurgeQ, []any{&p.Deleted, &p.Last, &p.More}, pgx.NamedArgs{"after": after, "scan": scan})
+	return p, err
 }

@@ -125,16 +125,17 @@ func TestCompleteSettledWritesOnlyOverOurOwnClaim(t *testing.T) {
 			b := keysSetup(t)
 			ours := "claim:5:o5:b"
 			b.claim(ours, 1, 3, 5)
-			b.claim("claim:9:o9:z", 2, 4) // a newer holder's
+			b.claim("claim:9:o9:z", 2, 4, 7) // a newer holder's
+			b.expire(7)                      // 7: nothing live
 			// 6: no key at all (our claim expired during the send).
 			f := b.fence
 			f.Token = tc.token
 			_, err := b.st.ReadPath().CompleteSettled(b.ctx, f, store.Outcomes{}, store.Settle{Claim: ours, MarkTTL: 24 * time.Hour,
-				MarkIDs: []int64{1, 2, 6}, Marks: []string{"1:fp1", "1:fp2", "1:fp6"}, ReleaseIDs: []int64{3, 4}})
+				MarkIDs: []int64{1, 2, 6, 7}, Marks: []string{"1:fp1", "1:fp2", "1:fp6", "1:fp7"}, ReleaseIDs: []int64{3, 4}})
 			if !errors.Is(err, tc.fence) {
 				t.Fatalf("complete: %v, want %v", err, tc.fence)
 			}
-			for id, want := range map[int64]string{1: "1:fp1", 2: "claim:9:o9:z", 3: "", 4: "claim:9:o9:z", 5: ours, 6: "1:fp6"} {
+			for id, want := range map[int64]string{1: "1:fp1", 2: "claim:9:o9:z", 3: "", 4: "claim:9:o9:z", 5: ours, 6: "1:fp6", 7: "1:fp7"} {
 				if v := b.value(id); v != want {
 					t.Errorf("key %d holds %q, want %q", id, v, want)
 				}
@@ -186,17 +187,42 @@ func TestExpiredKeysReadAsAbsentAndArePurged(t *testing.T) {
 	}
 	stale := b.fence
 	stale.Token = 3
-	if _, err := b.st.Reconcile().PurgeKeys(b.ctx, stale, 10); !errors.Is(err, store.ErrStaleFence) {
+	if _, err := b.st.Reconcile().PurgeKeys(b.ctx, stale, 0, 10); !errors.Is(err, store.ErrStaleFence) {
 		t.Fatalf("a stale purge: %v, want refused", err)
 	}
-	if n, err := b.st.Reconcile().PurgeKeys(b.ctx, b.fence, 1); err != nil || n != 1 {
-		t.Fatalf("purge (limit 1): %d, %v", n, err)
+	if b.value(2) == "" || b.value(3) == "" {
+		t.Fatal("a stale purge deleted keys")
 	}
-	if n, err := b.st.Reconcile().PurgeKeys(b.ctx, b.fence, 10); err != nil || n != 1 {
-		t.Fatalf("purge: %d, %v", n, err)
+	p, err := b.st.Reconcile().PurgeKeys(b.ctx, b.fence, 0, 2)
+	if err != nil || p != (store.KeyPurge{Deleted: 1, Last: 2, More: true}) {
+		t.Fatalf("purge of the window (0, 2]: %+v, %v; want key 2 deleted and more to scan", p, err)
+	}
+	p, err = b.st.Reconcile().PurgeKeys(b.ctx, b.fence, p.Last, 2)
+	if err != nil || p != (store.KeyPurge{Deleted: 1, Last: 3, More: false}) {
+		t.Fatalf("purge of the window after 2: %+v, %v; want key 3 deleted and the end of the table", p, err)
 	}
 	if b.value(1) == "" || b.value(2) != "" || b.value(3) != "" {
 		t.Error("purge deleted a live key or left an expired one")
+	}
+}
+
+// The purge walks the keys in id order and stops at the first full window
+// without an expired key: the keys above it were written later.
+func TestPurgeKeysStopsAtAWindowOfLiveKeys(t *testing.T) {
+	b := keysSetup(t)
+	b.claim("claim:5:o5:b", 1, 2, 3, 4, 5)
+	b.expire(1)
+	b.expire(5)
+	p, err := b.st.Reconcile().PurgeKeys(b.ctx, b.fence, 0, 2)
+	if err != nil || p != (store.KeyPurge{Deleted: 1, Last: 2, More: true}) {
+		t.Fatalf("first window: %+v, %v; want key 1 deleted and more to scan", p, err)
+	}
+	p, err = b.st.Reconcile().PurgeKeys(b.ctx, b.fence, p.Last, 2)
+	if err != nil || p != (store.KeyPurge{Deleted: 0, Last: 4, More: false}) {
+		t.Fatalf("a window of live keys: %+v, %v; want nothing deleted and the walk ended", p, err)
+	}
+	if b.value(1) != "" || b.value(5) == "" {
+		t.Error("the walk deleted past its end, or left the expired key it scanned")
 	}
 }
 

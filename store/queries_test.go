@@ -19,12 +19,12 @@ func TestQueries(t *testing.T) {
 	cond := DeadFilter{IDs: []int64{1}, AggregateType: "a", AggregateID: "b", EventType: "c*", Since: time.Unix(1, 0), Until: time.Unix(2, 0),
 		SinceAgo: 1, UntilAgo: 1, Error: "e"}.filter(all)
 	resendCond := ResendFilter{IDs: []int64{1}, FromID: 1, ToID: 2, AggregateType: "a", AggregateID: "b", EventType: "c*",
-		Since: time.Unix(1, 0), Until: time.Unix(2, 0), SinceAgo: 1, UntilAgo: 1, Error: "e"}.filter(pgx.NamedArgs{})
+		Since: time.Unix(1, 0), Until: time.Unix(2, 0), SinceAgo: 1, UntilAgo: 1, Error: "e", Kinds: []EventKind{{"a", "c"}}}.filter(pgx.NamedArgs{})
 	for name, q := range queries {
 		switch {
 		case slices.Contains(filters, name):
 			q = q.with(cond)
-		case name == "resend" || name == "resend_count":
+		case name == "resend" || name == "resend_count" || name == "resend_kinds":
 			q = q.with(resendCond)
 		}
 		if !slices.Equal(q.params, q.header) {

@@ -30,12 +30,23 @@ type ResendFilter struct {
 	// Error is a substring of an entry of the row's attempt history (a
 	// failure before it was delivered), case-insensitive.
 	Error string
+	// Kinds, when not empty, are the only (aggregate_type, event_type)
+	// pairs selected: those routed to one destination (ResendKinds).
+	Kinds []EventKind
+}
+
+// EventKind is an aggregate type and an event type: what the routes
+// choose a destination by.
+type EventKind struct {
+	AggregateType string `json:"aggregate_type"`
+	EventType     string `json:"event_type"`
 }
 
 // IsZero: f selects every delivered row.
 func (f ResendFilter) IsZero() bool {
 	return len(f.IDs) == 0 && f.FromID == 0 && f.ToID == 0 && f.AggregateType == "" && f.AggregateID == "" &&
-		f.EventType == "" && f.Since.IsZero() && f.Until.IsZero() && f.SinceAgo == 0 && f.UntilAgo == 0 && f.Error == ""
+		f.EventType == "" && f.Since.IsZero() && f.Until.IsZero() && f.SinceAgo == 0 && f.UntilAgo == 0 && f.Error == "" &&
+		len(f.Kinds) == 0
 }
 
 // filter returns the conditions selecting f's rows (resend.sql's
@@ -87,7 +98,21 @@ func (f ResendFilter) filter(na pgx.NamedArgs) string {
 	if f.Error != "" {
 		add("resend_if_error", "error", f.Error)
 	}
-	return b.String()
+	return b.String() + f.kindsFilter(na)
+}
+
+// kindsFilter is the condition selecting f.Kinds' pairs (resend_if_kinds)
+// with its arguments added to na; "" when f has none.
+func (f ResendFilter) kindsFilter(na pgx.NamedArgs) string {
+	if len(f.Kinds) == 0 {
+		return ""
+	}
+	ats, ets := make([]string, len(f.Kinds)), make([]string, len(f.Kinds))
+	for i, k := range f.Kinds {
+		ats[i], ets[i] = k.AggregateType, k.EventType
+	}
+	na["kind_aggregate_types"], na["kind_event_types"] = ats, ets
+	return " AND " + fragment("resend_if_kinds")
 }
 
 // ResentCopy is one resent row: the original's id and its copy's.
@@ -101,7 +126,24 @@ var (
 	resendQ        = stmt("resend")
 	resendCountQ   = stmt("resend_count")
 	resendMissingQ = stmt("resend_missing")
+	resendKindsQ   = stmt("resend_kinds")
 )
+
+// ResendKinds returns the distinct (aggregate_type, event_type) pairs of
+// the delivered rows f selects, in order: a resend to one destination
+// keeps the pairs the routes send there (ResendFilter.Kinds).
+func (s Ops) ResendKinds(ctx context.Context, f ResendFilter) ([]EventKind, error) {
+	na := pgx.NamedArgs{}
+	rows, err := resendKindsQ.with(f.filter(na)).query(ctx, s.db, na)
+	if err != nil {
+		return nil, wrap("resend kinds", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[EventKind])
+	if err != nil {
+		return nil, wrap("resend kinds", err)
+	}
+	return out, nil
+}
 
 // CountResend counts the delivered rows f selects, at most limit (0: no
 // bound): what a resend would copy.

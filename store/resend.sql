@@ -33,6 +33,9 @@ o.dispatched_at < @until
 o.dispatched_at >= now() - @since_ago_us::bigint * interval '1 microsecond'
 -- fragment: resend_if_dispatched_until_ago
 o.dispatched_at < now() - @until_ago_us::bigint * interval '1 microsecond'
+-- fragment: resend_if_kinds
+(o.aggregate_type, o.event_type) IN
+  (SELECT k.a, k.e FROM unnest(@kind_aggregate_types::text[], @kind_event_types::text[]) AS k(a, e))
 -- fragment: resend_if_error
 EXISTS (SELECT 1 FROM outbox_attempts a WHERE a.outbox_id = o.id AND a.created_at = o.created_at
   AND strpos(lower(a.excerpt), lower(@error)) > 0)
@@ -41,7 +44,18 @@ EXISTS (SELECT 1 FROM outbox_attempts a WHERE a.outbox_id = o.id AND a.created_a
 -- How many delivered rows the filter selects (what a resend would copy).
 --   @ids, @from_id, @to_id, @aggregate_type, @aggregate_id, @event_type  the filter
 --   @since, @until, @since_ago_us, @until_ago_us, @error  the filter
+--   @kind_aggregate_types, @kind_event_types  the filter: only these pairs
 SELECT count(*) FROM outbox o WHERE o.dispatched_at IS NOT NULL /* filter */
+
+-- name: resend_kinds
+-- The distinct (aggregate_type, event_type) pairs of the delivered rows
+-- the filter selects: what a resend to one destination maps through the
+-- routes to choose its rows.
+--   @ids, @from_id, @to_id, @aggregate_type, @aggregate_id, @event_type  the filter
+--   @since, @until, @since_ago_us, @until_ago_us, @error  the filter
+--   @kind_aggregate_types, @kind_event_types  the filter: only these pairs
+SELECT DISTINCT o.aggregate_type, o.event_type FROM outbox o WHERE o.dispatched_at IS NOT NULL /* filter */
+ORDER BY 1, 2
 
 -- name: resend_missing
 -- Which of the ids asked for have no row at all (purged past retention,
@@ -67,6 +81,7 @@ WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE o.id = x.id) ORDER BY x.id
 --   @batch     int     rows, at most
 --   @ids, @from_id, @to_id, @aggregate_type, @aggregate_id, @event_type  the filter
 --   @since, @until, @since_ago_us, @until_ago_us, @error  the filter
+--   @kind_aggregate_types, @kind_event_types  the filter: only these pairs
 {{fence}},
 picked AS (
   SELECT o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload, o.headers, o.created_at, o.attempts FROM outbox o

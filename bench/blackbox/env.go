@@ -204,7 +204,7 @@ func awaitDrained(ctx context.Context, pool *pgxpool.Pool, d *daemon, want float
 	check(pool.QueryRow(ctx, `SELECT max(id) FROM outbox`).Scan(&lastID))
 	for {
 		var done bool
-		check(pool.QueryRow(ctx, `SELECT dispatched_at IS NOT NULL FROM outbox WHERE id = $1`, lastID).Scan(&done))
+		check(pool.QueryRow(ctx, `SELECT dispatched_at IS NOT NULL FROM outbox WHERE id = @id`, pgx.NamedArgs{"id": lastID}).Scan(&done))
 		if done {
 			break
 		}

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"os/signal"
 	"strconv"
@@ -24,6 +25,7 @@ import (
 	"github.com/spf13/cobra"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/outboxd/outboxd/cmd/outboxd/internal/admin"
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/app"
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/deadquery"
 	"github.com/outboxd/outboxd/config"
@@ -247,11 +249,15 @@ func versionCmd(stdout io.Writer) *cobra.Command {
 
 func statusCmd(g *globals, stdout io.Writer) *cobra.Command {
 	var asJSON bool
+	var via viaFlags
 	cmd := &cobra.Command{
-		Use:   "status",
+		Use:   "status [--json] [--via URL]",
 		Short: "Show who holds each lock (owner, TTL left, token), the fence tokens Postgres accepted, and the backlog",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if via.on() {
+				return viaStatus(cmd, &via, stdout, asJSON)
+			}
 			s, err := g.start(io.Discard, config.PostgresSection, config.RedisSection) // the table is the output
 			if err != nil {
 				return err
@@ -278,7 +284,27 @@ func statusCmd(g *globals, stdout io.Writer) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (for scripts)")
+	via.add(cmd)
 	return cmd
+}
+
+// viaStatus prints the relay's status from its admin API: the same tables,
+// or with asJSON the API's JSON (the relay's own view: held_by_this_replica
+// is the relay's).
+func viaStatus(cmd *cobra.Command, via *viaFlags, stdout io.Writer, asJSON bool) error {
+	b, err := via.get(cmd.Context(), "/admin/status", nil)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return printJSON(stdout, b, true)
+	}
+	var st app.Status
+	if err := json.Unmarshal(b, &st); err != nil {
+		return fmt.Errorf("--via: the status: %w", err)
+	}
+	printStatus(stdout, st)
+	return nil
 }
 
 // printStatus prints status' tables: the locks, the backlog, the
@@ -292,10 +318,11 @@ func printStatus(stdout io.Writer, st app.Status) {
 }
 
 // printLocks prints status' locks table, then each lock's error under it;
-// backend is lock.backend, which issues the tokens.
+// backend is lock.backend, which issues the tokens ("" from a relay that
+// does not say: "lease").
 func printLocks(stdout io.Writer, backend string, ls []app.LockStatus) {
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "LOCK\tHOLDER (instance)\tOWNER\tTTL LEFT\tTOKEN ISSUED (%s)\tFENCE ACCEPTED (postgres)\n", backend)
+	fmt.Fprintf(tw, "LOCK\tHOLDER (instance)\tOWNER\tTTL LEFT\tTOKEN ISSUED (%s)\tFENCE ACCEPTED (postgres)\n", cmp.Or(backend, "lease"))
 	for _, l := range ls {
 		holder, owner, ttl := "-", "-", "-"
 		if l.Owner != "" {
@@ -474,14 +501,18 @@ func (g *globals) openStore(w io.Writer) (*session, *store.Store, error) {
 
 func deadListCmd(g *globals, stdout io.Writer) *cobra.Command {
 	var asJSON bool
+	var via viaFlags
 	cmd := &cobra.Command{
-		Use:   "list [filters] [--limit N] [--after CURSOR] [--json]",
+		Use:   "list [filters] [--limit N] [--after CURSOR] [--json] [--via URL]",
 		Short: "List dead-lettered events, newest first, a page at a time",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			q, err := parseDeadQuery(cmd)
 			if err != nil {
 				return err
+			}
+			if via.on() {
+				return viaDeadList(cmd, &via, stdout, asJSON)
 			}
 			s, st, err := g.openStore(cmd.ErrOrStderr()) // stdout is the list
 			if err != nil {
@@ -502,7 +533,30 @@ func deadListCmd(g *globals, stdout io.Writer) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, `print the page as one JSON object: {"events": [...], "next": CURSOR}`)
 	deadquery.AddFlags(cmd.Flags(), deadquery.All...)
+	via.add(cmd)
 	return cmd
+}
+
+// viaDeadList prints a page of the dead-letter list from the admin API
+// (GET /admin/dead with the flags given as its parameters).
+func viaDeadList(cmd *cobra.Command, via *viaFlags, stdout io.Writer, asJSON bool) error {
+	q := url.Values{}
+	for k, v := range paramsOf(cmd.Flags(), deadquery.All) {
+		q.Set(k, v)
+	}
+	b, err := via.get(cmd.Context(), "/admin/dead", q)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return printJSON(stdout, b, false)
+	}
+	var page store.DeadPage
+	if err := json.Unmarshal(b, &page); err != nil {
+		return fmt.Errorf("--via: the dead-letter list: %w", err)
+	}
+	printDeadTable(stdout, page)
+	return nil
 }
 
 // errorCell is how much of last_error the table shows.
@@ -548,8 +602,9 @@ func stamp(t pgtype.Timestamptz) string {
 
 func deadShowCmd(g *globals, stdout io.Writer) *cobra.Command {
 	var asJSON bool
+	var via viaFlags
 	cmd := &cobra.Command{
-		Use:   "show [--json] ID",
+		Use:   "show [--json] [--via URL] ID",
 		Short: "Show one dead-lettered event: payload, headers, attempts, last error, timestamps",
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 1 {
@@ -561,6 +616,9 @@ func deadShowCmd(g *globals, stdout io.Writer) *cobra.Command {
 			id, err := strconv.ParseInt(args[0], 10, 64)
 			if err != nil {
 				return usageError{fmt.Errorf("show wants an outbox id (a whole number), got %q", args[0])}
+			}
+			if via.on() {
+				return viaDeadShow(cmd, &via, stdout, id, asJSON)
 			}
 			s, st, err := g.openStore(cmd.ErrOrStderr()) // stdout is the event
 			if err != nil {
@@ -590,7 +648,27 @@ func deadShowCmd(g *globals, stdout io.Writer) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the event as JSON")
+	via.add(cmd)
 	return cmd
+}
+
+// viaDeadShow prints one dead row with its attempt history from the admin
+// API (GET /admin/dead/{id}).
+func viaDeadShow(cmd *cobra.Command, via *viaFlags, stdout io.Writer, id int64, asJSON bool) error {
+	b, err := via.get(cmd.Context(), "/admin/dead/"+strconv.FormatInt(id, 10), nil)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return printJSON(stdout, b, true)
+	}
+	var e admin.DeadShown
+	if err := json.Unmarshal(b, &e); err != nil {
+		return fmt.Errorf("--via: the dead row: %w", err)
+	}
+	printDeadEvent(stdout, e.DeadEvent)
+	printHistory(stdout, e.History)
+	return nil
 }
 
 func printDeadEvent(w io.Writer, e store.DeadEvent) {

@@ -4,12 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/outboxd/outboxd/cmd/outboxd/internal/admin"
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/app"
 	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/lock"
@@ -36,12 +38,13 @@ type switchFlags struct {
 
 func switchCmd(g *globals, stdout io.Writer, pause bool) *cobra.Command {
 	var fl switchFlags
+	var via viaFlags
 	verb, short := "resume", "Resume a paused destination (or --all): its pending events flow again, in order; returns once the leader has taken it into effect"
 	if pause {
 		verb, short = "pause", "Pause a destination (or --all): its events stay pending, charged no attempt, until resume; returns once the leader has taken it into effect"
 	}
 	cmd := &cobra.Command{
-		Use:   verb + " DESTINATION|--all [--lock-wait D] [--wait D]",
+		Use:   verb + " DESTINATION|--all [--lock-wait D] [--wait D] [--via URL]",
 		Short: short,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			switch {
@@ -52,11 +55,15 @@ func switchCmd(g *globals, stdout io.Writer, pause bool) *cobra.Command {
 			case fl.wait < 0:
 				return usageError{fmt.Errorf("--wait: want a duration of 0 or more, got %s", fl.wait)}
 			}
+			if via.on() {
+				return viaSwitch(cmd, &via, stdout, verb, args, fl)
+			}
 			return g.withReconcilerApp(stdout, func(s *session, a *app.App, rec *reconcile.Reconciler) error {
 				return runSwitch(s, a, rec, verb, args, fl)
 			})
 		},
 	}
+	via.add(cmd)
 	cmd.Flags().BoolVar(&fl.all, "all", false, "every configured destination (resume --all: every paused one)")
 	cmd.Flags().DurationVar(&fl.lockWait, "lock-wait", reconcile.DefaultReplayLockWait, "how long to wait for lock:reconciliation while a reconciliation holds it")
 	cmd.Flags().DurationVar(&fl.wait, "wait", defaultPauseWait, "how long to wait for the leader to take it into effect (0: return once written)")
@@ -121,4 +128,37 @@ func runSwitch(s *session, a *app.App, rec *reconcile.Reconciler, verb string, a
 func lockHeld(held *lock.HolderError, lockWait time.Duration, undone string) error {
 	return fmt.Errorf("%s is held by %s for %s more (a reconciliation is running); %s: try again later or with a longer --lock-wait (waited %s)",
 		keys.ReconcileLock, held.Holder(), held.TTL.Round(time.Second), undone, lockWait)
+}
+
+// viaSwitch sends a pause or resume to the admin API and logs what it
+// changed as the command does ("destinations paused" or "... resumed").
+func viaSwitch(cmd *cobra.Command, via *viaFlags, stdout io.Writer, verb string, args []string, fl switchFlags) error {
+	p := admin.Params{admin.LockWait: fl.lockWait.String()}
+	if fl.all {
+		p[admin.All] = "true"
+	} else {
+		p["destinations"] = args[0]
+	}
+	if fl.wait > 0 {
+		p["wait"] = fl.wait.String()
+	}
+	var res admin.PauseResult
+	if err := via.post(cmd.Context(), "/admin/"+verb, p, &res); err != nil {
+		return err
+	}
+	names := strings.Join(args, ",")
+	if fl.all {
+		names = "all"
+	}
+	written := []any{"destinations", names, "changed", len(res.Changed), verb + "d", strings.Join(res.Changed, ","), "generation", res.Generation}
+	switch {
+	case !res.Awaited:
+		written = append(written, "in_effect", "not awaited (--wait 0): the leader reads it within a second")
+	case res.Effect.NoLeader:
+		written = append(written, "in_effect", "no replica leads: the next leader reads it before its first send")
+	default:
+		written = append(written, "in_effect", "acknowledged by the leader "+res.Effect.Leader)
+	}
+	slog.New(slog.NewJSONHandler(stdout, nil)).Info("destinations "+verb+"d", written...)
+	return nil
 }

@@ -75,11 +75,8 @@ func paramsOf(fs *pflag.FlagSet, names []string) admin.Params {
 
 // post sends p to the admin API's path and decodes a 200's body into out.
 // A refusal is an error with the API's message; a 400 is a usage error.
+// A write always needs the token.
 func (v *viaFlags) post(ctx context.Context, path string, p admin.Params, out any) error {
-	u, err := url.Parse(v.url)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return usageError{fmt.Errorf("--via: want http://host:port, got %q", v.url)}
-	}
 	tok, err := v.token()
 	if err != nil {
 		return err
@@ -88,22 +85,58 @@ func (v *viaFlags) post(ctx context.Context, path string, p admin.Params, out an
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, v.timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(v.url, "/")+path, bytes.NewReader(body))
+	b, err := v.do(ctx, http.MethodPost, path, tok, body)
 	if err != nil {
 		return err
 	}
-	req.Header.Set("Authorization", "Bearer "+tok)
-	req.Header.Set("Content-Type", "application/json")
+	return json.Unmarshal(b, out)
+}
+
+// get reads the admin API's path (with query q) and returns a 200's body.
+// The token goes along when there is one (--token-file, $OUTBOXD_TOKEN);
+// without one the relay answers reads only where it allows them without a
+// token (as /status and /dead).
+func (v *viaFlags) get(ctx context.Context, path string, q url.Values) ([]byte, error) {
+	tok := ""
+	if v.tokenFile != "" || strings.TrimSpace(os.Getenv(tokenEnv)) != "" {
+		var err error
+		if tok, err = v.token(); err != nil {
+			return nil, err
+		}
+	}
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	return v.do(ctx, http.MethodGet, path, tok, nil)
+}
+
+// do sends one request to the admin API and returns a 200's body; tok ""
+// sends no Authorization header.
+func (v *viaFlags) do(ctx context.Context, method, path, tok string, body []byte) ([]byte, error) {
+	u, err := url.Parse(v.url)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, usageError{fmt.Errorf("--via: want http://host:port, got %q", v.url)}
+	}
+	ctx, cancel := context.WithTimeout(ctx, v.timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(v.url, "/")+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	if tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return fmt.Errorf("--via: %w", err)
+		return nil, fmt.Errorf("--via: %w", err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
-		return fmt.Errorf("--via: reading the answer: %w", err)
+		return nil, fmt.Errorf("--via: reading the answer: %w", err)
 	}
 	if resp.StatusCode != http.StatusOK {
 		var e struct {
@@ -112,9 +145,26 @@ func (v *viaFlags) post(ctx context.Context, path string, p admin.Params, out an
 		_ = json.Unmarshal(b, &e)
 		err := fmt.Errorf("%s%s answered %s: %s", v.url, path, resp.Status, e.Error)
 		if resp.StatusCode == http.StatusBadRequest {
-			return usageError{err}
+			return nil, usageError{err}
 		}
-		return err
+		return nil, err
 	}
-	return json.Unmarshal(b, out)
+	return b, nil
+}
+
+// printJSON prints a JSON answer as it came, indented when indent.
+func printJSON(w io.Writer, b []byte, indent bool) error {
+	var buf bytes.Buffer
+	var err error
+	if indent {
+		err = json.Indent(&buf, b, "", "  ")
+	} else {
+		err = json.Compact(&buf, b)
+	}
+	if err != nil {
+		return fmt.Errorf("--via: the answer is not JSON: %w", err)
+	}
+	buf.WriteByte('\n')
+	_, err = w.Write(buf.Bytes())
+	return err
 }

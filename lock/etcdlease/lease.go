@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -108,31 +107,10 @@ func (c *Client) acquire(ctx context.Context, name string, opts lock.Options) (*
 		wopts = append(wopts, clientv3.WithRev(rev+1))
 	}
 	watch := c.cli.Watch(clientv3.WithRequireLeader(wctx), c.Key(name), wopts...)
-	lastErr := err
-	for {
-		jitter := time.Duration(rand.Int64N(int64(opts.RetryInterval) + 1))
-		t := time.NewTimer(opts.RetryInterval + jitter)
-		select {
-		case <-wctx.Done():
-			t.Stop()
-			return nil, errors.Join(lastErr, context.Cause(wctx))
-		case _, ok := <-watch:
-			if !ok { // the watch ended (etcd unreachable): poll
-				watch = nil
-			}
-		case <-t.C:
-		}
-		t.Stop()
+	return hold.Wait(wctx, opts.RetryInterval, err, watch, false, func() (*Lock, bool, error) {
 		l, _, err := c.try(wctx, name, opts, start)
-		switch {
-		case err == nil, errors.Is(err, lock.ErrCorrupt):
-			return l, err
-		case wctx.Err() == nil:
-			// An attempt cut short by the wait's own end learned nothing:
-			// keep what the previous one said.
-			lastErr = err
-		}
-	}
+		return l, errors.Is(err, lock.ErrCorrupt), err
+	})
 }
 
 // state is what an attempt read: the lock key (nil when free), the fence

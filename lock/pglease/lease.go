@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -107,28 +106,10 @@ func (c *Client) acquire(ctx context.Context, name string, opts lock.Options) (*
 	// notification.
 	wake, stop := c.listen(wctx, name)
 	defer stop()
-	lastErr := err
-	for {
+	return hold.Wait(wctx, opts.RetryInterval, err, wake, true, func() (*Lock, bool, error) {
 		l, err := c.try(wctx, name, opts, start)
-		if err == nil {
-			return l, nil
-		}
-		// An attempt cut short by the wait's own end learned nothing: keep
-		// what the previous one said.
-		if wctx.Err() == nil {
-			lastErr = err
-		}
-		jitter := time.Duration(rand.Int64N(int64(opts.RetryInterval) + 1))
-		t := time.NewTimer(opts.RetryInterval + jitter)
-		select {
-		case <-wctx.Done():
-			t.Stop()
-			return nil, errors.Join(lastErr, context.Cause(wctx))
-		case <-wake:
-		case <-t.C:
-		}
-		t.Stop()
-	}
+		return l, false, err
+	})
 }
 
 // try makes one attempt; opCtx bounds the statement.

@@ -5,7 +5,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -138,29 +137,9 @@ func (c *Client) acquire(ctx context.Context, name string, opts lock.Options) (*
 	// notification.
 	wake, closeWake := c.subscribe(wctx, name)
 	defer closeWake()
-
-	lastErr := err // the last attempt's: a *lock.HolderError, or Redis errors; always wraps lock.ErrNotObtained
-	for {
-		l, final, err := c.try(wctx, name, opts, start)
-		if err == nil || final {
-			return l, err
-		}
-		// An attempt cut short by the wait's own end learned nothing: keep
-		// what the previous one said (who holds it, or which node failed).
-		if wctx.Err() == nil {
-			lastErr = err
-		}
-		jitter := time.Duration(rand.Int64N(int64(opts.RetryInterval) + 1))
-		t := time.NewTimer(opts.RetryInterval + jitter)
-		select {
-		case <-wctx.Done():
-			t.Stop()
-			return nil, errors.Join(lastErr, context.Cause(wctx))
-		case <-wake:
-		case <-t.C:
-		}
-		t.Stop()
-	}
+	return hold.Wait(wctx, opts.RetryInterval, err, wake, true, func() (*Lock, bool, error) {
+		return c.try(wctx, name, opts, start)
+	})
 }
 
 // TryAcquire makes one attempt and does not wait. Its errors are Acquire's.

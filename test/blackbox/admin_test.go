@@ -2,6 +2,7 @@ package blackbox
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -143,10 +144,105 @@ func TestResendRedeliversAnAggregateInOrder(t *testing.T) {
 	})) != 1 {
 		t.Errorf("no \"admin write\" line naming the caller oncall and resent 3: %s", rep.tail(20))
 	}
+	// Without routing the one destination is "default": it selects every
+	// row; any other name is refused, exit 2 naming it.
+	res = runBinary(t, e.vars, 30*time.Second, "resend", "--aggregate", "deal/8", "--destination", "default", "--dry-run")
+	if res.code != 0 || !strings.Contains(res.stdout, "would resend 1 delivered events") {
+		t.Fatalf("resend --destination default: %s", res)
+	}
+	res = runBinary(t, e.vars, 30*time.Second, "resend", "--aggregate", "deal/8", "--destination", "crm", "--dry-run")
+	if res.code != 2 || !strings.Contains(res.stderr, `unknown destination "crm"`) {
+		t.Fatalf("resend --destination crm without routing: %s, want exit 2 naming crm", res)
+	}
 	// Asked by id, a purged row is reported as gone.
 	res = runBinary(t, e.vars, 30*time.Second, "resend", "--id", "999999", "--dry-run")
 	if res.code != 0 || !strings.Contains(res.stdout, "gone (purged past reconcile.retention, discarded or never written): 999999") {
 		t.Fatalf("resend of a missing id: %s", res)
+	}
+}
+
+// `resend --destination` with two destinations routed by aggregate_type
+// resends only the rows routed to the one named, in order, through the
+// CLI and --via alike: the dry run counts only them, --limit applies after
+// the destination, an unknown destination exits 2 naming it, and no other
+// filter still needs --all.
+func TestResendToOneDestination(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ra, rb := newRecorder(t, nil), newRecorder(t, nil)
+	tokenFile := withAdminToken(t, e)
+	cfg := filepath.Join(t.TempDir(), "routed.yaml")
+	if err := os.WriteFile(cfg, []byte(`
+dispatch:
+  destinations:
+    a: {sink: webhook, webhook: {url: "`+ra.URL()+`"}}
+    b: {sink: webhook, webhook: {url: "`+rb.URL()+`"}}
+  routes:
+    - {aggregate_type: alpha, to: a}
+    - {aggregate_type: "*", to: b}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var alpha []int64
+	for i := range 3 {
+		alpha = append(alpha, e.insert("alpha", "1", `{"n":`+strconv.Itoa(i)+`}`, ""))
+		e.insert("beta", "1", `{"n":`+strconv.Itoa(i)+`}`, "")
+	}
+	rep := e.start("--config", cfg)
+	ra.WaitDelivered(t, 30*time.Second, 3)
+	rb.WaitDelivered(t, 30*time.Second, 3)
+
+	cli := func(args ...string) result {
+		return runBinary(t, e.vars, 60*time.Second, append([]string{"resend", "--config", cfg}, args...)...)
+	}
+	via := []string{"--via", "http://" + rep.addr, "--token-file", tokenFile}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--all", "--destination", "a", "--dry-run"}, "would resend 3 delivered events"},
+		{append([]string{"--all", "--destination", "b", "--dry-run"}, via...), "would resend 3 delivered events"},
+		{[]string{"--all", "--destination", "a", "--limit", "2", "--dry-run"}, "would resend 2 delivered events"},
+		{[]string{"--event-type", "nothing.*", "--destination", "a", "--dry-run"}, "would resend 0 delivered events"},
+	} {
+		if res := cli(c.args...); res.code != 0 || !strings.Contains(res.stdout, c.want) {
+			t.Fatalf("resend %v: %s, want %q", c.args, res, c.want)
+		}
+	}
+	for _, args := range [][]string{{"--all", "--destination", "nope"}, append([]string{"--all", "--destination", "nope"}, via...)} {
+		if res := cli(args...); res.code != 2 || !strings.Contains(res.stderr, `unknown destination "nope"`) {
+			t.Fatalf("resend %v: %s, want exit 2 naming nope", args, res)
+		}
+	}
+	if res := cli("--destination", "a"); res.code != 2 || !strings.Contains(res.stderr, "--all") {
+		t.Fatalf("resend --destination a without a filter: %s, want exit 2 naming --all", res)
+	}
+	if e.count("headers ? 'outbox-resent-from'") != 0 {
+		t.Fatalf("a dry run or a refusal resent rows: %s", e.describeRows("true")())
+	}
+
+	if res := cli("--all", "--destination", "a"); res.code != 0 || !strings.Contains(res.stdout, "resent 3 delivered events") {
+		t.Fatalf("resend --all --destination a: %s", res)
+	}
+	ra.WaitDelivered(t, 30*time.Second, 6)
+	if n := e.count("aggregate_type <> 'alpha' AND headers ? 'outbox-resent-from'"); n != 0 {
+		t.Fatalf("%d rows routed to b were resent: %s", n, e.describeRows("true")())
+	}
+	copies := e.rows("aggregate_type = 'alpha' AND headers ? 'outbox-resent-from'")
+	var got, want []string
+	for _, r := range ra.Requests() {
+		if r.OK() {
+			got = append(got, strconv.FormatInt(r.ID, 10)+"<"+r.Header.Get("Outbox-Resent-From"))
+		}
+	}
+	for _, id := range alpha {
+		want = append(want, strconv.FormatInt(id, 10)+"<")
+	}
+	for i, c := range copies {
+		want = append(want, strconv.FormatInt(c.ID, 10)+"<"+strconv.FormatInt(alpha[i], 10))
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("destination a got (id<resent-from)\n %v\nwant\n %v", got, want)
 	}
 }
 
@@ -273,4 +369,76 @@ SELECT id, a, created_at, 'http_503', 'before the replay', 1 FROM outbox, genera
 	if !strings.HasPrefix(h, "1:http_503:before the replay,2:http_503:before the replay,3:replay:requeued by replay,4:http_503:") {
 		t.Fatalf("history after a replay: %s", h)
 	}
+}
+
+// `status`, `dead list`, `dead show`, `pause` and `resume` with --via print
+// what the commands print locally (the dead-letter list and row the same
+// text), reads need the token where the relay guards them and go without
+// it where it does not, and a pause needs the token always: paused through
+// the API, the destination shows as paused, and an event written then is
+// delivered after a resume through it.
+func TestViaReadsAndPauseMatchTheLocalCommands(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	rc := newRecorder(t, nil)
+	tokenFile := withAdminToken(t, e)
+	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL())
+	rep := e.start()
+	if _, err := e.pool.Exec(context.Background(), `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, attempts, dead_at, last_error)
+VALUES ('deal', '1', 'deal.lost', '{"n":1}', 3, now(), 'receiver said 422')`); err != nil {
+		t.Fatal(err)
+	}
+	dead := e.rows("dead_at IS NOT NULL")[0].ID
+	via := []string{"--via", "http://" + rep.addr, "--token-file", tokenFile}
+	run := func(args ...string) result { return runBinary(t, e.vars, 60*time.Second, args...) }
+
+	for _, args := range [][]string{{"dead", "list"}, {"dead", "list", "--aggregate", "deal", "--json"}, {"dead", "show", strconv.FormatInt(dead, 10)}} {
+		local, remote := run(args...), run(append(args, via...)...)
+		if local.code != 0 || remote.code != 0 || remote.stdout != local.stdout || !strings.Contains(remote.stdout, "receiver said 422") {
+			t.Fatalf("%v: locally %s\nvia the API %s", args, local, remote)
+		}
+	}
+	if res := run("dead", "show", "999999", "--via", "http://"+rep.addr, "--token-file", tokenFile); res.code != 1 || !strings.Contains(res.stderr, "404") {
+		t.Fatalf("dead show of a missing row --via: %s, want exit 1 with the 404", res)
+	}
+	if res := run("dead", "list", "--via", "http://"+rep.addr); res.code != 1 || !strings.Contains(res.stderr, "401") {
+		t.Fatalf("dead list --via without the token of a relay that has one: %s, want exit 1 with the 401", res)
+	}
+	res := run(append([]string{"status"}, via...)...)
+	if res.code != 0 || !strings.Contains(res.stdout, "lock:outbox:poller") || !strings.Contains(res.stdout, "dead 1") {
+		t.Fatalf("status --via: %s", res)
+	}
+	res = run(append([]string{"status", "--json"}, via...)...)
+	var st struct {
+		Locks []struct {
+			Name string `json:"name"`
+		} `json:"locks"`
+		Dead int `json:"dead"`
+	}
+	if res.code != 0 || json.Unmarshal([]byte(res.stdout), &st) != nil || len(st.Locks) == 0 || st.Dead != 1 {
+		t.Fatalf("status --json --via: %s", res)
+	}
+	open := setup(t).set("OUTBOXD_DISPATCH_SINK", "noop").start()
+	if res := run("status", "--via", "http://"+open.addr); res.code != 0 || !strings.Contains(res.stdout, "lock:outbox:poller") {
+		t.Fatalf("status --via a relay without a token, on loopback, without one: %s", res)
+	}
+
+	if res := run("pause", "default", "--via", "http://"+rep.addr); res.code != 2 || !strings.Contains(res.stderr, "token") {
+		t.Fatalf("pause --via without a token: %s, want exit 2 asking for one", res)
+	}
+	if res := run(append([]string{"pause", "nope"}, via...)...); res.code != 2 || !strings.Contains(res.stderr, `"nope"`) {
+		t.Fatalf("pause nope --via: %s, want exit 2 naming it", res)
+	}
+	if res := run(append([]string{"pause", "default"}, via...)...); res.code != 0 || !strings.Contains(res.stdout, "destinations paused") ||
+		!strings.Contains(res.stdout, "acknowledged by the leader") {
+		t.Fatalf("pause default --via: %s", res)
+	}
+	if res := run(append([]string{"status", "--json"}, via...)...); !strings.Contains(res.stdout, `"paused": true`) {
+		t.Fatalf("status after a pause --via: %s", res)
+	}
+	held := e.insert("deal", "2", `{}`, "")
+	if res := run(append([]string{"resume", "--all"}, via...)...); res.code != 0 || !strings.Contains(res.stdout, "destinations resumed") {
+		t.Fatalf("resume --all --via: %s", res)
+	}
+	waitFor(t, "the event written while paused delivered after the resume", func() bool { return e.row(held).Dispatched }, e.describeRows("true"))
 }

@@ -119,3 +119,51 @@ func TestConsoleRefusesWritesWithoutSessionCSRFOrSameOrigin(t *testing.T) {
 		t.Errorf("resume without a token set: %d (paused %v), want 403: %s", code, paused(), trunc(body, 300))
 	}
 }
+
+// A browser signs in with a named token of http.auth_tokens_file as with
+// http.auth_token; its writes are logged with that token's name, and a
+// session cookie whose name is changed is no session.
+func TestConsoleSignsInWithANamedToken(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	rc := newRecorder(t, nil)
+	e.set("OUTBOXD_DISPATCH_WEBHOOK_URL", rc.URL(), "OUTBOXD_HTTP_AUTH_TOKEN", consoleToken)
+	withAdminToken(t, e)
+	rep := e.start()
+	cc := newConsoleClient(t, rep)
+	if code, _ := cc.do(http.MethodPost, "/ui/login", url.Values{"token": {adminToken}}); code != http.StatusSeeOther {
+		t.Fatalf("sign-in with the named token: %d, want 303", code)
+	}
+	_, page := cc.do(http.MethodGet, "/ui", nil)
+	m := csrfValue.FindStringSubmatch(page)
+	if m == nil {
+		t.Fatalf("the signed-in overview has no CSRF field: %s", trunc(page, 500))
+	}
+	if code, body := cc.do(http.MethodPost, "/ui/pause/default", url.Values{"csrf": {m[1]}}, "Sec-Fetch-Site", "same-origin"); code != http.StatusSeeOther {
+		t.Fatalf("pause: %d, want 303: %s", code, trunc(body, 300))
+	}
+	for _, msg := range []string{"console write", "admin write"} {
+		if len(rep.logsMatching(func(_ string, rec map[string]any) bool {
+			return rec["msg"] == msg && rec["caller"] == "console:oncall" && rec["op"] == "pause"
+		})) != 1 {
+			t.Errorf("no %q line naming the caller console:oncall: %s", msg, rep.tail(20))
+		}
+	}
+
+	// The cookie names its token under the signature: renamed, it is no
+	// session.
+	u, err := url.Parse(cc.base + "/ui")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cc.c.Jar.Cookies(u) {
+		if !strings.Contains(c.Value, ":oncall:") {
+			t.Fatalf("the session cookie %s=%q does not name its token", c.Name, c.Value)
+		}
+		c.Value, c.Path = strings.Replace(c.Value, ":oncall:", ":default:", 1), "/ui"
+		cc.c.Jar.SetCookies(u, []*http.Cookie{c})
+	}
+	if code, _ := cc.do(http.MethodGet, "/ui", nil); code != http.StatusSeeOther {
+		t.Errorf("GET /ui with the cookie's token name changed: %d, want 303 to the sign-in form", code)
+	}
+}

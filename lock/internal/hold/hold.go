@@ -1,8 +1,10 @@
 // Package hold is the part of a held lease that every lock backend shares:
 // the Context that the lost-lease signal cancels, the local trust deadline
 // that cancels it when renewals stop landing, the watchdog that renews at
-// Options.RenewInterval, and the once-only Release. A backend supplies the
-// owner-checked renewal and release; hold decides what their answers mean.
+// Options.RenewInterval, and the once-only Release; and, before that, the
+// wait for a taken lock (Wait). A backend supplies the attempt, the wake on
+// a release, and the owner-checked renewal and release; hold decides what
+// their answers mean.
 package hold
 
 import (

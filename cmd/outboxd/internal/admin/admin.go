@@ -58,8 +58,19 @@ type Deps struct {
 	// AwaitPause waits until the leader took pause generation gen into
 	// effect (app.AwaitPause); nil: pause and resume do not wait.
 	AwaitPause func(ctx context.Context, gen int64, wait time.Duration) (PauseEffect, error)
+	// Routes choose each event's destination, as the configuration routes
+	// it; a resend to one destination needs them.
+	Routes Routes
 	// Log gets one line per write: who asked and what it changed.
 	Log *slog.Logger
+}
+
+// Routes name each event's destination (dispatch.Routes): every
+// configured destination, and the one an event of an aggregate type and
+// an event type goes to ("" when none).
+type Routes interface {
+	Names() []string
+	Route(aggregateType, eventType string) string
 }
 
 // Service is the operator controls.
@@ -148,6 +159,9 @@ type ResendRequest struct {
 	DryRun   bool               `json:"dry_run,omitempty"`
 	Limit    int                `json:"limit,omitempty"` // at most this many rows; 0: no bound
 	LockWait time.Duration      `json:"lock_wait,omitempty"`
+	// Destination: only the rows the routes send to this destination now
+	// (before Limit); "" for every destination.
+	Destination string `json:"destination,omitempty"`
 }
 
 // ResendResult is what a resend did: how many delivered rows it copied
@@ -249,14 +263,49 @@ func (s *Service) Resend(ctx context.Context, who Caller, req ResendRequest) (Re
 		return out, err
 	}
 	out.GoneBefore = s.goneBefore(req.Filter)
+	if req.Destination != "" {
+		kinds, err := s.destinationKinds(ctx, req.Filter, req.Destination)
+		if err != nil || len(kinds) == 0 {
+			return out, err // none of the selected rows goes there: nothing to resend
+		}
+		req.Filter.Kinds = kinds
+	}
 	if req.DryRun {
 		out.Count, err = s.d.Store.CountResend(ctx, req.Filter, req.Limit)
 		return out, err
 	}
 	out.Copies, err = s.d.Reconciler.Resend(ctx, req.Filter, req.Limit, lockWait(req.LockWait))
 	out.Count = int64(len(out.Copies))
-	s.logWrite(who, "resend", err, "resent", out.Count, "gone", len(out.Gone))
+	s.logWrite(who, "resend", err, "resent", out.Count, "gone", len(out.Gone), "destination", req.Destination)
 	return out, classify(err)
+}
+
+// destinationKinds are the (aggregate_type, event_type) pairs of f's
+// delivered rows that the routes send to dest; an unknown destination is
+// ErrInvalid.
+func (s *Service) destinationKinds(ctx context.Context, f store.ResendFilter, dest string) ([]store.EventKind, error) {
+	if s.d.Routes == nil {
+		return nil, fmt.Errorf("%w: destination: the routes are not known here", ErrInvalid)
+	}
+	if names := s.d.Routes.Names(); !slices.Contains(names, dest) {
+		return nil, fmt.Errorf("%w: destination: unknown destination %q (have %s)", ErrInvalid, dest, strings.Join(names, ", "))
+	}
+	kinds, err := s.d.Store.ResendKinds(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	return KindsRoutedTo(s.d.Routes, kinds, dest), nil
+}
+
+// KindsRoutedTo are the kinds that routes send to dest, in their order.
+func KindsRoutedTo(routes Routes, kinds []store.EventKind, dest string) []store.EventKind {
+	out := []store.EventKind{}
+	for _, k := range kinds {
+		if routes.Route(k.AggregateType, k.EventType) == dest {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 // goneBefore is the retention horizon when f's lower time bound lies

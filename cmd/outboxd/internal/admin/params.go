@@ -24,6 +24,8 @@ const (
 	All       = "all"        // discard, resend: every row when no filter is given
 	DryRun    = "dry-run"    // count, change nothing
 	LockWait  = "lock-wait"  // how long to wait for lock:reconciliation
+	// Destination: resend only the rows the routes send to this destination.
+	DestinationParam = "destination"
 )
 
 // Params are a write's parameters by name, each as its flag's text.
@@ -129,7 +131,7 @@ func (p Params) int(name string) (int64, error) {
 var DeadWriteParams = append([]string{ID, All, DryRun, LockWait}, deadquery.Filters...)
 
 // ResendParams are the keys of a resend's body (and its flags).
-var ResendParams = append([]string{ID, IDFrom, IDTo, TimeField, Limit, All, DryRun, LockWait}, deadquery.Filters...)
+var ResendParams = append([]string{ID, IDFrom, IDTo, TimeField, Limit, DestinationParam, All, DryRun, LockWait}, deadquery.Filters...)
 
 // PauseParams are the keys of a pause's or resume's body.
 var PauseParams = []string{"destinations", All, LockWait, "wait"}
@@ -157,7 +159,7 @@ func (p Params) DeadWrite(now time.Time) (DeadWriteRequest, error) {
 
 // Resend reads a resend's parameters: the dead-letter filters (since and
 // until on created_at, or dispatched_at with time-field), ids and an id
-// range, a limit, all, dry-run and lock-wait.
+// range, a destination, a limit, all, dry-run and lock-wait.
 func (p Params) Resend(now time.Time) (ResendRequest, error) {
 	var req ResendRequest
 	q, err := deadquery.Parse(p.only(deadquery.Filters), now)
@@ -191,6 +193,7 @@ func (p Params) Resend(now time.Time) (ResendRequest, error) {
 		return req, err
 	}
 	req.Filter, req.Limit = f, int(min(limit, 1<<31-1))
+	req.Destination, _ = p.Get(DestinationParam)
 	if req.All, err = p.Bool(All); err != nil {
 		return req, err
 	}

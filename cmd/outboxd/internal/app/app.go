@@ -341,7 +341,7 @@ func (a *App) Run(ctx context.Context) error {
 		return err
 	}
 	ring := console.NewRing(console.DefaultSamples, console.DefaultSampleEvery, console.FromRegistry(a.Metrics.Registry, time.Now))
-	deps.UI = a.consoleUI(deps.Admin, p, sink, ops, ring, offLoopback)
+	deps.UI = a.consoleUI(deps.Admin, p, sink, ops, ring, consoleTokens(deps), offLoopback)
 	srv := httpapi.Server(httpapi.Handler(deps), httpapi.Timeouts{})
 	a.logStarted(ln.Addr().String(), sink, offLoopback)
 	g, gctx := errgroup.WithContext(ctx)
@@ -440,8 +440,12 @@ func (a *App) httpDeps(p *poller.Poller, rec *reconcile.Reconciler, sink dispatc
 			return st, nil
 		},
 	}
+	table, err := Routes(a.Cfg)
+	if err != nil {
+		return httpapi.Deps{}, err
+	}
 	d.Admin = admin.New(admin.Deps{
-		Store: ops.Ops(), Reconciler: adminRec, Status: d.Status, Log: a.Log,
+		Store: ops.Ops(), Reconciler: adminRec, Status: d.Status, Log: a.Log, Routes: table,
 		Destinations: func(ctx context.Context) ([]admin.Destination, error) {
 			st, err := a.status(ctx, ops.Ops(), nil, sinksOf(sink), ops.Ops().Stats)
 			if err != nil {

@@ -143,6 +143,22 @@ func Check(cfg *config.Config, sections ...config.Section) error {
 	return err
 }
 
+// Routes are the configured destinations and dispatch.routes as a
+// routing table without sinks (dispatch.Routes): which destination each
+// event goes to, as the relay routes it. With one destination (no
+// dispatch.destinations) every event goes to "default".
+func Routes(cfg *config.Config) (*dispatch.Routes, error) {
+	rs, err := routes(cfg)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, d := range cfg.Destinations() {
+		names = append(names, d.Name)
+	}
+	return dispatch.NewRoutes(names, rs)
+}
+
 // routes are dispatch.routes as the router takes them, each glob checked
 // as the router parses it (dispatch.ParseGlob); an error names the key.
 func routes(cfg *config.Config) ([]dispatch.Route, error) {

@@ -29,7 +29,7 @@ type consoleBackend struct {
 // consoleUI builds the console for the running relay (httpapi.Deps.UI):
 // its writes through svc (the admin API's controls), its overview on ops,
 // the pages that read within the operations limit, its chart from ring.
-func (a *App) consoleUI(svc *admin.Service, p *poller.Poller, sink dispatch.Sink, ops *store.Store, ring *console.Ring, offLoopback bool,
+func (a *App) consoleUI(svc *admin.Service, p *poller.Poller, sink dispatch.Sink, ops *store.Store, ring *console.Ring, tokens []console.Token, offLoopback bool,
 ) func(bound func(http.HandlerFunc, httpapi.Busy) http.HandlerFunc) http.Handler {
 	if svc == nil {
 		return nil
@@ -37,12 +37,22 @@ func (a *App) consoleUI(svc *admin.Service, p *poller.Poller, sink dispatch.Sink
 	b := &consoleBackend{Service: svc, a: a, ops: ops, p: p, built: sinksOf(sink)}
 	return func(bound func(http.HandlerFunc, httpapi.Busy) http.HandlerFunc) http.Handler {
 		return console.Handler(console.Deps{
-			Backend: b, Samples: ring, AuthToken: a.Cfg.HTTP.AuthToken, OffLoopback: offLoopback, Log: a.Log,
+			Backend: b, Samples: ring, Tokens: tokens, OffLoopback: offLoopback, Log: a.Log,
 			Bound: func(h http.HandlerFunc, busy func(http.ResponseWriter, *http.Request, time.Duration)) http.HandlerFunc {
 				return bound(h, busy)
 			},
 		})
 	}
+}
+
+// consoleTokens are the tokens the console signs a browser in with: the
+// admin API's, http.auth_token named "default".
+func consoleTokens(d httpapi.Deps) []console.Token {
+	out := []console.Token{{Name: "default", Value: d.AuthToken}}
+	for _, t := range d.Tokens {
+		out = append(out, console.Token{Name: t.Name, Value: t.Value})
+	}
+	return out
 }
 
 // backlog is the backlog gauges' count, refreshed as a scrape refreshes

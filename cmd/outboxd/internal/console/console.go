@@ -80,10 +80,12 @@ type Destination struct {
 type Deps struct {
 	Backend Backend
 	Samples *Ring
-	// AuthToken (http.auth_token): when set, every page but the login
-	// asks for it once (a session cookie) and the forms that change
-	// anything are served; when empty the console only reads.
-	AuthToken string
+	// Tokens are the bearer tokens a browser signs in with: http.auth_token
+	// (named "default") and http.auth_tokens_file's. With any, every page
+	// but the login asks for one once (a session cookie naming it) and the
+	// forms that change anything are served, each write logged with the
+	// token's name; with none the console only reads.
+	Tokens []Token
 	// OffLoopback: http.addr is reachable from other hosts; without a
 	// token the dead letters are then not shown, as /dead answers 403.
 	OffLoopback bool
@@ -108,7 +110,7 @@ func Handler(d Deps) http.Handler {
 			return h
 		}
 	}
-	s := &server{d: d, g: newGuard(d.AuthToken, d.Now), pages: parsePages()}
+	s := &server{d: d, g: newGuard(d.Tokens, d.Now), pages: parsePages()}
 	mux := http.NewServeMux()
 	mux.Handle("GET /ui/static/", http.StripPrefix("/ui", http.FileServerFS(files)))
 	mux.HandleFunc("GET /ui/login", s.loginPage)
@@ -201,5 +203,11 @@ func errStatus(err error) int {
 	return http.StatusServiceUnavailable
 }
 
-// caller is who the console's writes are logged as.
-var caller = admin.Caller{Name: "console"}
+// Token is a bearer token and its name.
+type Token struct{ Name, Value string }
+
+// caller is who r's writes are logged as: "console:" and the name of the
+// token its session was signed in with.
+func (s *server) caller(r *http.Request) admin.Caller {
+	return admin.Caller{Name: "console:" + s.g.who(r)}
+}

@@ -40,11 +40,12 @@ const (
 	onParam     = "on" // "dispatched": since and until bound dispatched_at; else created_at
 	fromIDParam = "from-id"
 	toIDParam   = "to-id"
+	destParam   = "destination" // resend: only the rows routed to this destination
 )
 
 var (
 	deadFields   = append([]string{idParam}, deadquery.Filters...)
-	resendFields = append([]string{idParam, fromIDParam, toIDParam, onParam, deadquery.Limit}, deadquery.Filters...)
+	resendFields = append([]string{idParam, fromIDParam, toIDParam, onParam, destParam, deadquery.Limit}, deadquery.Filters...)
 )
 
 // selection is what a confirmed write changes.
@@ -52,6 +53,7 @@ type selection struct {
 	dead   store.DeadFilter   // replay, discard
 	resend store.ResendFilter // resend
 	limit  int                // resend: at most this many rows; 0: no bound
+	dest   string             // resend: only the rows routed to this destination; "": every one
 }
 
 // unknownField is a *deadquery.ParamError for the first field of v that
@@ -106,7 +108,7 @@ func parseSelection(op Op, v url.Values, now time.Time, extra ...string) (select
 	d := q.Filter
 	sel := selection{resend: store.ResendFilter{IDs: d.IDs, AggregateType: d.AggregateType, AggregateID: d.AggregateID,
 		EventType: d.EventType, Since: d.Since, Until: d.Until, SinceAgo: d.SinceAgo, UntilAgo: d.UntilAgo, Error: d.Error,
-		Dispatched: v.Get(onParam) == "dispatched"}}
+		Dispatched: v.Get(onParam) == "dispatched"}, dest: v.Get(destParam)}
 	for name, dst := range map[string]*int64{fromIDParam: &sel.resend.FromID, toIDParam: &sel.resend.ToID} {
 		if *dst, err = positive(v, name); err != nil {
 			return selection{}, err

@@ -12,16 +12,19 @@ import (
 	"time"
 )
 
-// guard lets a browser in with http.auth_token and protects every write
-// from a forged request. Guarantees: a page is served only to a request
-// carrying a session cookie this process signed after a login with the
-// token (when a token is set); a write (POST) is served only when, in
-// addition, its form carries the CSRF field derived from that session and
-// net/http's cross-origin protection finds it same-origin. The cookie is
-// HttpOnly and SameSite=Strict; the signing secret is drawn at start and
-// lives in memory only, so a restart ends every session.
+// guard lets a browser in with a bearer token (http.auth_token or a
+// named one of http.auth_tokens_file) and protects every write from a
+// forged request. Guarantees: a page is served only to a request carrying
+// a session cookie this process signed after a login with one of the
+// tokens (when a token is set), and the session names that token; a write
+// (POST) is served only when, in addition, its form carries the CSRF field
+// derived from that session and net/http's cross-origin protection finds
+// it same-origin. The cookie is HttpOnly and SameSite=Strict; the signing
+// secret is drawn at start and lives in memory only, so a restart ends
+// every session.
 type guard struct {
-	token  [sha256.Size]byte // sha256 of http.auth_token; zero when none
+	names  []string            // the tokens' names, in sums' order
+	sums   [][sha256.Size]byte // sha256 of each token
 	hasTok bool
 	secret []byte
 	now    func() time.Time
@@ -35,20 +38,31 @@ const (
 	csrfField     = "csrf"
 )
 
-func newGuard(token string, now func() time.Time) *guard {
+func newGuard(tokens []Token, now func() time.Time) *guard {
 	g := &guard{secret: make([]byte, 32), now: now, origin: http.NewCrossOriginProtection()}
 	_, _ = rand.Read(g.secret) // crypto/rand.Read never fails (Go ≥ 1.24)
-	if token != "" {
-		g.token, g.hasTok = sha256.Sum256([]byte(token)), true
+	for _, t := range tokens {
+		if t.Value != "" {
+			g.names, g.sums = append(g.names, t.Name), append(g.sums, sha256.Sum256([]byte(t.Value)))
+		}
 	}
+	g.hasTok = len(g.sums) > 0
 	return g
 }
 
-// tokenOK compares a presented token with http.auth_token in constant
-// time (both hashed first, so neither the token nor its length leaks).
-func (g *guard) tokenOK(presented string) bool {
+// tokenName returns the name of the token presented, if it is one of the
+// tokens. The comparison takes the same time whatever is presented (both
+// sides hashed, every token compared in constant time), so neither a
+// token nor its length leaks.
+func (g *guard) tokenName(presented string) (string, bool) {
 	sum := sha256.Sum256([]byte(presented))
-	return g.hasTok && subtle.ConstantTimeCompare(sum[:], g.token[:]) == 1
+	name, found := "", 0
+	for i, want := range g.sums {
+		if subtle.ConstantTimeCompare(sum[:], want[:]) == 1 {
+			name, found = g.names[i], 1
+		}
+	}
+	return name, found == 1
 }
 
 func (g *guard) sign(parts ...string) string {
@@ -57,11 +71,12 @@ func (g *guard) sign(parts ...string) string {
 	return hex.EncodeToString(m.Sum(nil))
 }
 
-// login sets a new session cookie (after tokenOK).
-func (g *guard) login(w http.ResponseWriter, r *http.Request) {
+// login sets a new session cookie for the token named name (after
+// tokenName). Names never hold ':' (http.auth_tokens_file's rule).
+func (g *guard) login(w http.ResponseWriter, r *http.Request, name string) {
 	issued := strconv.FormatInt(g.now().Unix(), 10)
 	http.SetCookie(w, &http.Cookie{
-		Name: sessionCookie, Value: issued + "." + g.sign("session", issued), Path: "/ui",
+		Name: sessionCookie, Value: issued + ":" + name + ":" + g.sign("session", issued, name), Path: "/ui",
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: int(sessionLife.Seconds()),
 	})
 }
@@ -70,30 +85,45 @@ func logout(w http.ResponseWriter) {
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/ui", HttpOnly: true, SameSite: http.SameSiteStrictMode, MaxAge: -1})
 }
 
-// session returns r's valid session cookie value, or "".
-func (g *guard) session(r *http.Request) string {
+// session returns r's valid session cookie value and the name of the
+// token it was signed in with, or "", "".
+func (g *guard) session(r *http.Request) (value, name string) {
 	c, err := r.Cookie(sessionCookie)
 	if err != nil {
-		return ""
+		return "", ""
 	}
-	issued, mac, ok := strings.Cut(c.Value, ".")
+	parts := strings.Split(c.Value, ":")
+	if len(parts) != 3 {
+		return "", ""
+	}
+	issued, name, mac := parts[0], parts[1], parts[2]
 	at, err := strconv.ParseInt(issued, 10, 64)
-	if !ok || err != nil || !hmac.Equal([]byte(mac), []byte(g.sign("session", issued))) {
-		return ""
+	if err != nil || !hmac.Equal([]byte(mac), []byte(g.sign("session", issued, name))) {
+		return "", ""
 	}
 	if age := g.now().Sub(time.Unix(at, 0)); age < 0 || age > sessionLife {
-		return ""
+		return "", ""
 	}
-	return c.Value
+	return c.Value, name
+}
+
+// who is the name of the token r's session was signed in with ("" when
+// none).
+func (g *guard) who(r *http.Request) string {
+	_, name := g.session(r)
+	return name
 }
 
 // signedIn: r may read every page and see payloads; with no token set
 // nobody is signed in.
-func (g *guard) signedIn(r *http.Request) bool { return g.hasTok && g.session(r) != "" }
+func (g *guard) signedIn(r *http.Request) bool {
+	v, _ := g.session(r)
+	return g.hasTok && v != ""
+}
 
 // csrf is the form field value for r's session ("" without one).
 func (g *guard) csrf(r *http.Request) string {
-	s := g.session(r)
+	s, _ := g.session(r)
 	if s == "" {
 		return ""
 	}

@@ -22,9 +22,9 @@ type outcome struct {
 	GoneBefore time.Time // resend: rows older than this were purged
 }
 
-// run does op on sel (all: the operator said every row), or counts it
-// when dry.
-func (s *server) run(ctx context.Context, op Op, sel selection, all, dry bool) (outcome, error) {
+// run does op on sel for caller (all: the operator said every row), or
+// counts it when dry.
+func (s *server) run(ctx context.Context, caller admin.Caller, op Op, sel selection, all, dry bool) (outcome, error) {
 	switch op {
 	case OpReplay:
 		res, err := s.d.Backend.Replay(ctx, caller, admin.DeadWriteRequest{Filter: sel.dead, All: all, DryRun: dry, LockWait: opWait})
@@ -33,7 +33,8 @@ func (s *server) run(ctx context.Context, op Op, sel selection, all, dry bool) (
 		res, err := s.d.Backend.Discard(ctx, caller, admin.DeadWriteRequest{Filter: sel.dead, All: all, DryRun: dry, LockWait: opWait})
 		return outcome{N: res.Count}, err
 	case OpResend:
-		res, err := s.d.Backend.Resend(ctx, caller, admin.ResendRequest{Filter: sel.resend, All: all, DryRun: dry, Limit: sel.limit, LockWait: opWait})
+		res, err := s.d.Backend.Resend(ctx, caller, admin.ResendRequest{Filter: sel.resend, All: all, DryRun: dry, Limit: sel.limit, LockWait: opWait,
+			Destination: sel.dest})
 		return outcome{N: res.Count, Gone: res.Gone, GoneBefore: res.GoneBefore}, err
 	}
 	return outcome{}, errors.New("no such operation")
@@ -67,7 +68,7 @@ func (s *server) confirm(w http.ResponseWriter, r *http.Request) {
 	}
 	c, cancel := ctx(r, 5*time.Second)
 	defer cancel()
-	out, err := s.run(c, op, sel, true, true)
+	out, err := s.run(c, s.caller(r), op, sel, true, true)
 	if err != nil {
 		s.message(w, r, errStatus(err), "Not available", err.Error())
 		return
@@ -84,10 +85,11 @@ func (s *server) confirm(w http.ResponseWriter, r *http.Request) {
 }
 
 // onlyBounds: the fields select no rows by themselves (resend's column
-// choice and limit are not filters).
+// choice and limit are not filters, and a destination's whole history is
+// every row as far as the confirmation goes).
 func onlyBounds(fs []field) bool {
 	for _, f := range fs {
-		if f.Name != onParam && f.Name != "limit" {
+		if f.Name != onParam && f.Name != "limit" && f.Name != destParam {
 			return false
 		}
 	}
@@ -119,10 +121,11 @@ func (s *server) apply(w http.ResponseWriter, r *http.Request) {
 	}
 	c, cancel := ctx(r, 2*time.Minute)
 	defer cancel()
-	out, err := s.run(c, op, sel, r.PostFormValue(allField) == "yes", false)
+	who := s.caller(r)
+	out, err := s.run(c, who, op, sel, r.PostFormValue(allField) == "yes", false)
 	b := resultBody{Verb: words.verb, Past: words.past, outcome: out}
 	code := http.StatusOK
-	attrs := []any{"op", string(op), "changed", out.N, "filter", encode(formFields(r.PostForm, words.fields)), "remote_addr", r.RemoteAddr}
+	attrs := []any{"op", string(op), "caller", who.Name, "changed", out.N, "filter", encode(formFields(r.PostForm, words.fields)), "remote_addr", r.RemoteAddr}
 	if err != nil {
 		b.Error, code = err.Error(), errStatus(err)
 		s.d.Log.Warn("console write refused", append(attrs, "error", err)...)
@@ -153,8 +156,9 @@ func (s *server) pause(on bool) http.HandlerFunc {
 		}
 		c, cancel := ctx(r, time.Minute)
 		defer cancel()
-		res, err := do(c, caller, admin.PauseRequest{Destinations: []string{name}, LockWait: opWait, Wait: opWait})
-		attrs := []any{"op", verb, "destination", name, "remote_addr", r.RemoteAddr}
+		who := s.caller(r)
+		res, err := do(c, who, admin.PauseRequest{Destinations: []string{name}, LockWait: opWait, Wait: opWait})
+		attrs := []any{"op", verb, "caller", who.Name, "destination", name, "remote_addr", r.RemoteAddr}
 		if err != nil {
 			s.d.Log.Warn("console write refused", append(attrs, "error", err)...)
 			s.message(w, r, errStatus(err), "Not done", verb+" "+name+": "+err.Error())

@@ -95,13 +95,14 @@ func (s *server) loginPost(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	next := safeNext(r.PostFormValue("next"))
-	if !s.g.tokenOK(r.PostFormValue("token")) {
+	name, ok := s.g.tokenName(r.PostFormValue("token"))
+	if !ok {
 		s.d.Log.Warn("console sign-in refused", "remote_addr", r.RemoteAddr)
 		s.render(w, r, http.StatusUnauthorized, "login", "Sign in", map[string]string{"Next": next, "Error": "wrong token"})
 		return
 	}
-	s.g.login(w, r)
-	s.d.Log.Info("console signed in", "remote_addr", r.RemoteAddr)
+	s.g.login(w, r, name)
+	s.d.Log.Info("console signed in", "token", name, "remote_addr", r.RemoteAddr)
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
