@@ -69,7 +69,7 @@ if [ ! -x /usr/sbin/pgbouncer ] && ! command -v pgbouncer >/dev/null; then
 fi
 
 # etcd: the fault tests of lock.backend etcd start their own members
-# (test/fault/etcdlease_test.go) from Debian's etcd-server.
+# (test/fault/etcd_test.go) from Debian's etcd-server.
 if ! command -v etcd >/dev/null; then
   if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
     say "installing etcd-server with apt-get"

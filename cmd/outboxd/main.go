@@ -310,17 +310,19 @@ func viaStatus(cmd *cobra.Command, via *viaFlags, stdout io.Writer, asJSON bool)
 // printStatus prints status' tables: the locks, the backlog, the
 // destinations and the replicas.
 func printStatus(stdout io.Writer, st app.Status) {
-	printLocks(stdout, st.Locks)
+	printLocks(stdout, st.LockBackend, st.Locks)
 	fmt.Fprintf(stdout, "\npending %d   oldest pending %s   dead %d\n", st.Pending,
 		(time.Duration(st.OldestPendingAge * float64(time.Second))).Round(time.Second), st.Dead)
 	printDestinations(stdout, st.Destinations)
 	printReplicas(stdout, st.Replicas)
 }
 
-// printLocks prints status' locks table, then each lock's error under it.
-func printLocks(stdout io.Writer, ls []app.LockStatus) {
+// printLocks prints status' locks table, then each lock's error under it;
+// backend is lock.backend, which issues the tokens ("" from a relay that
+// does not say: "lease").
+func printLocks(stdout io.Writer, backend string, ls []app.LockStatus) {
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "LOCK\tHOLDER (instance)\tOWNER\tTTL LEFT\tTOKEN ISSUED (redis)\tFENCE ACCEPTED (postgres)")
+	fmt.Fprintf(tw, "LOCK\tHOLDER (instance)\tOWNER\tTTL LEFT\tTOKEN ISSUED (%s)\tFENCE ACCEPTED (postgres)\n", cmp.Or(backend, "lease"))
 	for _, l := range ls {
 		holder, owner, ttl := "-", "-", "-"
 		if l.Owner != "" {

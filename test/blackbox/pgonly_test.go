@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -72,6 +73,11 @@ func runPostgresOnly(t *testing.T, e *testBundle, rc *testkit.Receiver) {
 	}
 	if code := runBinary(t, e.vars, 30*time.Second, "status"); code.code != 0 {
 		t.Fatalf("outboxd status without Redis: %s", code)
+	} else if !strings.Contains(code.stdout, "TOKEN ISSUED (postgres)") {
+		t.Errorf("outboxd status does not name postgres as the issuer of tokens:\n%s", code.stdout)
+	}
+	if started := a.logsMatching(logged("outboxd started")); len(started) != 1 || !strings.Contains(started[0], `"redis_mode":"none"`) {
+		t.Errorf("a replica without Redis logged %q, want one \"outboxd started\" with redis_mode none", started)
 	}
 
 	// The killed leader delivered second[0]; its row reads pending again

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -40,20 +41,38 @@ type backend struct {
 	restarts []fault
 	// chaos are more faults of the backend's service for the chaos run.
 	chaos []fault
+	// program is what start runs: without it on PATH the row is
+	// skipped, except in CI, where it fails. "" for none.
+	program string
 }
 
 // fault is one named injection into a running cluster.
 type fault struct {
 	name string
 	do   func(c *cluster)
+	// start, if set, starts the backend's service as this fault needs it
+	// (e.g. more members), instead of the backend's start.
+	start func(c *cluster) []string
+}
+
+// withStart is b started as the first of fs with a start of its own says,
+// if any: so the chaos run's service takes every fault of the backend.
+func withStart(b backend, fs ...fault) backend {
+	for _, f := range fs {
+		if f.start != nil {
+			b.start = f.start
+			break
+		}
+	}
+	return b
 }
 
 var backends = []backend{
 	{
 		name:     "redis",
 		holder:   redisHolder,
-		restarts: []fault{{"redis-restart", func(c *cluster) { c.redis.Restart() }}},
-		chaos: []fault{{"redis-flushall", func(c *cluster) {
+		restarts: []fault{{name: "redis-restart", do: func(c *cluster) { c.redis.Restart() }}},
+		chaos: []fault{{name: "redis-flushall", do: func(c *cluster) {
 			_ = c.redis.Client().FlushAll(context.Background()).Err()
 		}}},
 	},
@@ -62,11 +81,20 @@ var backends = []backend{
 		settings: []string{"OUTBOXD_LOCK_BACKEND=postgres"},
 		holder:   postgresHolder,
 	},
+	{
+		name:     "etcd",
+		settings: etcdSettings,
+		start:    etcdStart(1),
+		holder:   etcdHolder,
+		restarts: []fault{etcdRestart, etcdMemberLoss},
+		chaos:    []fault{etcdCrash},
+		program:  etcdBinary,
+	},
 }
 
 // pgCrashRestart crash-restarts the cluster's own Postgres (ownPostgres):
 // the fence for every backend, and the Postgres lease's table.
-var pgCrashRestart = fault{"postgres-crash-restart", func(c *cluster) { c.pg.CrashRestart() }}
+var pgCrashRestart = fault{name: "postgres-crash-restart", do: func(c *cluster) { c.pg.CrashRestart() }}
 
 const pollerLock = "lock:outbox:poller"
 
@@ -105,11 +133,27 @@ func postgresHolder(c *cluster, lock string) (string, error) {
 func eachBackend(t *testing.T, serial bool, f func(t *testing.T, b backend)) {
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
+			needProgram(t, b)
 			if !serial {
 				t.Parallel()
 			}
 			f(t, b)
 		})
+	}
+}
+
+// needProgram skips b's cases when the program its service runs is not
+// installed, and fails them in CI, which installs it.
+func needProgram(t *testing.T, b backend) {
+	t.Helper()
+	if b.program == "" {
+		return
+	}
+	if _, err := exec.LookPath(b.program); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s: %s is not on PATH, and CI installs it (scripts/services.sh): %v", b.name, b.program, err)
+		}
+		t.Skipf("%s: %s is not on PATH: run scripts/services.sh to install it", b.name, b.program)
 	}
 }
 
@@ -276,7 +320,7 @@ func TestBackendRestart(t *testing.T) {
 		for _, f := range append([]fault{pgCrashRestart}, b.restarts...) {
 			t.Run(f.name, func(t *testing.T) {
 				t.Parallel()
-				runCaseWith(t, options{backend: b, named: true, ownPostgres: f.name == pgCrashRestart.name}, f.do, nil)
+				runCaseWith(t, options{backend: withStart(b, f), named: true, ownPostgres: f.name == pgCrashRestart.name}, f.do, nil)
 			})
 		}
 	})
@@ -302,6 +346,7 @@ func (c *cluster) raceProducer(ctx context.Context, p int) {
 	pool := c.st.Pool()
 	for n := 0; ctx.Err() == nil; n++ {
 		var ids []int64
+		began := time.Now()
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			rows, err := tx.Query(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
 				SELECT 'deal', ((@n::int + g) % 8)::text, 'deal.funded', jsonb_build_object('producer', @p::int, 'n', @n::int)
@@ -318,6 +363,7 @@ func (c *cluster) raceProducer(ctx context.Context, p int) {
 		if err == nil {
 			c.prodMu.Lock()
 			c.committed = append(c.committed, ids...)
+			c.longestTx = max(c.longestTx, time.Since(began))
 			c.prodMu.Unlock()
 		}
 	}
@@ -342,7 +388,7 @@ func TestRacingProducers(t *testing.T) {
 		for _, r := range append(c.reps, c.ended...) {
 			late += strings.Count(r.logs(), `"msg":"late commit"`)
 		}
-		t.Logf("late commits warned: %d", late)
+		t.Logf("late commits warned: %d; longest producer transaction %s", late, c.longestTx.Round(time.Millisecond))
 	})
 }
 
@@ -451,25 +497,25 @@ func chaosLength() time.Duration {
 // receiver's, Postgres' and b's own service's.
 func chaosFaults(b backend) []fault {
 	fs := []fault{
-		{"kill -9 leader", func(c *cluster) {
+		{name: "kill -9 leader", do: func(c *cluster) {
 			l := c.leader()
 			c.signal(l, syscall.SIGKILL)
 			<-c.reps[l].Done()
 			c.start(l)
 		}},
-		{"SIGSTOP leader 2xTTL", func(c *cluster) {
+		{name: "SIGSTOP leader 2xTTL", do: func(c *cluster) {
 			l := c.leader()
 			c.signal(l, syscall.SIGSTOP)
-			time.Sleep(2 * lockTTL)
+			time.Sleep(2 * c.pollerTTL())
 			c.signal(l, syscall.SIGCONT)
 		}},
-		{"SIGTERM + restart one", func(c *cluster) {
+		{name: "SIGTERM + restart one", do: func(c *cluster) {
 			i := rand.IntN(len(c.reps))
 			c.signal(i, syscall.SIGTERM)
 			<-c.reps[i].Done()
 			c.start(i)
 		}},
-		{"receiver 503 3s", func(c *cluster) {
+		{name: "receiver 503 3s", do: func(c *cluster) {
 			c.rc.SetRespond(func(testkit.Request) testkit.Reply { return testkit.Reply{Status: http.StatusServiceUnavailable} })
 			time.Sleep(3 * time.Second)
 			c.rc.SetRespond(nil)
@@ -488,12 +534,12 @@ func chaosFaults(b backend) []fault {
 func TestChaos(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, false, func(t *testing.T, b backend) {
-		c := newCluster(t, options{backend: b, named: true, ownPostgres: true})
+		faults := chaosFaults(b)
+		c := newCluster(t, options{backend: withStart(b, faults...), named: true, ownPostgres: true})
 		c.startAll(3)
 		c.leader()
 		c.produce()
 		start := time.Now()
-		faults := chaosFaults(b)
 		counts := map[string]int{}
 		for time.Since(start) < chaosLength() {
 			f := faults[rand.IntN(len(faults))]

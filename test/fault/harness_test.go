@@ -80,8 +80,9 @@ type cluster struct {
 	st      *store.Store
 	dsn     string
 	redis   *testenv.RedisServer
-	redisA  string // address the replicas use for Redis (may be a proxy)
-	pgDSN   string // DSN the replicas use for Postgres (may be a proxy)
+	redisA  string        // address the replicas use for Redis (may be a proxy)
+	etcd    []*etcdMember // the etcd members of lock.backend etcd, if started
+	pgDSN   string        // DSN the replicas use for Postgres (may be a proxy)
 	rc      *testkit.Receiver
 	reps    []*replica
 	ended   []*replica // replicas replaced by restarts
@@ -93,6 +94,7 @@ type cluster struct {
 
 	prodMu    sync.Mutex
 	committed []int64
+	longestTx time.Duration // the longest transaction of produceRacing's, begin to commit
 	prodStop  context.CancelFunc
 	prodDone  chan struct{}
 }
@@ -241,6 +243,32 @@ func (c *cluster) start(i int) {
 	} else {
 		c.reps = append(c.reps, r)
 	}
+}
+
+// pollerTTL is the replicas' poller.lock_ttl: the last value the
+// settings give it, else lockTTL.
+func (c *cluster) pollerTTL() time.Duration {
+	ttl := lockTTL
+	for _, kv := range c.env {
+		if v, ok := strings.CutPrefix(kv, "OUTBOXD_POLLER_LOCK_TTL="); ok {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				c.t.Fatalf("%s: %v", kv, err)
+			}
+			ttl = d
+		}
+	}
+	return ttl
+}
+
+// countLogs counts how often s occurs in the logs of every replica,
+// ended ones included.
+func (c *cluster) countLogs(s string) int {
+	n := 0
+	for _, r := range append(c.reps, c.ended...) {
+		n += strings.Count(r.logs(), s)
+	}
+	return n
 }
 
 // instanceID is replica i's instance_id with options.named.

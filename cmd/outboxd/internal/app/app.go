@@ -474,12 +474,21 @@ func adminDestinations(st Status) []admin.Destination {
 	return out
 }
 
+// redisMode is redis.mode, or "none" when neither the lease nor the
+// idempotency keys live in Redis (no Redis connection is opened).
+func redisMode(cfg *config.Config) string {
+	if !cfg.UsesRedis() {
+		return "none"
+	}
+	return cfg.Redis.Mode
+}
+
 // logStarted logs "outboxd started" with what this run uses, then the
 // start-up warnings.
 func (a *App) logStarted(addr string, sink dispatch.Sink, offLoopback bool) {
 	lo, hi := poller.RetryHorizon(a.pollerConfig())
 	caps := sink.Capabilities()
-	a.Log.Info("outboxd started", "http_addr", addr, "lock_backend", a.Cfg.Lock.Backend, "redis_mode", a.Cfg.Redis.Mode,
+	a.Log.Info("outboxd started", "http_addr", addr, "lock_backend", a.Cfg.Lock.Backend, "redis_mode", redisMode(a.Cfg),
 		"sink", sinkNames(a.Cfg), "sink_ordering", caps.Ordering, "poller_notify", a.Cfg.Poller.Notify,
 		// How long a row that keeps failing is retried before it is dead-lettered.
 		"retry_horizon_min", lo.Round(time.Second).String(), "retry_horizon_max", hi.Round(time.Second).String())
@@ -593,13 +602,15 @@ func (a *App) refreshPaused(ctx context.Context, s store.Ops) {
 
 // LockStatus is one lock as /status and `outboxd status` show it.
 type LockStatus struct {
-	Name         string `json:"name"`
-	HeldByMe     bool   `json:"held_by_this_replica"`
-	Token        int64  `json:"token,omitempty"`
-	Owner        string `json:"owner,omitempty"`
-	Holder       string `json:"holder,omitempty"` // the holder's instance_id
-	TTLMillis    int64  `json:"ttl_ms,omitempty"`
-	FenceToken   int64  `json:"postgres_fence_token"`
+	Name       string `json:"name"`
+	HeldByMe   bool   `json:"held_by_this_replica"`
+	Token      int64  `json:"token,omitempty"`
+	Owner      string `json:"owner,omitempty"`
+	Holder     string `json:"holder,omitempty"` // the holder's instance_id
+	TTLMillis  int64  `json:"ttl_ms,omitempty"`
+	FenceToken int64  `json:"postgres_fence_token"`
+	// RedisCounter is the last token the lease's backend issued (Status'
+	// LockBackend says which); the key's name is the default backend's.
 	RedisCounter int64  `json:"redis_fence_counter"`
 	Error        string `json:"error,omitempty"` // e.g. a corrupted lock key or fence counter, with its repair
 }
@@ -627,6 +638,9 @@ type DestinationStatus struct {
 
 // Status is the /status body.
 type Status struct {
+	// LockBackend is lock.backend: where the leases and their token
+	// counters (LockStatus.RedisCounter) live.
+	LockBackend  string              `json:"lock_backend"`
 	Locks        []LockStatus        `json:"locks"`
 	Destinations []DestinationStatus `json:"destinations"`
 	// FetchError: this replica leads but every fetch of due rows has failed
@@ -669,7 +683,7 @@ func (a *App) status(ctx context.Context, s store.Ops, held map[string]func() in
 	if replicas == nil {
 		replicas = []store.Replica{}
 	}
-	out := Status{Stats: st, Destinations: []DestinationStatus{}, Replicas: replicas}
+	out := Status{Stats: st, LockBackend: a.Cfg.Lock.Backend, Destinations: []DestinationStatus{}, Replicas: replicas}
 	for _, d := range destinations(a.Cfg) {
 		ds, err := a.destinationStatus(ctx, d, paused, built[d.name])
 		if err != nil {
@@ -716,7 +730,7 @@ func (a *App) destinationStatus(ctx context.Context, d destination, paused []sto
 
 // lockStatus reports lock name: its fence token in Postgres, whether this
 // process holds it (held returns the token it holds, 0 for none), its
-// holder in Redis and the Redis token counter.
+// holder and token counter in the lease's backend.
 func (a *App) lockStatus(ctx context.Context, name string, fence int64, held func() int64) (LockStatus, error) {
 	ls := LockStatus{Name: name, FenceToken: fence}
 	if held != nil && held() > 0 {
@@ -724,7 +738,7 @@ func (a *App) lockStatus(ctx context.Context, name string, fence int64, held fun
 	}
 	h, err := a.Locks.Holder(ctx, name)
 	if err != nil && !errors.Is(err, lock.ErrCorrupt) {
-		return LockStatus{}, fmt.Errorf("redis: %w", err)
+		return LockStatus{}, fmt.Errorf("%s: %w", a.Cfg.Lock.Backend, err)
 	}
 	ls.Owner, ls.Holder, ls.TTLMillis = h.Owner, h.Instance, h.TTL.Milliseconds()
 	counter, cerr := a.Locks.LastToken(ctx, name)

@@ -52,7 +52,7 @@ type Overview struct {
 
 // Leader is the holder of lock:outbox:poller: its instance_id ("" when no
 // replica leads), its fencing token as Postgres last accepted it, and the
-// Redis counter of tokens issued.
+// lease backend's counter of tokens issued.
 type Leader struct {
 	Instance     string
 	FenceToken   int64
