@@ -514,6 +514,7 @@ func chaosFaults(b backend) []fault {
 			c.signal(i, syscall.SIGTERM)
 			<-c.reps[i].Done()
 			c.start(i)
+			c.waitReady(i) // up again, its signals caught, before the next fault
 		}},
 		{name: "receiver 503 3s", do: func(c *cluster) {
 			c.rc.SetRespond(func(testkit.Request) testkit.Reply { return testkit.Reply{Status: http.StatusServiceUnavailable} })
