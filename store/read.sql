@@ -57,8 +57,10 @@
 --   lowids   candidates from below the cursor: due rows of
 --            outbox_backoff_idx (above the cursor only those above every
 --            hot row and below hold, and not while an untried row of their
---            aggregate lies between), rows of parked aggregates not blocked,
---            watched gaps pending at or below the cursor
+--            aggregate lies between), rows of parked aggregates not blocked
+--            (the first @rows not in flight: every one is a candidate in
+--            out, so out takes them in id order before any later row of
+--            the aggregate), watched gaps pending at or below the cursor
 --   low      those rows, by primary key
 --   out      the batch: candidates (hot below hold, and low) that are due,
 --            not skipped, not busy, not blocked, the first @rows in id order
@@ -175,6 +177,7 @@ lowids AS MATERIALIZED (
       SELECT o.id FROM outbox o
       WHERE o.aggregate_type = p.t AND o.aggregate_id = p.a AND o.id >= p.first AND o.id <= @cursor::bigint
         AND o.dispatched_at IS NULL AND o.dead_at IS NULL AND o.available_at <= o.created_at
+        AND o.id NOT IN (SELECT unnest(@skip::bigint[])) -- hashed
       ORDER BY o.id LIMIT @rows::int) o
     WHERE p.first IS NOT NULL AND NOT p.blocked
   UNION ALL SELECT id FROM watched WHERE pending AND id <= @cursor::bigint),

@@ -673,3 +673,31 @@ func TestReadKeepsADueRetryBehindALowerRowBeyondTheScan(t *testing.T) {
 		t.Fatalf("the full read returned %v, want [%d %d]", ids, lower, retry)
 	}
 }
+
+// A parked aggregate's rows below the cursor are looked up a batch at a
+// time; the rows in flight (Skip) are not among them. Counted among them,
+// they would push its next untried rows out of the lookup while its rows
+// above the cursor are still taken: sent ahead of the rows they follow.
+func TestReadTakesAParkedAggregatesRowsInOrderPastThoseInFlight(t *testing.T) {
+	t.Parallel()
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	enqueue(t, st, ev("deal", "A", 1), ev("deal", "A", 2), ev("deal", "A", 3), ev("deal", "A", 4), ev("deal", "A", 5))
+	cursor := maxID(t, st)
+	enqueue(t, st, ev("deal", "A", 6))
+	first := cursor - 4
+	lim := store.FetchLimits{Rows: 3, Skip: []int64{first, first + 1}}
+	pos := store.ReadPos{Cursor: cursor, Frontier: cursor,
+		Parked: []store.Parked{{Aggregate: store.Aggregate{Type: "deal", ID: "A"}, MinID: first}}}
+	res, err := st.ReadPath().Read(ctx, lim, pos)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int64
+	for _, r := range res.Rows {
+		got = append(got, r.ID)
+	}
+	if want := []int64{first + 2, first + 3, first + 4}; !slices.Equal(got, want) {
+		t.Fatalf("rows %v, want %v: the aggregate's untried rows below the cursor, in order, before any above it", got, want)
+	}
+}
