@@ -121,8 +121,28 @@ func TestOperatorsMetrics(t *testing.T) {
 }
 
 // getWith fetches path on the replica's operations port with an
-// Authorization header ("" sends none): status and body.
+// Authorization header ("" sends none): status and body. As an operator's
+// client does, it waits out a refusal by http.max_concurrent (503 with
+// Retry-After: the port's share of the host is spent) and asks again, for
+// up to busyRetryFor.
 func (r *replica) getWith(path, authorization string) (int, string) {
+	deadline := time.Now().Add(busyRetryFor)
+	for {
+		code, retry, body := r.getOnce(path, authorization)
+		if code != http.StatusServiceUnavailable || retry == 0 || !strings.Contains(body, "http.max_concurrent") ||
+			time.Now().Add(retry).After(deadline) {
+			return code, body
+		}
+		time.Sleep(retry)
+	}
+}
+
+// busyRetryFor is how long getWith waits out refusals by
+// http.max_concurrent.
+const busyRetryFor = 30 * time.Second
+
+// getOnce is one request of getWith: status, Retry-After (0: none) and body.
+func (r *replica) getOnce(path, authorization string) (int, time.Duration, string) {
 	req, err := http.NewRequest(http.MethodGet, "http://"+r.addr+path, nil)
 	if err != nil {
 		r.t.Fatal(err)
@@ -132,11 +152,12 @@ func (r *replica) getWith(path, authorization string) (int, string) {
 	}
 	resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req)
 	if err != nil {
-		return 0, err.Error()
+		return 0, 0, err.Error()
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	secs, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+	return resp.StatusCode, time.Duration(secs) * time.Second, string(b)
 }
 
 // With http.auth_token_file, /metrics, /status and /dead answer 401
