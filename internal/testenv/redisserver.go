@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -170,28 +171,46 @@ func (s *RedisServer) Client() *redis.Client {
 func (s *RedisServer) String() string { return fmt.Sprintf("redis-server %s", s.Addr) }
 
 // FreePort returns a loopback TCP port that was free a moment ago, and
-// never the same one twice in a test process: with tests in parallel, the
-// kernel may hand a port just closed here to the next caller before the
-// first has bound it (a replica's http.addr, a redis-server).
+// never the same one twice in a test process. It is drawn at random from
+// below the kernel's ephemeral range (ip_local_port_range): a port from
+// that range, closed until its server binds it, may meanwhile become the
+// local port of any process' outgoing connection (a Postgres client's), and
+// the server then fails to bind (a replica's http.addr, a redis-server).
 func FreePort(t testing.TB) int {
 	t.Helper()
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		_ = l.Close()
+	lo, hi := portPool()
+	for range 1000 {
+		port := lo + rand.IntN(hi-lo)
 		portsMu.Lock()
 		seen := portsGiven[port]
 		portsGiven[port] = true
 		portsMu.Unlock()
-		if !seen {
-			return port
+		if seen {
+			continue
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err != nil {
+			continue // taken
+		}
+		_ = l.Close()
+		return port
+	}
+	t.Fatal("testenv: no free loopback port below the ephemeral range in 1000 tries")
+	return 0
+}
+
+// portPool is the range FreePort draws from, [lo, hi): from 10000 up to
+// the ephemeral range's start (32768 when it cannot be read).
+func portPool() (lo, hi int) {
+	hi = 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil && n > 11000 {
+				hi = n
+			}
 		}
 	}
-	t.Fatal("testenv: no loopback port not handed out before in 100 tries")
-	return 0
+	return 10000, hi
 }
 
 var (

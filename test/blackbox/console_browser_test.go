@@ -174,6 +174,9 @@ func TestConsolePauseHoldsDeliveriesAcrossALeaderKill(t *testing.T) {
 	e := setup(t)
 	rc := newRecorder(t, nil)
 	cfg := pausedConfig(t, rc.URL())
+	// A lease that outlasts the suite's busiest moments: the pause and the
+	// resume are to be acknowledged by a leader, not find the lease lapsed.
+	e.set("OUTBOXD_POLLER_LOCK_TTL", "6s")
 	leader, standby := twoConsoleReplicas(t, e, cfg)
 
 	signIn(t, b, leader)
