@@ -121,25 +121,31 @@ func (g *globals) start(w io.Writer, uses ...config.Section) (*session, error) {
 // startDaemon is start for `run`: SIGTERM/SIGINT end it (a handover), and
 // SIGHUP is logged and ignored (ignoreHangups).
 func (g *globals) startDaemon(w io.Writer) (*session, error) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP) // from before the config is loaded, as open's
 	s, err := g.open(w, []os.Signal{syscall.SIGTERM, syscall.SIGINT})
 	if err != nil {
+		signal.Stop(hup)
 		return nil, err
 	}
-	stopIgnoring, stop := ignoreHangups(s.log), s.stop
+	stopIgnoring, stop := ignoreHangups(s.log, hup), s.stop
 	s.stop = func() { stopIgnoring(); stop() }
 	return s, nil
 }
 
 // open loads the config and opens a session whose context the signals
-// given cancel.
+// given cancel. The signals are caught from before the config is loaded:
+// one that arrives meanwhile stops the command through its own shutdown,
+// not by the signal's default action.
 func (g *globals) open(w io.Writer, signals []os.Signal, uses ...config.Section) (*session, error) {
+	ctx, stop := signal.NotifyContext(context.Background(), signals...)
 	cfg, err := g.load(uses...)
 	if err != nil {
+		stop()
 		return nil, err
 	}
 	log := app.NewLogger(cfg.Log.Level, cfg.Log.Format, w)
 	app.RouteRedisLogs(log)
-	ctx, stop := signal.NotifyContext(context.Background(), signals...)
 	return &session{cfg: cfg, log: log, ctx: ctx, stop: stop}, nil
 }
 
@@ -147,10 +153,9 @@ func (g *globals) open(w io.Writer, signals []os.Signal, uses ...config.Section)
 // leader is never ended without a handover by a log rotation's postrotate
 // or a closed session: outboxd has no configuration to reload, and SIGTERM
 // is how it stops. The returned func stops listening and waits for the
-// goroutine; SIGHUP's default (exit) applies again after it.
-func ignoreHangups(log *slog.Logger) (stop func()) {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
+// goroutine; SIGHUP's default (exit) applies again after it. hup is
+// notified of SIGHUP already.
+func ignoreHangups(log *slog.Logger, hup chan os.Signal) (stop func()) {
 	quit, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
