@@ -29,8 +29,10 @@ func StartRedisCluster(t testing.TB, n int) []string {
 	for range n {
 		// node-timeout 5 s: a node busy on a loaded test machine is not taken
 		// for failed (without replicas that would turn the cluster down).
+		// The bus port is a free port of its own, not the default port +
+		// 10,000, which may lie in the ephemeral range (FreePort).
 		s := StartRedisServerArgs(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", "5000")
+			"--cluster-node-timeout", "5000", "--cluster-port", strconv.Itoa(FreePort(t)))
 		addrs = append(addrs, s.Addr)
 	}
 	args := append(append([]string{"--cluster", "create"}, addrs...), "--cluster-replicas", "0", "--cluster-yes")
