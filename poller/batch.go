@@ -35,11 +35,17 @@ func (p *Poller) batch(ctx context.Context, pl *pipeline) (batchResult, error) {
 	if err := p.paused.read(qctx, pl.fence); err != nil {
 		return batchResult{}, errors.Join(err, pl.takeErr())
 	}
+	// What the writer settled since the last fetch, before the limits: a
+	// row whose write ends after them is still in their Skip, and the
+	// reader hears of it at the next fetch. Heard of after them, a failed
+	// write's rows would be brought back above the cursor and then skipped
+	// as in flight by this fetch, which moves the cursor past them unparked.
+	pl.noteWritten(p.readerFor(pl.fence))
 	lim, ok := pl.limits()
 	if !ok {
 		return batchResult{full: true}, pl.takeErr()
 	}
-	pl.noteWritten(p.readerFor(pl.fence)) // what the writer settled since the last fetch
+	fire(p.hooks.afterLimits)
 	if err := p.resumeRecovered(ctx, pl.fence); errors.Is(err, store.ErrStaleFence) {
 		return batchResult{}, errors.Join(err, pl.takeErr())
 	}

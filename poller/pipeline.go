@@ -382,6 +382,7 @@ func (pl *pipeline) writePieces(f *flight, pieces []piece) {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(pl.ctx), queryTimeout(pl.p.cfg))
 	unmarked, err := pl.p.finish(f.trace.in(wctx), items, f.claim, pl.fence, f.start)
 	cancel()
+	defer fire(pl.p.hooks.afterWrite) // after the unlock below
 
 	pl.mu.Lock()
 	defer pl.mu.Unlock()

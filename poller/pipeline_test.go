@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -233,4 +234,55 @@ func TestPipelineBoundsRowsFetchedAndNotWritten(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A write that fails while the next fetch is under way brings its rows
+// back above the cursor only after that fetch: the fetch skips them as in
+// flight, and the one after reads them again. Heard of between the
+// fetch's limits and its read, the rewind was undone by the read itself:
+// it skipped the rows as still in flight and moved the cursor past them,
+// unparked, and they waited for the slow rescan (minutes) to be marked.
+func TestFailedWriteDuringTheNextFetchIsReadAgain(t *testing.T) {
+	e := setup(t)
+	ids := e.insert(2, 1) // one aggregate, one row per batch
+	cfg := testConfig()
+	cfg.BatchSize = 1
+	r := e.poller(cfg, "")
+	ctx := context.Background()
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := e.st.Pool().Exec(ctx, sql); err != nil {
+			t.Error(err)
+		}
+	}
+	var limits, writes atomic.Int32
+	failed := make(chan struct{})
+	// The first write (the first row's) fails: the table is away while it
+	// runs, and back once it has failed. The second fetch waits for that
+	// between taking its limits (the first row among them, in flight) and
+	// reading.
+	r.hooks.beforeFinish = func() {
+		if writes.Load() == 0 {
+			exec(`ALTER TABLE outbox RENAME TO outbox_away`)
+		}
+	}
+	r.hooks.afterWrite = func() {
+		if writes.Add(1) == 1 {
+			exec(`ALTER TABLE outbox_away RENAME TO outbox`)
+			close(failed)
+		}
+	}
+	r.hooks.afterLimits = func() {
+		if limits.Add(1) == 2 {
+			select {
+			case <-failed:
+			case <-time.After(10 * time.Second):
+				t.Error("the first write did not fail within 10s")
+			}
+		}
+	}
+	e.run(r)
+	e.waitAllDispatched(20 * time.Second)
+	e.checkDelivered(ids)
+	e.checkOrder()
 }

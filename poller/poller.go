@@ -128,6 +128,8 @@ type hooks struct {
 	afterSend     func() // sends done, idempotency keys not finalised
 	beforeFinish  func() // results about to be written, beside the next batch
 	afterFinalize func() // keys say delivered, Postgres not marked
+	afterLimits   func() // the next fetch's limits taken, the fetch not yet run
+	afterWrite    func() // a write of results ended and the reader's note of it is queued
 	lateWalk      func() // a late-commit walk started (rescuedLate), off the lead
 	lateWalked    func() // a late-commit walk ended
 }
