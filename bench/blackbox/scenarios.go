@@ -20,6 +20,7 @@ var (
 	warm          = flag.Bool("warm", false, "history, backlog: start the relay first, wait until it delivered one event written after any history, then insert the backlog and time from its commit (a running relay, not a restart onto a backlog; no VACUUM before the drain)")
 	stuckRow      = flag.Bool("stuck-row", false, "history: the history's first row backs off for an hour (a relay with no cursor saved starts below it; its late-commit check spans the history)")
 	historyCkpt   = flag.Bool("history-checkpoint", false, "history: CHECKPOINT after writing the settled rows, so the drain does not pay for flushing the history's own dirty pages (a history that was there before, not one written a second ago)")
+	historyCursor = flag.String("history-cursor", "none", "history: none (no cursor saved: the relay starts as on its first start and finds the lowest pending row by walking the pending index, the history's entries included) or saved (the cursor a relay that delivered the history saved: at its last id)")
 	historySettle = flag.String("history-settle", "batches", "history: how the settled rows are marked dispatched: batches (a snapshot opened after their INSERT, then UPDATEs of 1,000 ids, as a relay writes) or bulk (VACUUM ANALYZE, the snapshot, one UPDATE)")
 	asWritten     = flag.Bool("as-written", false, "drain, history, backlog: start the relay (or the bare protocol) on the table as the inserts left it: no CHECKPOINT before the backlog's insert and no VACUUM ANALYZE after it (default: both, so no checkpoint runs while timed and every row has its hint bits set)")
 	rollback      = flag.Bool("rollback", true, "order: also a probe whose lower id rolls back (a gap that never fills) after the first -late")
@@ -73,7 +74,11 @@ func historyMethod() string {
 	if *historySettle == "bulk" {
 		settle = "settled by one UPDATE after a VACUUM, the snapshot opened between"
 	}
-	return fmt.Sprintf("History %s; %s; %s.", settle, prep, start)
+	cursor := "no cursor saved (a first start: the relay walks the pending index, the history's entries included, for the lowest pending row)"
+	if *historyCursor == "saved" {
+		cursor = "the cursor saved at the history's last id (a restart of the relay that delivered it)"
+	}
+	return fmt.Sprintf("History %s; %s; %s; %s.", settle, cursor, prep, start)
 }
 
 // settledHistory writes -history events and settles them with a snapshot
@@ -110,6 +115,7 @@ func settledHistory(ctx context.Context) func(*pgxpool.Pool) func() {
 			_, err := pool.Exec(ctx, `CHECKPOINT`)
 			check(err)
 		}
+		saveHistoryCursor(ctx, pool)
 		if *stuckRow {
 			// One row of the history backs off: a relay with no cursor
 			// saved starts below it, the whole history in the range it
@@ -122,6 +128,24 @@ func settledHistory(ctx context.Context) func(*pgxpool.Pool) func() {
 		fmt.Printf("    %d settled rows written (%s) in %.1f s\n", *historyRows, *historySettle, since(began)/1000)
 		return release
 	}
+}
+
+// saveHistoryCursor, with -history-cursor saved, stores the cursor a relay
+// that delivered the history would have left: at its last id, in this
+// epoch (store/cursor.sql, epoch), nothing owed.
+func saveHistoryCursor(ctx context.Context, pool *pgxpool.Pool) {
+	switch *historyCursor {
+	case "none":
+		return
+	case "saved":
+	default:
+		check(fmt.Errorf("-history-cursor %q: want none or saved", *historyCursor))
+	}
+	_, err := pool.Exec(ctx, `INSERT INTO outbox_cursor (lock_name, cursor, epoch, sent, horizon)
+		SELECT 'lock:outbox:poller', max(id), pg_relation_filenode('outbox'::regclass)::text || '/' ||
+			COALESCE(pg_relation_filenode(pg_get_serial_sequence('outbox', 'id')::regclass)::text, ''), max(id), 0
+		FROM outbox`)
+	check(err)
 }
 
 // settleInBatches marks every row dispatched, 1,000 ids per statement in
