@@ -171,11 +171,15 @@ func (s *RedisServer) Client() *redis.Client {
 func (s *RedisServer) String() string { return fmt.Sprintf("redis-server %s", s.Addr) }
 
 // FreePort returns a loopback TCP port that was free a moment ago, and
-// never the same one twice in a test process. It is drawn at random from
-// below the kernel's ephemeral range (ip_local_port_range): a port from
-// that range, closed until its server binds it, may meanwhile become the
-// local port of any process' outgoing connection (a Postgres client's), and
-// the server then fails to bind (a replica's http.addr, a redis-server).
+// never the same one twice while this test process runs, in it or in any
+// other test process on the host. It is drawn at random from below the
+// kernel's ephemeral range (ip_local_port_range): a port from that range,
+// closed until its server binds it, may meanwhile become the local port of
+// any process' outgoing connection (a Postgres client's), and the server
+// then fails to bind (a replica's http.addr, a redis-server). Test
+// processes running at once (go test runs packages in parallel) reserve
+// their ports with a lock file each (reserve), so one never draws a port
+// another drew and has not bound yet.
 func FreePort(t testing.TB) int {
 	t.Helper()
 	lo, hi := portPool()
@@ -185,7 +189,7 @@ func FreePort(t testing.TB) int {
 		seen := portsGiven[port]
 		portsGiven[port] = true
 		portsMu.Unlock()
-		if seen {
+		if seen || !reserve(port) {
 			continue
 		}
 		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
@@ -213,7 +217,32 @@ func portPool() (lo, hi int) {
 	return 10000, hi
 }
 
+// reserve takes port for this process, for as long as it runs: an
+// exclusive flock on a file named for it in the system's temporary
+// directory, held open and never released (the kernel drops it when the
+// process ends, however it ends). It reports false when another process
+// holds it.
+func reserve(port int) bool {
+	dir := filepath.Join(os.TempDir(), "outboxd-test-ports")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		return true // no reservation possible here: the bind check alone
+	}
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		return true
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		_ = f.Close()
+		return false
+	}
+	portsMu.Lock()
+	portLocks = append(portLocks, f)
+	portsMu.Unlock()
+	return true
+}
+
 var (
 	portsMu    sync.Mutex
 	portsGiven = map[int]bool{}
+	portLocks  []*os.File // reserve's, open until the process ends
 )
