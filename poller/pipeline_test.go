@@ -282,6 +282,11 @@ func TestFailedWriteDuringTheNextFetchIsReadAgain(t *testing.T) {
 		}
 	}
 	e.run(r)
+	select { // the table is back before the count below looks at it
+	case <-failed:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the first write did not fail within 20s")
+	}
 	e.waitAllDispatched(20 * time.Second)
 	e.checkDelivered(ids)
 	e.checkOrder()
