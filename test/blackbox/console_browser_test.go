@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -87,6 +88,12 @@ func get[T any](t *testing.T, b context.Context, what string, a chromedp.Action[
 // with the token and lands on the overview.
 func signIn(t *testing.T, b context.Context, r *replica) {
 	t.Helper()
+	// The replica's operations port answers first; if it does not, its log
+	// says why, which the browser's page cannot.
+	waitFor(t, "the operations port of "+r.addr+" answering /livez", func() bool {
+		code, _ := r.get("/livez")
+		return code == http.StatusOK
+	}, func() string { return "its log's tail:\n" + r.tail(30) })
 	run(t, b, "sign in on "+r.addr,
 		chromedp.Navigate("http://"+r.addr+"/ui"),
 		chromedp.WaitVisible(chromedp.ID("token")),
