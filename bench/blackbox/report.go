@@ -263,38 +263,34 @@ func renderTables(outs []string, _ *plotData) (string, error) {
 
 // renderHistory puts the two invocations' tables, a first start and a
 // restart with the cursor saved, under a line saying which is which.
-func renderHistory(outs []string, _ *plotData) (string, error) {
-	var b strings.Builder
-	for i, out := range outs {
-		t := lastTable(out)
-		if len(t) < 3 {
-			return "", fmt.Errorf("no result table in the output")
-		}
-		start := "First start, no cursor saved (`-history-cursor none`): the relay finds the lowest pending row by a bitmap walk of the pending index, the history's entries included:"
-		if i%2 == 1 {
-			start = "Restart of the relay that delivered the history, its cursor saved at the history's last id (`-history-cursor saved`):"
-		}
-		b.WriteString(start + "\n\n" + strings.Join(t, "\n") + "\n\n")
-	}
-	return strings.TrimSuffix(b.String(), "\n"), nil
-}
+var renderHistory = renderPairs(
+	"First start, no cursor saved (`-history-cursor none`): the relay finds the lowest pending row by a bitmap walk of the pending index, the history's entries included:",
+	"Restart of the relay that delivered the history, its cursor saved at the history's last id (`-history-cursor saved`):")
 
 // renderPooler puts each pair of invocations' tables, direct and through
 // PgBouncer, under a line saying which is which.
-func renderPooler(outs []string, _ *plotData) (string, error) {
-	var b strings.Builder
-	for i, out := range outs {
-		t := lastTable(out)
-		if len(t) < 3 {
-			return "", fmt.Errorf("no result table in the output")
+var renderPooler = renderPairs(
+	"Direct to Postgres (`postgres.pooler: none`):",
+	"Through PgBouncer 1.18, `pool_mode = transaction` (`postgres.pooler: transaction`):")
+
+// renderPairs renders invocations run in pairs: each table under its
+// pair's first label or second.
+func renderPairs(first, second string) func(outs []string, _ *plotData) (string, error) {
+	return func(outs []string, _ *plotData) (string, error) {
+		var b strings.Builder
+		for i, out := range outs {
+			t := lastTable(out)
+			if len(t) < 3 {
+				return "", fmt.Errorf("no result table in the output")
+			}
+			label := first
+			if i%2 == 1 {
+				label = second
+			}
+			b.WriteString(label + "\n\n" + strings.Join(t, "\n") + "\n\n")
 		}
-		path := "Direct to Postgres (`postgres.pooler: none`):"
-		if i%2 == 1 {
-			path = "Through PgBouncer 1.18, `pool_mode = transaction` (`postgres.pooler: transaction`):"
-		}
-		b.WriteString(path + "\n\n" + strings.Join(t, "\n") + "\n\n")
+		return strings.TrimSuffix(b.String(), "\n"), nil
 	}
-	return strings.TrimSuffix(b.String(), "\n"), nil
 }
 
 // renderOutside sets the drain as the report times it (a CHECKPOINT before
