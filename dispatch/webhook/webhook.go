@@ -284,8 +284,9 @@ func (w *Sink) SendEvent(ctx context.Context, ev dispatch.Event, token int64) er
 	if err != nil {
 		return &dispatch.Error{Err: fmt.Errorf("webhook: build request for %s: %w", w.target, err), Permanent: true}
 	}
-	w.setHeaders(req.Header, ev, token, contentType, body)
-	w.setTraceHeaders(req.Header, ev)
+	fwd := readForwarded(ev.Headers)
+	w.setHeaders(req.Header, ev, fwd, token, contentType, body)
+	w.setTraceHeaders(req.Header, ev.ID, fwd)
 	resp, err := w.client.Do(req)
 	if err != nil {
 		var ue *url.Error
@@ -301,8 +302,9 @@ func (w *Sink) SendEvent(ctx context.Context, ev dispatch.Event, token int64) er
 
 // setHeaders sets the static headers, then the contract's: identity,
 // idempotency key, fencing token, Standard Webhooks id, timestamp and
-// signatures, and CloudEvents attributes in binary mode.
-func (w *Sink) setHeaders(h http.Header, ev dispatch.Event, token int64, contentType string, body []byte) {
+// signatures, the copied row of a resent copy, and CloudEvents attributes
+// in binary mode.
+func (w *Sink) setHeaders(h http.Header, ev dispatch.Event, fwd forwarded, token int64, contentType string, body []byte) {
 	id := strconv.FormatInt(ev.ID, 10)
 	ts := w.now().Unix()
 	for name, values := range w.static {
@@ -318,7 +320,7 @@ func (w *Sink) setHeaders(h http.Header, ev dispatch.Event, token int64, content
 		h.Set("webhook-signature", sig)
 	}
 	// A resent copy (outboxd resend) names the row it copies.
-	if from, ok := traceHeader(ev.Headers, dispatch.HeaderResentFrom); ok && isID(from) {
+	if from, ok := fwd.get(dispatch.HeaderResentFrom); ok && isID(from) {
 		h.Set(ResentFromHeader, from)
 	}
 	if w.ce.Enabled && w.ce.Mode != dispatch.CloudEventsStructured {
@@ -330,20 +332,20 @@ func (w *Sink) setHeaders(h http.Header, ev dispatch.Event, token int64, content
 
 // setTraceHeaders forwards the event's trace context: a valid traceparent,
 // and its tracestate beside it.
-func (w *Sink) setTraceHeaders(h http.Header, ev dispatch.Event) {
-	tp, ok := traceHeader(ev.Headers, "traceparent")
+func (w *Sink) setTraceHeaders(h http.Header, id int64, fwd forwarded) {
+	tp, ok := fwd.get("traceparent")
 	if !ok {
 		return
 	}
 	if !validTraceparent(tp) {
 		// A producer's bad header must not block the event: send it without.
-		w.log.Warn("invalid traceparent dropped", "outbox_id", ev.ID, "traceparent", dispatch.Clip(tp, 128))
+		w.log.Warn("invalid traceparent dropped", "outbox_id", id, "traceparent", dispatch.Clip(tp, 128))
 		return
 	}
 	h.Set("traceparent", tp)
 	// tracestate belongs to its traceparent: forwarded only beside a
 	// valid one, and only if it can be a header (W3C: at most 512).
-	if ts, ok := traceHeader(ev.Headers, "tracestate"); ok && ts != "" && len(ts) <= 512 && dispatch.HeaderSafe(ts) {
+	if ts, ok := fwd.get("tracestate"); ok && ts != "" && len(ts) <= 512 && dispatch.HeaderSafe(ts) {
 		h.Set("tracestate", ts)
 	}
 }
@@ -457,15 +459,29 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 	return 0
 }
 
-// traceHeader returns the event headers' string named name, if any. Names
-// match in any case, as HTTP header names do ("Traceparent" is the
-// header); the exact name wins over other spellings, and among those the
-// first in byte order, so the choice does not depend on map order.
-func traceHeader(headers json.RawMessage, name string) (string, bool) {
+// forwarded is an event's headers object, read once for the entries a
+// request forwards (traceparent, tracestate, outbox-resent-from); nil when
+// it has no entry or does not parse.
+type forwarded map[string]any
+
+// readForwarded parses headers, unless it is empty ({} or nothing, what
+// most events carry): then no parse and no allocation.
+func readForwarded(headers json.RawMessage) forwarded {
+	if t := bytes.TrimSpace(headers); len(t) == 0 || bytes.Equal(t, []byte("{}")) {
+		return nil
+	}
 	var m map[string]any
 	if json.Unmarshal(headers, &m) != nil {
-		return "", false
+		return nil
 	}
+	return m
+}
+
+// get returns the string entry named name, if any. Names match in any
+// case, as HTTP header names do ("Traceparent" is the header); the exact
+// name wins over other spellings, and among those the first in byte order,
+// so the choice does not depend on map order.
+func (m forwarded) get(name string) (string, bool) {
 	key, found := name, false
 	if _, found = m[name]; !found {
 		for k := range m {
