@@ -3,6 +3,7 @@ package dispatch
 import (
 	"cmp"
 	"context"
+	"sync"
 	"time"
 )
 
@@ -41,15 +42,49 @@ type perEvent struct {
 func (p *perEvent) Capabilities() Capabilities { return p.caps }
 
 func (p *perEvent) Send(ctx context.Context, b Batch) []Result {
+	d := &deadlines{parent: ctx}
+	defer d.release()
 	r := NewRounds(b.Events)
-	r.Parallel(ctx, p.slots, func(i int) Result { return p.sendOne(ctx, b, i) },
+	r.Parallel(ctx, p.slots, func(i int) Result { return p.sendOne(ctx, d, b, i) },
 		func(i int) { b.done(i, Result{Outcome: NotAttempted}) })
 	return r.Results()
 }
 
+// deadlines gives the sends of one Send call a context ending at the trust
+// deadline each read: one context per deadline (the lease moves it at each
+// renewal), shared by the sends that read it, rather than a context and a
+// timer per event. All end when the call returns.
+type deadlines struct {
+	parent  context.Context
+	mu      sync.Mutex
+	until   time.Time
+	ctx     context.Context // nil until the first send
+	cancels []context.CancelFunc
+}
+
+// at returns a context ending at until.
+func (d *deadlines) at(until time.Time) context.Context {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.ctx == nil || !until.Equal(d.until) {
+		ctx, cancel := context.WithDeadline(d.parent, until)
+		d.until, d.ctx = until, ctx
+		d.cancels = append(d.cancels, cancel)
+	}
+	return d.ctx
+}
+
+func (d *deadlines) release() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, cancel := range d.cancels {
+		cancel()
+	}
+}
+
 // sendOne sends event i and reports its result to b.Sent and b.Done; it
 // sends nothing once ctx or the trust deadline has ended (NotAttempted).
-func (p *perEvent) sendOne(ctx context.Context, b Batch, i int) Result {
+func (p *perEvent) sendOne(ctx context.Context, d *deadlines, b Batch, i int) Result {
 	// Trust the lease less than Redis does: past the local deadline (a
 	// pause, a slow network) stop without waiting to hear from Redis.
 	until := b.Until()
@@ -57,16 +92,15 @@ func (p *perEvent) sendOne(ctx context.Context, b Batch, i int) Result {
 		b.done(i, Result{Outcome: NotAttempted})
 		return Result{Outcome: NotAttempted}
 	}
-	sctx, cancel := context.WithDeadline(ctx, until)
+	sctx := d.at(until)
 	start := time.Now()
 	err := p.send(sctx, b.Events[i], b.Token)
 	took := time.Since(start)
 	err = WithDuration(err, took)
-	// Read before cancel, which sets it. Past the deadline the webhook
-	// refuses to write (ErrDeadlinePassed), maybe before the context's
-	// timer fired: that is the deadline's doing too, not the receiver's.
+	// Past the deadline the webhook refuses to write (ErrDeadlinePassed),
+	// maybe before the context's timer fired: that is the deadline's doing
+	// too, not the receiver's.
 	cut := sctx.Err() != nil || !time.Now().Before(until)
-	cancel()
 	res := Result{Outcome: Delivered}
 	if err != nil {
 		res = Failed(err)

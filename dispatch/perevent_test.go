@@ -127,6 +127,35 @@ func TestPerEventHonoursTheTrustDeadline(t *testing.T) {
 	}
 }
 
+// Each send is bounded by the trust deadline it read: when a renewal moves
+// the deadline on during a batch, the later sends get the later deadline,
+// and the earlier one bounds only the sends that read it.
+func TestPerEventBoundsEachSendByTheDeadlineItRead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		var deadlines []time.Time
+		sink := dispatch.PerEvent(func(ctx context.Context, ev dispatch.Event, _ int64) error {
+			d, _ := ctx.Deadline()
+			deadlines = append(deadlines, d)
+			time.Sleep(40 * time.Millisecond) // longer than the first deadline leaves
+			return nil
+		}, 1, dispatch.Capabilities{})
+		b := batchOf("a", "a", "a")
+		b.Until = func() time.Time { return time.Now().Add(50 * time.Millisecond) } // renewed before each send
+		res := sink.Send(context.Background(), b)
+		for i, r := range res {
+			if r.Outcome != dispatch.Delivered {
+				t.Errorf("event %d: %+v, want delivered", i+1, r)
+			}
+		}
+		for i, d := range deadlines {
+			if want := start.Add(time.Duration(40*i+50) * time.Millisecond); !d.Equal(want) {
+				t.Errorf("send %d bounded at +%v, want +%v", i+1, d.Sub(start), want.Sub(start))
+			}
+		}
+	})
+}
+
 func TestNoopDeliversEverything(t *testing.T) {
 	res := dispatch.Noop{}.Send(context.Background(), batchOf("a", "b"))
 	if len(res) != 2 || res[0].Outcome != dispatch.Delivered || res[1].Outcome != dispatch.Delivered {
