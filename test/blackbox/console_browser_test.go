@@ -205,6 +205,10 @@ func TestConsolePauseHoldsDeliveriesAcrossALeaderKill(t *testing.T) {
 	}
 	untouched("paused")
 
+	// The console refreshes itself: left on the leader's page, the tab
+	// would reload into the browser's error page once the leader is gone,
+	// and that page's own reloads can take over the next navigation.
+	run(t, b, "leave the leader's page", chromedp.Navigate("about:blank"))
 	leader.kill()
 	pausedLog := func(_ string, rec map[string]any) bool {
 		return rec["msg"] == "destination paused" && rec["destination"] == "held"
