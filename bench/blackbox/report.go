@@ -252,13 +252,22 @@ func cells(row string) []string {
 func renderTables(outs []string, _ *plotData) (string, error) {
 	var b strings.Builder
 	for _, out := range outs {
-		t := lastTable(out)
-		if len(t) < 3 {
-			return "", fmt.Errorf("no result table in the output")
+		t, err := resultTable(out)
+		if err != nil {
+			return "", err
 		}
-		b.WriteString(strings.Join(t, "\n") + "\n\n")
+		b.WriteString(t + "\n\n")
 	}
 	return strings.TrimSuffix(b.String(), "\n"), nil
+}
+
+// resultTable is the summary table an invocation printed last.
+func resultTable(out string) (string, error) {
+	t := lastTable(out)
+	if len(t) < 3 {
+		return "", fmt.Errorf("no result table in the output")
+	}
+	return strings.Join(t, "\n"), nil
 }
 
 // renderHistory puts the two invocations' tables, a first start and a
@@ -279,15 +288,15 @@ func renderPairs(first, second string) func(outs []string, _ *plotData) (string,
 	return func(outs []string, _ *plotData) (string, error) {
 		var b strings.Builder
 		for i, out := range outs {
-			t := lastTable(out)
-			if len(t) < 3 {
-				return "", fmt.Errorf("no result table in the output")
+			t, err := resultTable(out)
+			if err != nil {
+				return "", err
 			}
 			label := first
 			if i%2 == 1 {
 				label = second
 			}
-			b.WriteString(label + "\n\n" + strings.Join(t, "\n") + "\n\n")
+			b.WriteString(label + "\n\n" + t + "\n\n")
 		}
 		return strings.TrimSuffix(b.String(), "\n"), nil
 	}
