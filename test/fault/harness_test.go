@@ -400,10 +400,26 @@ func (c *cluster) waitReady(i int) {
 
 func (c *cluster) signal(i int, s syscall.Signal) {
 	c.t.Helper()
-	if s == syscall.SIGKILL {
+	switch s {
+	case syscall.SIGKILL:
 		c.reps[i].killed = true
+	case syscall.SIGTERM, syscall.SIGINT:
+		c.waitCatching(c.reps[i])
 	}
 	c.reps[i].Signal(s)
+}
+
+// waitCatching waits until replica r has written its first log line.
+// outboxd catches SIGTERM and SIGINT from before its first line; one sent
+// earlier, while the Go runtime and the packages' init still run, ends the
+// process by the signal's default action, as it would any program a
+// supervisor stops while it execs. A replica restarted by a fault may be
+// stopped by the next fault or by stopAll that soon.
+func (c *cluster) waitCatching(r *replica) {
+	c.t.Helper()
+	testkit.WaitFor(c.t, waitLimit, fmt.Sprintf("replica %d's first log line", r.i), func() bool {
+		return r.logs() != "" || r.Exited()
+	}, func() string { return "no output yet" })
 }
 
 // produce writes 1-3 events per transaction across 40 aggregates until stopped.
@@ -463,6 +479,7 @@ func (c *cluster) stopAll() {
 	c.t.Helper()
 	for _, r := range c.reps {
 		r.Signal(syscall.SIGCONT)
+		c.waitCatching(r)
 		r.Signal(syscall.SIGTERM)
 	}
 	for _, r := range c.reps {
