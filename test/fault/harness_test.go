@@ -477,10 +477,9 @@ func (c *cluster) pending() int {
 // stopAll sends SIGTERM to every live replica and requires a clean exit.
 func (c *cluster) stopAll() {
 	c.t.Helper()
-	for _, r := range c.reps {
+	for i, r := range c.reps {
 		r.Signal(syscall.SIGCONT)
-		c.waitCatching(r)
-		r.Signal(syscall.SIGTERM)
+		c.signal(i, syscall.SIGTERM)
 	}
 	for _, r := range c.reps {
 		select {
