@@ -199,12 +199,24 @@ func since(t time.Time) float64 { return float64(time.Since(t).Microseconds()) /
 // delivered since) and gzip the page, a load no peer carries and no
 // Prometheus at its usual interval makes; the counter is scraped only
 // after that, a few times at most.
-func awaitDrained(ctx context.Context, pool *pgxpool.Pool, d *daemon, want float64) {
+//
+// Each poll also samples the server's checkpointer (its wait event in
+// pg_stat_activity: CheckpointerMain while no checkpoint runs); the result
+// is the share of the polls that found a checkpoint running, so a slow run
+// can be told from one that shared the disk with a checkpoint's writes.
+func awaitDrained(ctx context.Context, pool *pgxpool.Pool, d *daemon, want float64) (checkpointing float64) {
 	var lastID int64
 	check(pool.QueryRow(ctx, `SELECT max(id) FROM outbox`).Scan(&lastID))
+	polls, busy := 0, 0
 	for {
-		var done bool
-		check(pool.QueryRow(ctx, `SELECT dispatched_at IS NOT NULL FROM outbox WHERE id = @id`, pgx.NamedArgs{"id": lastID}).Scan(&done))
+		var done, ckpt bool
+		check(pool.QueryRow(ctx, `SELECT (SELECT dispatched_at IS NOT NULL FROM outbox WHERE id = @id),
+			EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'checkpointer' AND wait_event IS DISTINCT FROM 'CheckpointerMain')`,
+			pgx.NamedArgs{"id": lastID}).Scan(&done, &ckpt))
+		polls++
+		if ckpt {
+			busy++
+		}
 		if done {
 			break
 		}
@@ -215,4 +227,5 @@ func awaitDrained(ctx context.Context, pool *pgxpool.Pool, d *daemon, want float
 		d.checkAlive()
 		time.Sleep(250 * time.Millisecond)
 	}
+	return float64(busy) / float64(polls)
 }

@@ -226,6 +226,7 @@ type drainResult struct {
 	rssMiB                float64
 	relayCPU, pgCPU, rCPU float64 // CPU seconds per 1,000 events
 	mallocs, allocBytes   float64 // the relay's heap allocations and bytes allocated per event (go_memstats_*_total): counts load does not move
+	checkpointing         float64 // share of the drain's polls that found a checkpoint running (awaitDrained)
 }
 
 func drainRounds(ctx context.Context, bins []build) {
@@ -249,8 +250,8 @@ func drainRounds(ctx context.Context, bins []build) {
 				for _, s := range names {
 					res := drainOutboxd(ctx, use(bin), s, b, *rows, fmt.Sprintf("r%d-b%d-%s-%s", r+1, b, s, bin.label), nil)
 					ours[key{bin.label, s, b}] = append(ours[key{bin.label, s, b}], res)
-					fmt.Printf("round %d batch %4d outboxd %s %-12s %8.0f ev/s  RSS %5.1f MiB  CPU s/1k events: relay %.4f  postgres %.4f  redis %.4f  relay allocs/event %.1f (%.0f B)  (load %s)\n",
-						r+1, b, bin.label, s, res.perSec, res.rssMiB, res.relayCPU, res.pgCPU, res.rCPU, res.mallocs, res.allocBytes, res.load)
+					fmt.Printf("round %d batch %4d outboxd %s %-12s %8.0f ev/s  RSS %5.1f MiB  CPU s/1k events: relay %.4f  postgres %.4f  redis %.4f  relay allocs/event %.1f (%.0f B)  checkpoint running %.0f%%  (load %s)\n",
+						r+1, b, bin.label, s, res.perSec, res.rssMiB, res.relayCPU, res.pgCPU, res.rCPU, res.mallocs, res.allocBytes, 100*res.checkpointing, res.load)
 				}
 			}
 			if *withPeer {
@@ -363,10 +364,10 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch, rows int, tag st
 		if *profile != "" {
 			prof = d.cpuProfile(filepath.Join(*profile, tag+".cpu.pprof"))
 		}
-		awaitDrained(ctx, pool, d, float64(rows+1))
+		ckpt := awaitDrained(ctx, pool, d, float64(rows+1))
 		var last time.Time
 		check(pool.QueryRow(ctx, `SELECT max(dispatched_at) FROM outbox`).Scan(&last))
-		res := drainResult{load: load, perSec: float64(rows) / last.Sub(d.started).Seconds()}
+		res := drainResult{load: load, perSec: float64(rows) / last.Sub(d.started).Seconds(), checkpointing: ckpt}
 		res.relayCPU = (d.cpuSeconds() - relayBefore) / (float64(rows) / 1000)
 		res.pgCPU = (serverCPU(ctx, pool) - serverBefore) / (float64(rows) / 1000)
 		if prof != nil {
@@ -397,12 +398,12 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch, rows int, tag st
 	}
 	// The end time comes from the rows themselves (awaitDrained polls
 	// without loading the relay).
-	awaitDrained(ctx, pool, d, float64(rows))
+	ckpt := awaitDrained(ctx, pool, d, float64(rows))
 	// The last row's mark is the end; the process start is the beginning
 	// (what an operator restarting onto a backlog waits for).
 	var last time.Time
 	check(pool.QueryRow(ctx, `SELECT max(dispatched_at) FROM outbox`).Scan(&last))
-	res := drainResult{load: load, perSec: float64(rows) / last.Sub(d.started).Seconds()}
+	res := drainResult{load: load, perSec: float64(rows) / last.Sub(d.started).Seconds(), checkpointing: ckpt}
 	dest.expect(sink, rows)
 	// log.level is warn: anything the relay said is worth reading.
 	if logs := d.logs.String(); logs != "" {

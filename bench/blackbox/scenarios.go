@@ -34,7 +34,7 @@ var (
 // open, and it stays open during the drain), so their entries stay in the
 // pending index for every fetch to walk.
 func historyRounds(ctx context.Context, bins []build) {
-	type res struct{ clean, behind []float64 }
+	type res struct{ clean, behind, cleanCkpt, behindCkpt []float64 }
 	out := map[string]*res{}
 	for r := range *rounds {
 		for _, bin := range bins {
@@ -44,20 +44,31 @@ func historyRounds(ctx context.Context, bins []build) {
 				out[bin.label] = x
 			}
 			c := drainOutboxd(ctx, use(bin), "noop", firstBatch(), *rows, "clean", nil)
-			x.clean = append(x.clean, c.perSec)
-			fmt.Printf("round %d %s: %d pending on a clean table: %8.0f ev/s (load %s)\n", r+1, bin.label, *rows, c.perSec, c.load)
+			x.clean, x.cleanCkpt = append(x.clean, c.perSec), append(x.cleanCkpt, c.checkpointing)
+			fmt.Printf("round %d %s: %d pending on a clean table: %8.0f ev/s, checkpoint running %.0f%% (load %s)\n",
+				r+1, bin.label, *rows, c.perSec, 100*c.checkpointing, c.load)
 			h := drainOutboxd(ctx, use(bin), "noop", firstBatch(), *rows, "history", settledHistory(ctx))
-			x.behind = append(x.behind, h.perSec)
-			fmt.Printf("round %d %s: %d pending behind %d settled, snapshot held: %8.0f ev/s (load %s), %.1f%% of clean\n",
-				r+1, bin.label, *rows, *historyRows, h.perSec, h.load, 100*h.perSec/c.perSec)
+			x.behind, x.behindCkpt = append(x.behind, h.perSec), append(x.behindCkpt, h.checkpointing)
+			fmt.Printf("round %d %s: %d pending behind %d settled, snapshot held: %8.0f ev/s, checkpoint running %.0f%% (load %s), %.1f%% of clean\n",
+				r+1, bin.label, *rows, *historyRows, h.perSec, 100*h.checkpointing, h.load, 100*h.perSec/c.perSec)
 		}
 	}
-	fmt.Printf("\n%s\n\n| build | %d pending, clean table, ev/s min / median / max | behind %d settled rows, snapshot held | ratio of medians | target |\n|---|---|---|---|---|\n", historyMethod(), *rows, *historyRows)
+	fmt.Printf("\n%s\n\n| build | %d pending, clean table, ev/s min / median / max | behind %d settled rows, snapshot held | ratio of medians | target | checkpoint running, share of the drain by round: clean / held |\n|---|---|---|---|---|---|\n", historyMethod(), *rows, *historyRows)
 	for _, bin := range bins {
 		x := out[bin.label]
 		ratio := median(x.behind) / median(x.clean)
-		fmt.Printf("| %s | %s | %s | %.1f%% | ≥ 80%% %s |\n", bin.label, mmm(x.clean), mmm(x.behind), 100*ratio, tick(ratio >= 0.8))
+		fmt.Printf("| %s | %s | %s | %.1f%% | ≥ 80%% %s | %s / %s |\n", bin.label, mmm(x.clean), mmm(x.behind), 100*ratio, tick(ratio >= 0.8),
+			percents(x.cleanCkpt), percents(x.behindCkpt))
 	}
+}
+
+// percents is shares as whole percentages, comma-separated.
+func percents(xs []float64) string {
+	p := make([]string, len(xs))
+	for i, x := range xs {
+		p[i] = fmt.Sprintf("%.0f%%", 100*x)
+	}
+	return strings.Join(p, ", ")
 }
 
 // historyMethod says how the history runs were made, for the result.
