@@ -330,9 +330,6 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch, rows int, tag st
 	check(err)
 	defer pool.Close()
 	tableAutovacuum(ctx, pool)
-	// Every run starts a checkpoint cycle here, so none is timed with a
-	// checkpoint running, and, as in steady operation, the producers' inserts
-	// pay the cycle's full-page writes, not the relay.
 	if setup != nil {
 		release := setup(pool)
 		defer release()
@@ -349,6 +346,10 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch, rows int, tag st
 			d.checkAlive()
 		}
 	}
+	// Every run starts a checkpoint cycle here, so none is timed with a
+	// checkpoint running, and, as in steady operation, the producers' inserts
+	// pay the cycle's full-page writes, not the relay. With -as-written none
+	// is started: a checkpoint the setup's WAL brings on may run while timed.
 	if !*asWritten {
 		_, err = pool.Exec(ctx, `CHECKPOINT`)
 		check(err)
