@@ -32,13 +32,14 @@ var (
 // computed, so it comes with horizon, that snapshot's xmax; until a
 // snapshot's xmin reaches it the caller keeps rescanning below the cursor.
 //
-// The lowest pending row is found by a bitmap scan of a pending index
-// (pendingFloor), once per term that starts without a saved cursor: it
-// reads every entry a snapshot held elsewhere keeps from vacuum, and no
-// bound is possible without a saved cursor. It is not min(id) in this
-// query: the planner may walk outbox_pending_aggregate_idx whole for that
-// whenever its estimates see few pending rows, a buffer per row
-// (TestFirstStartCostsNoMoreThanABitmapOfThePendingIndex).
+// The lowest pending row is found by a walk of outbox_pending_idx in id
+// order (pendingFloor), once per term that starts without a saved cursor:
+// it stops at the first row, after every entry a snapshot held elsewhere
+// keeps from vacuum below it, and no bound is possible without a saved
+// cursor. It is not min(id) in this query: the planner may walk
+// outbox_pending_aggregate_idx whole for that whenever its estimates see
+// few pending rows, a buffer per row
+// (TestFirstStartCostsNoMoreThanOneWalkOfThePendingIndex).
 //
 // sent is the highest id the earlier holders handed on (SaveCursor), at
 // least cursor; with none known (no cursor saved, or saved before

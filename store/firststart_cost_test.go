@@ -20,8 +20,8 @@ import (
 // start after an upgrade onto a table with history), LoadCursor, the
 // backlog count (Stats, at each scrape until the save) and the
 // reconciler's sweep (PendingRows, PendingByAttempts) take a floor from a
-// bitmap scan of a pending index (store.pendingFloor): each index page and
-// each heap page once. Counted from id 0 instead, with few pending rows in
+// walk of outbox_pending_idx in id order (store.pendingFloor): each index
+// page and each heap page once. Counted from id 0 instead, with few pending rows in
 // the planner's estimates (a plan made on a small table and kept, or after
 // ANALYZE), they walk outbox_pending_aggregate_idx or the primary key in
 // an order that makes each row of history a buffer; the test logs those
@@ -31,7 +31,7 @@ import (
 // per 30 rows of history, at 20k and at 200k rows, in both plans, and that
 // every pending row is still counted. The purge does not depend on a
 // cursor and stays flat.
-func TestFirstStartCostsNoMoreThanABitmapOfThePendingIndex(t *testing.T) {
+func TestFirstStartCostsNoMoreThanOneWalkOfThePendingIndex(t *testing.T) {
 	t.Parallel()
 	type cost struct{ load, stats, pending, attempts, purge, unflooredLoad, unflooredStats, unflooredPending, unflooredAttempts int64 }
 	run := func(t *testing.T, history int) cost {
@@ -145,7 +145,7 @@ func TestFirstStartCostsNoMoreThanABitmapOfThePendingIndex(t *testing.T) {
 		}{{"LoadCursor", small.load, large.load}, {"stats", small.stats, large.stats}, {"pending rows", small.pending, large.pending}, {"attempts histogram", small.attempts, large.attempts}} {
 			for _, x := range []struct{ v, h int64 }{{c.v20, 20_000}, {c.v200, 200_000}} {
 				if x.v > x.h/30 {
-					t.Errorf("%s with no cursor saved: %d buffers behind %d rows of history, more than one per 30 rows: more than one bitmap scan of a pending index (an ordered walk of the history, or a count from id 0)", c.name, x.v, x.h)
+					t.Errorf("%s with no cursor saved: %d buffers behind %d rows of history, more than one per 30 rows: more than one walk of the pending index in id order (the history walked in another order, or a count from id 0)", c.name, x.v, x.h)
 				}
 			}
 		}
@@ -156,8 +156,8 @@ func TestFirstStartCostsNoMoreThanABitmapOfThePendingIndex(t *testing.T) {
 }
 
 // explainFloor is explainUndone for a floor statement (store.pendingFloor),
-// run as the store runs it: with ordered index walks off. Run twice, the
-// second measured.
+// run as the store runs it: with its settings (store.FloorSettings). Run
+// twice, the second measured.
 func explainFloor(t *testing.T, conn *pgxpool.Conn, name string) int64 {
 	t.Helper()
 	ctx := context.Background()
@@ -182,22 +182,17 @@ func explainFloor(t *testing.T, conn *pgxpool.Conn, name string) int64 {
 	return n
 }
 
-// The floor statements' bitmap is built from outbox_pending_idx, the
-// narrowest index holding every pending row's id, whether the plan was made
-// on a table never analyzed or after ANALYZE: outbox_pending_aggregate_idx
-// has the same predicate, and reading it instead reads about three times
-// the index pages, each entry a held snapshot keeps included.
-func TestFloorBitmapReadsTheNarrowPendingIndex(t *testing.T) {
+// The floor statements walk outbox_pending_idx, the narrowest index
+// holding every pending row's id in id order, whether the plan was made on
+// a table never analyzed or after ANALYZE: outbox_pending_aggregate_idx has
+// the same predicate and about three times the pages, and the primary key
+// holds every row.
+func TestFloorWalksTheNarrowPendingIndex(t *testing.T) {
 	t.Parallel()
-	st, _ := testenv.Store(t)
+	st, conn := floorConn(t)
 	ctx := context.Background()
-	conn, err := st.Pool().Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	// Sizes at which, never analyzed, the planner prices both indexes
-	// within a hair and picks outbox_pending_aggregate_idx.
+	// Sizes at which, never analyzed, the planner prices a bitmap of either
+	// pending index within a hair of the other.
 	exec(t, st, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
 		SELECT 'deal', (i % 1000)::text, 'deal.happened', '{}' FROM generate_series(1, 220000) i`)
 	exec(t, st, `UPDATE outbox SET dispatched_at = now() WHERE id <= 200000`)
@@ -252,4 +247,48 @@ func planIndexes(t *testing.T, raw []byte) []string {
 	}
 	walk(plan[0].Plan)
 	return out
+}
+
+// Without history the floor is the backlog's first row, found in a few
+// buffers whatever the backlog's size, in a plan made on a small table
+// and kept as in one made after ANALYZE: a bitmap of the pending index
+// would read the heap page of every pending row before answering.
+func TestFloorStopsAtTheBacklogsFirstRow(t *testing.T) {
+	t.Parallel()
+	st, conn := floorConn(t)
+	enqueue(t, st, ev("deal", "0", 0))
+	explainFloor(t, conn, "pf") // the plans, made on a one-row table and kept
+	explainFloor(t, conn, "lf")
+	exec(t, st, `INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+		SELECT 'deal', (i % 1000)::text, 'deal.happened', '{}' FROM generate_series(1, 50000) i`)
+	for _, analyze := range []bool{false, true} {
+		if analyze {
+			exec(t, st, `ANALYZE outbox`)
+		}
+		for _, name := range []string{"pf", "lf"} {
+			if b := explainFloor(t, conn, name); b > 20 {
+				t.Errorf("%s (analyzed %v) read %d buffers for the first of 50,001 pending rows, want at most 20: it reads every pending row", name, analyze, b)
+			}
+		}
+	}
+}
+
+// floorConn is a store of its own and a connection of its pool, released at
+// cleanup, on which the floor statements are prepared: pending_floor as
+// "pf", load_floor as "lf".
+func floorConn(t *testing.T) (*store.Store, *pgxpool.Conn) {
+	t.Helper()
+	st, _ := testenv.Store(t)
+	ctx := context.Background()
+	conn, err := st.Pool().Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Release)
+	for name, sql := range map[string]string{"pf": store.PendingFloorSQL, "lf": store.LoadFloorSQL} {
+		if _, err := conn.Conn().Prepare(ctx, name, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return st, conn
 }

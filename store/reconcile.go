@@ -239,7 +239,7 @@ func (s Reconcile) PendingByAttempts(ctx context.Context) (map[int]int64, error)
 // below the lowest pending row not backing off (those are counted through
 // outbox_backoff_idx), or above every id when there is none. Nil when a
 // cursor is saved: the statements read it themselves. One cheap look-up
-// when a cursor is saved; without one, pendingFloor's bitmap scan, at each
+// when a cursor is saved; without one, pendingFloor's walk, at each
 // call until the poller's first save (a second or so after its first
 // read): counted from id 0, the repair sweep's first batch and the backlog
 // count would walk the history a held snapshot keeps, a buffer per row.
@@ -263,19 +263,22 @@ func (s *core) sweepFloor(ctx context.Context) (*int64, error) {
 	return &f.Int64, nil
 }
 
-// floorSettings: pendingFloor's plans walk no index in order.
-var floorSettings = []string{`SET LOCAL enable_indexscan = off`, `SET LOCAL enable_indexonlyscan = off`}
+// floorSettings: pendingFloor's plans take the id order from
+// outbox_pending_idx, never from a sort.
+var floorSettings = []string{`SET LOCAL enable_sort = off`}
 
-// pendingFloor runs q (pending_floor, load_floor in stats.sql) with ordered index
-// walks off, so its plan is a bitmap scan of a pending index: each of its
-// pages and each heap page its entries point to read once. That still
-// grows with the history a snapshot held elsewhere keeps in the index (a
-// few buffers per 1,000 rows; no bound is possible without a saved
-// cursor), but never more: walked in order, the entries' heap rows are
-// each a buffer, and the planner chooses that walk
-// (outbox_pending_aggregate_idx, then a sort) for min(id) or ORDER BY id
-// LIMIT 1 whenever its estimates see few pending rows, on a small table or
-// after ANALYZE.
+// pendingFloor runs q (pending_floor, load_floor in stats.sql) as a walk of
+// outbox_pending_idx in id order that stops at the first row it may see.
+// Without history that is a few buffers. Behind history a snapshot held
+// elsewhere keeps in the index, the walk passes those entries first, their
+// heap pages in id order, each read once (a few buffers per 1,000 rows; no
+// bound is possible without a saved cursor), but never more. Sorts are off
+// because every other plan sorts: outbox_pending_aggregate_idx, which the
+// planner picks whenever its estimates see few pending rows (a small
+// table, or after ANALYZE), reads the history in aggregate order, a buffer
+// per row (TestFirstStartCostsNoMoreThanOneWalkOfThePendingIndex), and a
+// bitmap reads the heap page of every pending row before it answers
+// (TestFloorStopsAtTheBacklogsFirstRow).
 func (s *core) pendingFloor(ctx context.Context, q query) (pgtype.Int8, error) {
 	var f pgtype.Int8
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {

@@ -55,20 +55,18 @@ FROM above
 SELECT EXISTS (SELECT 1 FROM outbox_cursor WHERE epoch = {{epoch}})
 
 -- name: pending_floor
--- The id before the lowest pending row not backing off (NULL: none). Run
--- with ordered index walks off (floorSettings): see Store.pendingFloor.
---
--- id >= the least bigint holds for every row. It is there for the plan:
--- an index condition that only outbox_pending_idx can bound its walk with,
--- so the bitmap is built from that index, an 8-byte key per entry, and not
--- from outbox_pending_aggregate_idx, which has the same predicate and
--- about three times the pages and which the planner otherwise picks on a
--- table never analyzed (TestFloorBitmapReadsTheNarrowPendingIndex).
-SELECT min(id) - 1 FROM outbox
+-- The id before the lowest pending row not backing off (NULL: none), by a
+-- walk of outbox_pending_idx in id order that stops at the first such row.
+-- Run with sorts off (floorSettings): see Store.pendingFloor. ORDER BY id
+-- LIMIT 1, not min(id): with few rows in its estimates the planner
+-- computes min(id) from a whole index read in any order, every entry of
+-- the history included
+-- (TestFirstStartCostsNoMoreThanOneWalkOfThePendingIndex).
+SELECT (SELECT id FROM outbox
   WHERE dispatched_at IS NULL AND dead_at IS NULL AND available_at <= created_at
-    AND id >= -9223372036854775808
+  ORDER BY id LIMIT 1) - 1
 
 -- name: load_floor
 -- The id before the lowest pending row (NULL: none), as pending_floor.
-SELECT min(id) - 1 FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL
-  AND id >= -9223372036854775808
+SELECT (SELECT id FROM outbox WHERE dispatched_at IS NULL AND dead_at IS NULL
+  ORDER BY id LIMIT 1) - 1
