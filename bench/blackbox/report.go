@@ -273,7 +273,7 @@ func resultTable(out string) (string, error) {
 // renderHistory puts the two invocations' tables, a first start and a
 // restart with the cursor saved, under a line saying which is which.
 var renderHistory = renderPairs(
-	"First start, no cursor saved (`-history-cursor none`): the relay finds the lowest pending row by a bitmap walk of the pending index, the history's entries included:",
+	"First start, no cursor saved (`-history-cursor none`): the relay finds the lowest pending row by a walk of the pending index in id order, through the history's entries below it:",
 	"Restart of the relay that delivered the history, its cursor saved at the history's last id (`-history-cursor saved`):")
 
 // renderPooler puts each pair of invocations' tables, direct and through
