@@ -170,7 +170,10 @@ func TestSQSSinkOversizeMessage(t *testing.T) {
 }
 
 // TestSNSSinkMissingTopic: rows are retried while the topic does not
-// exist, with a last_error naming it; created, they go through.
+// exist, with a last_error naming it; created, they go through. The relay
+// is stopped while the topic and the queue's subscription are made: SNS
+// accepts a message for a topic that has no subscription yet and drops it,
+// so a retry landing between the two would be delivered to no queue.
 func TestSNSSinkMissingTopic(t *testing.T) {
 	t.Parallel()
 	m := testenv.StartMoto(t)
@@ -178,14 +181,16 @@ func TestSNSSinkMissingTopic(t *testing.T) {
 	e := awsEnv(t, m, "OUTBOXD_DISPATCH_SINK", "sns", "OUTBOXD_DISPATCH_SNS_TOPIC_ARN", m.TopicARN("later"),
 		"OUTBOXD_DISPATCH_SNS_ENDPOINT", m.Endpoint, "OUTBOXD_POLLER_MAX_ATTEMPTS", "1000")
 	ids := e.insertMany("order", 3, 2)
-	e.start()
+	r := e.start()
 	waitFor(t, "the rows retried, saying the topic does not exist", func() bool {
 		return e.count(`attempts >= 2 AND last_error LIKE '%does not exist%' AND dead_at IS NULL`) >= 3
 	}, e.describeRows("true"))
 	if w := e.rows("attempts > 0")[0]; !strings.Contains(w.LastError, strconv.Quote(m.TopicARN("later"))) {
 		t.Errorf("last_error does not name the topic: %s", w)
 	}
+	r.stop()
 	m.CreateTopic(t, "later", url)
+	e.start()
 	waitFor(t, "every row dispatched once the topic exists", func() bool {
 		return e.count("dispatched_at IS NOT NULL") == len(ids)
 	}, e.describeRows("dispatched_at IS NULL"))
