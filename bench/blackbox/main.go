@@ -243,7 +243,7 @@ func drainRounds(ctx context.Context, bins []build) {
 		batch int
 	}
 	ours := map[key][]drainResult{}
-	theirs, bare := map[int][]float64{}, map[int][]float64{}
+	theirs, bare := map[int][]float64{}, map[int][]drainResult{}
 	for r := range *rounds {
 		for _, b := range sizes {
 			for _, bin := range bins {
@@ -264,12 +264,14 @@ func drainRounds(ctx context.Context, bins []build) {
 				fmt.Printf("round %d batch %4d watermill %8.0f msg/s\n", r+1, b, theirs[b][len(theirs[b])-1])
 			}
 			if *withBare {
-				bare[b] = append(bare[b], drainBare(ctx, bins[0].path, b, *rows))
-				fmt.Printf("round %d batch %4d bare protocol %8.0f ev/s\n", r+1, b, bare[b][len(bare[b])-1])
+				res := drainBare(ctx, bins[0].path, b, *rows)
+				bare[b] = append(bare[b], res)
+				fmt.Printf("round %d batch %4d bare protocol %8.0f ev/s  CPU s/1k events: bench %.4f  postgres %.4f  redis %.4f  (load %s)\n",
+					r+1, b, res.perSec, res.relayCPU, res.pgCPU, res.rCPU, res.load)
 			}
 		}
 	}
-	fmt.Printf("\n| build | sink | batch | outboxd (binary) ev/s min / median / max | watermill forwarder msg/s min / median / max | ratio of medians | peak RSS MiB (max) | CPU s per 1k events relay / Postgres / Redis (medians) | bare protocol ev/s min / median / max | share of the bare protocol (medians) |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Printf("\n| build | sink | batch | outboxd (binary) ev/s min / median / max | watermill forwarder msg/s min / median / max | ratio of medians | peak RSS MiB (max) | CPU s per 1k events relay / Postgres / Redis (medians) | bare protocol ev/s min / median / max | share of the bare protocol (medians) | bare protocol CPU s per 1k events bench / Postgres / Redis (medians) |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, bin := range bins {
 		for _, s := range names {
 			for _, b := range sizes {
@@ -282,12 +284,17 @@ func drainRounds(ctx context.Context, bins []build) {
 					peerCol = mmm(t)
 					ratio = fmt.Sprintf("%.2f×", median(evs)/median(t))
 				}
-				bareCol, share := "not run", "—"
+				bareCol, share, bareCPU := "not run", "—", "—"
 				if t := bare[b]; len(t) > 0 {
-					bareCol = mmm(t)
-					share = fmt.Sprintf("%.0f%%", 100*median(evs)/median(t))
+					var bevs, bc, bp, br []float64
+					for _, x := range t {
+						bevs, bc, bp, br = append(bevs, x.perSec), append(bc, x.relayCPU), append(bp, x.pgCPU), append(br, x.rCPU)
+					}
+					bareCol = mmm(bevs)
+					share = fmt.Sprintf("%.0f%%", 100*median(evs)/median(bevs))
+					bareCPU = fmt.Sprintf("%.4f / %.4f / %.4f", median(bc), median(bp), median(br))
 				}
-				fmt.Printf("| %s | %s | %d | %s | %s | %s | %.1f | %.4f / %.4f / %.4f | %s | %s |\n", bin.label, s, b, mmm(evs), peerCol, ratio, slices.Max(rss), median(rc), median(pc), median(dc), bareCol, share)
+				fmt.Printf("| %s | %s | %d | %s | %s | %s | %.1f | %.4f / %.4f / %.4f | %s | %s | %s |\n", bin.label, s, b, mmm(evs), peerCol, ratio, slices.Max(rss), median(rc), median(pc), median(dc), bareCol, share, bareCPU)
 			}
 		}
 	}
@@ -436,8 +443,10 @@ func drainOutboxd(ctx context.Context, bin, sink string, batch, rows int, tag st
 // relay: a fresh database migrated by bin, the same rows, the same
 // CHECKPOINT before the insert and VACUUM ANALYZE after it (or neither,
 // with -as-written); events/s from the protocol's first fetch to its last
-// mark.
-func drainBare(ctx context.Context, bin string, batch, rows int) float64 {
+// mark, and the CPU seconds per 1,000 events of the bench's process (the
+// protocol's loop, in relayCPU), Postgres and Redis over that time.
+func drainBare(ctx context.Context, bin string, batch, rows int) drainResult {
+	load := loadAvg()
 	r := newRun(ctx, bin)
 	defer r.done()
 	pool, err := pgxpool.New(ctx, r.dsn)
@@ -453,9 +462,16 @@ func drainBare(ctx context.Context, bin string, batch, rows int) float64 {
 		_, err = pool.Exec(ctx, `VACUUM ANALYZE outbox`)
 		check(err)
 	}
+	pgBefore, redisBefore, selfBefore := serverCPU(ctx, pool), redisCPU(ctx, r.rdb), selfCPU()
 	d, err := peer.BareDrain(ctx, pool, r.rdb, r.prefix, batch, rows)
 	check(err)
-	return float64(rows) / d.Seconds()
+	per1k := float64(rows) / 1000
+	return drainResult{
+		load: load, perSec: float64(rows) / d.Seconds(),
+		relayCPU: (selfCPU() - selfBefore) / per1k,
+		pgCPU:    (serverCPU(ctx, pool) - pgBefore) / per1k,
+		rCPU:     (redisCPU(ctx, r.rdb) - redisBefore) / per1k,
+	}
 }
 
 // ---- latency ----

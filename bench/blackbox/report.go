@@ -398,9 +398,9 @@ func renderDrain(outs []string, plot *plotData) (string, error) {
 	}
 	cores := runtime.NumCPU()
 	peer := "| batch | outboxd ev/s (min / median / max) | watermill-sql forwarder msg/s | ratio of medians (target ≥ 2.5× at batch 1000) | bare protocol ev/s | share of the bare protocol (target ≥ 80%) | peak RSS MiB |\n|---|---|---|---|---|---|---|\n"
-	ceiling := fmt.Sprintf("| batch | outboxd ev/s (median) | CPU s per 1k events relay / Postgres / Redis | CPU ceiling (%d cores) | share of the ceiling |\n|---|---|---|---|---|\n", cores)
+	ceiling := fmt.Sprintf("| batch | ev/s (median) | CPU s per 1k events: the relay (or the bare protocol's loop) / Postgres / Redis | CPU ceiling (%d cores) | share of the ceiling |\n|---|---|---|---|---|\n", cores)
 	for _, row := range t[2:] {
-		c := cells(row) // build, sink, batch, ours, theirs, ratio, rss, cpu, bare, share
+		c := cells(row) // build, sink, batch, ours, theirs, ratio, rss, cpu, bare, share, bare's cpu
 		if len(c) < 10 {
 			return "", fmt.Errorf("drain row %q: want 10 cells", row)
 		}
@@ -419,10 +419,34 @@ func renderDrain(outs []string, plot *plotData) (string, error) {
 		}
 		limit := float64(cores) * 1000 / perK
 		ceiling += fmt.Sprintf("| %s | %.0f | %s (%.4f) | %.0f ev/s | %.0f%% |\n", c[2], ours, c[7], perK, limit, 100*ours/limit)
+		if len(c) > 10 {
+			ceiling += bareCeiling(c[2], c[8], c[10], cores)
+		}
 		theirs, _ := middle(c[4])
 		plot.throughput = append(plot.throughput, fmt.Sprintf("%q %.0f %.0f", "batch "+c[2], ours, theirs))
 	}
 	return peer + "\n" + ceiling, nil
+}
+
+// bareCeiling is the ceiling table's row for the bare protocol at batch:
+// its median rate (rates, "min / median / max") against the same ceiling
+// made of its own CPU per 1k events (cpu, "bench / Postgres / Redis"), or
+// nothing when it did not run.
+func bareCeiling(batch, rates, cpu string, cores int) string {
+	rate, ok := middle(rates)
+	var perK float64
+	for _, f := range strings.Split(cpu, " / ") {
+		x, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil {
+			return ""
+		}
+		perK += x
+	}
+	if !ok || perK <= 0 {
+		return ""
+	}
+	limit := float64(cores) * 1000 / perK
+	return fmt.Sprintf("| %s, bare protocol | %.0f | %s (%.4f) | %.0f ev/s | %.0f%% |\n", batch, rate, cpu, perK, limit, 100*rate/limit)
 }
 
 // runLine is one latency run's result line.
