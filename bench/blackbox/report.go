@@ -406,15 +406,8 @@ func renderDrain(outs []string, plot *plotData) (string, error) {
 		}
 		peer += fmt.Sprintf("| %s | %s | %s | %s | %s | %s | %s |\n", c[2], c[3], c[4], c[5], c[8], c[9], c[6])
 		ours, ok := middle(c[3])
-		var perK float64
-		for _, f := range strings.Split(c[7], " / ") {
-			x, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
-			if err != nil {
-				ok = false
-			}
-			perK += x
-		}
-		if !ok || perK <= 0 {
+		perK, summed := cpuSum(c[7])
+		if !ok || !summed {
 			return "", fmt.Errorf("drain row %q: no rate or CPU", row)
 		}
 		limit := float64(cores) * 1000 / perK
@@ -434,19 +427,26 @@ func renderDrain(outs []string, plot *plotData) (string, error) {
 // nothing when it did not run.
 func bareCeiling(batch, rates, cpu string, cores int) string {
 	rate, ok := middle(rates)
-	var perK float64
-	for _, f := range strings.Split(cpu, " / ") {
-		x, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
-		if err != nil {
-			return ""
-		}
-		perK += x
-	}
-	if !ok || perK <= 0 {
+	perK, summed := cpuSum(cpu)
+	if !ok || !summed {
 		return ""
 	}
 	limit := float64(cores) * 1000 / perK
 	return fmt.Sprintf("| %s, bare protocol | %.0f | %s (%.4f) | %.0f ev/s | %.0f%% |\n", batch, rate, cpu, perK, limit, 100*rate/limit)
+}
+
+// cpuSum adds up a "a / b / c" cell of CPU seconds; false when a part is
+// not a number or the sum is not positive.
+func cpuSum(cell string) (float64, bool) {
+	var sum float64
+	for _, f := range strings.Split(cell, " / ") {
+		x, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil {
+			return 0, false
+		}
+		sum += x
+	}
+	return sum, sum > 0
 }
 
 // runLine is one latency run's result line.
