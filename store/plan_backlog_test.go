@@ -4,8 +4,6 @@ import (
 	"context"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/store"
 )
@@ -29,18 +27,7 @@ func TestReadPlannedOnABigBacklogStaysLinear(t *testing.T) {
 	t.Parallel()
 	setup, dsn := testenv.Store(t)
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 1 // one session: the read prepared and planned there
-	cfg.ConnConfig.RuntimeParams["work_mem"] = "64kB"
-	cfg.ConnConfig.RuntimeParams["hash_mem_multiplier"] = "1"
-	relay, err := store.OpenConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer relay.Close()
+	relay := oneSession(t, dsn, map[string]string{"work_mem": "64kB", "hash_mem_multiplier": "1"})
 
 	// The statistics see 100k rows pending; the read is planned from them.
 	enqueueRows(t, setup, 100_000)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 	"testing"
@@ -51,6 +52,7 @@ type planCost struct {
 	// buffer.
 	rows int64
 	plan string // the nodes, one a line, for the failure message
+	root costNode
 	// memory is the kB its hash tables took at their peak (hash
 	// aggregates, hash joins), summed over the plan's nodes: Postgres
 	// sizes a hash table from the rows the plan expects, so it is paid
@@ -383,6 +385,25 @@ func preparedStatements(t *testing.T, conn *pgxpool.Conn, statements []hotStatem
 
 func pgIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
 
+// oneSession opens a store on dsn whose pool holds one session with the
+// runtime parameters params, closed at cleanup: what it prepares is
+// planned there, where a test can EXPLAIN the prepared statement.
+func oneSession(t *testing.T, dsn string, params map[string]string) *store.Store {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	maps.Copy(cfg.ConnConfig.RuntimeParams, params)
+	st, err := store.OpenConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	return st
+}
+
 // explainCost runs EXPLAIN (ANALYZE, BUFFERS) of execute (rolled back) and
 // counts its buffers and plan rows.
 func explainCost(t *testing.T, conn *pgxpool.Conn, settings []string, execute string, args []any) planCost {
@@ -396,7 +417,7 @@ func explainCost(t *testing.T, conn *pgxpool.Conn, settings []string, execute st
 	}
 	var plan strings.Builder
 	plans[0].Plan.render(&plan, "  ")
-	return planCost{buffers: plans[0].Plan.Hit + plans[0].Plan.Read, rows: plans[0].Plan.work(), memory: plans[0].Plan.memory(), plan: plan.String()}
+	return planCost{buffers: plans[0].Plan.Hit + plans[0].Plan.Read, rows: plans[0].Plan.work(), memory: plans[0].Plan.memory(), plan: plan.String(), root: plans[0].Plan}
 }
 
 type costNode struct {
@@ -404,6 +425,7 @@ type costNode struct {
 	Index      string     `json:"Index Name"`
 	Relation   string     `json:"Relation Name"`
 	Alias      string     `json:"Alias"`
+	CTE        string     `json:"CTE Name"`
 	Subplan    string     `json:"Subplan Name"`
 	Hit        int64      `json:"Shared Hit Blocks"`
 	Read       int64      `json:"Shared Read Blocks"`
@@ -459,6 +481,18 @@ func (n *costNode) ran(typ string) bool {
 		}
 	}
 	return false
+}
+
+// scans counts the CTE Scans of cte under n (n included) that ran.
+func (n *costNode) scans(cte string) int {
+	k := 0
+	if n.Type == "CTE Scan" && n.CTE == cte && n.Loops > 0 {
+		k++
+	}
+	for i := range n.Children {
+		k += n.Children[i].scans(cte)
+	}
+	return k
 }
 
 // render writes the node and its children, one a line: what ran, on what,

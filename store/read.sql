@@ -40,8 +40,10 @@
 --            outbox_pending_idx from the cursor on: settled rows below it,
 --            and their index entries vacuum could not remove, are never
 --            walked
---   span     top, the highest id classified (the highest hot id, at most
---            @frontier + @span), and dense: the hot ids fill (@frontier, top]
+--   span     in one pass over hot: top, the highest id classified (the
+--            highest hot id, at most @frontier + @span); dense: the hot ids
+--            fill (@frontier, top]; hmax and hn, the highest hot id and how
+--            many hot rows there are
 --   holes    the ids in (@frontier, top] between consecutive hot ids (lag over the
 --            hot rows in id order); nothing when dense (a One-Time Filter:
 --            the sort and window never run)
@@ -108,7 +110,13 @@
 --     hashed only while the planner's estimate of hot fits in work_mem,
 --     and otherwise scans hot once per id.
 --   - Rows backing off above the cursor are compared with hot's highest
---     id, not looked up in hot.
+--     id (span's hmax), not looked up in hot.
+--   - hot is walked once for what span tells, and once more for each of
+--     out and the rows returned; the hot rows not returned (kind h) only
+--     when out does not hold every hot row. hot's ids are the pending ids
+--     in (@cursor, hmax], so out's ids in that range are hot's it holds;
+--     low's lie outside it. Counted equal to hn, the test is a One-Time
+--     Filter and hot is not walked again.
 --   - The candidates are joined with UNION ALL, not UNION: "o.id = ANY"
 --     takes each row once anyway, and UNION's hash table is sized from
 --     the rows the plan expects, not the rows that come.
@@ -132,8 +140,13 @@ hot AS MATERIALIZED (
   WHERE o.dispatched_at IS NULL AND o.dead_at IS NULL AND o.id > @cursor::bigint
   ORDER BY o.id LIMIT @rows::int),
 span AS MATERIALIZED (
-  SELECT t.top, (SELECT count(*) FROM hot WHERE hot.id > @frontier::bigint AND hot.id <= t.top) = t.top - @frontier::bigint AS dense
-  FROM (SELECT CASE WHEN max(id) IS NULL THEN @frontier::bigint ELSE GREATEST(LEAST(max(id), @frontier::bigint + @span::bigint), @frontier::bigint) END AS top FROM hot) t),
+  -- The hot ids up to top are those up to the frontier plus the span:
+  -- top is the highest hot id when that is in between, the bound when it
+  -- is above it, and the frontier (no hot id above it) when it is below.
+  SELECT t.top, t.n = t.top - @frontier::bigint AS dense, t.hmax, t.hn
+  FROM (SELECT CASE WHEN max(id) IS NULL THEN @frontier::bigint ELSE GREATEST(LEAST(max(id), @frontier::bigint + @span::bigint), @frontier::bigint) END AS top,
+    count(*) FILTER (WHERE id > @frontier::bigint AND id <= @frontier::bigint + @span::bigint) AS n,
+    max(id) AS hmax, count(*) AS hn FROM hot) t),
 holes AS MATERIALIZED (
   SELECT g.id FROM (
     SELECT x.id, lag(x.id, 1, @frontier::bigint) OVER (ORDER BY x.id) AS prev
@@ -168,10 +181,10 @@ lowids AS MATERIALIZED (
   SELECT e.id FROM outbox e, hold
   WHERE {{backing_off_e}}
     AND (e.available_at <= now() OR e.available_at > now() + interval '100 years')
-    AND (e.id <= @cursor::bigint OR (e.id < hold.h AND e.id > (SELECT COALESCE(max(id), @cursor::bigint) FROM hot)
+    AND (e.id <= @cursor::bigint OR (e.id < hold.h AND e.id > (SELECT COALESCE(hmax, @cursor::bigint) FROM span)
       AND NOT EXISTS (SELECT 1 FROM outbox u
         WHERE u.aggregate_type = e.aggregate_type AND u.aggregate_id = e.aggregate_id
-          AND u.id > (SELECT COALESCE(max(id), @cursor::bigint) FROM hot) AND u.id < e.id
+          AND u.id > (SELECT COALESCE(hmax, @cursor::bigint) FROM span) AND u.id < e.id
           AND u.dispatched_at IS NULL AND u.dead_at IS NULL AND u.available_at <= u.created_at)))
   UNION ALL SELECT o.id FROM parked p CROSS JOIN LATERAL (
       SELECT o.id FROM outbox o
@@ -220,7 +233,8 @@ SELECT 'h', hot.id, hot.aggregate_type, hot.aggregate_id, NULL, NULL, NULL, NULL
        WHEN hot.blocked THEN 'b'
        ELSE 'c' END,
   NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-FROM hot, hold WHERE hot.id NOT IN (SELECT id FROM out)
+FROM hot, hold WHERE (SELECT hn FROM span) > (SELECT count(*) FROM out WHERE id > @cursor::bigint AND id <= (SELECT hmax FROM span))
+  AND hot.id NOT IN (SELECT id FROM out)
 UNION ALL
 SELECT 's', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
   snap.xmin, snap.xmax, snap.epoch, snap.incarnation, NULL, NULL FROM snap
