@@ -26,15 +26,19 @@ type sentMemory struct {
 
 // note records that id of aggregate a is sent (or on its way).
 func (s *sentMemory) note(a store.Aggregate, id int64) {
-	if _, ok := s.last[a]; !ok && len(s.last) >= cmp.Or(s.limit, maxLastSent) {
+	s.top = max(s.top, id)
+	last, ok := s.last[a]
+	if ok && last >= id {
+		return
+	}
+	if !ok && len(s.last) >= cmp.Or(s.limit, maxLastSent) {
 		clear(s.last)
 		s.gen++
 	}
 	if s.last == nil {
 		s.last = map[store.Aggregate]int64{}
 	}
-	s.last[a] = max(s.last[a], id)
-	s.top = max(s.top, id)
+	s.last[a] = id
 }
 
 // mark is the sent mark a successor needs: no id above it was handed on to
