@@ -30,6 +30,7 @@ import (
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/deadquery"
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/internal/buildinfo"
+	"github.com/outboxd/outboxd/internal/gcpolicy"
 	"github.com/outboxd/outboxd/internal/keys"
 	"github.com/outboxd/outboxd/lock"
 	"github.com/outboxd/outboxd/migrations"
@@ -196,6 +197,8 @@ func runCmd(g *globals, stdout io.Writer) *cobra.Command {
 				return err
 			}
 			defer s.stop()
+			gc := gcpolicy.Apply(os.Getenv, "/proc/self/cgroup", "/sys/fs/cgroup")
+			s.log.Info("go collector", "gogc", gc.GCPercent, "memory_limit_bytes", gc.MemoryLimit, "memory_limit_source", gc.LimitSource)
 			a, err := s.app()
 			if err != nil {
 				return err
