@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -126,11 +127,22 @@ type replica struct {
 // with e's environment, waits until /readyz answers 200, and at cleanup
 // sends SIGTERM and requires exit 0.
 func (e *testBundle) start(extra ...string) *replica {
+	e.t.Helper()
+	return e.startVia(nil, extra...)
+}
+
+// startVia is start with the binary run by a launcher: launcher's first
+// element is run with the rest, then the binary and its arguments.
+func (e *testBundle) startVia(launcher []string, extra ...string) *replica {
 	t := e.t
 	t.Helper()
 	r := &replica{t: t, addr: e.vars["OUTBOXD_HTTP_ADDR"]}
+	bin, args := binary, append([]string{"run"}, extra...)
+	if len(launcher) > 0 {
+		bin, args = launcher[0], append(append(slices.Clone(launcher[1:]), binary), args...)
+	}
 	var err error
-	if r.proc, err = testproc.Start(binary, environ(e.vars), &r.out, &r.stderr, append([]string{"run"}, extra...)...); err != nil {
+	if r.proc, err = testproc.Start(bin, environ(e.vars), &r.out, &r.stderr, args...); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(r.stop)
