@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs golangci-lint (configuration: .golangci.yaml) on the whole module.
+# Runs golangci-lint (configuration: .golangci.yaml) on the whole module and,
+# with no arguments, on the bench module (bench/) too.
 # Needs only Go: `go run pkg@version` fetches the pinned release through the
 # module proxy and builds it outside our go.mod, so its dependencies stay out
 # of the project; the built binary is cached (first run about 4 min on 2 cores,
@@ -8,7 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GOLANGCI_LINT=github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
-if [ "$#" -eq 0 ]; then
-  set -- ./...
+if [ "$#" -gt 0 ]; then
+  exec go run "$GOLANGCI_LINT" run "$@"
 fi
-exec go run "$GOLANGCI_LINT" run "$@"
+go run "$GOLANGCI_LINT" run ./...
+cd bench
+exec go run "$GOLANGCI_LINT" run --config ../.golangci.yaml ./...

@@ -1152,16 +1152,6 @@ func serverCPU(ctx context.Context, pool *pgxpool.Pool) float64 {
 	return sumCPU(func(pid int) bool { return pid == postmaster || parentPID(pid) == postmaster })
 }
 
-// processCPU sums user+system CPU seconds of every process with this name
-// (Postgres: postmaster, backends, walwriter, ...). Backends that exit
-// between two readings lose their share; the relay's stay connected.
-func processCPU(name string) float64 {
-	return sumCPU(func(pid int) bool {
-		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-		return err == nil && strings.TrimSpace(string(comm)) == name
-	})
-}
-
 // sumCPU sums pidCPU over the running processes that match.
 func sumCPU(match func(pid int) bool) float64 {
 	ents, err := os.ReadDir("/proc")
