@@ -13,6 +13,7 @@ import (
 	"path"
 	"path/filepath"
 	"runtime/debug"
+	"runtime/metrics"
 	"strconv"
 	"strings"
 )
@@ -42,35 +43,29 @@ type Policy struct {
 // (memory.max) or v1 (memory/memory.limit_in_bytes). Without a limit
 // found there is none.
 func Apply(getenv func(string) string, procCgroup, root string) Policy {
-	p := Policy{GCPercent: gogc(getenv("GOGC")), LimitSource: "none"}
 	if getenv("GOGC") == "" {
-		p.GCPercent = Percent
 		debug.SetGCPercent(Percent)
 	}
+	source := "none"
 	if getenv("GOMEMLIMIT") != "" {
-		p.LimitSource = "GOMEMLIMIT"
-		if l := debug.SetMemoryLimit(-1); l != math.MaxInt64 {
-			p.MemoryLimit = l
-		}
-		return p
+		source = "GOMEMLIMIT"
+	} else if limit, ok := cgroupLimit(procCgroup, root); ok {
+		debug.SetMemoryLimit(int64(float64(limit) * limitShare))
+		source = "cgroup"
 	}
-	if limit, ok := cgroupLimit(procCgroup, root); ok {
-		p.MemoryLimit, p.LimitSource = int64(float64(limit)*limitShare), "cgroup"
-		debug.SetMemoryLimit(p.MemoryLimit)
-	}
-	return p
+	return inEffect(source)
 }
 
-// gogc is the GOGC the runtime read from v: -1 for off, 100 when unset or
-// not a number.
-func gogc(v string) int {
-	if v == "off" {
-		return -1
+// inEffect is the collector's settings as the runtime holds them, the
+// memory limit's from source.
+func inEffect(source string) Policy {
+	s := []metrics.Sample{{Name: "/gc/gogc:percent"}, {Name: "/gc/gomemlimit:bytes"}}
+	metrics.Read(s)
+	p := Policy{GCPercent: int(int64(s[0].Value.Uint64())), LimitSource: source} // off reads as -1
+	if l := s[1].Value.Uint64(); l < math.MaxInt64 {
+		p.MemoryLimit = int64(l)
 	}
-	if n, err := strconv.Atoi(v); err == nil {
-		return n
-	}
-	return 100
+	return p
 }
 
 // cgroupLimit is the lowest memory limit set on the process's cgroup or

@@ -103,6 +103,7 @@ func TestApplyLeavesWhatTheEnvironmentSets(t *testing.T) {
 		t.Fatalf("GOGC and GOMEMLIMIT set: policy %+v, runtime GOGC %d limit %d; want %+v left as they are", p, pct, lim, want)
 	}
 
+	debug.SetGCPercent(-1)
 	debug.SetMemoryLimit(math.MaxInt64)
 	p = Apply(env(map[string]string{"GOGC": "off"}), filepath.Join(cg, "absent"), root)
 	if _, lim = runtimeGC(); p.GCPercent != -1 || p.LimitSource != "none" || p.MemoryLimit != 0 || lim != math.MaxInt64 {
