@@ -106,6 +106,10 @@ type SessionError struct {
 	// Refused is the server's (or proxy's) refusal of the startup
 	// parameters, when that is what happened.
 	Refused string
+	// Unprepared is the server's answer when a statement prepared on the
+	// connection was gone at its next use: the connection's statements
+	// reach different server sessions (a transaction pooler).
+	Unprepared string
 	// Settings are those whose value differs: "jit = on (want off)".
 	Settings []string
 	// Schema is set when current_schema() is not the configured schema.
@@ -116,6 +120,9 @@ func (e *SessionError) Error() string {
 	var parts []string
 	if e.Refused != "" {
 		parts = append(parts, "the server refused the startup parameters: "+e.Refused)
+	}
+	if e.Unprepared != "" {
+		parts = append(parts, "a statement prepared on the connection was gone at its next use: "+e.Unprepared)
 	}
 	if len(e.Settings) > 0 {
 		parts = append(parts, "settings not in effect: "+strings.Join(e.Settings, ", "))
@@ -146,6 +153,12 @@ func (s *Store) CheckSession(ctx context.Context) error {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "08P01" && strings.Contains(pgErr.Message, "startup parameter") {
 			return &SessionError{Refused: pgErr.Message}
+		}
+		// 26000: prepared statement does not exist; 42P05: it already
+		// exists. Either way the statement met another server session
+		// than the one it was prepared on.
+		if errors.As(err, &pgErr) && (pgErr.Code == "26000" || pgErr.Code == "42P05") {
+			return &SessionError{Unprepared: pgErr.Message}
 		}
 		return fmt.Errorf("store: check session: %w", err)
 	}

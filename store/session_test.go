@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/store"
 )
@@ -42,6 +44,26 @@ func TestCheckSessionSeesWhatAPoolerDid(t *testing.T) {
 	// transaction: the role as it is will do.
 	if err := openVia(t, refusing.Via(dsn), store.WithTransactionPooler()).CheckSession(ctx); err != nil {
 		t.Errorf("pooler transaction, role without settings: %v", err)
+	}
+}
+
+// A statement prepared on a connection and gone at its next use (what a
+// transaction pooler does when the next use reaches another server
+// session) is a SessionError, not a server that did not answer: the start
+// stops, naming the pooler, instead of retrying for ever.
+func TestCheckSessionSeesAPreparedStatementGone(t *testing.T) {
+	_, dsn := testenv.Store(t)
+	st := oneSession(t, dsn, nil)
+	ctx := context.Background()
+	if err := st.CheckSession(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Pool().Exec(ctx, "DEALLOCATE ALL", pgx.QueryExecModeSimpleProtocol); err != nil {
+		t.Fatal(err)
+	}
+	var se *store.SessionError
+	if err := st.CheckSession(ctx); !errors.As(err, &se) || !strings.Contains(se.Unprepared, "does not exist") {
+		t.Fatalf("after the session lost its prepared statements: %v, want a SessionError saying so", err)
 	}
 }
 

@@ -94,7 +94,7 @@ func (a *App) awaitSession(ctx context.Context) error {
 
 // sessionKeyError says which key to change, and how.
 func sessionKeyError(c config.Postgres, se *store.SessionError) error {
-	if se.Refused == "" && len(se.Settings) == 0 {
+	if se.Refused == "" && se.Unprepared == "" && len(se.Settings) == 0 {
 		return &config.KeyError{Key: "postgres.schema", Err: fmt.Errorf("%w: run `outboxd migrate` with postgres.schema: %s", se, c.Schema)}
 	}
 	hint := fmt.Sprintf("the DSN seems to reach a pooler that does not keep outboxd's session settings (PgBouncer?): "+
